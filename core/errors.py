@@ -1,0 +1,32 @@
+"""One error tree for cronlog. Every error names the ids it concerns; HTTP mapping lives in api/."""
+
+from __future__ import annotations
+
+
+class CronlogError(Exception):
+    """Base of every error cronlog raises on purpose."""
+
+
+class InvalidDefinition(CronlogError):
+    """A job definition or command argument is invalid. ``field`` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class NotFound(CronlogError):
+    """A job or run id that this partition (or this tenant) does not know."""
+
+
+class Conflict(CronlogError):
+    """The command is valid but contradicts the current state (wrong version, wrong state)."""
+
+
+class LeaseLost(Conflict):
+    """The caller's fencing token is not the live lease of the run: abandon the work."""
+
+
+class Fenced(CronlogError):
+    """This writer lost ownership of a partition; a newer writer has taken over."""
