@@ -1,0 +1,124 @@
+"""The log port: cronlog's only source of truth.
+
+The log is partitioned. Each partition has two streams:
+
+``commands``
+    Requests from the API and other nodes ("register this job", "complete this run with
+    token 7"). Anyone may append (:meth:`EventLog.submit`); an append that returned is durable.
+
+``events``
+    Accepted facts, decided by the partition's owner. Exactly one writer per partition at a
+    time. This stream is the audit stream: consumers outside cronlog read it.
+
+Invariants every adapter keeps (the contract suite in ``tests/eventlog`` checks them):
+
+1. **Durable on return.** ``submit`` and ``PartitionWriter.append`` return only once the records
+   survive a crash of the process (embedded: the RocksDB WAL is synced; Kafka: ``acks=all`` and
+   the transaction committed).
+2. **Offsets behave as Kafka's.** Within a stream-partition, offsets strictly increase in append
+   order; they need not be contiguous (Kafka's transaction markers take offsets). Readers resume
+   from "last offset seen + 1".
+3. **Readers see only committed records**, in offset order, never a record of an aborted or
+   fenced write.
+4. **One writer.** :meth:`Membership.writer` opens the partition for writing and fences every
+   earlier writer of it at once: their next ``append`` raises :class:`core.errors.Fenced` and
+   nothing they try to append afterwards is ever read.
+5. **Events and progress together.** ``append(events, commands_through=n)`` records, atomically
+   with the events, that the owner has consumed the command stream up to offset ``n``
+   (exclusive). A new owner resumes commands from there, so a command is decided once.
+6. **Ownership is explicit.** A node learns which partitions it owns through the listener it
+   passes to :meth:`EventLog.join`; callbacks run inside :meth:`Membership.poll`. The embedded
+   log assigns every partition to its single node; Kafka takes them from the consumer group.
+
+All calls are blocking; the node runtime calls them from worker threads.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    partition: int
+    offset: int
+    value: bytes
+    key: bytes | None = None
+
+
+class OwnershipListener(Protocol):
+    def assigned(self, partitions: list[int]) -> None:
+        """This node now owns ``partitions``; their writers are open."""
+
+    def revoked(self, partitions: list[int]) -> None:
+        """This node no longer owns ``partitions``: stop deciding for them at once."""
+
+
+class PartitionWriter(Protocol):
+    """The single writer of one partition's event stream."""
+
+    @property
+    def partition(self) -> int: ...
+
+    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+        """Append ``events`` atomically and durably; return their offsets.
+
+        ``commands_through`` (if given) is the next command offset to process, stored in the
+        same atomic unit. Raises ``Fenced`` once a newer writer owns the partition.
+        """
+
+    def command_position(self) -> int:
+        """The next command offset to process, as last recorded (0 when none was)."""
+
+    def close(self) -> None: ...
+
+
+class Membership(Protocol):
+    """A node's membership in the group that shares the partitions."""
+
+    def poll(self, timeout_s: float, max_records: int = 500) -> list[Record]:
+        """Commands for the partitions this node owns, each from its recorded position.
+
+        Ownership callbacks fire from inside this call. Returns early when records arrive.
+        """
+
+    def writer(self, partition: int) -> PartitionWriter:
+        """The writer of an owned partition (opened, and its predecessor fenced, on assignment)."""
+
+    def owned(self) -> frozenset[int]: ...
+
+    def close(self) -> None:
+        """Leave the group; partitions are revoked first."""
+
+
+class EventLog(Protocol):
+    @property
+    def num_partitions(self) -> int: ...
+
+    def submit(self, partition: int, value: bytes, key: bytes | None = None) -> int:
+        """Append a command durably; return its offset."""
+
+    def read_events(
+        self, partition: int, from_offset: int, max_records: int = 1000, timeout_s: float = 0.0
+    ) -> list[Record]:
+        """Committed events with offset >= ``from_offset``; waits up to ``timeout_s`` for some."""
+
+    def read_commands(
+        self, partition: int, from_offset: int, max_records: int = 1000, timeout_s: float = 0.0
+    ) -> list[Record]:
+        """Committed commands with offset >= ``from_offset`` (for tools and tests)."""
+
+    def end_offset(self, stream: str, partition: int) -> int:
+        """The offset the next record of ``stream`` ("commands" or "events") will get, or later."""
+
+    def join(self, listener: OwnershipListener) -> Membership: ...
+
+    def close(self) -> None: ...
+
+
+def partition_for(key: str, num_partitions: int) -> int:
+    """The partition of a job: a stable hash of its id (never Python's salted ``hash``)."""
+    return zlib.crc32(key.encode()) % num_partitions
