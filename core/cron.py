@@ -1,0 +1,538 @@
+"""Cron schedules: which UTC instants a cron expression fires at, in a given IANA timezone.
+
+Instants are ``int`` milliseconds since the Unix epoch, UTC (:data:`core.clock.Millis`). Fire
+instants always fall on a whole second (a whole minute for 5-field expressions, except a fire
+moved to a DST transition, which lands wherever the transition is).
+
+Syntax
+------
+Parsing and validation are croniter's (so the usual ``*``, lists, ranges, steps, names,
+``L`` in day-of-month, ``mon#2`` and ``L5`` in day-of-week are accepted); the search for fire
+times and the DST rule are ours. Two forms:
+
+* 5 fields, minute resolution: ``minute hour day-of-month month day-of-week``.
+* 6 fields, second resolution, **seconds last** (croniter's order, not Quartz's):
+  ``minute hour day-of-month month day-of-week second``. ``0 12 * * * 30`` fires at
+  12:00:30 every day.
+
+The aliases ``@hourly @daily @midnight @weekly @monthly @yearly @annually`` are rewritten to
+their 5-field text. When both day-of-month and day-of-week are restricted a day matches if
+either does (Vixie cron's rule, as croniter applies it).
+
+DST: the stated rule
+--------------------
+A local slot is one wall-clock reading the expression matches (a date and a time of day).
+
+* **Fixed-hour schedules** (the hour field is anything other than ``*`` or ``*/n``: a number,
+  a list, a range, a stepped range such as ``1-5/2``). Each local slot fires exactly once, at
+  the first instant the local clock reads that time *or later*. A slot skipped by a
+  spring-forward therefore fires at the transition; a slot repeated by a fall-back fires at
+  its first occurrence only. Several skipped slots collapse into the one transition instant.
+* **Real-time schedules** (the hour field is ``*`` or ``*/n``). A fire is any instant whose
+  local wall clock matches. A repeated hour fires twice (they are two real hours), a skipped
+  hour does not fire at all.
+
+Worked example, America/New_York, ``30 1 * * *`` (fixed) and ``30 * * * *`` (real time)::
+
+    2024-11-03 (fall back 02:00 EDT -> 01:00 EST)
+      05:30Z = 01:30 EDT   fixed fires    real-time fires
+      06:30Z = 01:30 EST   -              real-time fires
+    2024-03-10 (spring forward 02:00 EST -> 03:00 EDT), ``30 2 * * *``
+      07:00Z = 03:00 EDT   fixed fires (02:30 does not exist; the transition is its slot)
+
+How the search works
+--------------------
+A fixed-hour slot ``c`` fires at ``g(c)``, the first instant whose wall reading is ``>= c``.
+``g`` is non-decreasing in ``c``, so the next fire after ``t`` is ``g`` of the first slot
+``c`` later than the wall reading at ``t`` with ``g(c) > t`` (slots in the remainder of a
+repeated hour are skipped: their first occurrence has passed). For real-time schedules each
+slot has zero, one or two instants (``fold=0``/``fold=1`` in :pep:`495` terms); when ``t`` is
+in the first pass of a repeated hour, the second occurrences of slots we already passed are
+also candidates. All arithmetic is in whole seconds; ``zoneinfo`` supplies the offsets.
+
+This module is pure: it reads no clock. ``zoneinfo`` loads zone data once per zone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from bisect import bisect_left, bisect_right
+from functools import lru_cache
+from typing import Final
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+
+from core.errors import InvalidDefinition
+
+__all__ = ["CronSchedule", "next_fire"]
+
+_ALIASES: Final = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_FIELD_NAMES: Final = ("minute", "hour", "day-of-month", "month", "day-of-week", "second")
+_FULL: Final = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 6), (0, 59))
+# Zone names that resolve to whatever the host is configured with, or to nothing at all.
+_HOST_ZONES: Final = frozenset({"localtime", "posixrules", "Factory"})
+# A valid calendar rule matches within 28 years (2000-2027 holds every kind of year), and
+# the longest gap between two matching days is 8 years (29 February around 2100).
+_SEARCH_YEARS: Final = 30
+_ONE_SECOND: Final = dt.timedelta(seconds=1)
+_ONE_DAY: Final = dt.timedelta(days=1)
+_EPOCH: Final = dt.datetime(1970, 1, 1)
+
+
+class _Fields:
+    """The expanded fields of one expression and the wall-clock slot search over them."""
+
+    __slots__ = (
+        "dom_last",
+        "dom_star",
+        "doms",
+        "dow_star",
+        "dows",
+        "hours",
+        "minutes",
+        "months",
+        "nth",
+        "real_time",
+        "seconds",
+    )
+
+    def __init__(self, fields: list[str]) -> None:
+        expanded, nth = _expand(" ".join(fields))
+        minutes, hours, doms, months, dows = expanded[:5]
+        self.minutes = _sorted_ints(minutes, 0)
+        self.hours = _sorted_ints(hours, 1)
+        self.seconds = _sorted_ints(expanded[5], 5) if len(expanded) == 6 else (0,)
+        self.months = frozenset(_sorted_ints(months, 3))
+        self.dom_star = doms == ["*"]
+        self.dom_last = "l" in doms
+        self.doms = frozenset(_sorted_ints([d for d in doms if d != "l"], 2))
+        self.dow_star = dows == ["*"]
+        self.nth: dict[int, frozenset[int | str]] = {
+            int(day): frozenset(which) for day, which in nth.items()
+        }
+        self.dows = frozenset(d for d in _sorted_ints(dows, 4) if d not in self.nth)
+        hour = fields[1]
+        self.real_time = hour == "*" or hour.startswith("*/")
+
+    # -- days ----------------------------------------------------------------------------
+
+    def day_matches(self, day: dt.date) -> bool:
+        if day.month not in self.months:
+            return False
+        if self.dom_star and self.dow_star:
+            return True
+        if self.dom_star:
+            return self._dow_matches(day)
+        if self.dow_star:
+            return self._dom_matches(day)
+        return self._dom_matches(day) or self._dow_matches(day)
+
+    def _dom_matches(self, day: dt.date) -> bool:
+        return day.day in self.doms or (self.dom_last and (day + _ONE_DAY).day == 1)
+
+    def _dow_matches(self, day: dt.date) -> bool:
+        weekday = day.isoweekday() % 7  # Sunday is 0, as in cron
+        if weekday in self.dows:
+            return True
+        which = self.nth.get(weekday)
+        if which is None:
+            return False
+        if (day.day - 1) // 7 + 1 in which:
+            return True
+        return "l" in which and (day + dt.timedelta(days=7)).month != day.month
+
+    def next_day(self, day: dt.date) -> dt.date | None:
+        """The first matching day strictly after ``day`` (None past the search horizon)."""
+        horizon = day.year + _SEARCH_YEARS
+        try:
+            while True:
+                if day.month in self.months:
+                    day += _ONE_DAY
+                else:  # jump to the first of the next month
+                    day = (day.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+                if day.year > horizon:
+                    return None
+                if self.day_matches(day):
+                    return day
+        except OverflowError:
+            return None
+
+    def prev_day(self, day: dt.date) -> dt.date | None:
+        """The last matching day strictly before ``day`` (None past the search horizon)."""
+        horizon = day.year - _SEARCH_YEARS
+        try:
+            while True:
+                if day.month in self.months:
+                    day -= _ONE_DAY
+                else:  # jump to the last day of the previous month
+                    day = day.replace(day=1) - _ONE_DAY
+                if day.year < horizon:
+                    return None
+                if self.day_matches(day):
+                    return day
+        except OverflowError:
+            return None
+
+    # -- slots (naive local wall-clock datetimes) ------------------------------------------
+
+    def next_slot(self, after: dt.datetime) -> dt.datetime | None:
+        """The first local slot strictly later than the wall reading ``after``."""
+        start = after.replace(microsecond=0) + _ONE_SECOND
+        day = start.date()
+        if self.day_matches(day):
+            tod = self._time_at_or_after(start.hour, start.minute, start.second)
+            if tod is not None:
+                return dt.datetime.combine(day, tod)
+        found = self.next_day(day)
+        if found is None:
+            return None
+        return dt.datetime.combine(found, dt.time(self.hours[0], self.minutes[0], self.seconds[0]))
+
+    def prev_slot(self, before: dt.datetime) -> dt.datetime | None:
+        """The last local slot strictly earlier than the wall reading ``before``."""
+        end = before - _ONE_SECOND if before.microsecond == 0 else before.replace(microsecond=0)
+        day = end.date()
+        if self.day_matches(day):
+            tod = self._time_at_or_before(end.hour, end.minute, end.second)
+            if tod is not None:
+                return dt.datetime.combine(day, tod)
+        found = self.prev_day(day)
+        if found is None:
+            return None
+        return dt.datetime.combine(
+            found, dt.time(self.hours[-1], self.minutes[-1], self.seconds[-1])
+        )
+
+    def _time_at_or_after(self, hour: int, minute: int, second: int) -> dt.time | None:
+        hours, minutes, seconds = self.hours, self.minutes, self.seconds
+        i = bisect_left(hours, hour)
+        if i < len(hours) and hours[i] == hour:
+            j = bisect_left(minutes, minute)
+            if j < len(minutes) and minutes[j] == minute:
+                k = bisect_left(seconds, second)
+                if k < len(seconds):
+                    return dt.time(hour, minute, seconds[k])
+                j += 1
+            if j < len(minutes):
+                return dt.time(hour, minutes[j], seconds[0])
+            i += 1
+        if i < len(hours):
+            return dt.time(hours[i], minutes[0], seconds[0])
+        return None
+
+    def _time_at_or_before(self, hour: int, minute: int, second: int) -> dt.time | None:
+        hours, minutes, seconds = self.hours, self.minutes, self.seconds
+        i = bisect_right(hours, hour) - 1
+        if i >= 0 and hours[i] == hour:
+            j = bisect_right(minutes, minute) - 1
+            if j >= 0 and minutes[j] == minute:
+                k = bisect_right(seconds, second) - 1
+                if k >= 0:
+                    return dt.time(hour, minute, seconds[k])
+                j -= 1
+            if j >= 0:
+                return dt.time(hour, minutes[j], seconds[-1])
+            i -= 1
+        if i >= 0:
+            return dt.time(hours[i], minutes[-1], seconds[-1])
+        return None
+
+    def ever_fires(self) -> bool:
+        # Any calendar rule that matches some day matches one in 2000-2027 (see _SEARCH_YEARS).
+        day = dt.date(1999, 12, 31)
+        found = self.next_day(day)
+        return found is not None and found.year < 2028
+
+
+def _expand(text: str) -> tuple[list[list[int | str]], dict[int | str, set[int | str]]]:
+    try:
+        expanded, nth = croniter.expand(text)
+    except (ValueError, TypeError) as exc:  # croniter's errors subclass ValueError
+        raise InvalidDefinition("schedule", f"{text!r}: {exc}") from None
+    return [list(f) for f in expanded], dict(nth)
+
+
+def _sorted_ints(values: list[int | str], index: int) -> tuple[int, ...]:
+    if values == ["*"]:
+        low, high = _FULL[index]
+        return tuple(range(low, high + 1))
+    return tuple(sorted(int(v) for v in values))
+
+
+def _normalise(expression: str) -> list[str]:
+    text = expression.strip().lower()
+    if not text:
+        raise InvalidDefinition("schedule", "the cron expression is empty")
+    if not text.isascii():
+        raise InvalidDefinition("schedule", f"{expression!r}: only ASCII characters are allowed")
+    if text.startswith("@"):
+        alias = _ALIASES.get(text)
+        if alias is None:
+            known = ", ".join(sorted(_ALIASES))
+            raise InvalidDefinition("schedule", f"{expression!r}: unknown alias (known: {known})")
+        text = alias
+    fields = text.split()
+    if len(fields) not in (5, 6):
+        raise InvalidDefinition(
+            "schedule",
+            f"{expression!r} has {len(fields)} fields; expected 5 (minute hour day-of-month "
+            "month day-of-week) or 6 (the same, then second)",
+        )
+    for index, field in enumerate(fields):
+        for item in field.split(","):
+            if item in ("h", "r") or item.startswith(("h(", "r(", "h/", "r/")):
+                raise InvalidDefinition(
+                    "schedule",
+                    f"{expression!r}: hashed or random values ({item!r} in the "
+                    f"{_FIELD_NAMES[index]} field) are not supported",
+                )
+    if "w" in fields[2]:
+        raise InvalidDefinition(
+            "schedule", f"{expression!r}: nearest-weekday 'W' in day-of-month is not supported"
+        )
+    return fields
+
+
+def _zone(name: str) -> ZoneInfo:
+    if not name or name in _HOST_ZONES:
+        raise InvalidDefinition("timezone", f"{name!r} is not an IANA timezone name")
+    try:
+        return ZoneInfo(name)
+    except (KeyError, ValueError, OSError) as exc:  # ZoneInfoNotFoundError is a KeyError
+        raise InvalidDefinition("timezone", f"{name!r} is not a known IANA timezone") from exc
+
+
+def _to_utc(wall: dt.datetime, zone: ZoneInfo, fold: int) -> int:
+    """Seconds since the epoch for a local reading; ``fold`` picks as :pep:`495` says."""
+    local = wall.replace(tzinfo=zone, fold=fold)
+    offset = local.utcoffset()
+    assert offset is not None
+    return (wall - _EPOCH - offset) // _ONE_SECOND
+
+
+def _wall(seconds: int, zone: ZoneInfo) -> dt.datetime:
+    """The local wall reading at an instant, naive, with ``fold=1`` on a repeated reading."""
+    return dt.datetime.fromtimestamp(seconds, zone).replace(tzinfo=None)
+
+
+def _transition(zone: ZoneInfo, before: int, after: int) -> int:
+    """The first second in ``(before, after]`` whose UTC offset differs from ``before``'s."""
+    start_offset = dt.datetime.fromtimestamp(before, zone).utcoffset()
+    while after - before > 1:
+        mid = (before + after) // 2
+        if dt.datetime.fromtimestamp(mid, zone).utcoffset() == start_offset:
+            before = mid
+        else:
+            after = mid
+    return after
+
+
+class CronSchedule:
+    """A validated cron expression in an IANA timezone. Immutable and hashable.
+
+    Build with :meth:`parse`. ``expression`` is the normalised text (lower case, single
+    spaces, aliases expanded); two schedules are equal when text and timezone are.
+    """
+
+    __slots__ = ("_fields", "_hash", "_zone", "expression", "timezone")
+
+    expression: str
+    timezone: str
+    _fields: _Fields
+    _zone: ZoneInfo
+    _hash: int
+
+    def __init__(self, expression: str, timezone: str, fields: _Fields, zone: ZoneInfo) -> None:
+        for name, value in (
+            ("expression", expression),
+            ("timezone", timezone),
+            ("_fields", fields),
+            ("_zone", zone),
+            ("_hash", hash((expression, timezone))),
+        ):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("CronSchedule is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CronSchedule):
+            return NotImplemented
+        return self.expression == other.expression and self.timezone == other.timezone
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"CronSchedule({self.expression!r}, {self.timezone!r})"
+
+    @classmethod
+    def parse(cls, expression: str, timezone: str = "UTC") -> CronSchedule:
+        """Validate and compile. Raises :class:`InvalidDefinition` naming the field.
+
+        ``expression`` has 5 fields (``minute hour day-of-month month day-of-week``) or 6
+        fields with **seconds as the sixth, last field** (croniter's order), or is one of
+        the ``@hourly``-style aliases. Rejected (field ``"schedule"``): empty text, another
+        field count, out-of-range values, hashed/random ``H``/``R`` values, ``W``, and
+        expressions that can never fire such as ``0 0 30 2 *``. An unknown zone is rejected
+        with field ``"timezone"``. Parsed schedules are cached.
+        """
+        return _parse(expression, timezone)
+
+    @property
+    def follows_real_time(self) -> bool:
+        """True when the hour field is ``*`` or ``*/n`` (see the module's DST rule)."""
+        return self._fields.real_time
+
+    # -- queries -------------------------------------------------------------------------
+
+    def next_after(self, after_ms: int) -> int:
+        """The first fire instant strictly after ``after_ms`` (UTC milliseconds).
+
+        Raises ``OverflowError`` if there is none before the end of year 9999.
+        """
+        return _next_after(self, after_ms)
+
+    def fires_between(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
+        """Fire instants in ``(after_ms, until_ms]``, ascending, at most ``limit`` of them."""
+        fires: list[int] = []
+        at = after_ms
+        while len(fires) < limit:
+            at = self.next_after(at)
+            if at > until_ms:
+                break
+            fires.append(at)
+        return fires
+
+    def count_between(self, after_ms: int, until_ms: int, cap: int) -> int | None:
+        """How many fires lie in ``(after_ms, until_ms]``, or None if more than ``cap``."""
+        count = len(self.fires_between(after_ms, until_ms, cap + 1))
+        return None if count > cap else count
+
+    def last_at_or_before(self, at_ms: int, n: int) -> list[int]:
+        """The last ``n`` fire instants ``<= at_ms``, ascending (fewer if the search horizon
+        of 30 years before the earliest one found runs out)."""
+        if n <= 0:
+            return []
+        zone = self._zone
+        slot = _wall(at_ms // 1000, zone) + _ONE_SECOND  # slots <= the reading at at_ms
+        wanted = n
+        stepped = 0
+        while True:
+            # Step back ``wanted`` slots, then list the fires forward from there: the fire
+            # set does not depend on where a forward scan starts, so this is exact.
+            exhausted = False
+            while stepped < wanted:
+                earlier = self._fields.prev_slot(slot)
+                if earlier is None:
+                    exhausted = True
+                    break
+                slot = earlier
+                stepped += 1
+            low = min(_to_utc(slot, zone, 0), _to_utc(slot, zone, 1)) * 1000 - 1
+            fires = self.fires_between(low, at_ms, 1 << 62)
+            if len(fires) >= n or exhausted:
+                return fires[-n:]
+            wanted *= 2
+
+    def preview(self, after_ms: int, n: int) -> list[int]:
+        """The next ``n`` fire instants after ``after_ms``, ascending."""
+        fires: list[int] = []
+        at = after_ms
+        for _ in range(n):
+            at = self.next_after(at)
+            fires.append(at)
+        return fires
+
+    # -- the search ------------------------------------------------------------------------
+
+    def _compute_next(self, after_ms: int) -> int:
+        after = after_ms // 1000  # a fire u (whole seconds) is > after_ms iff u > after
+        search = self._next_real_time if self._fields.real_time else self._next_fixed
+        return search(after) * 1000
+
+    def _next_fixed(self, after: int) -> int:
+        fields, zone = self._fields, self._zone
+        reading = _wall(after, zone)
+        while True:
+            slot = fields.next_slot(reading)
+            if slot is None:
+                raise OverflowError(f"{self!r} has no fire after {after * 1000}")
+            reading = slot
+            first = _to_utc(slot, zone, 0)
+            second = _to_utc(slot, zone, 1)
+            # fold=0 maps a skipped reading past the gap, fold=1 before it (PEP 495).
+            fire = first if first <= second else _transition(zone, second, first)
+            if fire > after:  # false only for the rest of a repeated hour
+                return fire
+
+    def _next_real_time(self, after: int) -> int:
+        fields, zone = self._fields, self._zone
+        now = _wall(after, zone)
+        best: int | None = None
+        if now.fold == 0:
+            first, second = _to_utc(now, zone, 0), _to_utc(now, zone, 1)
+            if first < second:
+                # First pass of a repeated hour: slots we already passed come round again
+                # at ``slot - offset_after``, which is later than ``after`` once
+                # ``slot > now - (second - after)``.
+                passed = fields.next_slot(now - dt.timedelta(seconds=second - after))
+                while passed is not None and passed <= now:
+                    once, again = _to_utc(passed, zone, 0), _to_utc(passed, zone, 1)
+                    if once < again and again > after:
+                        best = again
+                        break
+                    passed = fields.next_slot(passed)
+        reading = now
+        while True:
+            slot = fields.next_slot(reading)
+            if slot is None:
+                if best is not None:
+                    return best
+                raise OverflowError(f"{self!r} has no fire after {after * 1000}")
+            reading = slot
+            first, second = _to_utc(slot, zone, 0), _to_utc(slot, zone, 1)
+            if first > second:  # skipped by a spring-forward: no such real instant
+                continue
+            fire = first if first > after else second
+            if fire > after:
+                return fire if best is None else min(best, fire)
+
+
+@lru_cache(maxsize=4096)
+def _parse(expression: str, timezone: str) -> CronSchedule:
+    fields = _normalise(expression)
+    zone = _zone(timezone)
+    compiled = _compile(" ".join(fields))
+    if not compiled.ever_fires():
+        raise InvalidDefinition("schedule", f"{expression!r} never fires")
+    return CronSchedule(" ".join(fields), timezone, compiled, zone)
+
+
+@lru_cache(maxsize=4096)
+def _compile(text: str) -> _Fields:
+    return _Fields(text.split())
+
+
+@lru_cache(maxsize=65536)
+def _next_after(schedule: CronSchedule, after_ms: int) -> int:
+    return schedule._compute_next(after_ms)
+
+
+@lru_cache(maxsize=65536)
+def next_fire(expression: str, timezone: str, after_ms: int) -> int:
+    """``CronSchedule.parse(expression, timezone).next_after(after_ms)``, memoised.
+
+    Many jobs share a schedule and are advanced from the same slot (the midnight herd:
+    50,000 jobs on ``0 0 * * *``), so the key repeats and all but the first are cache hits.
+    """
+    return _parse(expression, timezone).next_after(after_ms)
