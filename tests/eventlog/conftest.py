@@ -1,0 +1,74 @@
+"""``log_factory``: the contract suite's way to open a log, once per adapter.
+
+A factory opens logs over one storage per test and closes whatever it opened at teardown.
+``restart(log)`` is a node restart: the log is closed and opened again over the same storage
+where the adapter has storage to reopen (``reopenable``); the in-memory log has none, so it
+hands back the same log and a test goes on with a new membership, which is what a restarted
+node in the same process would see.
+
+To add an adapter, write a maker ``(request, tmp_path) -> LogFactory`` and append it to
+``ADAPTERS``. The Kafka adapter's entry will look like::
+
+    pytest.param(_kafka, id="kafka", marks=pytest.mark.kafka)
+
+with ``_kafka`` taking the broker from ``request.getfixturevalue("kafka_bootstrap")`` and
+giving each factory its own topic names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from eventlog.embedded import EmbeddedLog
+from eventlog.memory import MemoryLog
+from eventlog.port import EventLog
+
+
+@dataclass
+class LogFactory:
+    name: str
+    reopenable: bool
+    _open: Callable[[int], EventLog]
+    _opened: list[EventLog] = field(default_factory=list)
+
+    def open(self, num_partitions: int = 4) -> EventLog:
+        log = self._open(num_partitions)
+        self._opened.append(log)
+        return log
+
+    def restart(self, log: EventLog) -> EventLog:
+        if not self.reopenable:
+            return log
+        log.close()
+        return self.open(log.num_partitions)
+
+    def close_all(self) -> None:
+        for log in reversed(self._opened):
+            log.close()
+
+
+def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> LogFactory:
+    # Gaps between appends, as Kafka's transaction markers leave: no test may assume offset+1.
+    return LogFactory("memory", False, lambda n: MemoryLog(n, gaps=True))
+
+
+def _embedded(request: pytest.FixtureRequest, tmp_path: Path) -> LogFactory:
+    return LogFactory("embedded", True, lambda n: EmbeddedLog.open(tmp_path / "log", n))
+
+
+# Append new adapters here (see the module docstring).
+ADAPTERS = [
+    pytest.param(_memory, id="memory"),
+    pytest.param(_embedded, id="embedded"),
+]
+
+
+@pytest.fixture(params=ADAPTERS)
+def log_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogFactory]:
+    factory = request.param(request, tmp_path)
+    yield factory
+    factory.close_all()
