@@ -171,6 +171,7 @@ class EmbeddedLog:
         self._signal = ChangeSignal()
         self._readers = 0  # reads in flight; close waits for them (their iterators hold LOCK)
         self._queue: list[_Pending] = []
+        self._synced_batches = 0
         self._queue_cond = threading.Condition()
         self._stopping = False
         self._committer = threading.Thread(
@@ -190,6 +191,11 @@ class EmbeddedLog:
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def synced_batches(self) -> int:
+        """How many synced ``WriteBatch``es were written: writes per batch measure group commit."""
+        return self._synced_batches
 
     def submit(self, partition: int, value: bytes, key: bytes | None = None) -> int:
         self._check_partition(partition)
@@ -365,6 +371,7 @@ class EmbeddedLog:
         try:
             if not wb.is_empty():
                 self._db.write(wb, self._sync)
+                self._synced_batches += 1
         except Exception as exc:
             for pending in accepted:
                 pending.offsets = []
