@@ -1,0 +1,151 @@
+"""What may be asked of a partition: requests from the API and workers, and the timers it arms.
+
+Commands are not facts: the owner decides each one into zero or more events (or rejects it with
+an error). They travel on the commands stream, so they too are tagged msgspec structs with one
+codec. Every request carries the tenant that sent it; a job of another tenant is "not found".
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from core.clock import Millis
+from core.jobs import JobSpec
+
+
+class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    pass
+
+
+class PutJob(Command, tag=True, frozen=True, kw_only=True):
+    """Register ``job_id``, or replace its definition (an upsert: the same spec is a no-op)."""
+
+    job_id: str
+    spec: JobSpec
+    expected_version: int | None = None
+    create_only: bool = False  # POST semantics: an existing job with another spec is a conflict
+
+
+class PauseJob(Command, tag=True, frozen=True, kw_only=True):
+    job_id: str
+    tenant: str
+    expected_version: int | None = None
+
+
+class ResumeJob(Command, tag=True, frozen=True, kw_only=True):
+    job_id: str
+    tenant: str
+    expected_version: int | None = None
+
+
+class CancelJob(Command, tag=True, frozen=True, kw_only=True):
+    job_id: str
+    tenant: str
+    expected_version: int | None = None
+
+
+class TriggerRun(Command, tag=True, frozen=True, kw_only=True):
+    """An ad-hoc or backfill run of ``scheduled_for``; the same slot twice is one run."""
+
+    job_id: str
+    tenant: str
+    scheduled_for: Millis | None = None  # None: now
+    idempotency_key: str | None = None
+
+
+class ClaimRuns(Command, tag=True, frozen=True, kw_only=True):
+    """A pull worker asks for up to ``limit`` ready runs of ``pool``."""
+
+    tenant: str | None  # None: a worker trusted with every tenant's runs in the pool
+    pool: str
+    worker_id: str
+    limit: int = 1
+
+
+class StartRun(Command, tag=True, frozen=True, kw_only=True):
+    """A push executor of the node (HTTP, Kafka topic) leases one ready run."""
+
+    run_id: str
+    worker_id: str
+
+
+class HeartbeatRun(Command, tag=True, frozen=True, kw_only=True):
+    run_id: str
+    fencing_token: int
+    tenant: str | None = None
+
+
+class Outcome(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class CompleteRun(Command, tag=True, frozen=True, kw_only=True):
+    run_id: str
+    fencing_token: int
+    outcome: Outcome
+    error: str = ""
+    permanent: bool = False  # retrying cannot help (a 4xx from an HTTP target)
+    ambiguous: bool = False  # it may have taken effect (a timeout after the request was sent)
+    retry_after_ms: Millis | None = None  # the target's own "not before" (HTTP Retry-After)
+    tenant: str | None = None
+
+
+class CancelRun(Command, tag=True, frozen=True, kw_only=True):
+    run_id: str
+    tenant: str
+
+
+class ReplayRun(Command, tag=True, frozen=True, kw_only=True):
+    run_id: str
+    tenant: str
+
+
+class UpstreamSucceeded(Command, tag=True, frozen=True, kw_only=True):
+    """Delivered to a dependent job's partition when one of its upstream jobs succeeded."""
+
+    job_id: str
+    upstream_job_id: str
+    scheduled_for: Millis
+
+
+# Timers, armed in the partition's timing wheel; a stale timer decides nothing.
+
+
+class SlotDue(Command, tag=True, frozen=True, kw_only=True):
+    job_id: str
+
+
+class LeaseDue(Command, tag=True, frozen=True, kw_only=True):
+    run_id: str
+
+
+AnyCommand = (
+    PutJob
+    | PauseJob
+    | ResumeJob
+    | CancelJob
+    | TriggerRun
+    | ClaimRuns
+    | StartRun
+    | HeartbeatRun
+    | CompleteRun
+    | CancelRun
+    | ReplayRun
+    | UpstreamSucceeded
+    | SlotDue
+    | LeaseDue
+)
+
+_encoder = msgspec.json.Encoder()
+_decoder: msgspec.json.Decoder[AnyCommand] = msgspec.json.Decoder(AnyCommand)
+
+
+def encode(command: AnyCommand) -> bytes:
+    return _encoder.encode(command)
+
+
+def decode(data: bytes) -> AnyCommand:
+    return _decoder.decode(data)

@@ -1,0 +1,661 @@
+"""``decide``: given a partition's state, one command and the time, the events to append.
+
+``decide`` reads the state and never changes what :meth:`PartitionState.snapshot` encodes (it may
+tidy the derived ``ready`` index). A command it refuses raises a :mod:`core.errors` error and
+decides nothing. The caller appends the events and folds each through ``evolve``.
+
+The run lifecycle (seed 2's state diagram, plus what production needs)::
+
+    slot due ─► pending ─► running ─► (completed)
+       │  ▲        ▲          │
+       │  │        └─ retry ◄─┤ failed or lease expired, attempts remain
+       │  └─ released         ├─► dead ─► (replayed) ─► pending
+       │                      │   exhausted, permanent, or a critical run's unknown outcome
+       └─► blocked (buffer_one)
+    any live run ─► cancelled (a running one keeps its lease record until it runs out,
+                                so the worker's next heartbeat learns of it)
+
+Timers (``SlotDue``, ``LeaseDue``) come from the partition's timing wheel. The wheel is an
+index, not the truth: a timer that no longer matches the state decides nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TypedDict
+
+from core.clock import Millis
+from core.commands import (
+    AnyCommand,
+    CancelJob,
+    CancelRun,
+    ClaimRuns,
+    CompleteRun,
+    HeartbeatRun,
+    LeaseDue,
+    Outcome,
+    PauseJob,
+    PutJob,
+    ReplayRun,
+    ResumeJob,
+    SlotDue,
+    StartRun,
+    TriggerRun,
+    UpstreamSucceeded,
+)
+from core.errors import Conflict, InvalidDefinition, LeaseLost, NotFound
+from core.events import (
+    AnyEvent,
+    CancelReason,
+    DeadReason,
+    Heartbeat,
+    JobCancelled,
+    JobPaused,
+    JobRegistered,
+    JobResumed,
+    JobUpdated,
+    LeaseExpired,
+    LeaseGranted,
+    RetryScheduled,
+    RunCancelled,
+    RunCompleted,
+    RunDeadLettered,
+    RunFailed,
+    RunMaterialised,
+    RunReleased,
+    RunReplayed,
+    RunSkipped,
+    SkipReason,
+    Trigger,
+    UpstreamRecorded,
+)
+from core.jobs import (
+    JobSpec,
+    OverlapPolicy,
+    canonical,
+    count_slots,
+    first_slot,
+    jitter_ms,
+    last_slots,
+    next_slot,
+    retry_delay_ms,
+    slots_between,
+    validate,
+    validate_job_id,
+)
+from core.state import JobState, JobStatus, PartitionState, RunState, RunStatus
+
+MAX_SLOTS_PER_DECISION = 1000  # a longer backlog continues on the next timer
+MAX_CLAIM = 100
+
+
+def run_id_of(job_id: str, scheduled_for: Millis) -> str:
+    """A run's id is its identity, (job, slot): two decisions for one slot name one run."""
+    return f"{job_id}.{scheduled_for}"
+
+
+def job_id_of_run(run_id: str) -> str:
+    return run_id.rpartition(".")[0]
+
+
+def decide(state: PartitionState, command: AnyCommand, now: Millis) -> list[AnyEvent]:
+    match command:
+        case PutJob():
+            return _put_job(state, command, now)
+        case PauseJob():
+            return _pause(state, command, now)
+        case ResumeJob():
+            return _resume(state, command, now)
+        case CancelJob():
+            return _cancel_job(state, command, now)
+        case TriggerRun():
+            return _trigger(state, command, now)
+        case ClaimRuns():
+            return _claim(state, command, now)
+        case StartRun():
+            return _start(state, command, now)
+        case HeartbeatRun():
+            return _heartbeat(state, command, now)
+        case CompleteRun():
+            return _complete(state, command, now)
+        case CancelRun():
+            return _cancel_run(state, command, now)
+        case ReplayRun():
+            return _replay(state, command, now)
+        case UpstreamSucceeded():
+            return _upstream(state, command, now)
+        case SlotDue():
+            return _slot_due(state, command.job_id, now)
+        case LeaseDue():
+            return _lease_due(state, command.run_id, now)
+
+
+# -- lookups -----------------------------------------------------------------------------------
+
+
+def _job(state: PartitionState, job_id: str, tenant: str | None) -> JobState:
+    job = state.jobs.get(job_id)
+    if job is None or (tenant is not None and job.spec.tenant != tenant):
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+def _run(state: PartitionState, run_id: str, tenant: str | None) -> RunState:
+    run = state.runs.get(run_id)
+    if run is None or (tenant is not None and run.tenant != tenant):
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
+class _RunIds(TypedDict):
+    at: Millis
+    job_id: str
+    tenant: str
+    run_id: str
+    scheduled_for: Millis
+    attempt: int
+    fencing_token: int
+
+
+def _ids(run: RunState, now: Millis, attempt: int | None = None) -> _RunIds:
+    """The fields every run event carries, for ``run`` as it stands."""
+    return _RunIds(
+        at=now,
+        job_id=run.job_id,
+        tenant=run.tenant,
+        run_id=run.run_id,
+        scheduled_for=run.scheduled_for,
+        attempt=attempt or run.attempt,
+        fencing_token=run.fencing_token,
+    )
+
+
+def _check_version(job: JobState, expected: int | None) -> None:
+    if expected is not None and expected != job.version:
+        raise Conflict(f"job {job.job_id} is at version {job.version}, not {expected}")
+
+
+def _not_cancelled(job: JobState) -> None:
+    if job.status is JobStatus.CANCELLED:
+        raise Conflict(f"job {job.job_id} is cancelled")
+
+
+def _live_lease(run: RunState, token: int, now: Millis) -> None:
+    if run.status is RunStatus.CANCELLED and run.fencing_token == token:
+        raise LeaseLost(f"run {run.run_id} was cancelled: stop working on it")
+    if (
+        run.status is not RunStatus.RUNNING
+        or run.fencing_token != token
+        or run.lease_expires_at is None
+        or run.lease_expires_at <= now
+    ):
+        raise LeaseLost(f"fencing token {token} does not hold the lease on run {run.run_id}")
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+_WHEN_FIELDS = ("schedule", "run_at", "interval_sec", "start_at", "timezone")
+
+
+def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
+    validate_job_id(cmd.job_id)
+    spec = canonical(cmd.spec)
+    validate(spec)
+    job = state.jobs.get(cmd.job_id)
+    if job is None:
+        if cmd.expected_version not in (None, 0):
+            raise Conflict(f"job {cmd.job_id} does not exist yet")
+        return [
+            JobRegistered(
+                at=now,
+                job_id=cmd.job_id,
+                tenant=spec.tenant,
+                spec=spec,
+                next_slot=first_slot(spec, now),
+            )
+        ]
+    if job.spec.tenant != spec.tenant:
+        raise NotFound(f"job {cmd.job_id} not found")
+    _not_cancelled(job)
+    if job.spec == spec:
+        return []  # an upsert of the same definition changes nothing
+    if cmd.create_only:
+        raise Conflict(f"job {cmd.job_id} exists with another definition")
+    _check_version(job, cmd.expected_version)
+    slot = job.next_slot
+    if any(getattr(spec, f) != getattr(job.spec, f) for f in _WHEN_FIELDS):
+        slot = first_slot(spec, now)
+    return [
+        JobUpdated(
+            at=now,
+            job_id=job.job_id,
+            tenant=spec.tenant,
+            spec=spec,
+            version=job.version + 1,
+            next_slot=slot,
+        )
+    ]
+
+
+def _pause(state: PartitionState, cmd: PauseJob, now: Millis) -> list[AnyEvent]:
+    job = _job(state, cmd.job_id, cmd.tenant)
+    _not_cancelled(job)
+    _check_version(job, cmd.expected_version)
+    if job.status is JobStatus.PAUSED:
+        return []
+    return [JobPaused(at=now, job_id=job.job_id, tenant=job.spec.tenant, version=job.version + 1)]
+
+
+def _resume(state: PartitionState, cmd: ResumeJob, now: Millis) -> list[AnyEvent]:
+    job = _job(state, cmd.job_id, cmd.tenant)
+    _not_cancelled(job)
+    _check_version(job, cmd.expected_version)
+    if job.status is JobStatus.ACTIVE:
+        return []
+    events: list[AnyEvent] = []
+    slot = job.next_slot
+    if slot is not None and slot <= now and job.spec.recurring:
+        # The slots that came while paused are recorded as skipped, never silently dropped.
+        last = last_slots(job.spec, slot - 1, now, job.anchor, 1)
+        slot = next_slot(job.spec, now, job.anchor)
+        events.append(
+            RunSkipped(
+                at=now,
+                job_id=job.job_id,
+                tenant=job.spec.tenant,
+                scheduled_for=job.next_slot or 0,
+                last_scheduled_for=last[-1] if last else job.next_slot or 0,
+                count=count_slots(job.spec, (job.next_slot or 0) - 1, now, job.anchor),
+                reason=SkipReason.PAUSED,
+                next_slot=slot,
+            )
+        )
+    events.append(
+        JobResumed(
+            at=now,
+            job_id=job.job_id,
+            tenant=job.spec.tenant,
+            version=job.version + 1,
+            next_slot=slot,
+        )
+    )
+    return events
+
+
+def _cancel_job(state: PartitionState, cmd: CancelJob, now: Millis) -> list[AnyEvent]:
+    job = _job(state, cmd.job_id, cmd.tenant)
+    _check_version(job, cmd.expected_version)
+    if job.status is JobStatus.CANCELLED:
+        return []
+    events: list[AnyEvent] = [
+        JobCancelled(at=now, job_id=job.job_id, tenant=job.spec.tenant, version=job.version + 1)
+    ]
+    for run_id in job.live:
+        events.append(_cancelled(state.runs[run_id], now, CancelReason.JOB_CANCELLED))
+    return events
+
+
+def _cancelled(run: RunState, now: Millis, reason: CancelReason) -> RunCancelled:
+    return RunCancelled(
+        **_ids(run, now), reason=reason, was_running=run.status is RunStatus.RUNNING
+    )
+
+
+# -- slots -------------------------------------------------------------------------------------
+
+
+def _materialised(
+    job: JobState,
+    slot: Millis,
+    now: Millis,
+    *,
+    trigger: Trigger,
+    blocked: bool = False,
+    next_after: Millis | None = None,
+    key: str | None = None,
+) -> RunMaterialised:
+    spec = job.spec
+    return RunMaterialised(
+        at=now,
+        job_id=job.job_id,
+        tenant=spec.tenant,
+        run_id=run_id_of(job.job_id, slot),
+        scheduled_for=slot,
+        available_at=slot + jitter_ms(job.job_id, slot, spec.allow_jitter_sec),
+        priority=spec.priority,
+        trigger=trigger,
+        blocked=blocked,
+        next_slot=next_after,
+        idempotency_key=key,
+    )
+
+
+def _slot_due(state: PartitionState, job_id: str, now: Millis) -> list[AnyEvent]:
+    job = state.jobs.get(job_id)
+    if job is None or job.status is not JobStatus.ACTIVE:
+        return []
+    first = job.next_slot
+    if first is None or first > now:
+        return []  # a stale timer
+    spec = job.spec
+    if not spec.recurring:  # a one-shot: it runs however late (the API acknowledged it)
+        return _with_overlap(state, job, [first], None, now)
+
+    grace_ms = round(spec.misfire_grace_sec * 1000)
+    late_until = now - grace_ms - 1  # slots at or before this are misfires
+    on_time = slots_between(
+        spec, max(first - 1, late_until), now, job.anchor, MAX_SLOTS_PER_DECISION
+    )
+    events: list[AnyEvent] = []
+    to_run: list[Millis] = []
+    if first <= late_until:
+        if spec.misfire_policy == "catch_up":
+            to_run = last_slots(spec, first - 1, late_until, job.anchor, spec.catch_up_limit)
+        elif spec.misfire_policy == "fire_once" and not on_time:
+            to_run = last_slots(spec, first - 1, late_until, job.anchor, 1)
+        last_late = to_run[0] - 1 if to_run else late_until
+        skipped_last = last_slots(spec, first - 1, last_late, job.anchor, 1)
+        if skipped_last:
+            after_skip = to_run[0] if to_run else (on_time[0] if on_time else None)
+            events.append(
+                RunSkipped(
+                    at=now,
+                    job_id=job_id,
+                    tenant=spec.tenant,
+                    scheduled_for=first,
+                    last_scheduled_for=skipped_last[0],
+                    count=count_slots(spec, first - 1, skipped_last[0], job.anchor),
+                    reason=SkipReason.MISFIRE,
+                    next_slot=after_skip
+                    if after_skip is not None
+                    else next_slot(spec, now, job.anchor),
+                )
+            )
+    to_run += on_time
+    final = next_slot(
+        spec, to_run[-1] if len(on_time) == MAX_SLOTS_PER_DECISION else now, job.anchor
+    )
+    return events + _with_overlap(state, job, to_run, final, now)
+
+
+def _with_overlap(
+    state: PartitionState,
+    job: JobState,
+    slots: list[Millis],
+    final_next: Millis | None,
+    now: Millis,
+) -> list[AnyEvent]:
+    """Materialise ``slots`` in order under the job's overlap policy."""
+    spec = job.spec
+    events: list[AnyEvent] = []
+    live = [state.runs[r] for r in job.live if state.runs[r].status is not RunStatus.BLOCKED]
+    live_ids = [r.run_id for r in live]
+    blocked = job.blocked_run
+    for i, slot in enumerate(slots):
+        after = slots[i + 1] if i + 1 < len(slots) else final_next
+        policy = spec.overlap_policy
+        if not live_ids or policy == OverlapPolicy.ALLOW:
+            events.append(_materialised(job, slot, now, trigger=Trigger.SCHEDULE, next_after=after))
+            live_ids.append(run_id_of(job.job_id, slot))
+        elif policy == OverlapPolicy.SKIP or (policy == OverlapPolicy.BUFFER_ONE and blocked):
+            events.append(
+                RunSkipped(
+                    at=now,
+                    job_id=job.job_id,
+                    tenant=spec.tenant,
+                    scheduled_for=slot,
+                    last_scheduled_for=slot,
+                    reason=SkipReason.OVERLAP,
+                    next_slot=after,
+                )
+            )
+        elif policy == OverlapPolicy.BUFFER_ONE:
+            events.append(
+                _materialised(
+                    job, slot, now, trigger=Trigger.SCHEDULE, blocked=True, next_after=after
+                )
+            )
+            blocked = run_id_of(job.job_id, slot)
+        else:  # cancel_other
+            for run_id in live_ids:
+                run = state.runs.get(run_id)
+                if run is not None:
+                    events.append(_cancelled(run, now, CancelReason.OVERLAP))
+                else:  # materialised earlier in this same decision
+                    events.append(
+                        RunCancelled(
+                            at=now,
+                            job_id=job.job_id,
+                            tenant=spec.tenant,
+                            run_id=run_id,
+                            scheduled_for=int(run_id.rpartition(".")[2]),
+                            reason=CancelReason.OVERLAP,
+                        )
+                    )
+            events.append(_materialised(job, slot, now, trigger=Trigger.SCHEDULE, next_after=after))
+            live_ids = [run_id_of(job.job_id, slot)]
+    return events
+
+
+def _trigger(state: PartitionState, cmd: TriggerRun, now: Millis) -> list[AnyEvent]:
+    job = _job(state, cmd.job_id, cmd.tenant)
+    _not_cancelled(job)
+    if cmd.idempotency_key is not None and cmd.idempotency_key in job.trigger_keys:
+        return []
+    slot = now if cmd.scheduled_for is None else cmd.scheduled_for
+    if slot < 0:
+        raise InvalidDefinition("scheduled_for", "must be an instant after 1970")
+    if run_id_of(job.job_id, slot) in state.runs:
+        return []  # the run of this slot exists: the identity (job, slot) makes it one run
+    return [_materialised(job, slot, now, trigger=Trigger.MANUAL, key=cmd.idempotency_key)]
+
+
+def _upstream(state: PartitionState, cmd: UpstreamSucceeded, now: Millis) -> list[AnyEvent]:
+    job = state.jobs.get(cmd.job_id)
+    if job is None or job.status is not JobStatus.ACTIVE:
+        return []
+    if cmd.upstream_job_id not in job.spec.depends_on:
+        return []
+    events: list[AnyEvent] = [
+        UpstreamRecorded(
+            at=now,
+            job_id=job.job_id,
+            tenant=job.spec.tenant,
+            upstream_job_id=cmd.upstream_job_id,
+            scheduled_for=cmd.scheduled_for,
+        )
+    ]
+    done = dict(job.upstream)
+    done[cmd.upstream_job_id] = max(cmd.scheduled_for, done.get(cmd.upstream_job_id, 0))
+    if all(u in done for u in job.spec.depends_on):
+        slot = max(done.values())  # the logical date the upstream runs were for
+        if run_id_of(job.job_id, slot) not in state.runs:
+            events.append(_materialised(job, slot, now, trigger=Trigger.DEPENDENCY))
+    return events
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+
+def _granted(job: JobState, run: RunState, token: int, worker_id: str, now: Millis) -> LeaseGranted:
+    return LeaseGranted(
+        at=now,
+        job_id=run.job_id,
+        tenant=run.tenant,
+        run_id=run.run_id,
+        scheduled_for=run.scheduled_for,
+        attempt=run.attempt,
+        fencing_token=token,
+        worker_id=worker_id,
+        lease_expires_at=now + round(job.spec.lease_sec * 1000),
+        lateness_ms=now - run.scheduled_for,
+    )
+
+
+def _claim(state: PartitionState, cmd: ClaimRuns, now: Millis) -> list[AnyEvent]:
+    if not 1 <= cmd.limit <= MAX_CLAIM:
+        raise InvalidDefinition("limit", f"must be between 1 and {MAX_CLAIM}")
+    heap = state.ready.get(cmd.pool)
+    if not heap:
+        return []
+    events: list[AnyEvent] = []
+    set_aside = []
+    while heap and len(events) < cmd.limit:
+        entry = heapq.heappop(heap)
+        if not state.is_ready_entry_live(entry):
+            continue  # stale: tidy the derived index
+        run = state.runs[entry[2]]
+        set_aside.append(entry)  # kept: the LeaseGranted makes it stale when folded
+        if run.available_at > now or (cmd.tenant is not None and run.tenant != cmd.tenant):
+            continue
+        token = state.last_token + len(events) + 1
+        events.append(_granted(state.jobs[run.job_id], run, token, cmd.worker_id, now))
+    for entry in set_aside:
+        heapq.heappush(heap, entry)
+    return events
+
+
+def _start(state: PartitionState, cmd: StartRun, now: Millis) -> list[AnyEvent]:
+    run = _run(state, cmd.run_id, None)
+    if run.status is not RunStatus.PENDING or run.available_at > now:
+        raise Conflict(f"run {run.run_id} is {run.status}, not ready")
+    return [_granted(state.jobs[run.job_id], run, state.last_token + 1, cmd.worker_id, now)]
+
+
+def _heartbeat(state: PartitionState, cmd: HeartbeatRun, now: Millis) -> list[AnyEvent]:
+    run = state.runs.get(cmd.run_id)
+    if run is None or (cmd.tenant is not None and run.tenant != cmd.tenant):
+        raise LeaseLost(
+            f"fencing token {cmd.fencing_token} does not hold the lease on run {cmd.run_id}"
+        )
+    _live_lease(run, cmd.fencing_token, now)
+    lease_ms = round(state.jobs[run.job_id].spec.lease_sec * 1000)
+    return [Heartbeat(**_ids(run, now), lease_expires_at=now + lease_ms)]
+
+
+def _complete(state: PartitionState, cmd: CompleteRun, now: Millis) -> list[AnyEvent]:
+    run = state.runs.get(cmd.run_id)
+    if run is None or (cmd.tenant is not None and run.tenant != cmd.tenant):
+        raise LeaseLost(
+            f"fencing token {cmd.fencing_token} does not hold the lease on run {cmd.run_id}"
+        )
+    _live_lease(run, cmd.fencing_token, now)
+    ids = _ids(run, now)
+    if cmd.outcome is Outcome.SUCCEEDED:
+        done: list[AnyEvent] = [RunCompleted(**ids, started_at=run.started_at or now)]
+        return done + _release_blocked(state, run, now)
+    failed = RunFailed(
+        **ids, error=cmd.error[:2000], permanent=cmd.permanent, ambiguous=cmd.ambiguous
+    )
+    return [
+        failed,
+        *_after_failure(
+            state,
+            run,
+            now,
+            failed.error,
+            permanent=cmd.permanent,
+            ambiguous=cmd.ambiguous,
+            not_before=cmd.retry_after_ms,
+        ),
+    ]
+
+
+def _lease_due(state: PartitionState, run_id: str, now: Millis) -> list[AnyEvent]:
+    run = state.runs.get(run_id)
+    if run is None or run.lease_expires_at is None or run.lease_expires_at > now:
+        return []
+    if run.status not in (RunStatus.RUNNING, RunStatus.CANCELLED):
+        return []
+    expired = LeaseExpired(**_ids(run, now), lease_expires_at=run.lease_expires_at)
+    if run.status is RunStatus.CANCELLED:
+        return [expired]
+    return [
+        expired,
+        *_after_failure(
+            state,
+            run,
+            now,
+            "lease expired: the worker stopped heartbeating",
+            permanent=False,
+            ambiguous=True,
+            not_before=None,
+        ),
+    ]
+
+
+def _after_failure(
+    state: PartitionState,
+    run: RunState,
+    now: Millis,
+    error: str,
+    *,
+    permanent: bool,
+    ambiguous: bool,
+    not_before: Millis | None,
+) -> list[AnyEvent]:
+    """A failed attempt becomes a retry, or a dead letter. The run's lease is already over."""
+    spec = state.jobs[run.job_id].spec
+    ids = _ids(run, now)
+    reason = None
+    if permanent:
+        reason = DeadReason.PERMANENT_FAILURE
+    elif ambiguous and spec.critical:
+        # It may have taken effect; running it again could run it twice. An operator decides.
+        reason = DeadReason.OUTCOME_UNKNOWN
+    elif run.attempt - run.budget_start + 1 >= spec.max_attempts:
+        reason = DeadReason.ATTEMPTS_EXHAUSTED
+    if reason is not None:
+        dead: list[AnyEvent] = [RunDeadLettered(**ids, reason=reason, error=error)]
+        return dead + _release_blocked(state, run, now)
+    retry = run.attempt - run.budget_start + 1
+    delay = retry_delay_ms(spec, run.run_id, retry)
+    if not_before is not None:
+        delay = max(delay, not_before)
+    return [
+        RetryScheduled(
+            **_ids(run, now, attempt=run.attempt + 1), available_at=now + delay, delay_ms=delay
+        )
+    ]
+
+
+def _release_blocked(state: PartitionState, ended: RunState, now: Millis) -> list[AnyEvent]:
+    job = state.jobs[ended.job_id]
+    if job.blocked_run is None or job.blocked_run == ended.run_id:
+        return []
+    others = [r for r in job.live if r not in (ended.run_id, job.blocked_run)]
+    if others:
+        return []  # under allow-then-buffer transitions another run may still be live
+    run = state.runs[job.blocked_run]
+    return [
+        RunReleased(
+            at=now,
+            job_id=run.job_id,
+            tenant=run.tenant,
+            run_id=run.run_id,
+            scheduled_for=run.scheduled_for,
+            attempt=run.attempt,
+            available_at=max(run.available_at, now),
+        )
+    ]
+
+
+def _cancel_run(state: PartitionState, cmd: CancelRun, now: Millis) -> list[AnyEvent]:
+    run = _run(state, cmd.run_id, cmd.tenant)
+    if run.status is RunStatus.CANCELLED:
+        return []
+    events: list[AnyEvent] = [_cancelled(run, now, CancelReason.USER)]
+    return events + _release_blocked(state, run, now)
+
+
+def _replay(state: PartitionState, cmd: ReplayRun, now: Millis) -> list[AnyEvent]:
+    run = _run(state, cmd.run_id, cmd.tenant)
+    _not_cancelled(state.jobs[run.job_id])
+    if run.status is not RunStatus.DEAD:
+        raise Conflict(f"run {run.run_id} is {run.status}; only a dead run can be replayed")
+    return [RunReplayed(**_ids(run, now, attempt=run.attempt + 1), available_at=now)]
+
+
+def spec_of(state: PartitionState, job_id: str) -> JobSpec | None:
+    job = state.jobs.get(job_id)
+    return job.spec if job is not None else None

@@ -1,0 +1,201 @@
+"""Every fact cronlog records, as frozen tagged msgspec structs, and their one codec.
+
+Events are a public, versioned contract (``docs/events.md``): audit consumers read the events
+stream without reading anything else, so every event carries the job, the tenant and the time it
+was decided, and every run event carries the run, its slot, its attempt and its fencing token.
+Evolve them by adding fields with defaults; never retype, rename or remove one.
+
+Encoding is JSON with a ``"type"`` tag, so the stream is readable by any consumer.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from core.clock import Millis
+from core.jobs import JobSpec
+
+
+class SkipReason(enum.StrEnum):
+    MISFIRE = "misfire"  # the scheduler woke up past the grace period and the policy dropped it
+    OVERLAP = "overlap"  # an earlier run was still live and the overlap policy dropped it
+    DST = "dst"  # a local time repeated by a daylight-saving fall-back (fires once only)
+    PAUSED = "paused"  # the job was paused when the slot came
+
+
+class DeadReason(enum.StrEnum):
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    PERMANENT_FAILURE = "permanent_failure"
+    OUTCOME_UNKNOWN = "outcome_unknown"  # a critical run whose attempt may have taken effect
+
+
+class CancelReason(enum.StrEnum):
+    USER = "user"
+    JOB_CANCELLED = "job_cancelled"
+    OVERLAP = "overlap"  # superseded by a newer slot under cancel_other
+
+
+class Trigger(enum.StrEnum):
+    SCHEDULE = "schedule"
+    MANUAL = "manual"  # POST /v1/jobs/{id}/runs
+    DEPENDENCY = "dependency"  # every upstream job succeeded
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Fields every event has."""
+
+    at: Millis  # when the owner decided it
+    job_id: str
+    tenant: str
+
+
+class JobRegistered(Event, tag=True, frozen=True, kw_only=True):
+    spec: JobSpec
+    version: int = 1
+    next_slot: Millis | None = None  # the first slot, None for dependency-triggered jobs
+
+
+class JobUpdated(Event, tag=True, frozen=True, kw_only=True):
+    spec: JobSpec
+    version: int
+    next_slot: Millis | None = None
+
+
+class JobPaused(Event, tag=True, frozen=True, kw_only=True):
+    version: int
+
+
+class JobResumed(Event, tag=True, frozen=True, kw_only=True):
+    version: int
+    next_slot: Millis | None = None
+
+
+class JobCancelled(Event, tag=True, frozen=True, kw_only=True):
+    version: int
+
+
+class RunEvent(Event, frozen=True, kw_only=True):
+    """Fields every run event has."""
+
+    run_id: str
+    scheduled_for: Millis  # the slot, a UTC instant; (job_id, scheduled_for) is the run identity
+    attempt: int = 1
+    fencing_token: int = 0  # the live lease's token, 0 when none was granted yet
+
+
+class RunMaterialised(RunEvent, tag=True, frozen=True, kw_only=True):
+    available_at: Millis  # the slot plus the job's jitter offset
+    priority: int
+    trigger: Trigger = Trigger.SCHEDULE
+    blocked: bool = False  # held back by the overlap policy (buffer_one) until the live run ends
+    next_slot: Millis | None = None  # the job's next slot after this one
+    idempotency_key: str | None = None
+
+
+class RunSkipped(Event, tag=True, frozen=True, kw_only=True):
+    """Slots that will not run: ``count`` slots from ``scheduled_for`` to ``last_scheduled_for``.
+
+    ``count`` is None when there were too many to count cheaply (a long outage of a per-second job).
+    """
+
+    scheduled_for: Millis
+    last_scheduled_for: Millis
+    count: int | None = 1
+    reason: SkipReason
+    next_slot: Millis | None = None
+
+
+class RunReleased(RunEvent, tag=True, frozen=True, kw_only=True):
+    """A held-back run became ready: the live run it waited behind has ended."""
+
+    available_at: Millis
+
+
+class LeaseGranted(RunEvent, tag=True, frozen=True, kw_only=True):
+    worker_id: str
+    lease_expires_at: Millis
+    lateness_ms: Millis  # start minus slot, the timeliness measure
+
+
+class Heartbeat(RunEvent, tag=True, frozen=True, kw_only=True):
+    lease_expires_at: Millis
+
+
+class RunCompleted(RunEvent, tag=True, frozen=True, kw_only=True):
+    started_at: Millis
+
+
+class RunFailed(RunEvent, tag=True, frozen=True, kw_only=True):
+    error: str
+    permanent: bool = False  # the target said retrying cannot help
+    ambiguous: bool = False  # the attempt may have taken effect (timeout, lost lease)
+
+
+class LeaseExpired(RunEvent, tag=True, frozen=True, kw_only=True):
+    lease_expires_at: Millis
+
+
+class RetryScheduled(RunEvent, tag=True, frozen=True, kw_only=True):
+    """The next attempt (``attempt`` is the new number) may start at ``available_at``."""
+
+    available_at: Millis
+    delay_ms: Millis
+
+
+class RunDeadLettered(RunEvent, tag=True, frozen=True, kw_only=True):
+    reason: DeadReason
+    error: str
+
+
+class RunCancelled(RunEvent, tag=True, frozen=True, kw_only=True):
+    reason: CancelReason
+    was_running: bool = False
+
+
+class RunReplayed(RunEvent, tag=True, frozen=True, kw_only=True):
+    """A dead run requeued by an operator; ``attempt`` is the new attempt's number and the run
+    gets a fresh budget of ``max_attempts``."""
+
+    available_at: Millis
+
+
+class UpstreamRecorded(Event, tag=True, frozen=True, kw_only=True):
+    """An upstream job of a dependency-triggered job succeeded for ``scheduled_for``."""
+
+    upstream_job_id: str
+    scheduled_for: Millis
+
+
+AnyEvent = (
+    JobRegistered
+    | JobUpdated
+    | JobPaused
+    | JobResumed
+    | JobCancelled
+    | RunMaterialised
+    | RunSkipped
+    | RunReleased
+    | LeaseGranted
+    | Heartbeat
+    | RunCompleted
+    | RunFailed
+    | LeaseExpired
+    | RetryScheduled
+    | RunDeadLettered
+    | RunCancelled
+    | RunReplayed
+    | UpstreamRecorded
+)
+
+_encoder = msgspec.json.Encoder()
+_decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
+
+
+def encode(event: AnyEvent) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode(data: bytes) -> AnyEvent:
+    return _decoder.decode(data)

@@ -1,0 +1,303 @@
+"""Job definitions: what a team asks cronlog to run, and the checks that keep bad ones out.
+
+A :class:`JobSpec` is immutable and travels inside events (``JobRegistered``, ``JobUpdated``), so
+it is part of the public event contract: new fields get defaults, nothing is retyped or removed.
+
+Exactly one of three ways to say *when*:
+
+- ``schedule``: a cron expression (5 fields, or 6 with seconds last) read in ``timezone``;
+- ``run_at``: one instant (a one-shot job);
+- ``interval_sec``: every N seconds from ``start_at`` (or from registration).
+
+A job with ``depends_on`` has none of them: it is triggered each time all of its upstream jobs
+have succeeded since it last ran (see ``docs/architecture.md``).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import zlib
+from typing import Any
+
+import msgspec
+
+from core.clock import Millis
+from core.cron import CronSchedule, next_fire
+from core.errors import InvalidDefinition
+
+JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+POOL = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_ATTEMPTS = 100
+MAX_CATCH_UP = 1000
+MAX_PRIORITY = 9
+DAY_MS = 86_400_000
+
+
+class MisfirePolicy(enum.StrEnum):
+    """What to do with slots the scheduler woke up too late for (more than the grace period)."""
+
+    SKIP = "skip"  # forget them: right for metric rollups
+    FIRE_ONCE = "fire_once"  # run only the most recent: the default
+    CATCH_UP = "catch_up"  # run the most recent ``catch_up_limit`` of them, oldest first
+
+
+class OverlapPolicy(enum.StrEnum):
+    """What to do when a slot arrives while an earlier run of the job is still live."""
+
+    ALLOW = "allow"  # run both
+    SKIP = "skip"  # record the new slot as skipped
+    BUFFER_ONE = "buffer_one"  # hold the new run until the live one ends; at most one waits
+    CANCEL_OTHER = "cancel_other"  # cancel the live run, start the new one
+
+
+class HttpTarget(msgspec.Struct, frozen=True, tag="http"):
+    url: str
+    headers: dict[str, str] = {}
+
+
+class KafkaTarget(msgspec.Struct, frozen=True, tag="kafka"):
+    topic: str
+
+
+class PullTarget(msgspec.Struct, frozen=True, tag="pull"):
+    pool: str
+
+
+Target = HttpTarget | KafkaTarget | PullTarget
+
+
+class Backoff(msgspec.Struct, frozen=True):
+    """Retry delays: ``min(cap, base * factor ** (n - 1))`` before retry ``n``, with full jitter.
+
+    Full jitter draws the delay uniformly from ``[0, that bound]`` (the "full jitter" variant of
+    the AWS Architecture Blog's "Exponential Backoff And Jitter", 2015); the draw is a hash of
+    the run and attempt, so deciding twice gives the same delay.
+    """
+
+    base_sec: float = 10.0
+    factor: float = 2.0
+    cap_sec: float = 3600.0
+    jitter: bool = True
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    tenant: str
+    target: Target
+    schedule: str | None = None
+    run_at: Millis | None = None
+    interval_sec: float | None = None
+    start_at: Millis | None = None
+    timezone: str = "UTC"
+    payload: Any = None
+    max_attempts: int = 4
+    backoff: Backoff = Backoff()
+    timeout_sec: float = 60.0
+    lease_sec: float = 30.0
+    priority: int = 5
+    misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_ONCE
+    misfire_grace_sec: float = 60.0
+    catch_up_limit: int = 10
+    overlap_policy: OverlapPolicy = OverlapPolicy.ALLOW
+    allow_jitter_sec: float = 0.0
+    critical: bool = False
+    depends_on: tuple[str, ...] = ()
+
+    @property
+    def recurring(self) -> bool:
+        return self.schedule is not None or self.interval_sec is not None
+
+    @property
+    def pool(self) -> str | None:
+        return self.target.pool if isinstance(self.target, PullTarget) else None
+
+
+def _positive(field: str, value: float, *, upper: float | None = None) -> None:
+    if not value > 0:
+        raise InvalidDefinition(field, f"must be positive, got {value!r}")
+    if upper is not None and value > upper:
+        raise InvalidDefinition(field, f"must be at most {upper}, got {value!r}")
+
+
+def canonical(spec: JobSpec) -> JobSpec:
+    """``spec`` as it reads back from the log (enums, floats), so a live state and its replay
+    hold equal values: a spec built in code with ``base_sec=5`` would otherwise differ from the
+    ``5.0`` a decoder gives."""
+    return msgspec.json.decode(msgspec.json.encode(spec), type=JobSpec)
+
+
+def validate_job_id(job_id: str) -> None:
+    if not JOB_ID.match(job_id):
+        raise InvalidDefinition("job_id", "must be 1-64 characters of A-Z a-z 0-9 _ -")
+
+
+def validate(spec: JobSpec) -> None:
+    """Raise :class:`InvalidDefinition` naming the first bad field; return if ``spec`` is sound."""
+    if not spec.name.strip() or len(spec.name) > 200:
+        raise InvalidDefinition("name", "must be 1-200 characters and not blank")
+    if not TENANT.match(spec.tenant):
+        raise InvalidDefinition("tenant", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
+    whens = [f for f in ("schedule", "run_at", "interval_sec") if getattr(spec, f) is not None]
+    if spec.depends_on:
+        if whens:
+            raise InvalidDefinition(
+                whens[0], "a job with depends_on is triggered by its upstream jobs; give no time"
+            )
+        for upstream in spec.depends_on:
+            if not JOB_ID.match(upstream):
+                raise InvalidDefinition("depends_on", f"{upstream!r} is not a job id")
+        if len(set(spec.depends_on)) != len(spec.depends_on):
+            raise InvalidDefinition("depends_on", "lists a job twice")
+    elif len(whens) != 1:
+        raise InvalidDefinition(
+            "schedule",
+            "give exactly one of schedule, run_at or interval_sec"
+            + (f" (got {', '.join(whens)})" if whens else ""),
+        )
+    # CronSchedule.parse raises InvalidDefinition naming "schedule" or "timezone".
+    CronSchedule.parse(spec.schedule or "0 0 * * *", spec.timezone)
+    if spec.run_at is not None and spec.run_at < 0:
+        raise InvalidDefinition("run_at", "must be an instant after 1970")
+    if spec.interval_sec is not None:
+        _positive("interval_sec", spec.interval_sec, upper=366 * 86400)
+        if spec.interval_sec < 1:
+            raise InvalidDefinition("interval_sec", "must be at least 1 second")
+    if spec.start_at is not None and spec.interval_sec is None:
+        raise InvalidDefinition("start_at", "only an interval job takes start_at")
+    _validate_target(spec.target)
+    if len(msgspec.json.encode(spec.payload)) > MAX_PAYLOAD_BYTES:
+        raise InvalidDefinition("payload", f"must encode to at most {MAX_PAYLOAD_BYTES} bytes")
+    if not 1 <= spec.max_attempts <= MAX_ATTEMPTS:
+        raise InvalidDefinition("max_attempts", f"must be between 1 and {MAX_ATTEMPTS}")
+    _positive("backoff.base_sec", spec.backoff.base_sec, upper=DAY_MS / 1000)
+    _positive("backoff.cap_sec", spec.backoff.cap_sec, upper=7 * DAY_MS / 1000)
+    if not 1 <= spec.backoff.factor <= 10:
+        raise InvalidDefinition("backoff.factor", "must be between 1 and 10")
+    _positive("timeout_sec", spec.timeout_sec, upper=DAY_MS / 1000)
+    _positive("lease_sec", spec.lease_sec, upper=3600)
+    if spec.lease_sec < 1:
+        raise InvalidDefinition("lease_sec", "must be at least 1 second")
+    if not 0 <= spec.priority <= MAX_PRIORITY:
+        raise InvalidDefinition("priority", f"must be between 0 and {MAX_PRIORITY}")
+    if not 0 <= spec.misfire_grace_sec <= DAY_MS / 1000:
+        raise InvalidDefinition("misfire_grace_sec", "must be between 0 and 86400")
+    if not 1 <= spec.catch_up_limit <= MAX_CATCH_UP:
+        raise InvalidDefinition("catch_up_limit", f"must be between 1 and {MAX_CATCH_UP}")
+    if not 0 <= spec.allow_jitter_sec <= DAY_MS / 1000:
+        raise InvalidDefinition("allow_jitter_sec", "must be between 0 and 86400")
+
+
+def _validate_target(target: Target) -> None:
+    match target:
+        case HttpTarget(url=url):
+            if not re.match(r"^https?://[^\s/?#]+", url) or len(url) > 2048:
+                raise InvalidDefinition("target", "an HTTP target must be an http(s):// URL")
+        case KafkaTarget(topic=topic):
+            if not TOPIC.match(topic) or topic in (".", ".."):
+                raise InvalidDefinition("target", f"{topic!r} is not a valid Kafka topic name")
+        case PullTarget(pool=pool):
+            if not POOL.match(pool):
+                raise InvalidDefinition("target", f"{pool!r} is not a valid pool name")
+
+
+# -- when does a job fire ---------------------------------------------------------------------
+
+
+def first_slot(spec: JobSpec, registered_at: Millis) -> Millis | None:
+    """The first slot of a newly registered job (a one-shot's ``run_at`` even if it has passed:
+    a job the API acknowledged must run)."""
+    if spec.run_at is not None:
+        return spec.run_at
+    if spec.interval_sec is not None:
+        anchor = spec.start_at if spec.start_at is not None else registered_at
+        if anchor >= registered_at:
+            return anchor
+        return next_slot(spec, registered_at - 1, anchor)
+    if spec.schedule is not None:
+        return next_fire(spec.schedule, spec.timezone, registered_at)
+    return None
+
+
+def next_slot(spec: JobSpec, after: Millis, anchor: Millis) -> Millis | None:
+    """The first slot strictly after ``after``; ``anchor`` is an interval job's first slot."""
+    if spec.interval_sec is not None:
+        every = round(spec.interval_sec * 1000)
+        if after < anchor:
+            return anchor
+        return anchor + ((after - anchor) // every + 1) * every
+    if spec.schedule is not None:
+        return next_fire(spec.schedule, spec.timezone, after)
+    return None  # one-shot and dependency-triggered jobs have no next slot
+
+
+def slots_between(
+    spec: JobSpec, after: Millis, until: Millis, anchor: Millis, limit: int
+) -> list[Millis]:
+    """Slots in ``(after, until]``, ascending, at most ``limit`` of them (the earliest)."""
+    out: list[Millis] = []
+    cursor = after
+    while len(out) < limit:
+        slot = next_slot(spec, cursor, anchor)
+        if slot is None or slot > until:
+            break
+        out.append(slot)
+        cursor = slot
+    return out
+
+
+def last_slots(spec: JobSpec, after: Millis, until: Millis, anchor: Millis, n: int) -> list[Millis]:
+    """The latest ``n`` slots in ``(after, until]``, ascending."""
+    if spec.interval_sec is not None:
+        every = round(spec.interval_sec * 1000)
+        if until < anchor:
+            return []
+        last = anchor + ((until - anchor) // every) * every
+        out = [s for s in (last - i * every for i in range(n)) if s > after and s >= anchor]
+        return sorted(out)
+    if spec.schedule is not None:
+        fires = CronSchedule.parse(spec.schedule, spec.timezone).last_at_or_before(until, n)
+        return [s for s in fires if s > after]
+    return []
+
+
+def count_slots(spec: JobSpec, after: Millis, until: Millis, anchor: Millis) -> int | None:
+    """How many slots fall in ``(after, until]``; ``None`` when too many to count cheaply."""
+    if until <= after:
+        return 0
+    if spec.interval_sec is not None:
+        every = round(spec.interval_sec * 1000)
+        start = max(after + 1, anchor)
+        if until < start:
+            return 0
+        first = anchor + -(-(start - anchor) // every) * every
+        return 0 if first > until else (until - first) // every + 1
+    if spec.schedule is not None:
+        return CronSchedule.parse(spec.schedule, spec.timezone).count_between(after, until, 10_000)
+    return 0
+
+
+def jitter_ms(job_id: str, slot: Millis, window_sec: float) -> Millis:
+    """A stable offset in ``[0, window)`` that spreads a herd of jobs sharing one slot."""
+    window = round(window_sec * 1000)
+    if window <= 0:
+        return 0
+    return zlib.crc32(f"{job_id}@{slot}".encode()) % window
+
+
+def unit_fraction(*parts: object) -> float:
+    """A deterministic draw in ``[0, 1)`` from its arguments (for jittered backoff)."""
+    return zlib.crc32("/".join(map(str, parts)).encode()) / 2**32
+
+
+def retry_delay_ms(spec: JobSpec, run_id: str, retry: int) -> Millis:
+    """The backoff before retry number ``retry`` (1 for the first retry)."""
+    b = spec.backoff
+    bound = min(b.cap_sec, b.base_sec * b.factor ** (retry - 1)) * 1000
+    if b.jitter:
+        bound *= unit_fraction(run_id, retry)
+    return round(bound)

@@ -1,0 +1,295 @@
+"""A partition's state, and ``evolve``: the one way it changes.
+
+``evolve(state, event)`` folds one event into the state. It is deterministic and reads nothing
+but its arguments, so replaying a partition's events from offset 0 rebuilds exactly the state
+the live owner holds. For speed it updates ``state`` in place and returns it.
+
+The canonical state is ``jobs``, ``runs`` and ``last_token``; :meth:`PartitionState.snapshot`
+encodes exactly that. ``ready`` is a derived index (pull runs by pool, ordered for claiming),
+rebuilt from the canonical state on load and never compared.
+
+Runs leave ``runs`` when they succeed or are cancelled (the read model keeps history). Dead runs
+stay, so they can be replayed. A run cancelled while running stays until its lease runs out, so
+the worker's next heartbeat learns it was cancelled.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+
+import msgspec
+
+from core.clock import Millis
+from core.events import (
+    AnyEvent,
+    Heartbeat,
+    JobCancelled,
+    JobPaused,
+    JobRegistered,
+    JobResumed,
+    JobUpdated,
+    LeaseExpired,
+    LeaseGranted,
+    RetryScheduled,
+    RunCancelled,
+    RunCompleted,
+    RunDeadLettered,
+    RunFailed,
+    RunMaterialised,
+    RunReleased,
+    RunReplayed,
+    RunSkipped,
+    Trigger,
+    UpstreamRecorded,
+)
+from core.jobs import JobSpec
+
+# A waiting run gains one priority level per minute it waits, so priority 0 never starves.
+AGEING_STEP_MS = 60_000
+TRIGGER_KEYS_KEPT = 256
+
+
+class JobStatus(enum.StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+
+
+class RunStatus(enum.StrEnum):
+    BLOCKED = "blocked"  # held back by buffer_one until the live run ends
+    PENDING = "pending"  # ready at available_at
+    RUNNING = "running"  # a lease is out
+    DEAD = "dead"  # in the dead-letter list
+    CANCELLED = "cancelled"  # cancelled while running; kept until its lease runs out
+
+
+class JobState(msgspec.Struct, kw_only=True):
+    job_id: str
+    spec: JobSpec
+    status: JobStatus = JobStatus.ACTIVE
+    version: int = 1
+    registered_at: Millis
+    next_slot: Millis | None = None
+    anchor: Millis = 0  # an interval job's first slot
+    live: list[str] = []  # run ids: pending, blocked or running
+    blocked_run: str | None = None
+    upstream: dict[str, Millis] = {}  # upstream job -> slot it succeeded for, since last trigger
+    trigger_keys: dict[str, str] = {}  # idempotency key of a manual trigger -> run id
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    run_id: str
+    job_id: str
+    tenant: str
+    scheduled_for: Millis
+    available_at: Millis
+    priority: int
+    trigger: Trigger
+    status: RunStatus
+    attempt: int = 1
+    budget_start: int = 1  # the attempt that opened the current budget (replay resets it)
+    fencing_token: int = 0
+    worker_id: str | None = None
+    lease_expires_at: Millis | None = None
+    started_at: Millis | None = None
+    last_error: str = ""
+
+
+class _Snapshot(msgspec.Struct):
+    partition: int
+    last_token: int
+    jobs: list[JobState]
+    runs: list[RunState]
+
+
+_snapshot_encoder = msgspec.msgpack.Encoder()
+_snapshot_decoder = msgspec.msgpack.Decoder(_Snapshot)
+
+
+class PartitionState:
+    def __init__(self, partition: int = 0) -> None:
+        self.partition = partition
+        self.jobs: dict[str, JobState] = {}
+        self.runs: dict[str, RunState] = {}
+        self.last_token = 0
+        # derived: pool -> heap of (ageing key, slot, run id, attempt); entries go stale lazily
+        self.ready: dict[str, list[tuple[int, int, str, int]]] = {}
+
+    def snapshot(self) -> bytes:
+        """The canonical state as bytes: equal states give equal bytes."""
+        return _snapshot_encoder.encode(
+            _Snapshot(
+                self.partition, self.last_token, list(self.jobs.values()), list(self.runs.values())
+            )
+        )
+
+    @classmethod
+    def restore(cls, data: bytes) -> PartitionState:
+        snap = _snapshot_decoder.decode(data)
+        state = cls(snap.partition)
+        state.last_token = snap.last_token
+        state.jobs = {j.job_id: j for j in snap.jobs}
+        state.runs = {r.run_id: r for r in snap.runs}
+        for run in state.runs.values():
+            if run.status is RunStatus.PENDING:
+                _index(state, run)
+        return state
+
+    def pool_of(self, run: RunState) -> str | None:
+        job = self.jobs.get(run.job_id)
+        return job.spec.pool if job is not None else None
+
+    def is_ready_entry_live(self, entry: tuple[int, int, str, int]) -> bool:
+        run = self.runs.get(entry[2])
+        return run is not None and run.status is RunStatus.PENDING and run.attempt == entry[3]
+
+
+def ageing_key(run: RunState) -> int:
+    """Smaller claims first: waiting ``AGEING_STEP_MS`` longer is worth one priority level."""
+    return run.available_at - run.priority * AGEING_STEP_MS
+
+
+def _index(state: PartitionState, run: RunState) -> None:
+    pool = state.pool_of(run)
+    if pool is not None:
+        heap = state.ready.setdefault(pool, [])
+        heapq.heappush(heap, (ageing_key(run), run.scheduled_for, run.run_id, run.attempt))
+
+
+def _end(state: PartitionState, run: RunState, *, keep: bool) -> None:
+    """The run is no longer live for its job; drop it unless it must be kept (dead, cancelling)."""
+    job = state.jobs[run.job_id]
+    if run.run_id in job.live:
+        job.live.remove(run.run_id)
+    if job.blocked_run == run.run_id:
+        job.blocked_run = None
+    if not keep:
+        del state.runs[run.run_id]
+
+
+def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
+    match event:
+        case JobRegistered():
+            state.jobs[event.job_id] = JobState(
+                job_id=event.job_id,
+                spec=event.spec,
+                version=event.version,
+                registered_at=event.at,
+                next_slot=event.next_slot,
+                anchor=event.next_slot if event.next_slot is not None else event.at,
+            )
+        case JobUpdated():
+            job = state.jobs[event.job_id]
+            if job.spec.interval_sec != event.spec.interval_sec or (
+                job.spec.start_at != event.spec.start_at
+            ):
+                job.anchor = event.next_slot if event.next_slot is not None else event.at
+            job.spec, job.version, job.next_slot = event.spec, event.version, event.next_slot
+        case JobPaused():
+            job = state.jobs[event.job_id]
+            job.status, job.version = JobStatus.PAUSED, event.version
+        case JobResumed():
+            job = state.jobs[event.job_id]
+            job.status, job.version, job.next_slot = (
+                JobStatus.ACTIVE,
+                event.version,
+                event.next_slot,
+            )
+        case JobCancelled():
+            job = state.jobs[event.job_id]
+            job.status, job.version, job.next_slot = JobStatus.CANCELLED, event.version, None
+        case RunMaterialised():
+            job = state.jobs[event.job_id]
+            run = RunState(
+                run_id=event.run_id,
+                job_id=event.job_id,
+                tenant=event.tenant,
+                scheduled_for=event.scheduled_for,
+                available_at=event.available_at,
+                priority=event.priority,
+                trigger=event.trigger,
+                attempt=event.attempt,
+                budget_start=event.attempt,
+                status=RunStatus.BLOCKED if event.blocked else RunStatus.PENDING,
+            )
+            state.runs[run.run_id] = run
+            job.live.append(run.run_id)
+            if event.blocked:
+                job.blocked_run = run.run_id
+            else:
+                _index(state, run)
+            if event.trigger is Trigger.SCHEDULE:
+                job.next_slot = event.next_slot
+            elif event.trigger is Trigger.DEPENDENCY:
+                job.upstream = {}
+            if event.idempotency_key is not None:
+                job.trigger_keys[event.idempotency_key] = run.run_id
+                if len(job.trigger_keys) > TRIGGER_KEYS_KEPT:
+                    del job.trigger_keys[next(iter(job.trigger_keys))]
+        case RunSkipped():
+            state.jobs[event.job_id].next_slot = event.next_slot
+        case RunReleased():
+            run = state.runs[event.run_id]
+            run.status, run.available_at = RunStatus.PENDING, event.available_at
+            state.jobs[event.job_id].blocked_run = None
+            _index(state, run)
+        case LeaseGranted():
+            run = state.runs[event.run_id]
+            run.status, run.fencing_token = RunStatus.RUNNING, event.fencing_token
+            run.worker_id, run.lease_expires_at = event.worker_id, event.lease_expires_at
+            run.started_at = event.at
+            state.last_token = max(state.last_token, event.fencing_token)
+        case Heartbeat():
+            state.runs[event.run_id].lease_expires_at = event.lease_expires_at
+        case RunCompleted():
+            _end(state, state.runs[event.run_id], keep=False)
+        case RunFailed():
+            run = state.runs[event.run_id]
+            run.last_error, run.worker_id, run.lease_expires_at = event.error, None, None
+        case LeaseExpired():
+            run = state.runs[event.run_id]
+            if run.status is RunStatus.CANCELLED:
+                del state.runs[run.run_id]
+            else:
+                run.last_error, run.worker_id, run.lease_expires_at = "lease expired", None, None
+        case RetryScheduled():
+            run = state.runs[event.run_id]
+            run.status, run.attempt, run.available_at = (
+                RunStatus.PENDING,
+                event.attempt,
+                event.available_at,
+            )
+            _index(state, run)
+        case RunDeadLettered():
+            run = state.runs[event.run_id]
+            run.status, run.last_error = RunStatus.DEAD, event.error
+            run.worker_id, run.lease_expires_at = None, None
+            _end(state, run, keep=True)
+        case RunCancelled():
+            run = state.runs[event.run_id]
+            run.status = RunStatus.CANCELLED
+            _end(state, run, keep=event.was_running)
+        case RunReplayed():
+            run = state.runs[event.run_id]
+            run.status, run.attempt, run.budget_start = (
+                RunStatus.PENDING,
+                event.attempt,
+                event.attempt,
+            )
+            run.available_at, run.last_error = event.available_at, ""
+            state.jobs[event.job_id].live.append(run.run_id)
+            _index(state, run)
+        case UpstreamRecorded():
+            job = state.jobs[event.job_id]
+            job.upstream[event.upstream_job_id] = max(
+                event.scheduled_for, job.upstream.get(event.upstream_job_id, event.scheduled_for)
+            )
+    return state
+
+
+def replay(events: list[AnyEvent], partition: int = 0) -> PartitionState:
+    state = PartitionState(partition)
+    for event in events:
+        evolve(state, event)
+    return state

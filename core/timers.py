@@ -1,0 +1,105 @@
+"""Which timers a partition needs armed, derived from its state.
+
+Three kinds of timer, keyed so that re-arming replaces:
+
+``("slot", job_id)``   the job's next slot is due: decide ``SlotDue``;
+``("lease", run_id)``  a lease may have run out: decide ``LeaseDue``;
+``("ready", run_id)``  a run for a push target (HTTP, Kafka topic) may start: the node's
+                       executor asks to lease it (``StartRun``). Pull runs need no timer:
+                       workers claim them.
+
+:func:`timers_after` says what one event changes; :func:`all_timers` rebuilds every timer of a
+state, which is how a new owner fills its wheel after catching up the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from core.clock import Millis
+from core.events import (
+    AnyEvent,
+    Heartbeat,
+    JobCancelled,
+    JobPaused,
+    JobRegistered,
+    JobResumed,
+    JobUpdated,
+    LeaseExpired,
+    LeaseGranted,
+    RetryScheduled,
+    RunCancelled,
+    RunCompleted,
+    RunDeadLettered,
+    RunMaterialised,
+    RunReleased,
+    RunReplayed,
+    RunSkipped,
+)
+from core.jobs import PullTarget
+from core.state import JobStatus, PartitionState, RunState, RunStatus
+
+TimerKey = tuple[str, str]
+# (key, deadline): a deadline of None cancels the timer
+TimerChange = tuple[TimerKey, Millis | None]
+
+
+def _slot_timer(state: PartitionState, job_id: str) -> TimerChange:
+    job = state.jobs.get(job_id)
+    if job is None or job.status is not JobStatus.ACTIVE or job.next_slot is None:
+        return (("slot", job_id), None)
+    return (("slot", job_id), job.next_slot)
+
+
+def _ready_timer(state: PartitionState, run: RunState) -> list[TimerChange]:
+    job = state.jobs.get(run.job_id)
+    if (
+        job is None
+        or isinstance(job.spec.target, PullTarget)
+        or run.status is not RunStatus.PENDING
+    ):
+        return [(("ready", run.run_id), None)]
+    return [(("ready", run.run_id), run.available_at)]
+
+
+def timers_after(state: PartitionState, event: AnyEvent) -> list[TimerChange]:
+    """The timer changes ``event`` calls for; ``state`` has already folded it."""
+    match event:
+        case JobRegistered() | JobUpdated() | JobResumed() | RunSkipped():
+            return [_slot_timer(state, event.job_id)]
+        case JobPaused() | JobCancelled():
+            return [(("slot", event.job_id), None)]
+        case RunMaterialised():
+            changes = [_slot_timer(state, event.job_id)]
+            run = state.runs.get(event.run_id)
+            if run is not None:
+                changes += _ready_timer(state, run)
+            return changes
+        case RunReleased() | RetryScheduled() | RunReplayed():
+            run = state.runs.get(event.run_id)
+            return _ready_timer(state, run) if run is not None else []
+        case LeaseGranted() | Heartbeat():
+            return [
+                (("ready", event.run_id), None),
+                (("lease", event.run_id), event.lease_expires_at),
+            ]
+        case RunCompleted() | RunDeadLettered() | LeaseExpired():
+            return [(("ready", event.run_id), None), (("lease", event.run_id), None)]
+        case RunCancelled():
+            if event.was_running:  # keep the lease timer: it clears the cancelled run
+                return [(("ready", event.run_id), None)]
+            return [(("ready", event.run_id), None), (("lease", event.run_id), None)]
+    return []
+
+
+def all_timers(state: PartitionState) -> Iterator[tuple[TimerKey, Millis]]:
+    for job in state.jobs.values():
+        key, deadline = _slot_timer(state, job.job_id)
+        if deadline is not None:
+            yield key, deadline
+    for run in state.runs.values():
+        if run.lease_expires_at is not None:
+            yield ("lease", run.run_id), run.lease_expires_at
+        for key, deadline in _ready_timer(state, run):
+            if deadline is not None:
+                yield key, deadline
