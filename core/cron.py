@@ -56,6 +56,7 @@ This module is pure: it reads no clock. ``zoneinfo`` loads zone data once per zo
 from __future__ import annotations
 
 import datetime as dt
+import re
 from bisect import bisect_left, bisect_right
 from functools import lru_cache
 from typing import Final
@@ -83,6 +84,7 @@ _HOST_ZONES: Final = frozenset({"localtime", "posixrules", "Factory"})
 # A valid calendar rule matches within 28 years (2000-2027 holds every kind of year), and
 # the longest gap between two matching days is 8 years (29 February around 2100).
 _SEARCH_YEARS: Final = 30
+_EQUAL_RANGE: Final = re.compile(r"^(\w+)-\1(?:/\d+)?$", re.ASCII)
 _ONE_SECOND: Final = dt.timedelta(seconds=1)
 _ONE_DAY: Final = dt.timedelta(days=1)
 _EPOCH: Final = dt.datetime(1970, 1, 1)
@@ -288,7 +290,12 @@ def _normalise(expression: str) -> list[str]:
             "month day-of-week) or 6 (the same, then second)",
         )
     for index, field in enumerate(fields):
-        for item in field.split(","):
+        items = field.split(",")
+        # croniter reads an equal range ("5-5", "jan-jan") as the whole field; cron means
+        # the one value, and so do we.
+        items = [_EQUAL_RANGE.sub(r"\1", item) for item in items]
+        fields[index] = ",".join(items)
+        for item in items:
             if item in ("h", "r") or item.startswith(("h(", "r(", "h/", "r/")):
                 raise InvalidDefinition(
                     "schedule",
@@ -343,18 +350,18 @@ class CronSchedule:
     spaces, aliases expanded); two schedules are equal when text and timezone are.
     """
 
-    __slots__ = ("_fields", "_hash", "_zone", "expression", "timezone")
+    __slots__ = ("_expression", "_fields", "_hash", "_timezone", "_zone")
 
-    expression: str
-    timezone: str
+    _expression: str
+    _timezone: str
     _fields: _Fields
     _zone: ZoneInfo
     _hash: int
 
     def __init__(self, expression: str, timezone: str, fields: _Fields, zone: ZoneInfo) -> None:
         for name, value in (
-            ("expression", expression),
-            ("timezone", timezone),
+            ("_expression", expression),
+            ("_timezone", timezone),
             ("_fields", fields),
             ("_zone", zone),
             ("_hash", hash((expression, timezone))),
@@ -363,6 +370,16 @@ class CronSchedule:
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("CronSchedule is immutable")
+
+    @property
+    def expression(self) -> str:
+        """The normalised expression text."""
+        return self._expression
+
+    @property
+    def timezone(self) -> str:
+        """The IANA timezone name, as given."""
+        return self._timezone
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CronSchedule):
