@@ -66,7 +66,7 @@ from croniter import croniter
 
 from core.errors import InvalidDefinition
 
-__all__ = ["CronSchedule", "next_fire"]
+__all__ = ["CronSchedule", "clear_caches", "next_fire"]
 
 _ALIASES: Final = {
     "@yearly": "0 0 1 1 *",
@@ -553,3 +553,11 @@ def next_fire(expression: str, timezone: str, after_ms: int) -> int:
     50,000 jobs on ``0 0 * * *``), so the key repeats and all but the first are cache hits.
     """
     return _parse(expression, timezone).next_after(after_ms)
+
+
+def clear_caches() -> None:
+    """Forget every memoised parse and fire time (for benchmarks and tests)."""
+    next_fire.cache_clear()
+    _next_after.cache_clear()
+    _parse.cache_clear()
+    _compile.cache_clear()
