@@ -133,6 +133,8 @@ class EmbeddedWriter:
     def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
         if self._closed:
             raise Fenced(f"writer of partition {self._partition} (epoch {self._epoch}) is closed")
+        if commands_through is not None and not 0 <= commands_through <= _MAX_OFFSET:
+            raise ValueError(f"commands_through {commands_through} is not an offset")
         op = _Append(self._partition, self._epoch, [bytes(e) for e in events], commands_through)
         return self._log._commit(op)
 
@@ -174,6 +176,7 @@ class EmbeddedLog:
         self._synced_batches = 0
         self._queue_cond = threading.Condition()
         self._stopping = False
+        self._failure: BaseException | None = None
         self._committer = threading.Thread(
             target=self._run_committer, name=f"cronlog-committer:{self._path.name}", daemon=True
         )
@@ -309,6 +312,8 @@ class EmbeddedLog:
         with self._queue_cond:
             if self._stopping:
                 raise CronlogError(f"event log {self._path} is closed")
+            if self._failure is not None:
+                raise CronlogError(f"event log {self._path} failed: {self._failure!r}")
             self._queue.append(pending)
             self._queue_cond.notify()
         pending.done.wait()
@@ -324,7 +329,21 @@ class EmbeddedLog:
                 if not self._queue:
                     return
                 batch, self._queue = self._queue, []
-            self._write_batch(batch)
+            try:
+                self._write_batch(batch)
+            except BaseException as exc:
+                # A bug here must not leave callers waiting forever. Offsets may no longer
+                # match the store, so the log stops taking writes (fail-stop) until reopened.
+                with self._queue_cond:
+                    self._failure = exc
+                    batch += self._queue
+                    self._queue = []
+                for pending in batch:
+                    if not pending.done.is_set():
+                        pending.offsets = []
+                        pending.error = CronlogError(f"event log {self._path} failed: {exc!r}")
+                        pending.done.set()
+                raise
 
     def _write_batch(self, batch: list[_Pending]) -> None:
         """Write every acceptable pending write in one synced batch; then publish and wake."""

@@ -184,6 +184,8 @@ class MemoryWriter:
     def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
         if self._closed:
             raise Fenced(f"writer of partition {self._partition} (epoch {self._epoch}) is closed")
+        if commands_through is not None and commands_through < 0:
+            raise ValueError(f"commands_through {commands_through} is not an offset")
         return self._log._append(self._partition, self._epoch, events, commands_through)
 
     def command_position(self) -> int:
