@@ -131,9 +131,7 @@ class PartitionState:
         state.last_token = snap.last_token
         state.jobs = {j.job_id: j for j in snap.jobs}
         state.runs = {r.run_id: r for r in snap.runs}
-        for run in state.runs.values():
-            if run.status is RunStatus.PENDING:
-                _index(state, run)
+        rebuild_index(state)
         return state
 
     def pool_of(self, run: RunState) -> str | None:
@@ -148,6 +146,14 @@ class PartitionState:
 def ageing_key(run: RunState) -> int:
     """Smaller claims first: waiting ``AGEING_STEP_MS`` longer is worth one priority level."""
     return run.available_at - run.priority * AGEING_STEP_MS
+
+
+def rebuild_index(state: PartitionState) -> None:
+    """Rebuild the derived ``ready`` index from ``jobs`` and ``runs`` (after a load)."""
+    state.ready = {}
+    for run in state.runs.values():
+        if run.status is RunStatus.PENDING:
+            _index(state, run)
 
 
 def _index(state: PartitionState, run: RunState) -> None:

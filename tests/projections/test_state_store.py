@@ -1,0 +1,274 @@
+"""The state store: a partition's state and its offset on disk, saved incrementally.
+
+Histories come from the real core (``histories.busy_partition``). The contract tests run
+against both adapters through the ``store_factory`` fixture; the RocksDB-only tests cover what
+only a disk has (reopening, wiping, catching up from an event log).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core import events as ev
+from core.state import PartitionState, evolve
+from eventlog.embedded import EmbeddedLog
+from eventlog.memory import MemoryLog
+from eventlog.port import Record
+from projections.state_store import (
+    MemoryStateStore,
+    RocksStateStore,
+    StateStore,
+    catch_up,
+)
+from tests.projections.histories import Writers, busy_partition
+
+StoreFactory = Callable[[int], StateStore]
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    opened: list[StateStore] = []
+
+    def make(partition: int) -> StateStore:
+        store: StateStore
+        if request.param == "memory":
+            store = MemoryStateStore(partition)
+        else:
+            store = RocksStateStore.open(tmp_path / f"data{len(opened)}", partition)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def save_in_batches(
+    store: StateStore, events: list[ev.AnyEvent], rng: random.Random, max_batch: int = 7
+) -> PartitionState:
+    """What a live owner does: evolve each decision's events, then save them with offsets.
+
+    Offsets leave gaps (as Kafka's transaction markers do) to show nothing assumes offset + 1.
+    """
+    state, offset = store.load()
+    i = 0
+    while i < len(events):
+        batch = []
+        for event in events[i : i + rng.randint(1, max_batch)]:
+            evolve(state, event)
+            batch.append((offset, event))
+            offset += rng.choice((1, 1, 2))
+        store.save(state, batch)
+        i += len(batch)
+    return state
+
+
+def ready_entries(state: PartitionState) -> dict[str, list[tuple[int, int, str, int]]]:
+    """The ready index without stale entries, in claim order."""
+    return {
+        pool: sorted(e for e in heap if state.is_ready_entry_live(e))
+        for pool, heap in state.ready.items()
+        if any(state.is_ready_entry_live(e) for e in heap)
+    }
+
+
+# -- the contract, against both adapters ------------------------------------------------------
+
+
+def test_a_fresh_store_is_empty_at_offset_zero(store_factory: StoreFactory) -> None:
+    state, offset = store_factory(3).load()
+    assert offset == 0
+    assert state.snapshot() == PartitionState(3).snapshot()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_loaded_state_is_the_live_state(store_factory: StoreFactory, seed: int) -> None:
+    sim = busy_partition(seed, steps=250, partition=2)
+    store = store_factory(2)
+    save_in_batches(store, sim.events(), random.Random(seed))
+    loaded, _ = store.load()
+    assert loaded.snapshot() == sim.state.snapshot()
+    assert list(loaded.runs) == list(sim.state.runs)  # the dict order decide iterates in
+    assert ready_entries(loaded) == ready_entries(sim.state)
+
+
+def test_offset_is_the_last_saved_offset_plus_one(store_factory: StoreFactory) -> None:
+    sim = busy_partition(5, steps=40)
+    store = store_factory(0)
+    events = sim.events()
+    state = PartitionState(0)
+    for event in events:
+        evolve(state, event)
+    store.save(state, [(10 + 3 * i, e) for i, e in enumerate(events)])
+    assert store.load()[1] == 10 + 3 * (len(events) - 1) + 1
+    store.save(state, [])  # nothing to record changes nothing
+    assert store.load()[1] == 10 + 3 * (len(events) - 1) + 1
+
+
+def test_saves_are_incremental(store_factory: StoreFactory) -> None:
+    """A batch rewrites only what its events name: a heartbeat touches one job and one run."""
+    sim = busy_partition(1, steps=150)
+    store = store_factory(0)
+    state = save_in_batches(store, sim.events(), random.Random(1))
+    before = dict(store.dump())
+    run = next(r for r in state.runs.values() if r.worker_id is not None)
+    beat = ev.Heartbeat(
+        at=sim.now,
+        job_id=run.job_id,
+        tenant=run.tenant,
+        run_id=run.run_id,
+        scheduled_for=run.scheduled_for,
+        attempt=run.attempt,
+        fencing_token=run.fencing_token,
+        lease_expires_at=sim.now + 123_456,
+    )
+    evolve(state, beat)
+    store.save(state, [(10_000, beat)])
+    after = dict(store.dump())
+    changed = {k for k in after if before.get(k) != after[k]}
+    assert changed == {f"r/{run.run_id}".encode(), b"m/offset"}
+
+
+def test_runs_that_leave_the_state_leave_the_store(store_factory: StoreFactory) -> None:
+    sim = busy_partition(2, steps=200)
+    store = store_factory(0)
+    save_in_batches(store, sim.events(), random.Random(2))
+    stored_runs = {k[2:].decode() for k, _ in store.dump() if k.startswith(b"r/")}
+    completed = {e.run_id for e in sim.events() if isinstance(e, ev.RunCompleted)}
+    assert completed, "the history has completed runs"
+    assert stored_runs == set(sim.state.runs)
+    assert not completed & stored_runs
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), batching=st.integers(0, 10_000), max_batch=st.integers(1, 60))
+def test_how_events_are_batched_never_shows(seed: int, batching: int, max_batch: int) -> None:
+    """Any batching of one history stores the same bytes and loads the live state."""
+    sim = busy_partition(seed, steps=120)
+    events = sim.events()
+    one_by_one, batched = MemoryStateStore(0), MemoryStateStore(0)
+    save_in_batches(one_by_one, events, random.Random(batching), max_batch=1)
+    save_in_batches(batched, events, random.Random(batching), max_batch=max_batch)
+    # Offsets differ with the batching RNG draws only through the gaps: compare without them.
+    assert _without_offset(one_by_one.dump()) == _without_offset(batched.dump())
+    assert batched.load()[0].snapshot() == sim.state.snapshot()
+
+
+def _without_offset(items: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in items if k != b"m/offset" and not k.startswith(b"o")]
+
+
+# -- RocksDB and the log: catch-up, wiping, reopening -----------------------------------------
+
+
+def _log_with(tmp_path: Path, events: list[bytes], partition: int = 1) -> EmbeddedLog:
+    log = EmbeddedLog.open(tmp_path / "log", 2)
+    writers = Writers(log)
+    writers.append(partition, events, chunk=37)
+    writers.close()
+    return log
+
+
+def test_wipe_and_replay_from_zero_gives_the_same_bytes(tmp_path: Path) -> None:
+    sim = busy_partition(7, steps=300, partition=1)
+    log = _log_with(tmp_path, sim.log)
+    try:
+        # Live: the owner saves each small batch as it decides it.
+        live = RocksStateStore.open(tmp_path / "node", 1)
+        state, _ = live.load()
+        for record_batch in _chunks(log.read_events(1, 0, 100_000), random.Random(7)):
+            batch = [(r.offset, ev.decode(r.value)) for r in record_batch]
+            for _, event in batch:
+                evolve(state, event)
+            live.save(state, batch)
+        live_bytes = live.dump()
+        live.close()
+        assert state.snapshot() == sim.state.snapshot()
+
+        shutil.rmtree(tmp_path / "node" / "state" / "p1")
+        rebuilt = RocksStateStore.open(tmp_path / "node", 1)
+        caught_up = catch_up(rebuilt, log, 1, batch_size=1000)
+        assert rebuilt.dump() == live_bytes
+        assert caught_up.snapshot() == sim.state.snapshot()
+        rebuilt.close()
+    finally:
+        log.close()
+
+
+def _chunks(records: list[Record], rng: random.Random) -> Iterator[list[Record]]:
+    i = 0
+    while i < len(records):
+        n = rng.randint(1, 9)
+        yield records[i : i + n]
+        i += n
+
+
+class CountingLog:
+    """An event log that remembers where each read started."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self.log = log
+        self.reads: list[int] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.log, name)
+
+    def read_events(
+        self, partition: int, from_offset: int, max_records: int = 1000, timeout_s: float = 0.0
+    ) -> list[Record]:
+        self.reads.append(from_offset)
+        return self.log.read_events(partition, from_offset, max_records, timeout_s)
+
+
+def test_reopening_resumes_from_the_stored_offset(tmp_path: Path) -> None:
+    sim = busy_partition(11, steps=300)
+    half = len(sim.log) // 2
+    log = MemoryLog(1, gaps=True)
+    counting = CountingLog(log)
+    writers = Writers(log)
+    writers.append(0, sim.log[:half], chunk=50)
+
+    store = RocksStateStore.open(tmp_path / "a", 0)
+    catch_up(store, counting, 0, batch_size=64)  # type: ignore[arg-type]
+    _, stored = store.load()
+    store.close()
+
+    writers.append(0, sim.log[half:], chunk=50)
+    counting.reads.clear()
+    store = RocksStateStore.open(tmp_path / "a", 0)
+    state = catch_up(store, counting, 0, batch_size=64)  # type: ignore[arg-type]
+    assert counting.reads[0] == stored  # nothing before the stored offset was read again
+    resumed = store.dump()
+    store.close()
+
+    at_once = RocksStateStore.open(tmp_path / "b", 0)
+    catch_up(at_once, log, 0, batch_size=1000)
+    assert at_once.dump() == resumed
+    assert state.snapshot() == sim.state.snapshot()
+    at_once.close()
+    writers.close()
+    log.close()
+
+
+def test_a_batch_lost_with_its_offset_is_read_again(tmp_path: Path) -> None:
+    """The offset is in the batch: a store missing its newest batch simply re-reads it."""
+    sim = busy_partition(3, steps=200)
+    log = MemoryLog(1)
+    Writers(log).append(0, sim.log)
+    records = log.read_events(0, 0, 100_000)
+    cut = len(records) // 3
+    store = MemoryStateStore(0)
+    state = PartitionState(0)
+    for r in records[:cut]:
+        evolve(state, ev.decode(r.value))
+    store.save(state, [(r.offset, ev.decode(r.value)) for r in records[:cut]])
+    # The next batch "never reached disk": the state moved on, the store did not.
+    assert catch_up(store, log, 0).snapshot() == sim.state.snapshot()
+    log.close()
