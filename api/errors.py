@@ -1,0 +1,141 @@
+"""The one place where errors become HTTP statuses. Every error body is JSON
+``{"error", "message", "field"?}``; a lost lease also says whether the run was ``cancelled``.
+
+=============================================  ======  ===============
+raised                                         status  ``error``
+=============================================  ======  ===============
+body is not JSON                               400     ``malformed``
+unknown field, wrong type, missing field       400     ``bad_request``
+``InvalidDefinition``                          422     ``invalid``
+no or unknown bearer token                     401     ``unauthorized``
+``NotFound`` (or another tenant's id)          404     ``not_found``
+``LeaseLost``                                  409     ``lease_lost``
+``Conflict``                                   409     ``conflict``
+body over 1 MiB                                413     ``too_large``
+``Unavailable``, ``Fenced``                    503     ``unavailable``
+=============================================  ======  ===============
+
+Every refusal is raised before a command is sent, or is the core's own refusal, which decided
+nothing: bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.scheduler import Unavailable
+from core.errors import Conflict, CronlogError, Fenced, InvalidDefinition, LeaseLost, NotFound
+
+
+class ErrorBody(msgspec.Struct, kw_only=True, omit_defaults=True):
+    error: str
+    message: str
+    field: str | None = None
+    cancelled: bool | None = None  # lease_lost only: the run was cancelled, stop working on it
+
+
+class ApiError(Exception):
+    """An error the API answers with ``status`` and an :class:`ErrorBody`."""
+
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        message: str,
+        *,
+        field: str | None = None,
+        cancelled: bool | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = ErrorBody(error=error, message=message, field=field, cancelled=cancelled)
+        self.headers = headers or {}
+
+
+def bad_request(field: str | None, message: str) -> ApiError:
+    return ApiError(400, "bad_request", message, field=field)
+
+
+def unauthorized() -> ApiError:
+    return ApiError(
+        401,
+        "unauthorized",
+        "send Authorization: Bearer <token>",
+        headers={"WWW-Authenticate": 'Bearer realm="cronlog"'},
+    )
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, "too_large", f"the request body is over {limit} bytes")
+
+
+# msgspec's messages end with " - at `$.a.b[2]`"; the named fields are quoted with backticks.
+_AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_NAMED = re.compile(r"^Object (?:contains unknown|missing required) field `(?P<name>[^`]+)`")
+
+
+def from_decode_error(exc: msgspec.DecodeError) -> ApiError:
+    """A body msgspec refused: 400, naming the field path where there is one."""
+    text = str(exc)
+    if not isinstance(exc, msgspec.ValidationError):
+        return ApiError(400, "malformed", f"the body is not valid JSON: {text}")
+    at = _AT.search(text)
+    path = at.group("path") if at else ""
+    message = text[: at.start()] if at else text
+    named = _NAMED.match(message)
+    if named:
+        path = f"{path}.{named.group('name')}" if path else named.group("name")
+    return bad_request(path or None, message)
+
+
+def from_exception(exc: Exception) -> ApiError:
+    match exc:
+        case ApiError():
+            return exc
+        case msgspec.DecodeError():
+            return from_decode_error(exc)
+        case InvalidDefinition():
+            return ApiError(422, "invalid", exc.message, field=exc.field)
+        case NotFound():
+            return ApiError(404, "not_found", str(exc))
+        case LeaseLost():
+            return ApiError(409, "lease_lost", str(exc))
+        case Conflict():
+            return ApiError(409, "conflict", str(exc))
+        case Unavailable() | Fenced():
+            return ApiError(503, "unavailable", str(exc), headers={"Retry-After": "1"})
+        case HTTPException():
+            code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
+            return ApiError(exc.status_code, code, exc.detail, headers=dict(exc.headers or {}))
+        case CronlogError():
+            return ApiError(500, "internal", str(exc))
+    return ApiError(500, "internal", "internal error")
+
+
+def error_response(exc: ApiError) -> Response:
+    return Response(
+        msgspec.json.encode(exc.body),
+        status_code=exc.status,
+        headers=exc.headers,
+        media_type="application/json",
+    )
+
+
+async def handle(request: Request, exc: Exception) -> Response:
+    """The exception handler every error the API raises reaches."""
+    return error_response(from_exception(exc))
+
+
+EXCEPTION_HANDLERS = {
+    ApiError: handle,
+    msgspec.DecodeError: handle,
+    CronlogError: handle,
+    HTTPException: handle,
+    Exception: handle,
+}

@@ -1,0 +1,53 @@
+"""The port the HTTP API talks to. The node runtime implements it; ``tests/api/fakes.py`` holds the
+in-process reference implementation the API tests run against.
+
+Invariants every implementation keeps:
+
+1. **Durable, then visible.** :meth:`Scheduler.execute` returns only once the events it decided
+   are in the log *and* the read model (:attr:`Scheduler.history`) reflects them, so a client that
+   reads after a write sees the write.
+2. **One owner decides.** A command goes to the partition that owns its job (the job id, or the
+   job id inside a run id); that partition's ``core.decide`` is the only judge of it.
+3. **Refusals are errors, not events.** A refused command raises a ``core.errors`` error
+   (``InvalidDefinition``, ``NotFound``, ``Conflict``, ``LeaseLost``) and changed nothing; a
+   command that cannot be decided right now (no owner, not caught up) raises :class:`Unavailable`.
+4. **Tenants are scoped by the core.** Every command carries its tenant; a job or run of another
+   tenant is ``NotFound`` (heartbeats and completions: ``LeaseLost``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from core.commands import AnyCommand
+from core.errors import CronlogError
+from core.events import AnyEvent, LeaseGranted
+from projections.read_model import ReadModel
+
+
+class Unavailable(CronlogError):
+    """The owning partition cannot decide right now (no owner yet, or still catching up): retry."""
+
+
+class Scheduler(Protocol):
+    async def execute(self, command: AnyCommand) -> list[AnyEvent]:
+        """Route to the owning partition (by the command's job id, or the job id inside a run id),
+        decide, and return the events once they are durably in the log AND the read model has
+        caught up to them. Raises core.errors (InvalidDefinition, NotFound, Conflict, LeaseLost)
+        or Unavailable."""
+        ...
+
+    async def claim(self, tenant: str, pool: str, worker_id: str, limit: int) -> list[LeaseGranted]:
+        """ClaimRuns across every partition (a pool's runs are spread over partitions)."""
+        ...
+
+    def now_ms(self) -> int: ...
+
+    def ready(self) -> bool:
+        """Owns its partitions and has caught up."""
+        ...
+
+    @property
+    def history(self) -> ReadModel:
+        """The read model (queries)."""
+        ...

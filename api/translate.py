@@ -1,0 +1,224 @@
+"""Between the wire format (``api/wire.py``) and the core: job definitions in, views out.
+
+Job ids
+    ``POST /v1/jobs`` with an ``idempotency_key`` derives the id from the tenant and the key
+    (``j_`` + base32 of their SHA-256), so a retried request names the same job, lands on the
+    same partition, and the core's create-only ``PutJob`` makes the repeat a no-op. Without a key
+    the id is random.
+
+Merging
+    A definition is applied over a base: the defaults for a new job, the current spec for a
+    PATCH. Giving any one of ``schedule``, ``run_at`` or ``interval_sec`` replaces how the job is
+    timed (the other two are cleared), so ``{"schedule": "0 9 * * *"}`` turns a one-shot job
+    into a recurring one without also having to send ``"run_at": null``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from api.instants import parse_rfc3339, to_rfc3339
+from api.wire import (
+    AttemptOut,
+    BackoffIn,
+    ClaimedRun,
+    HttpTargetIn,
+    JobFields,
+    JobOut,
+    KafkaTargetIn,
+    PullTargetIn,
+    RunOut,
+    TargetIn,
+)
+from core.errors import InvalidDefinition
+from core.events import LeaseGranted
+from core.jobs import (
+    MAX_ATTEMPTS,
+    Backoff,
+    HttpTarget,
+    JobSpec,
+    KafkaTarget,
+    PullTarget,
+    Target,
+    validate,
+)
+from projections.views import JobView, RunView
+
+MAX_IDEMPOTENCY_KEY = 256
+_WHEN = ("schedule", "run_at", "interval_sec")
+_INSTANTS = ("run_at", "start_at")
+
+
+def _b32(data: bytes) -> str:
+    return base64.b32encode(data).decode().rstrip("=").lower()
+
+
+def random_job_id() -> str:
+    return "j_" + _b32(secrets.token_bytes(15))
+
+
+def job_id_for_key(tenant: str, key: str) -> str:
+    """The job a tenant's ``idempotency_key`` names: the same pair always gives the same id."""
+    if not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise InvalidDefinition(
+            "idempotency_key", f"must be 1-{MAX_IDEMPOTENCY_KEY} characters long"
+        )
+    digest = hashlib.sha256(f"{tenant}\n{key}".encode()).digest()
+    return "j_" + _b32(digest)[:32]
+
+
+def target_of(value: TargetIn) -> Target:
+    match value:
+        case HttpTargetIn(url=url, headers=headers):
+            return HttpTarget(url=url, headers=headers)
+        case KafkaTargetIn(topic=topic):
+            return KafkaTarget(topic=topic)
+        case PullTargetIn(pool=pool):
+            return PullTarget(pool=pool)
+        case str() if value.startswith(("http://", "https://")):
+            return HttpTarget(url=value)
+        case str() if value.startswith("kafka://"):
+            return KafkaTarget(topic=value.removeprefix("kafka://"))
+        case str() if value.startswith("pull://"):
+            return PullTarget(pool=value.removeprefix("pull://"))
+    raise InvalidDefinition(
+        "target", f"{value!r} is not an http(s)://, kafka://topic or pull://pool target"
+    )
+
+
+def _backoff(given: BackoffIn, base: Backoff) -> Backoff:
+    changes = {f: v for f in given.__struct_fields__ if (v := getattr(given, f)) is not UNSET}
+    return msgspec.structs.replace(base, **changes)
+
+
+def _given(fields: JobFields) -> dict[str, Any]:
+    """The definition fields ``fields`` sets, converted to :class:`JobSpec` terms."""
+    out: dict[str, Any] = {}
+    for name in JobFields.__struct_fields__:
+        value = getattr(fields, name)
+        if value is UNSET:
+            continue
+        if name in _INSTANTS and value is not None:
+            value = parse_rfc3339(value, name)
+        elif name == "target":
+            value = target_of(value)
+        elif name == "depends_on":
+            value = tuple(value)
+        elif name == "retries":
+            if not 0 <= value < MAX_ATTEMPTS:
+                raise InvalidDefinition("retries", f"must be between 0 and {MAX_ATTEMPTS - 1}")
+            name, value = "max_attempts", value + 1
+        out[name] = value
+    return out
+
+
+def spec_of(fields: JobFields, tenant: str, base: JobSpec | None = None) -> JobSpec:
+    """The definition ``fields`` describes, over ``base`` (None: a new job). Validated: raises
+    :class:`InvalidDefinition` naming the first bad field in the API's terms."""
+    given = _given(fields)
+    backoff = given.pop("backoff", None)
+    if base is None:
+        for required in ("name", "target"):
+            if required not in given:
+                raise InvalidDefinition(required, "is required")
+        spec = JobSpec(tenant=tenant, **given)
+    else:
+        if any(f in given for f in _WHEN) or given.get("depends_on"):
+            for f in _WHEN:
+                given.setdefault(f, None)
+        if given.get("interval_sec", base.interval_sec) is None:
+            given.setdefault("start_at", None)
+        spec = msgspec.structs.replace(base, **given)
+    if backoff is not None:
+        spec = msgspec.structs.replace(spec, backoff=_backoff(backoff, spec.backoff))
+    validate(spec)
+    return spec
+
+
+# -- views out ---------------------------------------------------------------------------------
+
+
+def _instant(ms: int | None) -> str | None:
+    return None if ms is None else to_rfc3339(ms)
+
+
+def job_out(view: JobView) -> JobOut:
+    spec = view.spec
+    return JobOut(
+        job_id=view.job_id,
+        tenant=view.tenant,
+        name=view.name,
+        status=view.status,
+        version=view.version,
+        next_run_at=_instant(view.next_slot),
+        created_at=to_rfc3339(view.created_at),
+        updated_at=to_rfc3339(view.updated_at),
+        schedule=spec.schedule,
+        run_at=_instant(spec.run_at),
+        interval_sec=spec.interval_sec,
+        start_at=_instant(spec.start_at),
+        timezone=spec.timezone,
+        payload=spec.payload,
+        target=spec.target,
+        retries=spec.max_attempts - 1,
+        timeout_sec=spec.timeout_sec,
+        lease_sec=spec.lease_sec,
+        priority=spec.priority,
+        misfire_policy=spec.misfire_policy,
+        misfire_grace_sec=spec.misfire_grace_sec,
+        catch_up_limit=spec.catch_up_limit,
+        overlap_policy=spec.overlap_policy,
+        allow_jitter_sec=spec.allow_jitter_sec,
+        critical=spec.critical,
+        depends_on=list(spec.depends_on),
+        backoff=spec.backoff,
+    )
+
+
+def run_out(view: RunView) -> RunOut:
+    return RunOut(
+        run_id=view.run_id,
+        job_id=view.job_id,
+        state=view.state,
+        attempt=view.attempt,
+        trigger=view.trigger,
+        scheduled_for=to_rfc3339(view.scheduled_for),
+        available_at=to_rfc3339(view.available_at),
+        started_at=_instant(view.started_at),
+        finished_at=_instant(view.finished_at),
+        lateness_ms=view.lateness_ms,
+        error=view.error,
+        dead_reason=view.dead_reason,
+        attempts=[
+            AttemptOut(
+                attempt=a.attempt,
+                worker_id=a.worker_id,
+                started_at=to_rfc3339(a.started_at),
+                finished_at=_instant(a.finished_at),
+                outcome=a.outcome,
+                error=a.error,
+            )
+            for a in view.attempts
+        ],
+    )
+
+
+def claimed(lease: LeaseGranted, spec: JobSpec) -> ClaimedRun:
+    return ClaimedRun(
+        run_id=lease.run_id,
+        job_id=lease.job_id,
+        scheduled_for=to_rfc3339(lease.scheduled_for),
+        attempt=lease.attempt,
+        fencing_token=lease.fencing_token,
+        lease_expires_at=to_rfc3339(lease.lease_expires_at),
+        lease_sec=spec.lease_sec,
+        payload=spec.payload,
+        idempotency_key=f"{lease.job_id}:{lease.scheduled_for}",
+        timeout_sec=spec.timeout_sec,
+    )
