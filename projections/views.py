@@ -36,8 +36,9 @@ RUN_STATES: tuple[RunStateName, ...] = (
 
 
 class JobView(msgspec.Struct, kw_only=True):
-    """A job as defined now. ``finished``: a one-shot or dependency-triggered job with no next
-    slot and no live runs (it may still be triggered again by hand or by its upstream jobs)."""
+    """A job as defined now. ``finished``: a one-shot or dependency-triggered job that has had a
+    run, with no next slot and no live runs (it may still be triggered again by hand or by its
+    upstream jobs); until its first run such a job is ``active``."""
 
     job_id: str
     tenant: str

@@ -1,0 +1,693 @@
+"""The read model: every partition's events folded into queryable history, in RocksDB.
+
+The partition state keeps only what deciding needs (finished runs leave it); the read model keeps
+every job, run, attempt and skipped slot, and the indexes the API lists them by. Every query is
+scoped to a tenant: another tenant's ids are simply not found.
+
+Feeding it: :meth:`ReadModel.process` is the one entry point, ``process(event, partition,
+offset)``. Inside ``with model.batch():`` changes are staged and written, with the next offset
+of every partition they came from, in one ``WriteBatch`` when the block ends; outside a batch
+each call is its own batch. So a crash loses whole batches and their positions together, and
+:class:`ReadModelRunner` resumes each partition from its recorded position: every event is
+folded in exactly once. Writes are not synced (``sync=False``, WAL on): the log re-supplies a
+lost tail.
+
+Layout (raw mode; ``inv(t)`` is ``2**64 - 1 - t`` as a big-endian u64, so a forward scan is
+newest first)::
+
+    j/<job_id>                                -> msgpack _JobRecord (the JobView and counters)
+    tj/<tenant>/<job_id>                      -> ""   jobs of a tenant, by job id
+    tjs/<tenant>/<status>/<job_id>            -> ""   the same, by status
+    r/<run_id>                                -> msgpack RunView (with every attempt)
+    jr/<job_id>/<inv(scheduled_for)><run_id>  -> ""   runs of a job, newest slot first
+    rs/<tenant>/<state>/<inv(scheduled_for)><run_id>  -> ""  runs by state (the dead letters)
+    c/<tenant>/<state>                        -> u64  runs by state, kept incrementally
+    sk/<job_id>/<inv(offset)>                 -> msgpack SkipView, newest first
+    m/pos/<partition:u32>                     -> u64  next event offset of the partition
+
+A page's cursor is the base64url of the last returned key after the listing's prefix (for
+runs: the inverted slot and the run id), so the next page starts right after it, with no
+duplicates or gaps however the listing changes in between.
+
+A query and a batch's write exclude each other (a lock held only for the ``write`` call and
+the query's reads), so an index and the records it points at always agree. Not a RocksDB
+snapshot: in rocksdict 0.3.29 a snapshot's ``get`` honours it but its ``iter``/``items`` see
+later writes. There is no in-memory adapter: tests open the model in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import struct
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+
+from core.errors import CronlogError, InvalidDefinition
+from core.events import (
+    AnyEvent,
+    JobCancelled,
+    JobPaused,
+    JobRegistered,
+    JobResumed,
+    JobUpdated,
+    LeaseExpired,
+    LeaseGranted,
+    RetryScheduled,
+    RunCancelled,
+    RunCompleted,
+    RunDeadLettered,
+    RunFailed,
+    RunMaterialised,
+    RunReleased,
+    RunReplayed,
+    RunSkipped,
+    Trigger,
+    decode,
+)
+from eventlog.port import EventLog, Record
+from projections.views import (
+    JOB_STATUSES,
+    RUN_STATES,
+    AttemptOutcome,
+    AttemptView,
+    JobStatusName,
+    JobView,
+    Page,
+    RunStateName,
+    RunView,
+    SkipView,
+)
+
+MAX_LIMIT = 1000
+LIVE_STATES = frozenset({"blocked", "pending", "running", "failed", "retrying"})
+LEASE_EXPIRED = "lease expired"
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_TOP = 2**64 - 1
+_POSITION = b"m/pos/"
+
+_encoder = msgspec.msgpack.Encoder()
+_run_decoder = msgspec.msgpack.Decoder(RunView)
+_skip_decoder = msgspec.msgpack.Decoder(SkipView)
+
+
+class _JobRecord(msgspec.Struct, kw_only=True):
+    view: JobView  # ``view.status`` is the derived status, the one the status index holds
+    base: JobStatusName  # active, paused or cancelled, as the job events say
+    live: int = 0  # runs blocked, pending, running, failed or retrying
+    runs: int = 0  # runs ever materialised
+
+
+_job_decoder = msgspec.msgpack.Decoder(_JobRecord)
+
+
+def _inv(t: int) -> bytes:
+    return _U64.pack(_TOP - t)
+
+
+def _status(job: _JobRecord) -> JobStatusName:
+    """``finished``: a one-shot or dependency job that ran, with no next slot and nothing live."""
+    spec = job.view.spec
+    if (
+        job.base == "active"
+        and not spec.recurring
+        and job.view.next_slot is None
+        and job.live == 0
+        and job.runs > 0
+    ):
+        return "finished"
+    return job.base
+
+
+def _encode_cursor(suffix: bytes) -> str:
+    return base64.urlsafe_b64encode(suffix).rstrip(b"=").decode()
+
+
+def _decode_cursor(cursor: str) -> bytes:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        return base64.b64decode(padded, altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidDefinition("cursor", "is not a cursor this listing gave out") from exc
+
+
+def _check_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidDefinition("limit", f"must be between 1 and {MAX_LIMIT}")
+
+
+@dataclass
+class _Pending:
+    """A batch being staged: decoded records it changed, raw keys, counters, positions."""
+
+    jobs: dict[str, _JobRecord | None] = field(default_factory=dict)
+    runs: dict[str, RunView | None] = field(default_factory=dict)
+    counts: dict[bytes, int] = field(default_factory=dict)
+    raw: dict[bytes, bytes | None] = field(default_factory=dict)
+    positions: dict[int, int] = field(default_factory=dict)
+
+
+class ReadModel:
+    """History queries over every partition's events; ``ReadModel.open(data_dir)``.
+
+    One thread at a time writes (batches hold a lock); any number query.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self._path = Path(path)
+        self._path.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._db = Rdict(str(self._path), options=options)
+        self._write_options = WriteOptions()
+        self._write_options.sync = False  # the log re-supplies a lost tail: see the docstring
+        self._write_lock = threading.RLock()  # one writer: staging and committing a batch
+        self._db_lock = threading.Lock()  # a batch's write versus a query's reads
+        self._pending: _Pending | None = None
+        self._positions: dict[int, int] = {}
+        self._moved = threading.Condition()
+        for key, value in self._scan(_POSITION):
+            self._positions[_U32.unpack(key)[0]] = _U64.unpack(value)[0]
+
+    @classmethod
+    def open(cls, data_dir: str | Path) -> ReadModel:
+        """The read model of a node's data directory: ``<data>/read_model``."""
+        return cls(Path(data_dir) / "read_model")
+
+    def close(self) -> None:
+        with self._write_lock, self._db_lock:
+            self._db.close()
+
+    def __enter__(self) -> ReadModel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- positions --------------------------------------------------------------------------
+
+    def position(self, partition: int) -> int:
+        """The next event offset of ``partition`` to fold in (0 before any)."""
+        with self._moved:
+            return self._positions.get(partition, 0)
+
+    def positions(self) -> dict[int, int]:
+        with self._moved:
+            return dict(self._positions)
+
+    def lag(self, log: EventLog) -> dict[int, int]:
+        """Per partition, how far the model is behind the log's end (end offset - position)."""
+        return {
+            p: max(0, log.end_offset("events", p) - self.position(p))
+            for p in range(log.num_partitions)
+        }
+
+    def wait_for(self, partition: int, offset: int, timeout_s: float) -> bool:
+        """Block until the event at ``offset`` of ``partition`` is queryable; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._moved:
+            while self._positions.get(partition, 0) <= offset:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._moved.wait(remaining)
+            return True
+
+    # -- writing ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Stage every ``process`` inside the block; write them and the positions at once."""
+        with self._write_lock:
+            if self._pending is not None:  # nested: the outer batch writes
+                yield
+                return
+            self._pending = _Pending()
+            try:
+                yield
+                self._commit(self._pending)
+            finally:
+                self._pending = None
+
+    def process_records(self, partition: int, records: Sequence[Record]) -> int:
+        """Fold in records read from ``partition``'s event stream, as one batch."""
+        with self.batch():
+            for record in records:
+                self.process(decode(record.value), partition, record.offset)
+        return len(records)
+
+    def process(self, event: AnyEvent, partition: int, offset: int) -> None:
+        """Fold one event in; events before the partition's position are already in."""
+        with self.batch():
+            pending = self._pending
+            assert pending is not None
+            if offset < pending.positions.get(partition, self.position(partition)):
+                return
+            self._apply(pending, event, partition, offset)
+            pending.positions[partition] = offset + 1
+
+    def _commit(self, pending: _Pending) -> None:
+        wb = WriteBatch(raw_mode=True)
+        for job_id, job in pending.jobs.items():
+            if job is not None:
+                wb.put(b"j/" + job_id.encode(), _encoder.encode(job))
+        for run_id, run in pending.runs.items():
+            if run is not None:
+                wb.put(b"r/" + run_id.encode(), _encoder.encode(run))
+        for key, count in pending.counts.items():
+            wb.put(key, _U64.pack(count))
+        for key, value in pending.raw.items():
+            if value is None:
+                wb.delete(key)
+            else:
+                wb.put(key, value)
+        for partition, position in pending.positions.items():
+            wb.put(_POSITION + _U32.pack(partition), _U64.pack(position))
+        if not wb.is_empty():
+            with self._db_lock:
+                self._db.write(wb, self._write_options)
+        with self._moved:
+            self._positions.update(pending.positions)
+            self._moved.notify_all()
+
+    # -- folding one event ------------------------------------------------------------------
+
+    def _apply(self, p: _Pending, event: AnyEvent, partition: int, offset: int) -> None:
+        match event:
+            case JobRegistered():
+                self._put_job(
+                    p,
+                    _JobRecord(
+                        view=JobView(
+                            job_id=event.job_id,
+                            tenant=event.tenant,
+                            name=event.spec.name,
+                            status="active",
+                            version=event.version,
+                            spec=event.spec,
+                            next_slot=event.next_slot,
+                            created_at=event.at,
+                            updated_at=event.at,
+                            partition=partition,
+                        ),
+                        base="active",
+                    ),
+                    fresh=True,
+                )
+            case JobUpdated():
+                job = self._job(p, event.job_id)
+                if job is not None:
+                    view = job.view
+                    view.spec, view.name, view.version = event.spec, event.spec.name, event.version
+                    view.next_slot, view.updated_at = event.next_slot, event.at
+                    self._put_job(p, job)
+            case JobPaused() | JobResumed() | JobCancelled():
+                job = self._job(p, event.job_id)
+                if job is not None:
+                    job.view.version, job.view.updated_at = event.version, event.at
+                    if isinstance(event, JobPaused):
+                        job.base = "paused"
+                    elif isinstance(event, JobResumed):
+                        job.base, job.view.next_slot = "active", event.next_slot
+                    else:
+                        job.base, job.view.next_slot = "cancelled", None
+                    self._put_job(p, job)
+            case RunMaterialised():
+                self._materialise(p, event)
+            case RunSkipped():
+                skip = SkipView(
+                    job_id=event.job_id,
+                    tenant=event.tenant,
+                    scheduled_for=event.scheduled_for,
+                    last_scheduled_for=event.last_scheduled_for,
+                    count=event.count,
+                    reason=str(event.reason),
+                    at=event.at,
+                )
+                p.raw[b"sk/" + event.job_id.encode() + b"/" + _inv(offset)] = _encoder.encode(skip)
+                job = self._job(p, event.job_id)
+                if job is not None:
+                    job.view.next_slot = event.next_slot
+                    self._put_job(p, job)
+            case RunReleased():
+                run = self._run(p, event.run_id)
+                if run is not None:
+                    run.available_at = event.available_at
+                    self._move(p, run, "pending")
+            case LeaseGranted():
+                run = self._run(p, event.run_id)
+                if run is not None:
+                    run.attempt = event.attempt
+                    run.attempts.append(
+                        AttemptView(
+                            attempt=event.attempt,
+                            fencing_token=event.fencing_token,
+                            worker_id=event.worker_id,
+                            started_at=event.at,
+                        )
+                    )
+                    if run.started_at is None:
+                        run.started_at, run.lateness_ms = event.at, event.lateness_ms
+                    self._move(p, run, "running")
+            case RunCompleted():
+                run = self._run(p, event.run_id)
+                if run is not None:
+                    _close_attempt(run, event.fencing_token, event.at, "succeeded", "")
+                    run.finished_at, run.error = event.at, ""
+                    self._move(p, run, "succeeded")
+            case RunFailed():
+                run = self._run(p, event.run_id)
+                if run is not None:
+                    _close_attempt(run, event.fencing_token, event.at, "failed", event.error)
+                    run.error = event.error
+                    self._move(p, run, "failed")
+            case LeaseExpired():
+                run = self._run(p, event.run_id)
+                if run is not None and run.state != "cancelled":
+                    _close_attempt(run, event.fencing_token, event.at, "lease_expired", "")
+                    run.error = LEASE_EXPIRED
+                    self._move(p, run, "failed")
+            case RetryScheduled():
+                run = self._run(p, event.run_id)
+                if run is not None:
+                    run.attempt, run.available_at = event.attempt, event.available_at
+                    self._move(p, run, "retrying")
+            case RunDeadLettered():
+                run = self._run(p, event.run_id)
+                if run is not None:
+                    run.error, run.dead_reason = event.error, str(event.reason)
+                    run.finished_at = event.at
+                    self._move(p, run, "dead")
+            case RunCancelled():
+                run = self._run(p, event.run_id)
+                if run is not None:
+                    if event.was_running:
+                        _close_attempt(run, event.fencing_token, event.at, "cancelled", "")
+                    run.finished_at = event.at
+                    self._move(p, run, "cancelled")
+            case RunReplayed():
+                run = self._run(p, event.run_id)
+                if run is not None:
+                    run.attempt, run.available_at = event.attempt, event.available_at
+                    run.finished_at, run.dead_reason, run.error = None, None, ""
+                    self._move(p, run, "pending")
+            case _:  # Heartbeat, UpstreamRecorded: nothing the history shows
+                pass
+
+    def _materialise(self, p: _Pending, event: RunMaterialised) -> None:
+        old = self._run(p, event.run_id)
+        if old is not None:  # the same slot again: the newer run replaces the older record
+            self._unindex(p, old)
+        run = RunView(
+            run_id=event.run_id,
+            job_id=event.job_id,
+            tenant=event.tenant,
+            scheduled_for=event.scheduled_for,
+            state="blocked" if event.blocked else "pending",
+            attempt=event.attempt,
+            trigger=str(event.trigger),
+            available_at=event.available_at,
+        )
+        p.runs[run.run_id] = run
+        p.raw[
+            b"jr/" + run.job_id.encode() + b"/" + _inv(run.scheduled_for) + run.run_id.encode()
+        ] = b""
+        self._index(p, run)
+        job = self._job(p, event.job_id)
+        if job is not None:
+            job.runs += 1
+            if event.trigger is Trigger.SCHEDULE:
+                job.view.next_slot = event.next_slot
+            self._put_job(p, job)
+
+    def _move(self, p: _Pending, run: RunView, state: RunStateName) -> None:
+        if run.state != state:
+            self._unindex(p, run)
+            run.state = state
+            self._index(p, run)
+
+    def _index(self, p: _Pending, run: RunView) -> None:
+        p.raw[self._state_key(run)] = b""
+        self._count(p, run.tenant, run.state, +1)
+        if run.state in LIVE_STATES:
+            self._live(p, run.job_id, +1)
+
+    def _unindex(self, p: _Pending, run: RunView) -> None:
+        p.raw[self._state_key(run)] = None
+        self._count(p, run.tenant, run.state, -1)
+        if run.state in LIVE_STATES:
+            self._live(p, run.job_id, -1)
+
+    @staticmethod
+    def _state_key(run: RunView) -> bytes:
+        return (
+            f"rs/{run.tenant}/{run.state}/".encode() + _inv(run.scheduled_for) + run.run_id.encode()
+        )
+
+    def _live(self, p: _Pending, job_id: str, delta: int) -> None:
+        job = self._job(p, job_id)
+        if job is not None:
+            job.live += delta
+            self._put_job(p, job)
+
+    def _count(self, p: _Pending, tenant: str, state: str, delta: int) -> None:
+        key = f"c/{tenant}/{state}".encode()
+        if key not in p.counts:
+            stored = self._db.get(key)
+            p.counts[key] = 0 if stored is None else _U64.unpack(stored)[0]
+        p.counts[key] += delta
+
+    def _job(self, p: _Pending, job_id: str) -> _JobRecord | None:
+        if job_id not in p.jobs:
+            stored = self._db.get(b"j/" + job_id.encode())
+            p.jobs[job_id] = None if stored is None else _job_decoder.decode(stored)
+        return p.jobs[job_id]
+
+    def _run(self, p: _Pending, run_id: str) -> RunView | None:
+        if run_id not in p.runs:
+            stored = self._db.get(b"r/" + run_id.encode())
+            p.runs[run_id] = None if stored is None else _run_decoder.decode(stored)
+        return p.runs[run_id]
+
+    def _put_job(self, p: _Pending, job: _JobRecord, *, fresh: bool = False) -> None:
+        view = job.view
+        indexed = None if fresh else view.status
+        view.status = _status(job)
+        p.jobs[view.job_id] = job
+        if fresh:
+            p.raw[f"tj/{view.tenant}/{view.job_id}".encode()] = b""
+        if indexed != view.status:
+            if indexed is not None:
+                p.raw[f"tjs/{view.tenant}/{indexed}/{view.job_id}".encode()] = None
+            p.raw[f"tjs/{view.tenant}/{view.status}/{view.job_id}".encode()] = b""
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def job(self, tenant: str, job_id: str) -> JobView | None:
+        with self._db_lock:
+            stored = self._db.get(b"j/" + job_id.encode())
+        if stored is None:
+            return None
+        view = _job_decoder.decode(stored).view
+        return view if view.tenant == tenant else None
+
+    def jobs(
+        self,
+        tenant: str,
+        status: JobStatusName | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page[JobView]:
+        """A tenant's jobs by job id, all of them or those with ``status``."""
+        _check_limit(limit)
+        if status is not None and status not in JOB_STATUSES:
+            raise InvalidDefinition("status", f"must be one of {', '.join(JOB_STATUSES)}")
+        prefix = (f"tj/{tenant}/" if status is None else f"tjs/{tenant}/{status}/").encode()
+        with self._db_lock:
+            keys = self._page_keys(prefix, limit, cursor)
+            found = [self._indexed(b"j/" + k) for k in keys[:limit]]
+        items = [_job_decoder.decode(v).view for v in found]
+        return Page(items=items, next_cursor=_next_cursor(keys, limit))
+
+    def run(self, tenant: str, run_id: str) -> RunView | None:
+        with self._db_lock:
+            stored = self._db.get(b"r/" + run_id.encode())
+        if stored is None:
+            return None
+        run = _run_decoder.decode(stored)
+        return run if run.tenant == tenant else None
+
+    def runs_of(
+        self, tenant: str, job_id: str, limit: int = 20, cursor: str | None = None
+    ) -> Page[RunView]:
+        """A job's runs, newest slot first (empty for another tenant's job)."""
+        _check_limit(limit)
+        if self.job(tenant, job_id) is None:
+            return Page(items=[])
+        return self._run_page(f"jr/{job_id}/".encode(), limit, cursor)
+
+    def runs(
+        self, tenant: str, state: RunStateName, limit: int = 20, cursor: str | None = None
+    ) -> Page[RunView]:
+        """A tenant's runs in ``state``, newest slot first; ``state="dead"`` is the dead letters."""
+        _check_limit(limit)
+        if state not in RUN_STATES:
+            raise InvalidDefinition("state", f"must be one of {', '.join(RUN_STATES)}")
+        return self._run_page(f"rs/{tenant}/{state}/".encode(), limit, cursor)
+
+    def _run_page(self, prefix: bytes, limit: int, cursor: str | None) -> Page[RunView]:
+        with self._db_lock:
+            keys = self._page_keys(prefix, limit, cursor)
+            found = [self._indexed(b"r/" + k[8:]) for k in keys[:limit]]
+        items = [_run_decoder.decode(v) for v in found]
+        return Page(items=items, next_cursor=_next_cursor(keys, limit))
+
+    def counts(self, tenant: str) -> dict[str, int]:
+        """A tenant's runs by state (every state, zeros included)."""
+        with self._db_lock:
+            stored = list(self._scan(f"c/{tenant}/"))
+        found = {k.decode(): _U64.unpack(v)[0] for k, v in stored}
+        return {state: found.get(state, 0) for state in RUN_STATES}
+
+    def skipped(self, tenant: str, job_id: str, limit: int = 50) -> list[SkipView]:
+        """Slots of a job that did not run, most recent record first."""
+        _check_limit(limit)
+        if self.job(tenant, job_id) is None:
+            return []
+        with self._db_lock:
+            stored = list(self._scan(f"sk/{job_id}/", limit=limit))
+        return [_skip_decoder.decode(v) for _, v in stored]
+
+    def dump(self) -> list[tuple[bytes, bytes]]:
+        """Every stored key and value in key order (for tests and tools)."""
+        with self._db_lock:
+            items: Any = self._db.items()
+            return [(bytes(k), bytes(v)) for k, v in items]
+
+    # -- scanning ---------------------------------------------------------------------------
+
+    def _indexed(self, key: bytes) -> bytes:
+        """A record an index points at: written in the same batch, so it is there."""
+        value = self._db.get(key)
+        if value is None:
+            raise CronlogError(f"read model {self._path}: index points at missing {key!r}")
+        return bytes(value)
+
+    def _page_keys(self, prefix: bytes, limit: int, cursor: str | None) -> list[bytes]:
+        """Up to ``limit + 1`` key suffixes after ``cursor`` (the extra one says "more")."""
+        after = None if cursor is None else _decode_cursor(cursor)
+        found: list[bytes] = []
+        for suffix, _ in self._scan(prefix, after, limit=limit + 2):
+            if suffix == after:
+                continue
+            found.append(suffix)
+            if len(found) > limit:
+                break
+        return found
+
+    def _scan(
+        self, prefix: bytes | str, start: bytes | None = b"", limit: int | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """(key after ``prefix``, value) from ``start`` (a suffix) on, in key order."""
+        if isinstance(prefix, str):
+            prefix = prefix.encode()
+        options = ReadOptions()
+        options.set_iterate_upper_bound(prefix[:-1] + bytes([prefix[-1] + 1]))
+        it: Any = self._db.iter(options)
+        it.seek(prefix + (start or b""))
+        n = 0
+        while it.valid() and (limit is None or n < limit):
+            yield it.key()[len(prefix) :], it.value()
+            n += 1
+            it.next()
+        del it
+
+
+def _next_cursor(keys: list[bytes], limit: int) -> str | None:
+    return _encode_cursor(keys[limit - 1]) if len(keys) > limit else None
+
+
+def _close_attempt(run: RunView, token: int, at: int, outcome: AttemptOutcome, error: str) -> None:
+    for attempt in reversed(run.attempts):
+        if attempt.fencing_token == token and attempt.outcome is None:
+            attempt.finished_at, attempt.outcome, attempt.error = at, outcome, error
+            return
+
+
+class ReadModelRunner:
+    """Feeds a :class:`ReadModel` from every partition of an event log.
+
+    ``run_once()`` folds in everything there is now and returns how many events it read.
+    ``start()`` runs one thread per partition, each blocking in ``read_events(..., timeout_s)``
+    from the model's position, so an event is queryable moments after it is committed;
+    ``stop()`` ends them (within ``poll_s``). A thread that fails keeps its error in ``errors``.
+    """
+
+    def __init__(
+        self, log: EventLog, model: ReadModel, batch_size: int = 1000, poll_s: float = 0.2
+    ) -> None:
+        self._log = log
+        self._model = model
+        self._batch_size = batch_size
+        self._poll_s = poll_s
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.errors: dict[int, BaseException] = {}
+
+    def run_once(self) -> int:
+        total = 0
+        for partition in range(self._log.num_partitions):
+            while True:
+                records = self._log.read_events(
+                    partition, self._model.position(partition), self._batch_size
+                )
+                if not records:
+                    break
+                total += self._model.process_records(partition, records)
+        return total
+
+    def start(self) -> None:
+        if self._threads:
+            raise CronlogError("the read model runner is already running")
+        self._stopping.clear()
+        self._threads = [
+            threading.Thread(target=self._follow, args=(p,), name=f"read-model:p{p}", daemon=True)
+            for p in range(self._log.num_partitions)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
+
+    def __enter__(self) -> ReadModelRunner:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _follow(self, partition: int) -> None:
+        try:
+            while not self._stopping.is_set():
+                records = self._log.read_events(
+                    partition, self._model.position(partition), self._batch_size, self._poll_s
+                )
+                if records:
+                    self._model.process_records(partition, records)
+        except BaseException as exc:
+            if not self._stopping.is_set():
+                self.errors[partition] = exc

@@ -1,0 +1,376 @@
+"""The read model: history queries over events made by the real core.
+
+The model runs on RocksDB in a temporary directory (it has no in-memory adapter). Waiting is
+always on the model (``wait_for``) or the log, never a sleep.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core import events as ev
+from core.commands import ClaimRuns, CompleteRun, Outcome, PutJob
+from core.errors import InvalidDefinition
+from core.state import RunStatus
+from eventlog.embedded import EmbeddedLog
+from projections.read_model import ReadModel, ReadModelRunner
+from projections.views import RUN_STATES, Page, RunView
+from tests.core.harness import Sim
+from tests.projections.histories import T0, Writers, _spec, busy_partition
+
+TENANTS = ("t1", "t2")
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Iterator[ReadModel]:
+    with ReadModel.open(tmp_path / "data") as m:
+        yield m
+
+
+def feed(model: ReadModel, sim: Sim, partition: int = 0, start: int = 0) -> None:
+    with model.batch():
+        for offset, raw in enumerate(sim.log[start:], start):
+            model.process(ev.decode(raw), partition, offset)
+
+
+def all_pages(fetch: object, limit: int) -> list[list[RunView]]:
+    pages: list[list[RunView]] = []
+    cursor = None
+    while True:
+        page: Page[RunView] = fetch(limit=limit, cursor=cursor)  # type: ignore[operator]
+        pages.append(page.items)
+        if page.next_cursor is None:
+            return pages
+        cursor = page.next_cursor
+
+
+def newest_first(runs: list[RunView]) -> list[RunView]:
+    return sorted(runs, key=lambda r: (-r.scheduled_for, r.run_id))
+
+
+def run_ids_by_job(sim: Sim) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for e in sim.events():
+        if isinstance(e, ev.RunMaterialised):
+            out.setdefault(e.job_id, set()).add(e.run_id)
+    return out
+
+
+# -- queries ----------------------------------------------------------------------------------
+
+
+def test_runs_of_a_job_page_newest_first_with_no_duplicates_or_gaps(model: ReadModel) -> None:
+    sim = busy_partition(4, steps=300)
+    feed(model, sim)
+    for job_id, run_ids in run_ids_by_job(sim).items():
+        tenant = sim.state.jobs[job_id].spec.tenant
+        pages = all_pages(lambda **kw: model.runs_of(tenant, job_id, **kw), limit=3)  # noqa: B023
+        listed = [r for page in pages for r in page]
+        assert all(len(page) <= 3 for page in pages)
+        assert [r.run_id for r in listed] == [r.run_id for r in newest_first(listed)]
+        assert sorted(r.run_id for r in listed) == sorted(run_ids)
+    assert max(len(ids) for ids in run_ids_by_job(sim).values()) > 9, "several pages were read"
+
+
+def test_a_cursor_survives_new_runs_arriving_between_pages(model: ReadModel) -> None:
+    sim = busy_partition(4, steps=300)
+    half = len(sim.log) // 2
+    with model.batch():
+        for offset, raw in enumerate(sim.log[:half]):
+            model.process(ev.decode(raw), 0, offset)
+    first = model.runs_of("t1", "rollup", limit=4)
+    feed(model, sim, start=half)  # newer slots arrive: they sort before the cursor
+    rest = [
+        r for page in all_pages(lambda **kw: model.runs_of("t1", "rollup", **kw), 4) for r in page
+    ]
+    second = model.runs_of("t1", "rollup", limit=1000, cursor=first.next_cursor).items
+    older = [
+        r.run_id
+        for r in rest
+        if (-r.scheduled_for, r.run_id) > (-first.items[-1].scheduled_for, first.items[-1].run_id)
+    ]
+    assert [r.run_id for r in second] == older
+    assert not {r.run_id for r in first.items} & {r.run_id for r in second}
+
+
+def test_runs_mirror_the_partition_state_and_the_dead_letter_list(model: ReadModel) -> None:
+    sim = busy_partition(6, steps=400)
+    feed(model, sim)
+    expected = {
+        RunStatus.PENDING: {"pending", "retrying"},
+        RunStatus.RUNNING: {"running"},
+        RunStatus.BLOCKED: {"blocked"},
+        RunStatus.DEAD: {"dead"},
+        RunStatus.CANCELLED: {"cancelled"},
+    }
+    for run in sim.state.runs.values():
+        view = model.run(run.tenant, run.run_id)
+        assert view is not None
+        assert view.state in expected[run.status], (run, view)
+        assert view.attempt == run.attempt
+    for tenant in TENANTS:
+        dead = {
+            r.run_id
+            for r in sim.state.runs.values()
+            if r.tenant == tenant and r.status is RunStatus.DEAD
+        }
+        pages = all_pages(lambda **kw: model.runs(tenant, "dead", **kw), limit=2)  # noqa: B023
+        listed = [r.run_id for page in pages for r in page]
+        assert len(listed) == len(set(listed))
+        assert set(listed) == dead
+    assert any(r.status is RunStatus.DEAD for r in sim.state.runs.values())
+
+
+def test_succeeded_runs_stay_in_history_after_leaving_the_state(model: ReadModel) -> None:
+    sim = busy_partition(2, steps=300)
+    feed(model, sim)
+    completed = {e.run_id: e for e in sim.events() if isinstance(e, ev.RunCompleted)}
+    assert completed
+    for run_id, done in completed.items():
+        view = model.run(done.tenant, run_id)
+        assert view is not None
+        if run_id not in sim.state.runs:
+            assert view.state == "succeeded"
+            assert view.finished_at == done.at
+            assert view.attempts[-1].outcome == "succeeded"
+
+
+def test_counts_are_the_listings_sizes(model: ReadModel) -> None:
+    sim = busy_partition(8, steps=400)
+    feed(model, sim)
+    _check_counts(model, sim)
+
+
+def _check_counts(model: ReadModel, sim: Sim) -> None:
+    materialised: Counter[str] = Counter()
+    for job_id, ids in run_ids_by_job(sim).items():
+        materialised[sim.state.jobs[job_id].spec.tenant] += len(ids)
+    for tenant in TENANTS:
+        counts = model.counts(tenant)
+        assert set(counts) == set(RUN_STATES)
+        for state in RUN_STATES:
+            listed = model.runs(tenant, state, limit=1000)
+            assert listed.next_cursor is None
+            assert counts[state] == len(listed.items)
+            assert all(r.state == state and r.tenant == tenant for r in listed.items)
+        assert sum(counts.values()) == materialised[tenant]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 100_000))
+def test_counts_always_match_the_listings(
+    tmp_path_factory: pytest.TempPathFactory, seed: int
+) -> None:
+    with ReadModel.open(tmp_path_factory.mktemp("rm")) as model:
+        sim = busy_partition(seed, steps=150)
+        feed(model, sim)
+        _check_counts(model, sim)
+
+
+def test_attempts_of_a_retried_run_and_its_lateness(model: ReadModel) -> None:
+    sim = busy_partition(6, steps=400)
+    feed(model, sim)
+    events = sim.events()
+    retried = {e.run_id for e in events if isinstance(e, ev.RetryScheduled)}
+    checked = 0
+    for run_id in sorted(retried):
+        leases = [e for e in events if isinstance(e, ev.LeaseGranted) and e.run_id == run_id]
+        if not leases or any(
+            isinstance(e, ev.RunMaterialised) and e.run_id == run_id and e.at > leases[0].at
+            for e in events
+        ):
+            continue  # a slot run again by hand after it ended: a new record
+        view = model.run(leases[0].tenant, run_id)
+        assert view is not None
+        assert [(a.attempt, a.fencing_token, a.worker_id, a.started_at) for a in view.attempts] == [
+            (g.attempt, g.fencing_token, g.worker_id, g.at) for g in leases
+        ]
+        assert view.started_at == leases[0].at
+        assert view.lateness_ms == leases[0].lateness_ms == leases[0].at - view.scheduled_for
+        ended = view.attempts[:-1]
+        assert all(a.outcome in ("failed", "lease_expired") for a in ended)
+        assert all(a.finished_at is not None for a in ended)
+        checked += 1
+    assert checked > 3
+
+
+def test_a_scripted_retry_then_success(tmp_path: Path) -> None:
+    """One run, two attempts: the first fails, the retry succeeds."""
+    sim = Sim(T0)
+    sim.do(PutJob(job_id="j", spec=_spec("j", "t1", run_at=T0 + 5_000, max_attempts=3)))
+    sim.advance(7_000)
+    [first] = sim.do(ClaimRuns(tenant="t1", pool="p", worker_id="w1"))
+    assert isinstance(first, ev.LeaseGranted)
+    sim.do(
+        CompleteRun(
+            run_id=first.run_id,
+            fencing_token=first.fencing_token,
+            outcome=Outcome.FAILED,
+            error="boom",
+        )
+    )
+    sim.advance(120_000)
+    [second] = sim.do(ClaimRuns(tenant="t1", pool="p", worker_id="w2"))
+    assert isinstance(second, ev.LeaseGranted)
+    sim.advance(1_000)
+    sim.do(
+        CompleteRun(
+            run_id=second.run_id, fencing_token=second.fencing_token, outcome=Outcome.SUCCEEDED
+        )
+    )
+    with ReadModel.open(tmp_path) as model:
+        feed(model, sim)
+        view = model.run("t1", first.run_id)
+        assert view is not None
+        assert view.state == "succeeded" and view.attempt == 2 and view.error == ""
+        assert view.lateness_ms == 2_000 and view.started_at == T0 + 7_000
+        assert [(a.worker_id, a.outcome, a.error) for a in view.attempts] == [
+            ("w1", "failed", "boom"),
+            ("w2", "succeeded", ""),
+        ]
+        assert view.finished_at == sim.now
+        job = model.job("t1", "j")
+        assert job is not None and job.status == "finished"
+        assert [j.job_id for j in model.jobs("t1", status="finished").items] == ["j"]
+        assert model.jobs("t1", status="active").items == []
+
+
+def test_jobs_list_by_id_and_status(model: ReadModel) -> None:
+    sim = busy_partition(9, steps=400)
+    feed(model, sim)
+    for tenant in TENANTS:
+        ids = sorted(j for j, s in sim.state.jobs.items() if s.spec.tenant == tenant)
+        listed, cursor = [], None
+        while True:
+            page = model.jobs(tenant, limit=2, cursor=cursor)
+            listed += [j.job_id for j in page.items]
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert listed == ids
+        for job_id in ids:
+            view = model.job(tenant, job_id)
+            state = sim.state.jobs[job_id]
+            assert view is not None
+            assert view.version == state.version and view.next_slot == state.next_slot
+            if view.status != "finished":
+                assert view.status == str(state.status)
+            assert view.job_id in [j.job_id for j in model.jobs(tenant, view.status).items]
+
+
+def test_skipped_slots_newest_first(model: ReadModel) -> None:
+    sim = busy_partition(4, steps=300)
+    feed(model, sim)
+    skips = [e for e in sim.events() if isinstance(e, ev.RunSkipped)]
+    by_job = Counter(e.job_id for e in skips)
+    assert by_job
+    for job_id, n in by_job.items():
+        tenant = sim.state.jobs[job_id].spec.tenant
+        listed = model.skipped(tenant, job_id, limit=1000)
+        mine = [e for e in skips if e.job_id == job_id][::-1]
+        assert len(listed) == n
+        assert [(s.scheduled_for, s.reason, s.count) for s in listed] == [
+            (e.scheduled_for, str(e.reason), e.count) for e in mine
+        ]
+        assert model.skipped(tenant, job_id, limit=1) == listed[:1]
+
+
+def test_another_tenants_ids_are_not_found(model: ReadModel) -> None:
+    sim = busy_partition(4, steps=300)
+    feed(model, sim)
+    run = next(r for r in sim.state.runs.values() if r.tenant == "t1")
+    assert model.job("t2", "rollup") is None and model.job("t1", "rollup") is not None
+    assert model.run("t2", run.run_id) is None and model.run("t1", run.run_id) is not None
+    assert model.runs_of("t2", "rollup").items == []
+    assert model.skipped("t2", "rollup") == []
+    assert all(j.tenant == "t2" for j in model.jobs("t2", limit=1000).items)
+    assert set(model.counts("nobody").values()) == {0}
+    # A cursor is only a position: replayed against another tenant it shows nothing of ours.
+    cursor = model.runs_of("t1", "rollup", limit=1).next_cursor
+    assert cursor is not None
+    assert all(r.tenant == "t2" for r in model.runs("t2", "dead", cursor=cursor).items)
+
+
+def test_bad_arguments_name_the_field(model: ReadModel) -> None:
+    with pytest.raises(InvalidDefinition) as e:
+        model.runs("t1", "exploded")  # type: ignore[arg-type]
+    assert e.value.field == "state"
+    with pytest.raises(InvalidDefinition):
+        model.jobs("t1", limit=0)
+    with pytest.raises(InvalidDefinition) as e:
+        model.jobs("t1", cursor="@@@")
+    assert e.value.field == "cursor"
+
+
+def test_events_before_the_position_are_not_folded_twice(model: ReadModel) -> None:
+    sim = busy_partition(1, steps=200)
+    feed(model, sim)
+    once = model.dump()
+    feed(model, sim)  # the same offsets again
+    assert model.dump() == once
+    assert model.position(0) == len(sim.log)
+
+
+# -- the runner and positions -----------------------------------------------------------------
+
+
+def test_reopening_resumes_from_the_recorded_positions(tmp_path: Path) -> None:
+    sims = [busy_partition(20 + p, steps=200, partition=p, prefix=f"p{p}") for p in range(2)]
+    log = EmbeddedLog.open(tmp_path / "log", 2)
+    writers = Writers(log)
+    halves = [len(s.log) // 2 for s in sims]
+    for p, sim in enumerate(sims):
+        writers.append(p, sim.log[: halves[p]])
+    with ReadModel.open(tmp_path / "a") as model:
+        assert ReadModelRunner(log, model, batch_size=50).run_once() == sum(halves)
+        assert model.positions() == dict(enumerate(halves))
+    for p, sim in enumerate(sims):
+        writers.append(p, sim.log[halves[p] :])
+    with ReadModel.open(tmp_path / "a") as model:
+        assert model.positions() == dict(enumerate(halves))
+        read = ReadModelRunner(log, model, batch_size=50).run_once()
+        assert read == sum(len(s.log) for s in sims) - sum(halves)
+        resumed = model.dump()
+    with ReadModel.open(tmp_path / "b") as model:
+        ReadModelRunner(log, model).run_once()
+        assert model.dump() == resumed
+    writers.close()
+    log.close()
+
+
+def test_runner_follows_every_partition_and_wait_for_returns_once_caught_up(
+    tmp_path: Path,
+) -> None:
+    sims = [busy_partition(30 + p, steps=150, partition=p, prefix=f"p{p}") for p in range(3)]
+    log = EmbeddedLog.open(tmp_path / "log", 3)
+    writers = Writers(log)
+    with ReadModel.open(tmp_path / "rm") as model, ReadModelRunner(log, model) as runner:
+        last: dict[int, int] = {}
+        for p, sim in enumerate(sims):
+            last[p] = writers.append(p, sim.log)[-1]
+        for p in range(3):
+            assert model.wait_for(p, last[p], timeout_s=30)
+        assert model.lag(log) == {0: 0, 1: 0, 2: 0}
+        for p, sim in enumerate(sims):
+            for job_id in run_ids_by_job(sim):
+                tenant = sim.state.jobs[job_id].spec.tenant
+                view = model.job(tenant, job_id)
+                assert view is not None and view.partition == p
+        # Read-your-writes: a new event is queryable once wait_for says so.
+        [offset] = writers.append(
+            1,
+            [ev.encode(ev.JobPaused(at=T0 + 1, job_id="p1rollup", tenant="t1", version=99))],
+        )
+        assert model.wait_for(1, offset, timeout_s=30)
+        paused = model.job("t1", "p1rollup")
+        assert paused is not None and paused.status == "paused" and paused.version == 99
+        assert not model.wait_for(2, offset + 10_000, timeout_s=0.05)
+        assert runner.errors == {}
+    writers.close()
+    log.close()
