@@ -79,7 +79,10 @@ def job_specs(prefix: str = "") -> dict[str, JobSpec]:
     }
 
 
-def busy_partition(seed: int, steps: int = 200, partition: int = 0, prefix: str = "") -> Sim:
+def busy_partition(
+    seed: int, steps: int = 200, partition: int = 0, prefix: str = "", cancel_jobs: bool = True
+) -> Sim:
+    """``cancel_jobs=False`` keeps every job alive, for long histories."""
     rng = random.Random(seed)
     sim = Sim(T0, partition)
     specs = job_specs(prefix)
@@ -136,7 +139,7 @@ def busy_partition(seed: int, steps: int = 200, partition: int = 0, prefix: str 
                 tenant = specs[job_id].tenant
                 command = PauseJob if rng.random() < 0.5 else ResumeJob
                 sim.do(command(job_id=job_id, tenant=tenant))
-            else:
+            elif cancel_jobs:
                 job_id = rng.choice(job_ids)
                 sim.do(CancelJob(job_id=job_id, tenant=specs[job_id].tenant))
     return sim
