@@ -23,7 +23,10 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 def to_rfc3339(ms: Millis) -> str:
     at = _EPOCH + dt.timedelta(milliseconds=ms)
-    return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
+    return (
+        f"{at.year:04d}-{at.month:02d}-{at.day:02d}T"
+        f"{at.hour:02d}:{at.minute:02d}:{at.second:02d}.{at.microsecond // 1000:03d}Z"
+    )
 
 
 def to_local(ms: Millis, zone: ZoneInfo) -> str:

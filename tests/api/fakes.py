@@ -13,6 +13,7 @@ of HTTP and Kafka targets stay pending, which is all the API tests need.
 
 from __future__ import annotations
 
+from api.scheduler import Unavailable
 from core.clock import FakeClock, Millis
 from core.commands import (
     AnyCommand,
@@ -37,8 +38,6 @@ from core.state import PartitionState, evolve
 from core.timers import TimerKey, timers_after
 from eventlog.port import partition_for
 from projections.read_model import ReadModel
-
-from api.scheduler import Unavailable
 
 PARTITIONS = 4
 
@@ -94,22 +93,24 @@ class FakeScheduler:
     # -- driving it -------------------------------------------------------------------------
 
     def advance(self, ms: Millis) -> None:
-        """Move the clock by ``ms`` and decide every slot and lease timer that came due."""
-        self.clock.advance(ms)
-        now = self.clock.now_ms()
-        fired = True
-        while fired:
-            fired = False
-            for p, timers in enumerate(self.timers):
-                due = sorted((d, k) for k, d in timers.items() if d <= now and k[0] != "ready")
-                for _, key in due:
-                    if timers.get(key, now + 1) > now:
-                        continue  # re-armed later by an earlier timer's events
-                    del timers[key]
-                    kind, ident = key
-                    timer = SlotDue(job_id=ident) if kind == "slot" else LeaseDue(run_id=ident)
-                    self._decide(p, timer)
-                    fired = True
+        """Move the clock forward by ``ms``, deciding each slot and lease timer at its deadline
+        (as a node that never falls behind would); the clock then rests at the end."""
+        until = self.clock.now_ms() + ms
+        while True:
+            due = [
+                (deadline, p, key)
+                for p, timers in enumerate(self.timers)
+                for key, deadline in timers.items()
+                if deadline <= until and key[0] != "ready"
+            ]
+            if not due:
+                break
+            deadline, p, key = min(due)
+            self.clock.set(max(deadline, self.clock.now_ms()))
+            del self.timers[p][key]  # the decision's events re-arm it if still needed
+            kind, ident = key
+            self._decide(p, SlotDue(job_id=ident) if kind == "slot" else LeaseDue(run_id=ident))
+        self.clock.set(until)
 
     def _check_available(self) -> None:
         if not self.available:

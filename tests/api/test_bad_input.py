@@ -1,0 +1,168 @@
+"""Bad input answers 400 or 422 naming the field, and changes nothing; no token answers 401."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.api.conftest import Api
+
+pytestmark = pytest.mark.anyio
+
+GOOD: dict[str, Any] = {"name": "report", "schedule": "0 9 * * *", "target": "https://svc/run"}
+
+# (what is wrong, body, status, field)
+BAD_JOBS: list[tuple[str, dict[str, Any], int, str | None]] = [
+    ("unknown field", {**GOOD, "retires": 3}, 400, "retires"),
+    ("unknown nested field", {**GOOD, "backoff": {"base": 1}}, 400, "backoff.base"),
+    ("wrong type", {**GOOD, "retries": "three"}, 400, "retries"),
+    ("wrong nested type", {**GOOD, "backoff": {"factor": "x"}}, 400, "backoff.factor"),
+    ("unknown policy", {**GOOD, "misfire_policy": "sometimes"}, 400, "misfire_policy"),
+    ("unknown target type", {**GOOD, "target": {"type": "ftp"}}, 400, "target.type"),
+    ("invalid cron", {**GOOD, "schedule": "61 * * * *"}, 422, "schedule"),
+    ("cron that never fires", {**GOOD, "schedule": "0 0 30 2 *"}, 422, "schedule"),
+    ("unknown timezone", {**GOOD, "timezone": "Mars/Olympus"}, 422, "timezone"),
+    ("schedule and run_at", {**GOOD, "run_at": "2026-12-01T00:00:00Z"}, 422, "schedule"),
+    ("no time at all", {"name": "x", "target": "pull://p"}, 422, "schedule"),
+    (
+        "run_at without offset",
+        {**GOOD, "schedule": None, "run_at": "2026-12-01T09:00:00"},
+        422,
+        "run_at",
+    ),
+    ("run_at not a date", {**GOOD, "schedule": None, "run_at": "tomorrow"}, 422, "run_at"),
+    ("negative retries", {**GOOD, "retries": -1}, 422, "retries"),
+    ("too many retries", {**GOOD, "retries": 100}, 422, "retries"),
+    ("oversized payload", {**GOOD, "payload": "x" * 70_000}, 422, "payload"),
+    (
+        "not an http url",
+        {**GOOD, "target": {"type": "http", "url": "file:///etc/passwd"}},
+        422,
+        "target",
+    ),
+    ("ftp target", {**GOOD, "target": "ftp://files.internal/drop"}, 422, "target"),
+    ("bad kafka topic", {**GOOD, "target": "kafka://no spaces"}, 422, "target"),
+    ("missing name", {"schedule": "0 9 * * *", "target": "pull://p"}, 422, "name"),
+    ("missing target", {"name": "x", "schedule": "0 9 * * *"}, 422, "target"),
+    ("blank name", {**GOOD, "name": "  "}, 422, "name"),
+    ("priority out of range", {**GOOD, "priority": 10}, 422, "priority"),
+    ("negative backoff", {**GOOD, "backoff": {"base_sec": -1}}, 422, "backoff.base_sec"),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "body", "status", "field"), BAD_JOBS, ids=[b[0] for b in BAD_JOBS]
+)
+async def test_a_bad_job_is_refused_naming_the_field(
+    api: Api, what: str, body: dict[str, Any], status: int, field: str | None
+) -> None:
+    await api.a.put("/v1/jobs/existing", json=GOOD)
+    before = api.everything()
+    for call in (
+        api.a.post("/v1/jobs", json=body),
+        api.a.put("/v1/jobs/existing", json=body),
+    ):
+        r = await call
+        assert r.status_code == status, r.text
+        error = r.json()
+        assert error["field"] == field
+        assert error["error"] == ("invalid" if status == 422 else "bad_request")
+        assert error["message"]
+    assert api.everything() == before
+
+
+async def test_a_bad_job_id_is_refused(api: Api) -> None:
+    r = await api.a.post("/v1/jobs", json={**GOOD, "job_id": "has spaces"})
+    assert (r.status_code, r.json()["field"]) == (422, "job_id")
+    r = await api.a.put("/v1/jobs/has%20spaces", json=GOOD)
+    assert (r.status_code, r.json()["field"]) == (422, "job_id")
+    r = await api.a.put("/v1/jobs/ok", json={**GOOD, "job_id": "other"})
+    assert (r.status_code, r.json()["field"]) == (400, "job_id")  # the path names the job
+    assert len(api.fake.events) == 0
+
+
+async def test_a_bad_patch_changes_nothing(api: Api) -> None:
+    await api.a.put("/v1/jobs/j", json=GOOD)
+    before = api.everything()
+    cases = [
+        ({"status": "cancelled"}, 400, "status"),
+        ({"schedule": "not cron"}, 422, "schedule"),
+        ({"retries": -2, "status": "paused"}, 422, "retries"),  # nothing half-applied
+        ({"interval_sec": 0.5}, 422, "interval_sec"),
+        ({"version": "one"}, 400, "version"),
+    ]
+    for body, status, field in cases:
+        r = await api.a.patch("/v1/jobs/j", json=body)
+        assert (r.status_code, r.json()["field"]) == (status, field), r.text
+    r = await api.a.patch("/v1/jobs/j", json={"version": 1}, headers={"If-Match": "2"})
+    assert (r.status_code, r.json()["field"]) == (400, "version")
+    assert api.everything() == before
+
+
+async def test_malformed_json_is_400(api: Api) -> None:
+    before = api.everything()
+    for body in (b'{"name": ', b"not json", b""):
+        r = await api.a.post("/v1/jobs", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400
+        assert r.json()["error"] == "malformed"
+    r = await api.a.post("/v1/jobs", json=[1, 2])
+    assert (r.status_code, r.json()["error"]) == (400, "bad_request")
+    assert api.everything() == before
+
+
+async def test_a_body_over_1_mib_is_413(api: Api) -> None:
+    big = b'{"name": "' + b"x" * (1 << 20) + b'"}'
+    r = await api.a.post("/v1/jobs", content=big, headers={"Content-Type": "application/json"})
+    assert (r.status_code, r.json()["error"]) == (413, "too_large")
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as it streams in
+        for _ in range(20):
+            yield b"x" * 65536
+
+    r = await api.a.post("/v1/jobs", content=chunks())
+    assert r.status_code == 413
+    assert len(api.fake.events) == 0
+
+
+async def test_bad_run_and_worker_input(api: Api) -> None:
+    await api.a.put("/v1/jobs/j", json={**GOOD, "target": "pull://p"})
+    before = api.everything()
+    cases = [
+        ("/v1/jobs/j/runs", {"scheduled_for": "yesterday"}, 422, "scheduled_for"),
+        ("/v1/jobs/j/runs", {"slot": "2026-01-01T00:00:00Z"}, 400, "slot"),
+        ("/v1/workers/claim", {"pool": "p", "worker_id": "w", "limit": 0}, 422, "limit"),
+        ("/v1/workers/claim", {"pool": "p w", "worker_id": "w"}, 422, "pool"),
+        ("/v1/workers/claim", {"pool": "p"}, 400, "worker_id"),
+        ("/v1/runs/j.1/heartbeat", {"fencing_token": "seven"}, 400, "fencing_token"),
+        ("/v1/runs/j.1/complete", {"fencing_token": 1, "status": "meh"}, 400, "status"),
+        ("/v1/schedules/preview", {"schedule": "* * *"}, 422, "schedule"),
+        ("/v1/schedules/preview", {"schedule": "@daily", "timezone": "Nowhere/X"}, 422, "timezone"),
+        ("/v1/schedules/preview", {"schedule": "@daily", "n": 1000}, 422, "n"),
+    ]
+    for path, body, status, field in cases:
+        r = await api.a.post(path, json=body)
+        assert (r.status_code, r.json().get("field")) == (status, field), (path, r.text)
+    for path, params, field in [
+        ("/v1/jobs", {"limit": "0"}, "limit"),
+        ("/v1/jobs", {"limit": "many"}, "limit"),
+        ("/v1/jobs", {"status": "asleep"}, "status"),
+        ("/v1/jobs/j/preview", {"n": "-1"}, "n"),
+    ]:
+        r = await api.a.get(path, params=params)
+        assert (r.status_code, r.json()["field"]) == (400, field), (path, r.text)
+    r = await api.a.get("/v1/jobs", params={"cursor": "%%%"})
+    assert (r.status_code, r.json()["field"]) == (422, "cursor")
+    assert api.everything() == before
+
+
+async def test_401_without_a_token_or_with_a_bad_one(api: Api) -> None:
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic dG9rZW4="}):
+        r = await api.anon.get("/v1/jobs", headers=headers)
+        assert r.status_code == 401
+        assert r.headers["WWW-Authenticate"].startswith("Bearer")
+        assert r.json()["error"] == "unauthorized"
+    r = await api.anon.post("/v1/jobs", json=GOOD)
+    assert r.status_code == 401
+    assert len(api.fake.events) == 0

@@ -1,0 +1,34 @@
+"""RFC 3339 at the edge, int milliseconds inside."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from api.instants import parse_rfc3339, to_rfc3339
+from core.errors import InvalidDefinition
+
+
+def test_examples() -> None:
+    assert to_rfc3339(0) == "1970-01-01T00:00:00.000Z"
+    assert parse_rfc3339("2026-11-29T09:00:00.000Z", "f") == parse_rfc3339(
+        "2026-11-29T10:00:00+01:00", "f"
+    )
+    assert parse_rfc3339("2026-11-29T09:00:00.1239Z", "f") % 1000 == 123  # cut, not rounded
+    assert parse_rfc3339("2026-11-29t09:00:00z", "f") == parse_rfc3339("2026-11-29T09:00:00Z", "f")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["2026-11-29T09:00:00", "2026-11-29", "2026-13-01T00:00:00Z", "09:00Z", "2026-11-29T25:00:00Z"],
+)
+def test_refuses_what_is_not_an_instant(text: str) -> None:
+    with pytest.raises(InvalidDefinition) as e:
+        parse_rfc3339(text, "run_at")
+    assert e.value.field == "run_at"
+
+
+@given(st.integers(min_value=-62_135_596_800_000, max_value=253_402_300_799_999))
+def test_round_trip(ms: int) -> None:
+    assert parse_rfc3339(to_rfc3339(ms), "f") == ms

@@ -1,0 +1,134 @@
+"""Pull workers: claim, heartbeat, complete; lost leases answer 409 and say why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api.instants import parse_rfc3339
+from tests.api.conftest import Api
+
+pytestmark = pytest.mark.anyio
+
+JOB = {
+    "name": "export",
+    "schedule": "*/5 * * * *",
+    "target": "pull://exports",
+    "payload": {"table": "orders"},
+    "lease_sec": 30,
+    "timeout_sec": 120,
+}
+SLOT = parse_rfc3339("2026-11-29T08:05:00Z", "slot")
+CLAIM = {"pool": "exports", "worker_id": "worker-1", "limit": 10}
+
+
+async def _claim_one(api: Api) -> dict[str, Any]:
+    await api.a.put("/v1/jobs/export", json=JOB)
+    api.fake.advance(5 * 60_000 + 1_500)  # the 08:05 slot, claimed 1.5 s late
+    r = await api.a.post("/v1/workers/claim", json=CLAIM)
+    assert r.status_code == 200
+    [run] = r.json()["runs"]
+    return dict(run)
+
+
+async def test_claim_gives_the_lease_and_what_to_do(api: Api) -> None:
+    run = await _claim_one(api)
+    assert run == {
+        "run_id": f"export.{SLOT}",
+        "job_id": "export",
+        "scheduled_for": "2026-11-29T08:05:00.000Z",
+        "attempt": 1,
+        "fencing_token": 1,
+        "lease_expires_at": "2026-11-29T08:05:31.500Z",
+        "lease_sec": 30.0,
+        "payload": {"table": "orders"},
+        "idempotency_key": f"export:{SLOT}",
+        "timeout_sec": 120.0,
+    }
+    view = (await api.a.get(f"/v1/runs/{run['run_id']}")).json()
+    assert (view["state"], view["lateness_ms"]) == ("running", 1500)
+    assert view["started_at"] == "2026-11-29T08:05:01.500Z"
+    assert (await api.a.post("/v1/workers/claim", json=CLAIM)).json() == {"runs": []}
+
+
+async def test_claim_spans_partitions(api: Api) -> None:
+    for i in range(8):  # eight jobs over four partitions
+        await api.a.put(f"/v1/jobs/export-{i}", json={**JOB, "schedule": None, "interval_sec": 60})
+    api.fake.advance(1)  # each one's first slot is its registration
+    runs = (await api.a.post("/v1/workers/claim", json=CLAIM)).json()["runs"]
+    assert sorted(r["job_id"] for r in runs) == [f"export-{i}" for i in range(8)]
+
+
+async def test_heartbeat_then_complete(api: Api) -> None:
+    run = await _claim_one(api)
+    api.fake.advance(20_000)
+    token = {"fencing_token": run["fencing_token"]}
+    r = await api.a.post(f"/v1/runs/{run['run_id']}/heartbeat", json=token)
+    assert r.status_code == 200
+    assert r.json() == {"run_id": run["run_id"], "lease_expires_at": "2026-11-29T08:05:51.500Z"}
+    api.fake.advance(20_000)  # past the first lease, inside the renewed one
+    done = {**token, "status": "succeeded"}
+    r = await api.a.post(f"/v1/runs/{run['run_id']}/complete", json=done)
+    assert r.status_code == 200
+    view = r.json()
+    assert (view["state"], view["finished_at"]) == ("succeeded", "2026-11-29T08:05:41.500Z")
+    assert [a["outcome"] for a in view["attempts"]] == ["succeeded"]
+
+
+async def test_a_stale_token_gets_409_after_the_run_was_reclaimed(api: Api) -> None:
+    run = await _claim_one(api)
+    api.fake.advance(31_000)  # the lease runs out; the run is retried later
+    beat = await api.a.post(
+        f"/v1/runs/{run['run_id']}/heartbeat", json={"fencing_token": run["fencing_token"]}
+    )
+    assert beat.status_code == 409
+    assert beat.json()["error"] == "lease_lost"
+    assert beat.json()["cancelled"] is False
+    api.fake.advance(3_600_000)
+    again = (await api.a.post("/v1/workers/claim", json=CLAIM)).json()["runs"]
+    retry = next(r for r in again if r["run_id"] == run["run_id"])
+    assert (retry["attempt"], retry["fencing_token"] > run["fencing_token"]) == (2, True)
+    late = {"fencing_token": run["fencing_token"], "status": "succeeded"}
+    r = await api.a.post(f"/v1/runs/{run['run_id']}/complete", json=late)
+    assert (r.status_code, r.json()["error"]) == (409, "lease_lost")
+    state = (await api.a.get(f"/v1/runs/{run['run_id']}")).json()["state"]
+    assert state == "running"  # the zombie's report changed nothing
+
+
+async def test_cancelling_a_running_run_tells_the_worker_at_its_heartbeat(api: Api) -> None:
+    run = await _claim_one(api)
+    r = await api.a.post(f"/v1/runs/{run['run_id']}/cancel")
+    assert (r.status_code, r.json()["state"]) == (200, "cancelled")
+    token = {"fencing_token": run["fencing_token"]}
+    beat = await api.a.post(f"/v1/runs/{run['run_id']}/heartbeat", json=token)
+    assert beat.status_code == 409
+    assert beat.json()["cancelled"] is True
+    assert "cancelled" in beat.json()["message"]
+    done = await api.a.post(
+        f"/v1/runs/{run['run_id']}/complete", json={**token, "status": "succeeded"}
+    )
+    assert (done.status_code, done.json()["cancelled"]) == (409, True)
+
+
+async def test_a_failure_with_retry_after_waits_at_least_that_long(api: Api) -> None:
+    run = await _claim_one(api)
+    failed = {
+        "fencing_token": run["fencing_token"],
+        "status": "failed",
+        "error": "429 from the target",
+        "retry_after_sec": 600,
+    }
+    r = await api.a.post(f"/v1/runs/{run['run_id']}/complete", json=failed)
+    assert r.status_code == 200
+    view = r.json()
+    assert (view["state"], view["attempt"]) == ("retrying", 2)
+    assert view["available_at"] == "2026-11-29T08:15:01.500Z"
+    assert view["attempts"][0]["error"] == "429 from the target"
+
+
+async def test_a_permanent_failure_goes_straight_to_the_dead_letters(api: Api) -> None:
+    run = await _claim_one(api)
+    failed = {"fencing_token": run["fencing_token"], "status": "failed", "permanent": True}
+    r = await api.a.post(f"/v1/runs/{run['run_id']}/complete", json=failed)
+    assert (r.json()["state"], r.json()["dead_reason"]) == ("dead", "permanent_failure")
