@@ -12,7 +12,8 @@ no or unknown bearer token                     401     ``unauthorized``
 ``LeaseLost``                                  409     ``lease_lost``
 ``Conflict``                                   409     ``conflict``
 body over 1 MiB                                413     ``too_large``
-``Unavailable``, ``Fenced``                    503     ``unavailable``
+``Unavailable``, ``Fenced``, any other error   503     ``unavailable``
+of the ``CronlogError`` tree (a node's own)
 =============================================  ======  ===============
 
 Every refusal is raised before a command is sent, or is the core's own refusal, which decided
@@ -114,7 +115,9 @@ def from_exception(exc: Exception) -> ApiError:
             code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
             return ApiError(exc.status_code, code, exc.detail, headers=dict(exc.headers or {}))
         case CronlogError():
-            return ApiError(500, "internal", str(exc))
+            # The remaining deliberate errors are a node's own "cannot decide this now" (a
+            # partition moving, a failed write): the request may succeed if retried.
+            return ApiError(503, "unavailable", str(exc), headers={"Retry-After": "1"})
     return ApiError(500, "internal", "internal error")
 
 

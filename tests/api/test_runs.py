@@ -128,3 +128,18 @@ async def test_replay_of_a_run_that_is_not_dead_is_a_conflict(api: Api) -> None:
 async def test_an_unknown_state_is_a_bad_request(api: Api) -> None:
     r = await api.a.get("/v1/runs", params={"state": "zombie"})
     assert (r.status_code, r.json()["field"]) == (400, "state")
+
+
+async def test_a_key_reused_without_a_slot_makes_no_second_run(api: Api) -> None:
+    """A repeat of a keyed "run now" decides nothing; the read model cannot yet name the run a
+    key made (RunView has no idempotency key), so the API says the key was used: 409."""
+    await api.a.put("/v1/jobs/rollup", json=MINUTELY)
+    headers = {"Idempotency-Key": "now-1"}
+    first = await api.a.post("/v1/jobs/rollup/runs", headers=headers)
+    assert first.status_code == 201
+    api.fake.advance(5_000)
+    events = len(api.fake.events)
+    again = await api.a.post("/v1/jobs/rollup/runs", headers=headers)
+    assert (again.status_code, again.json()["error"]) == (409, "conflict")
+    assert "now-1" in again.json()["message"]
+    assert len(api.fake.events) == events

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from api.app import ROUTES
+from api.errors import from_exception
+from core.errors import CronlogError
 from tests.api.conftest import Api
 
 pytestmark = pytest.mark.anyio
@@ -52,3 +54,16 @@ async def test_openapi_lists_every_route_with_schemas(api: Api) -> None:
     }
     assert create["security"] == [{"bearer": []}]
     assert "security" not in doc["paths"]["/healthz"]["get"]
+
+
+def test_a_nodes_own_cronlog_error_means_try_again() -> None:
+    class PartitionMoving(CronlogError):
+        pass
+
+    error = from_exception(PartitionMoving("partition 3 moved"))
+    assert (error.status, error.body.error, error.headers) == (
+        503,
+        "unavailable",
+        {"Retry-After": "1"},
+    )
+    assert from_exception(RuntimeError("bug")).status == 500

@@ -1,0 +1,204 @@
+"""Job handlers: create, upsert, read, list, patch, cancel, a job's runs, and schedule previews."""
+
+from __future__ import annotations
+
+from zoneinfo import ZoneInfo
+
+from msgspec import UNSET
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.edge import (
+    MAX_PAGE,
+    authenticate,
+    decode,
+    expected_version,
+    job_response,
+    job_view,
+    json_response,
+    query_choice,
+    query_int,
+)
+from api.instants import parse_rfc3339, to_local, to_rfc3339
+from api.translate import job_id_for_key, job_out, random_job_id, run_out, spec_of
+from api.wire import (
+    FireTime,
+    JobFields,
+    JobPage,
+    JobPatch,
+    NewJob,
+    PreviewOut,
+    RunPage,
+    SchedulePreviewIn,
+)
+from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
+from core.cron import CronSchedule
+from core.errors import Conflict, InvalidDefinition
+from core.events import JobRegistered, JobUpdated
+from core.jobs import JobSpec, next_slot, validate_job_id
+from projections.views import JOB_STATUSES, JobView
+
+MAX_PREVIEW = 100
+
+# -- jobs --------------------------------------------------------------------------------------
+
+
+async def create_job(request: Request) -> Response:
+    call = authenticate(request)
+    body = await decode(request, NewJob)
+    if body.job_id is not UNSET and body.idempotency_key is not UNSET:
+        raise InvalidDefinition("idempotency_key", "give job_id or idempotency_key, not both")
+    if body.job_id is not UNSET:
+        validate_job_id(body.job_id)
+        job_id = body.job_id
+    elif body.idempotency_key is not UNSET:
+        job_id = job_id_for_key(call.tenant, body.idempotency_key)
+    else:
+        job_id = random_job_id()
+    spec = spec_of(body, call.tenant)
+    # create_only: a repeat with the same body changes nothing, another body is a conflict
+    events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
+    created = any(isinstance(e, JobRegistered) for e in events)
+    return job_response(call, job_id, 201 if created else 200)
+
+
+async def put_job(request: Request) -> Response:
+    call = authenticate(request)
+    job_id = request.path_params["job_id"]
+    validate_job_id(job_id)
+    body = await decode(request, JobFields)
+    spec = spec_of(body, call.tenant)
+    expected = expected_version(request)
+    events = await call.scheduler.execute(
+        PutJob(job_id=job_id, spec=spec, expected_version=expected)
+    )
+    created = any(isinstance(e, JobRegistered) for e in events)
+    return job_response(call, job_id, 201 if created else 200)
+
+
+async def get_job(request: Request) -> Response:
+    return job_response(authenticate(request), request.path_params["job_id"])
+
+
+async def list_jobs(request: Request) -> Response:
+    call = authenticate(request)
+    page = call.scheduler.history.jobs(
+        call.tenant,
+        query_choice(request, "status", JOB_STATUSES),
+        query_int(request, 50, MAX_PAGE),
+        request.query_params.get("cursor"),
+    )
+    return json_response(
+        JobPage(jobs=[job_out(v) for v in page.items], next_cursor=page.next_cursor)
+    )
+
+
+def _changes_definition(body: JobPatch) -> bool:
+    return any(getattr(body, f) is not UNSET for f in JobFields.__struct_fields__)
+
+
+async def patch_job(request: Request) -> Response:
+    call = authenticate(request)
+    job_id = request.path_params["job_id"]
+    body = await decode(request, JobPatch)
+    expected = expected_version(request, None if body.version is UNSET else body.version)
+    view = job_view(call, job_id)
+    if expected is not None and expected != view.version:
+        raise Conflict(f"job {job_id} is at version {view.version}, not {expected}")
+    if _changes_definition(body):
+        spec = spec_of(body, call.tenant, base=view.spec)
+        # The merge read view.spec: writing it back is conditional on nothing having changed since.
+        events = await call.scheduler.execute(
+            PutJob(job_id=job_id, spec=spec, expected_version=view.version)
+        )
+        expected = next((e.version for e in events if isinstance(e, JobUpdated)), expected)
+    if body.status == "paused":
+        await call.scheduler.execute(
+            PauseJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
+        )
+    elif body.status == "active":
+        await call.scheduler.execute(
+            ResumeJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
+        )
+    return job_response(call, job_id)
+
+
+async def delete_job(request: Request) -> Response:
+    call = authenticate(request)
+    job_id = request.path_params["job_id"]
+    expected = expected_version(request)
+    await call.scheduler.execute(
+        CancelJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
+    )
+    return job_response(call, job_id)
+
+
+async def job_runs(request: Request) -> Response:
+    call = authenticate(request)
+    job_id = request.path_params["job_id"]
+    job_view(call, job_id)
+    page = call.scheduler.history.runs_of(
+        call.tenant, job_id, query_int(request, 20, MAX_PAGE), request.query_params.get("cursor")
+    )
+    return json_response(
+        RunPage(runs=[run_out(v) for v in page.items], next_cursor=page.next_cursor)
+    )
+
+
+# -- schedules ---------------------------------------------------------------------------------
+
+
+def _fire_times(view: JobView, after: int, n: int) -> list[int]:
+    """The next ``n`` slots of a job after ``after`` (fewer for a one-shot, none once over)."""
+    spec = view.spec
+    if view.status in ("cancelled", "finished"):
+        return []
+    if spec.schedule is not None:
+        return CronSchedule.parse(spec.schedule, spec.timezone).preview(after, n)
+    if spec.interval_sec is not None:
+        anchor = view.next_slot if view.next_slot is not None else spec.start_at or after
+        fires: list[int] = []
+        slot = next_slot(spec, after, anchor)
+        while slot is not None and len(fires) < n:
+            fires.append(slot)
+            slot = next_slot(spec, slot, anchor)
+        return fires
+    return [view.next_slot] if view.next_slot is not None else []
+
+
+def _preview(timezone: str, fires: list[int]) -> list[FireTime]:
+    zone = ZoneInfo(timezone)  # validated with the schedule it belongs to
+    return [FireTime(at=to_rfc3339(ms), local=to_local(ms, zone)) for ms in fires]
+
+
+async def preview_job(request: Request) -> Response:
+    call = authenticate(request)
+    view = job_view(call, request.path_params["job_id"])
+    n = query_int(request, 10, MAX_PREVIEW, "n")
+    spec: JobSpec = view.spec
+    fires = _fire_times(view, call.scheduler.now_ms(), n)
+    return json_response(
+        PreviewOut(
+            job_id=view.job_id,
+            schedule=spec.schedule,
+            timezone=spec.timezone,
+            fires=_preview(spec.timezone, fires),
+        )
+    )
+
+
+async def preview_schedule(request: Request) -> Response:
+    call = authenticate(request)
+    body = await decode(request, SchedulePreviewIn)
+    if not 1 <= body.n <= MAX_PREVIEW:
+        raise InvalidDefinition("n", f"must be between 1 and {MAX_PREVIEW}")
+    schedule = CronSchedule.parse(body.schedule, body.timezone)
+    after = call.scheduler.now_ms() if body.after is None else parse_rfc3339(body.after, "after")
+    fires = schedule.preview(after, body.n)
+    return json_response(
+        PreviewOut(
+            schedule=schedule.expression,
+            timezone=body.timezone,
+            fires=_preview(body.timezone, fires),
+        )
+    )

@@ -1,0 +1,170 @@
+"""Run handlers: trigger, read, list, cancel, replay; and the pull workers' claim, heartbeat and
+complete, where only the live lease's fencing token is heard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.edge import (
+    MAX_PAGE,
+    Call,
+    authenticate,
+    decode,
+    json_response,
+    query_choice,
+    query_int,
+    run_response,
+    run_view,
+)
+from api.errors import ApiError, bad_request
+from api.instants import parse_rfc3339, to_rfc3339
+from api.scheduler import Unavailable
+from api.translate import claimed, run_out
+from api.wire import ClaimIn, ClaimOut, CompleteIn, HeartbeatIn, HeartbeatOut, RunPage, TriggerIn
+from core.commands import CancelRun, CompleteRun, HeartbeatRun, Outcome, ReplayRun, TriggerRun
+from core.decide import MAX_CLAIM, run_id_of
+from core.errors import Conflict, InvalidDefinition, LeaseLost
+from core.events import Heartbeat, RunMaterialised
+from core.jobs import POOL
+from projections.views import RUN_STATES
+
+MAX_RETRY_AFTER_SEC = 7 * 86_400
+
+# -- runs --------------------------------------------------------------------------------------
+
+
+async def trigger_run(request: Request) -> Response:
+    call = authenticate(request)
+    job_id = request.path_params["job_id"]
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 1 <= len(key) <= 256:
+        raise bad_request("Idempotency-Key", "must be 1-256 characters")
+    body = await decode(request, TriggerIn, empty_ok=True)
+    slot = (
+        None if body.scheduled_for is None else parse_rfc3339(body.scheduled_for, "scheduled_for")
+    )
+    events = await call.scheduler.execute(
+        TriggerRun(job_id=job_id, tenant=call.tenant, scheduled_for=slot, idempotency_key=key)
+    )
+    made = next((e for e in events if isinstance(e, RunMaterialised)), None)
+    if made is not None:
+        return run_response(call, made.run_id, 201)
+    if slot is not None:  # the run of this slot exists, or the key was used for it
+        return run_response(call, run_id_of(job_id, slot))
+    # The key was used before, for a run the read model cannot name by key (RunView has no
+    # idempotency key yet): say so rather than guess which run it was.
+    raise Conflict(f"Idempotency-Key {key!r} was already used to trigger a run of job {job_id}")
+
+
+async def get_run(request: Request) -> Response:
+    return run_response(authenticate(request), request.path_params["run_id"])
+
+
+async def list_runs(request: Request) -> Response:
+    call = authenticate(request)
+    page = call.scheduler.history.runs(
+        call.tenant,
+        query_choice(request, "state", RUN_STATES) or "dead",
+        query_int(request, 50, MAX_PAGE),
+        request.query_params.get("cursor"),
+    )
+    return json_response(
+        RunPage(runs=[run_out(v) for v in page.items], next_cursor=page.next_cursor)
+    )
+
+
+async def cancel_run(request: Request) -> Response:
+    call = authenticate(request)
+    run_id = request.path_params["run_id"]
+    view = run_view(call, run_id)
+    if view.state == "succeeded":
+        raise Conflict(f"run {run_id} already succeeded")
+    if view.state != "cancelled":
+        await call.scheduler.execute(CancelRun(run_id=run_id, tenant=call.tenant))
+    return run_response(call, run_id)
+
+
+async def replay_run(request: Request) -> Response:
+    call = authenticate(request)
+    run_id = request.path_params["run_id"]
+    view = run_view(call, run_id)
+    if view.state != "dead":
+        raise Conflict(f"run {run_id} is {view.state}; only a dead run can be replayed")
+    await call.scheduler.execute(ReplayRun(run_id=run_id, tenant=call.tenant))
+    return run_response(call, run_id)
+
+
+# -- pull workers ------------------------------------------------------------------------------
+
+
+async def claim(request: Request) -> Response:
+    call = authenticate(request)
+    body = await decode(request, ClaimIn)
+    if not POOL.match(body.pool):
+        raise InvalidDefinition("pool", "must be 1-128 characters of A-Z a-z 0-9 _ . -")
+    if not 1 <= len(body.worker_id) <= 128:
+        raise InvalidDefinition("worker_id", "must be 1-128 characters")
+    if not 1 <= body.limit <= MAX_CLAIM:
+        raise InvalidDefinition("limit", f"must be between 1 and {MAX_CLAIM}")
+    leases = await call.scheduler.claim(call.tenant, body.pool, body.worker_id, body.limit)
+    runs = []
+    for lease in leases:
+        job = call.scheduler.history.job(call.tenant, lease.job_id)
+        if job is None:  # the port promised the read model caught up: it did not
+            raise Unavailable(f"job {lease.job_id} of a granted lease is not readable yet")
+        runs.append(claimed(lease, job.spec))
+    return json_response(ClaimOut(runs=runs))
+
+
+async def _fenced(call: Call, run_id: str, command: HeartbeatRun | CompleteRun) -> list[Any]:
+    """Send a command only the live lease may send; a lost lease is a 409 that says whether
+    the run was cancelled (stop) or reclaimed (someone else has it)."""
+    run_view(call, run_id)  # another tenant's run: 404, not a lease error
+    try:
+        return await call.scheduler.execute(command)
+    except LeaseLost as e:
+        now = call.scheduler.history.run(call.tenant, run_id)
+        cancelled = now is not None and now.state == "cancelled"
+        raise ApiError(409, "lease_lost", str(e), cancelled=cancelled) from None
+
+
+async def heartbeat(request: Request) -> Response:
+    call = authenticate(request)
+    run_id = request.path_params["run_id"]
+    body = await decode(request, HeartbeatIn)
+    events = await _fenced(
+        call,
+        run_id,
+        HeartbeatRun(run_id=run_id, fencing_token=body.fencing_token, tenant=call.tenant),
+    )
+    beat = next(e for e in events if isinstance(e, Heartbeat))
+    return json_response(
+        HeartbeatOut(run_id=run_id, lease_expires_at=to_rfc3339(beat.lease_expires_at))
+    )
+
+
+async def complete(request: Request) -> Response:
+    call = authenticate(request)
+    run_id = request.path_params["run_id"]
+    body = await decode(request, CompleteIn)
+    retry_after = body.retry_after_sec
+    if retry_after is not None and not 0 <= retry_after <= MAX_RETRY_AFTER_SEC:
+        raise InvalidDefinition("retry_after_sec", f"must be between 0 and {MAX_RETRY_AFTER_SEC}")
+    await _fenced(
+        call,
+        run_id,
+        CompleteRun(
+            run_id=run_id,
+            fencing_token=body.fencing_token,
+            outcome=Outcome(body.status),
+            error=body.error,
+            permanent=body.permanent,
+            ambiguous=body.ambiguous,
+            retry_after_ms=None if retry_after is None else round(retry_after * 1000),
+            tenant=call.tenant,
+        ),
+    )
+    return run_response(call, run_id)
