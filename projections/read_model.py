@@ -43,7 +43,7 @@ import contextlib
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,6 +217,17 @@ class ReadModel:
         deadline = time.monotonic() + timeout_s
         with self._moved:
             while self._positions.get(partition, 0) <= offset:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._moved.wait(remaining)
+            return True
+
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Block until ``predicate()`` holds, re-checking after every batch the model writes."""
+        deadline = time.monotonic() + timeout_s
+        with self._moved:
+            while not predicate():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

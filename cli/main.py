@@ -1,0 +1,239 @@
+"""The ``cronlog`` command: run a node, or talk to one.
+
+    cronlog serve [--data-dir DIR] [--host 127.0.0.1] [--port 8080] [--partitions 8]
+    cronlog serve --kafka HOST:PORT [--node-id ID]          # join a cluster
+    cronlog jobs create --name N (--schedule CRON | --run-at TIME | --every SEC) --target URL
+    cronlog jobs list | get ID | pause ID | resume ID | cancel ID
+    cronlog runs JOB_ID [--limit N]
+    cronlog dead | replay RUN_ID | cancel-run RUN_ID
+
+The client speaks the HTTP API: ``--url`` (or ``CRONLOG_URL``) and ``--token`` (or
+``CRONLOG_TOKEN``; otherwise the first token in the data directory's ``tokens`` file, which
+``cronlog serve`` writes when no tokens are configured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
+DEFAULT_URL = os.environ.get("CRONLOG_URL", "http://127.0.0.1:8080")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cronlog", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a node (embedded log by default)")
+    serve.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--partitions",
+        type=int,
+        default=8,
+        help="partition count, fixed when the log is created (default 8)",
+    )
+    serve.add_argument(
+        "--kafka",
+        metavar="HOST:PORT",
+        help="join a cluster on this Kafka instead of the embedded log",
+    )
+    serve.add_argument("--node-id", default=socket.gethostname())
+    serve.add_argument("--topic-prefix", default="cronlog")
+    serve.add_argument(
+        "--target-kafka",
+        metavar="HOST:PORT",
+        help="Kafka for kafka:// job targets (default: --kafka)",
+    )
+    serve.add_argument("--log-level", default="info")
+
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--url", default=DEFAULT_URL)
+    client.add_argument("--token", default=os.environ.get("CRONLOG_TOKEN"))
+    client.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+
+    jobs = sub.add_parser("jobs", help="create, list, inspect, pause, resume, cancel jobs")
+    jobs_sub = jobs.add_subparsers(dest="action", required=True)
+    create = jobs_sub.add_parser("create", parents=[client])
+    create.add_argument("--name", required=True)
+    when = create.add_mutually_exclusive_group(required=True)
+    when.add_argument("--schedule", help='cron, e.g. "0 9 * * *"')
+    when.add_argument("--run-at", help="an RFC 3339 instant, e.g. 2026-12-01T09:00:00Z")
+    when.add_argument("--every", type=float, metavar="SEC", help="an interval in seconds")
+    create.add_argument(
+        "--target", required=True, help="http(s)://..., kafka://topic or pull://pool"
+    )
+    create.add_argument("--timezone", default="UTC")
+    create.add_argument("--payload", default="null", help="JSON")
+    create.add_argument("--retries", type=int)
+    create.add_argument("--critical", action="store_true")
+    create.add_argument("--idempotency-key")
+    lst = jobs_sub.add_parser("list", parents=[client])
+    lst.add_argument("--status")
+    for action in ("get", "pause", "resume", "cancel"):
+        jobs_sub.add_parser(action, parents=[client]).add_argument("job_id")
+
+    runs = sub.add_parser("runs", parents=[client], help="a job's runs, newest first")
+    runs.add_argument("job_id")
+    runs.add_argument("--limit", type=int, default=20)
+    sub.add_parser("dead", parents=[client], help="the dead-letter list")
+    sub.add_parser("replay", parents=[client], help="requeue a dead run").add_argument("run_id")
+    sub.add_parser("cancel-run", parents=[client], help="cancel a run").add_argument("run_id")
+
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve_command(args)
+    return client_command(args)
+
+
+# -- serve ---------------------------------------------------------------------------------------
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+    from api.auth import load_tokens
+    from node.executors import Executors
+    from node.node import Node
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    data_dir: Path = args.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tokens = load_tokens(data_dir, announce=print)
+
+    if args.kafka:
+        from eventlog.kafka import KafkaLog
+
+        log_ = KafkaLog(
+            args.kafka,
+            num_partitions=args.partitions,
+            prefix=args.topic_prefix,
+            member_id=args.node_id,
+        )
+        target_kafka = args.target_kafka or args.kafka
+    else:
+        from eventlog.embedded import EmbeddedLog
+
+        log_ = EmbeddedLog.open(data_dir / "log", _stored_partitions(data_dir, args.partitions))
+        target_kafka = args.target_kafka
+    node = Node(
+        log_,
+        data_dir / "node",
+        node_id=args.node_id,
+        executors=Executors(args.node_id, kafka_bootstrap=target_kafka),
+    )
+    app = create_app(node, tokens)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    node.start()
+    print(
+        f"cronlog {args.node_id} serving on http://{args.host}:{args.port} "
+        f"({'kafka ' + args.kafka if args.kafka else 'embedded log in ' + str(data_dir)})",
+        flush=True,
+    )
+    try:
+        server.run()  # returns on SIGTERM or SIGINT, after the HTTP side has drained
+    finally:
+        node.stop()
+        log_.close()
+    return 0
+
+
+def _stored_partitions(data_dir: Path, requested: int) -> int:
+    """The partition count is the log's for life: the first start records it."""
+    marker = data_dir / "partitions"
+    if marker.exists():
+        return int(marker.read_text().strip())
+    marker.write_text(f"{requested}\n")
+    return requested
+
+
+# -- the client ----------------------------------------------------------------------------------
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token:
+        return str(args.token)
+    from api.auth import read_tokens_file
+
+    path = args.data_dir / "tokens"
+    if path.exists():
+        for token in read_tokens_file(path):
+            return token
+    sys.exit(
+        "no token: pass --token, set CRONLOG_TOKEN, or run next to `cronlog serve`'s "
+        f"data directory ({path})"
+    )
+
+
+def client_command(args: argparse.Namespace) -> int:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {_token(args)}"}
+    with httpx.Client(base_url=args.url, headers=headers, timeout=30) as http:
+        method, path, body = _request(args)
+        response = http.request(method, path, json=body)
+    try:
+        shown: Any = response.json()
+    except ValueError:
+        shown = response.text
+    print(json.dumps(shown, indent=2) if not isinstance(shown, str) else shown)
+    return 0 if response.is_success else 1
+
+
+def _request(args: argparse.Namespace) -> tuple[str, str, Any]:
+    if args.command == "jobs":
+        if args.action == "create":
+            body: dict[str, Any] = {
+                "name": args.name,
+                "target": args.target,
+                "timezone": args.timezone,
+                "payload": json.loads(args.payload),
+            }
+            if args.schedule:
+                body["schedule"] = args.schedule
+            elif args.run_at:
+                body["run_at"] = args.run_at
+            else:
+                body["interval_sec"] = args.every
+            if args.retries is not None:
+                body["retries"] = args.retries
+            if args.critical:
+                body["critical"] = True
+            if args.idempotency_key:
+                body["idempotency_key"] = args.idempotency_key
+            return "POST", "/v1/jobs", body
+        if args.action == "list":
+            return "GET", "/v1/jobs" + (f"?status={args.status}" if args.status else ""), None
+        if args.action == "get":
+            return "GET", f"/v1/jobs/{args.job_id}", None
+        if args.action in ("pause", "resume"):
+            status = "paused" if args.action == "pause" else "active"
+            return "PATCH", f"/v1/jobs/{args.job_id}", {"status": status}
+        return "DELETE", f"/v1/jobs/{args.job_id}", None
+    if args.command == "runs":
+        return "GET", f"/v1/jobs/{args.job_id}/runs?limit={args.limit}", None
+    if args.command == "dead":
+        return "GET", "/v1/runs?state=dead", None
+    if args.command == "replay":
+        return "POST", f"/v1/runs/{args.run_id}/replay", None
+    return "POST", f"/v1/runs/{args.run_id}/cancel", None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())

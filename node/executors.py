@@ -1,0 +1,346 @@
+"""The node's own executors: they run the leases the partition runners grant for push targets.
+
+An HTTP target gets ``POST <url>`` with a JSON body (job, run, slot, attempt, fencing token,
+payload) and these headers:
+
+``Idempotency-Key: <job_id>:<scheduled_for ms>``   the same for every attempt of a run
+``X-Cronlog-Run-Id``, ``X-Cronlog-Attempt``, ``X-Cronlog-Fencing-Token``
+
+How an answer is classified:
+
+===========================================  =============================================
+2xx                                          succeeded
+408, 429, 5xx (``Retry-After`` honoured)     failed, transient: retried with backoff
+other 4xx                                    failed, permanent: dead-lettered at once
+no connection could be made                  failed, transient (the target never saw it)
+timeout, 504, connection lost mid-call       failed, transient and **ambiguous**: it may have
+                                             taken effect, so a critical job dead-letters
+===========================================  =============================================
+
+A Kafka-topic target gets the same body produced to the topic (key: the job id, headers as
+above); it succeeded once the broker acknowledged it (``acks=all``).
+
+While a call runs, the executor heartbeats the lease every third of its length. A heartbeat
+refused because the run was cancelled, or its lease lost, abandons the call at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import msgspec
+
+from core import events as ev
+from core.commands import CompleteRun, HeartbeatRun, Outcome
+from core.errors import CronlogError, LeaseLost
+from core.jobs import HttpTarget, JobSpec, KafkaTarget
+from node.runner import Decided, Dispatcher, PartitionRunner, Request
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR = 500
+
+
+def iso(ms: int) -> str:
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def idempotency_key(job_id: str, scheduled_for: int) -> str:
+    return f"{job_id}:{scheduled_for}"
+
+
+def run_body(lease: ev.LeaseGranted, spec: JobSpec) -> bytes:
+    return msgspec.json.encode(
+        {
+            "job_id": lease.job_id,
+            "name": spec.name,
+            "tenant": lease.tenant,
+            "run_id": lease.run_id,
+            "scheduled_for": iso(lease.scheduled_for),
+            "scheduled_for_ms": lease.scheduled_for,
+            "attempt": lease.attempt,
+            "fencing_token": lease.fencing_token,
+            "payload": spec.payload,
+        }
+    )
+
+
+def run_headers(lease: ev.LeaseGranted) -> dict[str, str]:
+    return {
+        "Idempotency-Key": idempotency_key(lease.job_id, lease.scheduled_for),
+        "X-Cronlog-Run-Id": lease.run_id,
+        "X-Cronlog-Attempt": str(lease.attempt),
+        "X-Cronlog-Fencing-Token": str(lease.fencing_token),
+    }
+
+
+def retry_after_ms(value: str | None, now: datetime | None = None) -> int | None:
+    """``Retry-After`` as delay-seconds or an HTTP date, in milliseconds."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return int(value) * 1000
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    delta = when - (now or datetime.now(UTC))
+    return max(0, int(delta.total_seconds() * 1000))
+
+
+class Result(msgspec.Struct, frozen=True):
+    outcome: Outcome
+    error: str = ""
+    permanent: bool = False
+    ambiguous: bool = False
+    retry_after_ms: int | None = None
+
+
+def classify(response: httpx.Response) -> Result:
+    code = response.status_code
+    if 200 <= code < 300:
+        return Result(Outcome.SUCCEEDED)
+    error = f"HTTP {code}: {response.text[:MAX_ERROR]}".strip()
+    if code in (408, 429) or code >= 500:
+        return Result(
+            Outcome.FAILED,
+            error,
+            ambiguous=code == 504,
+            retry_after_ms=retry_after_ms(response.headers.get("retry-after")),
+        )
+    return Result(Outcome.FAILED, error, permanent=True)
+
+
+class Executors(Dispatcher):
+    """Runs push targets on one asyncio loop in a thread of its own."""
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        max_in_flight: int = 512,
+        kafka_bootstrap: str | None = None,
+        producer_factory: Callable[[str], Any] | None = None,
+    ) -> None:
+        self.worker_id = f"{node_id}/executor"
+        self._max = max_in_flight
+        self._in_flight = 0
+        self._lock = threading.Condition()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="executors", daemon=True
+        )
+        self._client: httpx.AsyncClient | None = None
+        self._kafka_bootstrap = kafka_bootstrap
+        self._producer_factory = producer_factory
+        self._producer: Any = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._open(), self._loop).result()
+
+    async def _open(self) -> None:
+        self._client = httpx.AsyncClient(follow_redirects=False)
+
+    def stop(self) -> None:
+        """Abandon calls in flight: their leases run out and the runs are retried elsewhere."""
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+        if self._producer is not None:
+            self._producer.flush(5)
+
+    async def _close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        if self._client is not None:
+            await self._client.aclose()
+
+    def has_capacity(self) -> bool:
+        with self._lock:
+            return self._in_flight < self._max
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until no call is in flight."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._in_flight == 0, timeout_s)
+
+    def dispatch(self, runner: PartitionRunner, lease: ev.LeaseGranted) -> None:
+        job = runner.state.jobs.get(lease.job_id)
+        if job is None:
+            return
+        with self._lock:
+            self._in_flight += 1
+        self._loop.call_soon_threadsafe(self._spawn, runner, lease, job.spec)
+
+    def _spawn(self, runner: PartitionRunner, lease: ev.LeaseGranted, spec: JobSpec) -> None:
+        task = self._loop.create_task(self._run(runner, lease, spec))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, runner: PartitionRunner, lease: ev.LeaseGranted, spec: JobSpec) -> None:
+        try:
+            call = asyncio.ensure_future(self._call(lease, spec))
+            beat = asyncio.ensure_future(self._heartbeat(runner, lease, spec, call))
+            try:
+                result = await call
+            except asyncio.CancelledError:
+                if beat.done() and beat.result():
+                    return  # the lease was lost or the run cancelled: nothing to report
+                raise
+            finally:
+                beat.cancel()
+            runner.submit(
+                Request(
+                    CompleteRun(
+                        run_id=lease.run_id,
+                        fencing_token=lease.fencing_token,
+                        outcome=result.outcome,
+                        error=result.error,
+                        permanent=result.permanent,
+                        ambiguous=result.ambiguous,
+                        retry_after_ms=result.retry_after_ms,
+                    )
+                )
+            )
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("run %s: executor failed", lease.run_id)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._lock.notify_all()
+
+    async def _heartbeat(
+        self,
+        runner: PartitionRunner,
+        lease: ev.LeaseGranted,
+        spec: JobSpec,
+        call: asyncio.Future[Result],
+    ) -> bool:
+        """Keep the lease alive; cancel ``call`` and return True if it was lost."""
+        interval = max(0.2, spec.lease_sec / 3)
+        while not call.done():
+            await asyncio.sleep(interval)
+            if call.done():
+                break
+            answer: Future[Decided | CronlogError] = Future()
+            runner.submit(
+                Request(
+                    HeartbeatRun(run_id=lease.run_id, fencing_token=lease.fencing_token),
+                    reply=answer.set_result,
+                )
+            )
+            outcome = await asyncio.wrap_future(answer)
+            if isinstance(outcome, LeaseLost):
+                log.info("run %s: %s", lease.run_id, outcome)
+                call.cancel()
+                return True
+        return False
+
+    async def _call(self, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
+        target = spec.target
+        try:
+            if isinstance(target, HttpTarget):
+                return await asyncio.wait_for(self._http(target, lease, spec), spec.timeout_sec)
+            if isinstance(target, KafkaTarget):
+                return await asyncio.wait_for(self._kafka(target, lease, spec), spec.timeout_sec)
+        except TimeoutError:
+            return Result(Outcome.FAILED, f"timed out after {spec.timeout_sec} s", ambiguous=True)
+        return Result(Outcome.FAILED, f"no executor for {type(target).__name__}", permanent=True)
+
+    async def _http(self, target: HttpTarget, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
+        assert self._client is not None
+        headers = {**target.headers, **run_headers(lease), "Content-Type": "application/json"}
+        try:
+            response = await self._client.post(
+                target.url,
+                content=run_body(lease, spec),
+                headers=headers,
+                timeout=httpx.Timeout(spec.timeout_sec),
+            )
+        except httpx.ConnectError as err:
+            return Result(Outcome.FAILED, f"cannot connect: {err}"[:MAX_ERROR])
+        except httpx.TimeoutException as err:
+            return Result(Outcome.FAILED, f"timed out: {err}"[:MAX_ERROR], ambiguous=True)
+        except httpx.HTTPError as err:
+            return Result(
+                Outcome.FAILED, f"{type(err).__name__}: {err}"[:MAX_ERROR], ambiguous=True
+            )
+        return classify(response)
+
+    async def _kafka(self, target: KafkaTarget, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
+        if self._kafka_bootstrap is None:
+            return Result(
+                Outcome.FAILED,
+                "this node has no Kafka for kafka:// targets (start it with --target-kafka)",
+                permanent=True,
+            )
+        if self._producer is None:
+            factory = self._producer_factory or _default_producer
+            self._producer = factory(self._kafka_bootstrap)
+        done: asyncio.Future[str | None] = self._loop.create_future()
+
+        def settle(error: str | None) -> None:
+            if not done.done():
+                done.set_result(error)
+
+        def delivered(err: Any, _msg: Any) -> None:
+            self._loop.call_soon_threadsafe(settle, None if err is None else str(err))
+
+        self._producer.produce(
+            target.topic,
+            key=lease.job_id.encode(),
+            value=run_body(lease, spec),
+            headers=list(run_headers(lease).items()),
+            on_delivery=delivered,
+        )
+        poller = asyncio.ensure_future(self._poll_producer(done))
+        try:
+            error = await done
+        finally:
+            poller.cancel()
+        if error is None:
+            return Result(Outcome.SUCCEEDED)
+        return Result(Outcome.FAILED, f"Kafka: {error}"[:MAX_ERROR], ambiguous=True)
+
+    async def _poll_producer(self, done: asyncio.Future[str | None]) -> None:
+        while not done.done():
+            await asyncio.to_thread(self._producer.poll, 0.1)
+
+
+def _default_producer(bootstrap: str) -> Any:
+    from confluent_kafka import Producer
+
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+        }
+    )

@@ -1,0 +1,270 @@
+"""One owned partition, running: recover, then decide in batches, durably.
+
+Recovery, in this order (the partition is an argument, never ambient):
+
+1. open the partition's state store and read the offset it reflects;
+2. catch up the events stream from there (``projections.state_store.catch_up``);
+3. fill the timing wheel from the state (``core.timers.all_timers``);
+4. only then start deciding, as the partition's single, fenced writer.
+
+The loop takes everything waiting — requests, replies from executors, timers that fell due —
+and decides it against the in-memory state, folding each decision at once so the next one
+sees it. It then appends all the batch's events in **one** durable write (one fsync or one
+Kafka transaction for the lot: the midnight herd costs one write per batch, not per job), saves
+the state and the offset together, and only then answers the callers and starts the runs it
+leased. A failed append means the in-memory state ran ahead of the log: the runner answers
+every caller "unavailable" and recovers from the store and the log again; a fenced append
+means another node owns the partition now, and the runner stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from core import events as ev
+from core.clock import Clock
+from core.commands import AnyCommand, LeaseDue, SlotDue, StartRun
+from core.decide import decide
+from core.errors import CronlogError, Fenced
+from core.events import AnyEvent
+from core.state import PartitionState, evolve
+from core.timers import TimerKey, all_timers, timers_after
+from core.wheel import TimingWheel
+from eventlog.port import EventLog, PartitionWriter
+from projections.state_store import StateStore, catch_up
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 2000
+IDLE_WAIT_S = 0.5  # the longest a runner sleeps without looking at the clock again
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A request's events, durably appended at ``offsets``."""
+
+    events: list[AnyEvent]
+    offsets: list[int]
+
+
+Reply = Callable[["Decided | CronlogError"], None]
+
+
+class Unavailable(CronlogError):
+    """The partition could not take the request now (failover, a failed write); try again."""
+
+
+@dataclass(slots=True)
+class Request:
+    command: AnyCommand
+    reply: Reply | None = None
+    offset: int | None = None  # the command's offset in the commands stream, if it came from there
+
+
+class Dispatcher:
+    """Where the runner sends leases it granted to the node's own executors, and asks whether
+    they have room for another run."""
+
+    worker_id: str
+
+    def has_capacity(self) -> bool:
+        raise NotImplementedError
+
+    def dispatch(self, runner: PartitionRunner, lease: ev.LeaseGranted) -> None:
+        raise NotImplementedError
+
+
+class PartitionRunner:
+    def __init__(
+        self,
+        partition: int,
+        log_: EventLog,
+        writer: PartitionWriter,
+        store: StateStore,
+        clock: Clock,
+        dispatcher: Dispatcher,
+        on_appended: Callable[[int, list[int], list[AnyEvent]], None] | None = None,
+    ) -> None:
+        self.partition = partition
+        self._log = log_
+        self._writer = writer
+        self._store = store
+        self._clock = clock
+        self._dispatcher = dispatcher
+        self._on_appended = on_appended
+        self._inbox: deque[Request] = deque()
+        self._cv = threading.Condition()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self.state = PartitionState(partition)
+        self.wheel: TimingWheel[TimerKey] = TimingWheel(clock.now_ms())
+        self._due: deque[TimerKey] = deque()
+        self.caught_up = threading.Event()
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"partition-{self.partition}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop deciding at once; requests still waiting are answered "unavailable"."""
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        self._fail_waiting()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def submit(self, request: Request) -> None:
+        with self._cv:
+            if self._stopped:
+                if request.reply is not None:
+                    request.reply(Unavailable(f"partition {self.partition} is not running here"))
+                return
+            self._inbox.append(request)
+            self._cv.notify()
+
+    def _recover(self) -> None:
+        self.state = catch_up(self._store, self._log, self.partition)
+        now = self._clock.now_ms()
+        self.wheel = TimingWheel(now)
+        self._due.clear()
+        for key, deadline in all_timers(self.state):
+            if not self.wheel.add(key, deadline):
+                self._due.append(key)
+        self.caught_up.set()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._recover()
+            while not self._stopped:
+                batch = self._wait_for_work()
+                if self._stopped:
+                    break
+                now = self._clock.now_ms()
+                for _, key in self.wheel.advance(now):
+                    self._due.append(key)
+                self._process(batch, now)
+        except Fenced:
+            log.warning("partition %d: fenced, another node owns it now", self.partition)
+        except Exception:
+            log.exception("partition %d: runner failed", self.partition)
+        finally:
+            with self._cv:
+                self._stopped = True
+            self._fail_waiting()
+
+    def _wait_for_work(self) -> list[Request]:
+        with self._cv:
+            if not self._inbox and not self._due and not self._stopped:
+                deadline = self.wheel.next_deadline()
+                wait = IDLE_WAIT_S
+                if deadline is not None:
+                    wait = min(wait, max(0.0, (deadline - self._clock.now_ms()) / 1000))
+                if wait > 0:
+                    self._cv.wait(wait)
+            batch: list[Request] = []
+            while self._inbox and len(batch) < MAX_BATCH:
+                batch.append(self._inbox.popleft())
+            return batch
+
+    def _decide(self, command: AnyCommand, now: int, out: list[AnyEvent]) -> list[AnyEvent]:
+        decided = decide(self.state, command, now)
+        for event in decided:
+            evolve(self.state, event)
+            out.append(event)
+            for key, deadline in timers_after(self.state, event):
+                if deadline is None:
+                    self.wheel.cancel(key)
+                elif not self.wheel.add(key, deadline):
+                    self._due.append(key)
+        return decided
+
+    def _timer_command(self, key: TimerKey) -> AnyCommand | None:
+        kind, ident = key
+        if kind == "slot":
+            return SlotDue(job_id=ident)
+        if kind == "lease":
+            return LeaseDue(run_id=ident)
+        if not self._dispatcher.has_capacity():
+            self.wheel.add(key, self._clock.now_ms() + 100)  # look again shortly
+            return None
+        return StartRun(run_id=ident, worker_id=self._dispatcher.worker_id)
+
+    def _process(self, batch: list[Request], now: int) -> None:
+        events: list[AnyEvent] = []
+        answers: list[tuple[Request, tuple[int, int] | CronlogError]] = []
+        through: int | None = None
+        for request in batch:
+            start = len(events)
+            try:
+                self._decide(request.command, now, events)
+                answers.append((request, (start, len(events))))
+            except CronlogError as err:
+                answers.append((request, err))
+            if request.offset is not None:
+                through = request.offset + 1
+        fired = 0
+        while self._due and fired < MAX_BATCH:
+            fired += 1
+            command = self._timer_command(self._due.popleft())
+            if command is None:
+                continue
+            try:
+                self._decide(command, now, events)
+            except CronlogError as err:  # a timer's command can lose a race with a request
+                log.debug("partition %d: %s", self.partition, err)
+        offsets: list[int] = []
+        if events or through is not None:
+            try:
+                offsets = self._writer.append(
+                    [ev.encode(e) for e in events], commands_through=through
+                )
+            except Fenced:
+                self._answer(answers, Unavailable(f"partition {self.partition} moved"))
+                raise
+            except Exception as err:
+                log.exception("partition %d: append failed; recovering", self.partition)
+                self._answer(answers, Unavailable(f"partition {self.partition}: {err}"))
+                self._recover()
+                return
+            self._store.save(self.state, list(zip(offsets, events, strict=True)))
+            if self._on_appended is not None and events:
+                self._on_appended(self.partition, offsets, events)
+        for request, answer in answers:
+            if request.reply is None:
+                continue
+            if isinstance(answer, CronlogError):
+                request.reply(answer)
+            else:
+                first, end = answer
+                request.reply(Decided(events[first:end], offsets[first:end]))
+        for event in events:
+            if isinstance(event, ev.LeaseGranted) and event.worker_id == self._dispatcher.worker_id:
+                self._dispatcher.dispatch(self, event)
+
+    def _answer(self, answers: Sequence[tuple[Request, object]], err: CronlogError) -> None:
+        for request, _ in answers:
+            if request.reply is not None:
+                request.reply(err)
+
+    def _fail_waiting(self) -> None:
+        with self._cv:
+            waiting = list(self._inbox)
+            self._inbox.clear()
+        for request in waiting:
+            if request.reply is not None:
+                request.reply(Unavailable(f"partition {self.partition} is not running here"))

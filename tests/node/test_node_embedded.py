@@ -1,0 +1,131 @@
+"""A node on the embedded log, with real time and a real HTTP target on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.commands import CancelRun, PauseJob, PutJob, ReplayRun, ResumeJob
+from core.jobs import Backoff, HttpTarget, JobSpec
+from eventlog.embedded import EmbeddedLog
+from node.node import Node
+from tests.node.targets import Target
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def target() -> Iterator[Target]:
+    t = Target().start()
+    yield t
+    t.stop()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    log = EmbeddedLog.open(tmp_path / "log", 4)
+    n = Node(log, tmp_path / "node", node_id="n1")
+    n.start()
+    assert n.wait_ready(10)
+    yield n
+    n.stop()
+    log.close()
+
+
+def spec(url: str, **kw: object) -> JobSpec:
+    base: dict[str, object] = dict(
+        name="job",
+        tenant="team-a",
+        target=HttpTarget(url=url),
+        backoff=Backoff(base_sec=0.2, factor=2, cap_sec=5, jitter=False),
+    )
+    base.update(kw)
+    return JobSpec(**base)  # type: ignore[arg-type]
+
+
+def state_of(node: Node, run_id: str) -> str | None:
+    view = node.history.run("team-a", run_id)
+    return view.state if view is not None else None
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def test_one_shot_fires_within_a_second_with_the_run_headers(node: Node, target: Target) -> None:
+    slot = now_ms() + 700
+    asyncio.run(node.execute(PutJob(job_id="once", spec=spec(target.url, run_at=slot))))
+    (call,) = target.wait_for(1, timeout_s=5)
+    late_ms = call.received_at * 1000 - slot
+    assert 0 <= late_ms < 1000, late_ms
+    assert call.headers["Idempotency-Key"] == f"once:{slot}"
+    assert call.headers["X-Cronlog-Run-Id"] == f"once.{slot}"
+    assert call.headers["X-Cronlog-Attempt"] == "1"
+    assert int(call.headers["X-Cronlog-Fencing-Token"]) >= 1
+    assert call.body["scheduled_for_ms"] == slot
+    assert node.history.wait_until(lambda: state_of(node, f"once.{slot}") == "succeeded", 5)
+
+
+def test_cron_job_fires_every_second_slot(node: Node, target: Target) -> None:
+    asyncio.run(node.execute(PutJob(job_id="tick", spec=spec(target.url, schedule="* * * * * *"))))
+    calls = target.wait_for(3, timeout_s=6)
+    assert len(calls) >= 3
+    slots = [c.body["scheduled_for_ms"] for c in calls[:3]]
+    assert slots == sorted(slots) and len(set(slots)) == 3
+    for call in calls[:3]:
+        assert 0 <= call.received_at * 1000 - call.body["scheduled_for_ms"] < 1000
+
+
+def test_failing_target_retries_with_growing_delays_then_dead_letters_and_replays(
+    node: Node, target: Target
+) -> None:
+    target.answer = lambda call: (503, {}, 0.0)
+    slot = now_ms() + 100
+    job = spec(target.url, run_at=slot, max_attempts=3)
+    asyncio.run(node.execute(PutJob(job_id="flaky", spec=job)))
+    calls = target.wait_for(3, timeout_s=10)
+    assert [c.headers["X-Cronlog-Attempt"] for c in calls] == ["1", "2", "3"]
+    gaps = [b.received_at - a.received_at for a, b in itertools.pairwise(calls)]
+    assert gaps[1] > gaps[0] >= 0.2
+    run_id = f"flaky.{slot}"
+    assert node.history.wait_until(lambda: state_of(node, run_id) == "dead", 5)
+    assert [r.run_id for r in node.history.runs("team-a", "dead").items] == [run_id]
+    target.answer = lambda call: (200, {}, 0.0)
+    asyncio.run(node.execute(ReplayRun(run_id=run_id, tenant="team-a")))
+    calls = target.wait_for(4, timeout_s=5)
+    assert calls[3].headers["X-Cronlog-Attempt"] == "4"
+    assert int(calls[3].headers["X-Cronlog-Fencing-Token"]) > int(
+        calls[2].headers["X-Cronlog-Fencing-Token"]
+    )
+
+
+def test_pause_stops_firing_and_resume_restarts(node: Node, target: Target) -> None:
+    asyncio.run(node.execute(PutJob(job_id="p", spec=spec(target.url, schedule="* * * * * *"))))
+    target.wait_for(1, timeout_s=5)
+    asyncio.run(node.execute(PauseJob(job_id="p", tenant="team-a")))
+    paused_at = time.time()
+    count = len(target.calls)
+    time.sleep(2.2)  # real time must pass to show that nothing fires while paused
+    fired_while_paused = [c for c in target.calls[count:] if c.received_at > paused_at + 0.1]
+    assert fired_while_paused == []
+    asyncio.run(node.execute(ResumeJob(job_id="p", tenant="team-a")))
+    calls = target.wait_for(len(target.calls) + 1, timeout_s=3)
+    assert calls[-1].received_at > paused_at + 2
+
+
+def test_cancel_of_a_running_run_reaches_the_executor(node: Node, target: Target) -> None:
+    target.answer = lambda call: (200, {}, 5.0)  # a slow target: the run is still running
+    slot = now_ms() + 100
+    asyncio.run(
+        node.execute(PutJob(job_id="slow", spec=spec(target.url, run_at=slot, lease_sec=1)))
+    )
+    target.wait_for(1, timeout_s=5)
+    asyncio.run(node.execute(CancelRun(run_id=f"slow.{slot}", tenant="team-a")))
+    # The executor abandons the call on its next heartbeat (every ~0.33 s), not after 5 s.
+    assert node.executors.wait_idle(2)
+    assert state_of(node, f"slow.{slot}") == "cancelled"
