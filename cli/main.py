@@ -102,7 +102,6 @@ def serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
-    from api.auth import load_tokens
     from node.executors import Executors
     from node.node import Node
 
@@ -111,7 +110,7 @@ def serve_command(args: argparse.Namespace) -> int:
     )
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
-    tokens = load_tokens(data_dir, announce=print)
+    tokens = load_tokens(data_dir)
 
     if args.kafka:
         from eventlog.kafka import KafkaLog
@@ -151,6 +150,21 @@ def serve_command(args: argparse.Namespace) -> int:
         node.stop()
         log_.close()
     return 0
+
+
+def load_tokens(data_dir: Path) -> dict[str, str]:
+    """token -> tenant from ``CRONLOG_TOKENS``, else the data directory's ``tokens`` file, else
+    a new token for the ``default`` tenant, written to that file and printed once."""
+    from api.auth import create_default_token, parse_tokens, read_tokens_file
+
+    configured = os.environ.get("CRONLOG_TOKENS", "").strip()
+    if configured:
+        return parse_tokens(configured)
+    path = data_dir / "tokens"
+    if not path.exists():
+        token = create_default_token(path)
+        print(f"cronlog: created a token for tenant 'default' in {path}: {token}", flush=True)
+    return read_tokens_file(path)
 
 
 def _stored_partitions(data_dir: Path, requested: int) -> int:
