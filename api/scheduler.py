@@ -20,13 +20,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from core.commands import AnyCommand
-from core.errors import CronlogError
+from core.errors import Unavailable
 from core.events import AnyEvent, LeaseGranted
 from projections.read_model import ReadModel
 
-
-class Unavailable(CronlogError):
-    """The owning partition cannot decide right now (no owner yet, or still catching up): retry."""
+__all__ = ["Scheduler", "Unavailable"]
 
 
 class Scheduler(Protocol):

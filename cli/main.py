@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("cancel-run", parents=[client], help="cancel a run").add_argument("run_id")
 
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `cronlog jobs list | head` ends quietly
     if args.command == "serve":
         return serve_command(args)
     return client_command(args)
@@ -249,5 +250,4 @@ def _request(args: argparse.Namespace) -> tuple[str, str, Any]:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())

@@ -30,3 +30,8 @@ class LeaseLost(Conflict):
 
 class Fenced(CronlogError):
     """This writer lost ownership of a partition; a newer writer has taken over."""
+
+
+class Unavailable(CronlogError):
+    """The owning partition cannot decide right now (failover, catching up, a failed write):
+    nothing was decided; try again."""

@@ -42,10 +42,10 @@ from core.commands import (
     UpstreamSucceeded,
 )
 from core.decide import job_id_of_run
-from core.errors import CronlogError
+from core.errors import CronlogError, Unavailable
 from eventlog.port import EventLog, Membership, partition_for
 from node.executors import Executors
-from node.runner import Decided, PartitionRunner, Request, Unavailable
+from node.runner import Decided, PartitionRunner, Request
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
 

@@ -29,7 +29,7 @@ from core import events as ev
 from core.clock import Clock
 from core.commands import AnyCommand, LeaseDue, SlotDue, StartRun
 from core.decide import decide
-from core.errors import CronlogError, Fenced
+from core.errors import CronlogError, Fenced, Unavailable
 from core.events import AnyEvent
 from core.state import PartitionState, evolve
 from core.timers import TimerKey, all_timers, timers_after
@@ -52,10 +52,6 @@ class Decided:
 
 
 Reply = Callable[["Decided | CronlogError"], None]
-
-
-class Unavailable(CronlogError):
-    """The partition could not take the request now (failover, a failed write); try again."""
 
 
 @dataclass(slots=True)
