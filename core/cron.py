@@ -32,11 +32,16 @@ A local slot is one wall-clock reading the expression matches (a date and a time
   local wall clock matches. A repeated hour fires twice (they are two real hours), a skipped
   hour does not fire at all.
 
+The second occurrence of a repeated slot is the one instant where a fixed-hour schedule
+deliberately does *not* fire although the wall clock matches. ``suppressed_between`` lists
+those instants so the scheduler can record each one as skipped (a slot skipped by a
+spring-forward is not suppressed: it fires at the transition).
+
 Worked example, America/New_York, ``30 1 * * *`` (fixed) and ``30 * * * *`` (real time)::
 
     2024-11-03 (fall back 02:00 EDT -> 01:00 EST)
       05:30Z = 01:30 EDT   fixed fires    real-time fires
-      06:30Z = 01:30 EST   -              real-time fires
+      06:30Z = 01:30 EST   suppressed     real-time fires
     2024-03-10 (spring forward 02:00 EST -> 03:00 EDT), ``30 2 * * *``
       07:00Z = 03:00 EDT   fixed fires (02:30 does not exist; the transition is its slot)
 
@@ -66,7 +71,7 @@ from croniter import croniter
 
 from core.errors import InvalidDefinition
 
-__all__ = ["CronSchedule", "clear_caches", "next_fire"]
+__all__ = ["CronSchedule", "clear_caches", "next_fire", "suppressed_since_previous"]
 
 _ALIASES: Final = {
     "@yearly": "0 0 1 1 *",
@@ -88,6 +93,11 @@ _EQUAL_RANGE: Final = re.compile(r"^(\w+)-\1(?:/\d+)?$", re.ASCII)
 _ONE_SECOND: Final = dt.timedelta(seconds=1)
 _ONE_DAY: Final = dt.timedelta(days=1)
 _EPOCH: Final = dt.datetime(1970, 1, 1)
+# Offset changes are looked for by sampling the offset once a day and bisecting where it
+# differs. That is exact while no zone changes its offset twice within a day: in tzdata the
+# closest pair since 1970 is about seven days apart (Brazil, October 2000; tested). A fall-back
+# also repeats less than a day of wall time (the largest since 1970 is seven hours).
+_DAY_SECONDS: Final = 86_400
 
 
 class _Fields:
@@ -331,6 +341,44 @@ def _wall(seconds: int, zone: ZoneInfo) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, zone).replace(tzinfo=None)
 
 
+def _year_of(seconds: int) -> int:
+    try:
+        return (_EPOCH + dt.timedelta(seconds=seconds)).year
+    except OverflowError:
+        return 1 if seconds < 0 else 9999
+
+
+def _year_start(year: int) -> int:
+    return (dt.datetime(year, 1, 1) - _EPOCH) // _ONE_SECOND
+
+
+def _offset(zone: ZoneInfo, seconds: int) -> int:
+    offset = dt.datetime.fromtimestamp(seconds, zone).utcoffset()
+    assert offset is not None
+    return offset // _ONE_SECOND
+
+
+@lru_cache(maxsize=4096)
+def _fall_backs(zone: ZoneInfo, year: int) -> tuple[tuple[int, int, int], ...]:
+    """The zone's fall-backs in UTC ``year``: ``(transition, repeated, offset after)`` in
+    seconds, where ``transition`` is the first instant on the new offset (in
+    ``(1 January, next 1 January]``) and ``repeated`` how much wall time occurs twice."""
+    if not 1 < year < 9999:
+        return ()
+    found: list[tuple[int, int, int]] = []
+    before, end = _year_start(year), _year_start(year + 1)
+    offset = _offset(zone, before)
+    while before < end:
+        after = min(before + _DAY_SECONDS, end)
+        later = _offset(zone, after)
+        if later != offset:
+            transition = _transition(zone, before, after)
+            if later < offset:
+                found.append((transition, offset - later, later))
+        before, offset = after, later
+    return tuple(found)
+
+
 def _transition(zone: ZoneInfo, before: int, after: int) -> int:
     """The first second in ``(before, after]`` whose UTC offset differs from ``before``'s."""
     start_offset = dt.datetime.fromtimestamp(before, zone).utcoffset()
@@ -470,6 +518,77 @@ class CronSchedule:
             fires.append(at)
         return fires
 
+    def suppressed_between(self, after_ms: int, until_ms: int) -> list[int]:
+        """Instants in ``(after_ms, until_ms]`` where the wall clock matches but we do not fire.
+
+        These are the second occurrences of local slots repeated by a fall-back, for
+        fixed-hour schedules (the DST rule fires a repeated slot at its first occurrence
+        only). Ascending. Empty for real-time schedules, which fire at both occurrences, and
+        for intervals without a fall-back; a spring-forward suppresses nothing (a skipped slot
+        fires at the transition). New York, ``30 1 * * *``: on 3 November 2024 it fires at
+        01:30 EDT (05:30Z), and 01:30 EST (06:30Z) is suppressed.
+
+        Cost: the zone's fall-backs are found once per zone and UTC year (a day-by-day scan
+        of the offset, cached), so an interval without one costs a cache look-up per year it
+        spans; each fall-back inside it adds a slot search over its repeated wall time.
+        """
+        if self._fields.real_time or until_ms <= after_ms:
+            return []
+        # An instant u (whole seconds) lies in (after_ms, until_ms] iff after < u <= until.
+        after, until = after_ms // 1000, until_ms // 1000
+        found: list[int] = []
+        for year in range(_year_of(after - _DAY_SECONDS), _year_of(until) + 1):
+            for transition, repeated, offset in _fall_backs(self._zone, year):
+                if transition <= until and transition + repeated > after + 1:
+                    found += self._second_occurrences(transition, repeated, offset, after, until)
+        return found
+
+    def suppressed_since_previous(self, fire_ms: int, until_ms: int) -> list[int]:
+        """:meth:`suppressed_between` from the fire before ``fire_ms`` to ``until_ms``.
+
+        A scheduler that handles a schedule's fires in order asks this with the first and
+        the last fire it handles in one step: consecutive steps cover consecutive intervals,
+        so each suppressed instant is reported by exactly one step (the one that handles the
+        first fire after it). Cheap when no fall-back is near: if a fire lies between the end
+        of the zone's latest repeated wall time and ``fire_ms``, the previous fire is past
+        it and nothing is suppressed, and that fire is found by a memoised :meth:`next_after`
+        from a point that stays the same for months. Otherwise the previous fire is looked up
+        (memoised per ``(schedule, fire_ms, until_ms)``, for herds).
+        """
+        if self._fields.real_time or until_ms < fire_ms:
+            return []
+        until = until_ms // 1000
+        year = _year_of(until)
+        clear_from = (_year_start(max(year - 1, 1)) + _DAY_SECONDS) * 1000
+        for y in (year, year - 1):
+            passed = [(t, r) for t, r, _ in _fall_backs(self._zone, y) if t <= until]
+            if passed:
+                clear_from = (passed[-1][0] + passed[-1][1]) * 1000
+                break
+        try:
+            if self.next_after(clear_from - 1) < fire_ms:
+                return []
+        except OverflowError:
+            return []
+        return list(_suppressed_since_previous(self, fire_ms, until_ms))
+
+    def _second_occurrences(
+        self, transition: int, repeated: int, offset: int, after: int, until: int
+    ) -> list[int]:
+        """Suppressed instants of one fall-back: the wall readings from the one at
+        ``transition`` (offset ``offset`` seconds) for ``repeated`` seconds occur twice."""
+        fields, zone = self._fields, self._zone
+        start = _EPOCH + dt.timedelta(seconds=transition + offset)
+        end = start + dt.timedelta(seconds=repeated)
+        found: list[int] = []
+        slot = fields.next_slot(start - _ONE_SECOND)
+        while slot is not None and slot < end:
+            first, second = _to_utc(slot, zone, 0), _to_utc(slot, zone, 1)
+            if first < second and after < second <= until:
+                found.append(second * 1000)
+            slot = fields.next_slot(slot)
+        return found
+
     # -- the search ------------------------------------------------------------------------
 
     def _compute_next(self, after_ms: int) -> int:
@@ -545,6 +664,15 @@ def _next_after(schedule: CronSchedule, after_ms: int) -> int:
     return schedule._compute_next(after_ms)
 
 
+@lru_cache(maxsize=4096)
+def _suppressed_since_previous(
+    schedule: CronSchedule, fire_ms: int, until_ms: int
+) -> tuple[int, ...]:
+    previous = schedule.last_at_or_before(fire_ms - 1, 1)
+    after = previous[0] if previous else fire_ms - 1
+    return tuple(schedule.suppressed_between(after, until_ms))
+
+
 @lru_cache(maxsize=65536)
 def next_fire(expression: str, timezone: str, after_ms: int) -> int:
     """``CronSchedule.parse(expression, timezone).next_after(after_ms)``, memoised.
@@ -555,9 +683,21 @@ def next_fire(expression: str, timezone: str, after_ms: int) -> int:
     return _parse(expression, timezone).next_after(after_ms)
 
 
+@lru_cache(maxsize=65536)
+def suppressed_since_previous(
+    expression: str, timezone: str, fire_ms: int, until_ms: int
+) -> tuple[int, ...]:
+    """``CronSchedule.parse(expression, timezone).suppressed_since_previous(fire_ms, until_ms)``,
+    memoised on the key a herd of jobs on one schedule shares (as :func:`next_fire` is)."""
+    return tuple(_parse(expression, timezone).suppressed_since_previous(fire_ms, until_ms))
+
+
 def clear_caches() -> None:
     """Forget every memoised parse and fire time (for benchmarks and tests)."""
     next_fire.cache_clear()
+    suppressed_since_previous.cache_clear()
     _next_after.cache_clear()
     _parse.cache_clear()
     _compile.cache_clear()
+    _suppressed_since_previous.cache_clear()
+    _fall_backs.cache_clear()

@@ -43,6 +43,7 @@ from core.commands import (
     TriggerRun,
     UpstreamSucceeded,
 )
+from core.cron import suppressed_since_previous
 from core.errors import Conflict, InvalidDefinition, LeaseLost, NotFound
 from core.events import (
     AnyEvent,
@@ -348,6 +349,7 @@ def _slot_due(state: PartitionState, job_id: str, now: Millis) -> list[AnyEvent]
     )
     events: list[AnyEvent] = []
     to_run: list[Millis] = []
+    skipped_last: list[Millis] = []
     if first <= late_until:
         if spec.misfire_policy == "catch_up":
             to_run = last_slots(spec, first - 1, late_until, job.anchor, spec.catch_up_limit)
@@ -375,7 +377,67 @@ def _slot_due(state: PartitionState, job_id: str, now: Millis) -> list[AnyEvent]
     final = next_slot(
         spec, to_run[-1] if len(on_time) == MAX_SLOTS_PER_DECISION else now, job.anchor
     )
-    return events + _with_overlap(state, job, to_run, final, now)
+    events += _with_overlap(state, job, to_run, final, now)
+    through = to_run[-1] if to_run else (skipped_last[0] if skipped_last else first - 1)
+    return _with_dst_skips(job, events, _suppressed(job, first, through), now)
+
+
+def _suppressed(job: JobState, first: Millis, through: Millis) -> list[Millis]:
+    """The instants a fall-back suppressed (see ``core.cron``) that this decision records.
+
+    This decision handles the slots ``first`` to ``through``; the one before handled every
+    slot up to the fire before ``first``, so each decision records the suppressed instants
+    after that fire, up to ``through``, and every instant is recorded once. None come before
+    the job was registered. Cheap unless a fall-back is near (``suppressed_since_previous``).
+    """
+    spec = job.spec
+    if spec.schedule is None:
+        return []
+    suppressed = suppressed_since_previous(spec.schedule, spec.timezone, first, through)
+    return [s for s in suppressed if s > job.registered_at] if suppressed else []
+
+
+def _with_dst_skips(
+    job: JobState, events: list[AnyEvent], suppressed: list[Millis], now: Millis
+) -> list[AnyEvent]:
+    """``events`` with a ``RunSkipped(reason=dst)`` for each suppressed instant, in time order.
+
+    Each goes before the first event for a later slot, and carries the job's next slot as the
+    events before it left it, so folding it changes nothing but the record.
+    """
+    if not suppressed:
+        return events
+    merged: list[AnyEvent] = []
+    pending = iter(suppressed)
+    instant = next(pending, None)
+    current = job.next_slot
+    for event in events:
+        match event:
+            case RunMaterialised() | RunSkipped() | RunCancelled():
+                while instant is not None and instant < event.scheduled_for:
+                    merged.append(_dst_skip(job, instant, current, now))
+                    instant = next(pending, None)
+        merged.append(event)
+        match event:
+            case RunMaterialised(trigger=Trigger.SCHEDULE) | RunSkipped():
+                current = event.next_slot
+    while instant is not None:
+        merged.append(_dst_skip(job, instant, current, now))
+        instant = next(pending, None)
+    return merged
+
+
+def _dst_skip(job: JobState, instant: Millis, next_after: Millis | None, now: Millis) -> RunSkipped:
+    return RunSkipped(
+        at=now,
+        job_id=job.job_id,
+        tenant=job.spec.tenant,
+        scheduled_for=instant,
+        last_scheduled_for=instant,
+        count=1,
+        reason=SkipReason.DST,
+        next_slot=next_after,
+    )
 
 
 def _with_overlap(

@@ -283,3 +283,122 @@ def test_fixed_hour_never_fires_two_instants_for_one_local_slot(zone: str, expre
     per_day = len(CronSchedule.parse(expression, "UTC").fires_between(0, DAY, 100))
     assert len(got) <= 366 * per_day
     assert len(got) >= 366 * per_day - 2  # at most the spring day loses collapsed slots
+
+
+# -- suppressed repeats --------------------------------------------------------------------
+
+
+def suppressed(expression: str, zone: str, after: int, until: int) -> list[int]:
+    return CronSchedule.parse(expression, zone).suppressed_between(after, until)
+
+
+def test_suppressed_new_york_second_occurrence() -> None:
+    s = utc("2024-11-03T06:30")  # 01:30 EST; 01:30 EDT (05:30Z) fires
+    year = utc("2024-01-01T00:00"), utc("2025-01-01T00:00")
+    assert suppressed("30 1 * * *", NY, *year) == [s]
+    # (after, until] in milliseconds
+    assert suppressed("30 1 * * *", NY, s - 1, s) == [s]
+    assert suppressed("30 1 * * *", NY, s, s + DAY) == []
+    assert suppressed("30 1 * * *", NY, s - DAY, s - 1) == []
+    # Across two years, and with the interval starting inside the repeated hour.
+    assert suppressed("30 1 * * *", NY, utc("2024-06-01T00:00"), utc("2025-12-01T00:00")) == [
+        s,
+        utc("2025-11-02T06:30"),
+    ]
+    got = suppressed("*/20 1 * * *", NY, utc("2024-11-03T06:10"), utc("2024-11-04T00:00"))
+    assert got == [utc("2024-11-03T06:20"), utc("2024-11-03T06:40")]
+    # An hour range: only its hour 1 is repeated.
+    assert suppressed("0 1-3 * * *", NY, *year) == [utc("2024-11-03T06:00")]
+
+
+def test_suppressed_is_empty_for_real_time_schedules_and_spring_forward() -> None:
+    year = utc("2024-01-01T00:00"), utc("2025-01-01T00:00")
+    for expression in ("0 * * * *", "*/30 * * * *", "0 */2 * * *", "* * * * * *"):
+        assert suppressed(expression, NY, *year) == []
+    # A skipped slot fires at the transition: nothing is suppressed in March.
+    assert suppressed("30 2 * * *", NY, utc("2024-03-01T00:00"), utc("2024-04-01T00:00")) == []
+    # A fall-back day whose repeated hour holds no slot.
+    assert suppressed("30 2 * * *", NY, utc("2024-11-01T00:00"), utc("2024-12-01T00:00")) == []
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Tokyo", "Asia/Kolkata"])
+def test_suppressed_is_empty_without_dst(zone: str) -> None:
+    assert suppressed("30 1 * * *", zone, utc("2000-01-01T00:00"), utc("2030-01-01T00:00")) == []
+
+
+def test_suppressed_lord_howe_half_hour() -> None:
+    # 7 April 2024: 02:00 +11 -> 01:30 +10:30; 01:30-02:00 happens twice.
+    after, until = utc("2024-04-06T00:00"), utc("2024-04-07T00:00")
+    assert suppressed("45 1 * * *", "Australia/Lord_Howe", after, until) == [
+        utc("2024-04-06T15:15")
+    ]
+    assert suppressed("0,15,30,45 1 * * *", "Australia/Lord_Howe", after, until) == [
+        utc("2024-04-06T15:00"),  # 01:30 +10:30
+        utc("2024-04-06T15:15"),  # 01:45 +10:30
+    ]
+    assert suppressed("15 1 * * *", "Australia/Lord_Howe", after, until) == []
+
+
+@pytest.mark.parametrize(
+    "zone", [NY, "Europe/London", "America/Santiago", "America/Havana", "Australia/Lord_Howe"]
+)
+@pytest.mark.parametrize(
+    "expression", ["30 1 * * *", "*/20 0-2 * * *", "45 23 * * *", "0,30 * * * sun", "0 1 1 * *"]
+)
+def test_suppressed_is_what_a_wall_clock_scan_fires_and_we_do_not(
+    zone: str, expression: str
+) -> None:
+    """Against a minute scan: every real minute whose wall reading matches, minus our fires."""
+    tz = ZoneInfo(zone)
+    as_utc = CronSchedule.parse(expression, "UTC")  # matches a naive reading read as UTC
+    for year in (2024, 2025):
+        after, until = fall(zone, year) - DAY, fall(zone, year) + DAY
+        matching = []
+        for minute in range(after + MINUTE, until + 1, MINUTE):
+            reading = dt.datetime.fromtimestamp(minute / SECOND, tz).replace(tzinfo=None)
+            at = int(reading.replace(tzinfo=dt.UTC).timestamp()) * SECOND
+            if as_utc.next_after(at - 1) == at:
+                matching.append(minute)
+        ours = set(fires(expression, zone, after, until))
+        expected = [m for m in matching if m not in ours]
+        assert suppressed(expression, zone, after, until) == expected
+
+
+def test_suppressed_since_previous_reports_each_instant_once() -> None:
+    """Asked fire by fire, the answers partition suppressed_between: nothing lost or doubled."""
+    for expression, zone in [
+        ("*/20 1 * * *", NY),
+        ("30 1 * * *", NY),
+        ("45 1 * * *", "Australia/Lord_Howe"),
+        ("0 1 * * sun", "Europe/London"),
+        ("0 * * * *", NY),
+    ]:
+        schedule = CronSchedule.parse(expression, zone)
+        start, end = utc("2024-01-01T00:00"), utc("2026-01-01T00:00")
+        every = schedule.fires_between(start, end, 100_000)
+        reported = []
+        for fire in every[1:]:
+            reported += schedule.suppressed_since_previous(fire, fire)
+        assert reported == schedule.suppressed_between(every[0], every[-1])
+        # Handling several fires in one step gives the same instants.
+        batched = []
+        for i in range(1, len(every), 7):
+            chunk = every[i : i + 7]
+            batched += schedule.suppressed_since_previous(chunk[0], chunk[-1])
+        assert batched == reported
+
+
+def test_no_zone_changes_offset_twice_within_a_day_since_1970() -> None:
+    """The fall-back search samples the offset daily (``core.cron``); tzdata must allow it.
+
+    Reads the transition table of the pure-Python zoneinfo implementation (a test-only use
+    of a private attribute): the closest pair of offset changes since 1970 is about a week.
+    """
+    from zoneinfo import _zoneinfo, available_timezones
+
+    for key in sorted(available_timezones()):
+        zone = _zoneinfo.ZoneInfo.no_cache(key)  # type: ignore[attr-defined]
+        offsets = [(t, info.utcoff) for t, info in zip(zone._trans_utc, zone._ttinfos, strict=True)]
+        changes = [t for (t, o), (_, p) in zip(offsets[1:], offsets, strict=False) if o != p]
+        changes = [t for t in changes if t >= 0]
+        assert all(b - a > DAY // SECOND for a, b in itertools.pairwise(changes)), key
