@@ -456,7 +456,21 @@ def _with_overlap(
     for i, slot in enumerate(slots):
         after = slots[i + 1] if i + 1 < len(slots) else final_next
         policy = spec.overlap_policy
-        if not live_ids or policy == OverlapPolicy.ALLOW:
+        if run_id_of(job.job_id, slot) in state.runs:
+            # A manual trigger of this very instant made the slot's run already: one identity,
+            # one run. The slot is recorded as overlapping it, which also moves the cursor on.
+            events.append(
+                RunSkipped(
+                    at=now,
+                    job_id=job.job_id,
+                    tenant=spec.tenant,
+                    scheduled_for=slot,
+                    last_scheduled_for=slot,
+                    reason=SkipReason.OVERLAP,
+                    next_slot=after,
+                )
+            )
+        elif not live_ids or policy == OverlapPolicy.ALLOW:
             events.append(_materialised(job, slot, now, trigger=Trigger.SCHEDULE, next_after=after))
             live_ids.append(run_id_of(job.job_id, slot))
         elif policy == OverlapPolicy.SKIP or (policy == OverlapPolicy.BUFFER_ONE and blocked):
@@ -507,6 +521,10 @@ def _trigger(state: PartitionState, cmd: TriggerRun, now: Millis) -> list[AnyEve
     slot = now if cmd.scheduled_for is None else cmd.scheduled_for
     if slot < 0:
         raise InvalidDefinition("scheduled_for", "must be an instant after 1970")
+    if slot > now:
+        # A future slot would collide with the schedule's own run of it; a one-shot job is the
+        # way to run something later.
+        raise InvalidDefinition("scheduled_for", "must not be in the future")
     if run_id_of(job.job_id, slot) in state.runs:
         return []  # the run of this slot exists: the identity (job, slot) makes it one run
     return [_materialised(job, slot, now, trigger=Trigger.MANUAL, key=cmd.idempotency_key)]

@@ -458,3 +458,18 @@ def test_decide_does_not_change_state() -> None:
     decide(sim.state, ClaimRuns(tenant=None, pool="p", worker_id="w", limit=5), sim.now)
     decide(sim.state, CancelJob(job_id="j", tenant="team-a"), sim.now)
     assert sim.state.snapshot() == before
+
+
+def test_a_manual_run_of_the_current_slot_is_the_scheduled_run() -> None:
+    sim = Sim(T0)
+    put(sim, "j")
+    sim.clock.set(T0 + MIN)  # the slot's instant, before its timer has been handled
+    (manual,) = sim.do(TriggerRun(job_id="j", tenant="team-a", scheduled_for=T0 + MIN))
+    sim.advance(1)
+    assert [e.run_id for e in sim.of_type(ev.RunMaterialised)] == [manual.run_id]  # type: ignore[union-attr]
+    (skip,) = sim.of_type(ev.RunSkipped)
+    assert skip.scheduled_for == T0 + MIN and skip.reason == "overlap"
+    assert sim.state.jobs["j"].next_slot == T0 + 2 * MIN
+    with pytest.raises(InvalidDefinition) as err:
+        sim.do(TriggerRun(job_id="j", tenant="team-a", scheduled_for=T0 + 10 * MIN))
+    assert err.value.field == "scheduled_for"
