@@ -17,6 +17,7 @@ giving each factory its own topic names.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from eventlog.embedded import EmbeddedLog
+from eventlog.kafka import KafkaLog
 from eventlog.memory import MemoryLog
 from eventlog.port import EventLog
 
@@ -60,10 +62,24 @@ def _embedded(request: pytest.FixtureRequest, tmp_path: Path) -> LogFactory:
     return LogFactory("embedded", True, lambda n: EmbeddedLog.open(tmp_path / "log", n))
 
 
+def _kafka(request: pytest.FixtureRequest, tmp_path: Path) -> LogFactory:
+    bootstrap = request.getfixturevalue("kafka_bootstrap")
+    prefix = f"contract-{uuid.uuid4().hex[:12]}"  # the factory's own topics and group
+    # Replication and min ISR are the broker's defaults: whatever KAFKA_BOOTSTRAP_SERVERS runs.
+    return LogFactory(
+        "kafka",
+        True,
+        lambda n: KafkaLog.open(
+            bootstrap, n, prefix=prefix, replication_factor=-1, min_insync_replicas=None
+        ),
+    )
+
+
 # Append new adapters here (see the module docstring).
 ADAPTERS = [
     pytest.param(_memory, id="memory"),
     pytest.param(_embedded, id="embedded"),
+    pytest.param(_kafka, id="kafka", marks=pytest.mark.kafka),
 ]
 
 

@@ -1,0 +1,617 @@
+"""The log port on Kafka, through confluent-kafka (librdkafka).
+
+Layout, for a log with prefix ``cronlog`` and N partitions::
+
+    cronlog.commands   N partitions   anyone appends (idempotent producer, acks=all)
+    cronlog.events     N partitions   partition p written only by transactional.id cronlog.p<p>
+    group cronlog.scheduler           members consume cronlog.commands; the group's committed
+                                      offset of commands[p] is p's command position
+
+Ownership comes from the consumer group. When partition p is assigned to a member, the member
+opens p's writer: a producer with ``transactional.id=<prefix>.p<p>``, whose
+``init_transactions()`` bumps the producer epoch. That fences the previous owner at once (its
+next transactional call fails with ``_FENCED``) and aborts whatever transaction it left open.
+Only then does the member read p's committed command offset, which is now final, and start
+consuming commands from it. The sequence is the reason the writer is opened inside the
+assignment callback rather than lazily.
+
+An append is one transaction: the events go to ``events[p]`` and the command position goes in
+as the group's offset of ``commands[p]`` (``send_offsets_to_transaction``), so both commit or
+neither does. Kafka acknowledges the commit before the commit markers reach the partition, so
+a ``read_committed`` reader could miss events for a moment after ``append`` returned; ``append``
+therefore waits until its last event is readable, which keeps read-your-writes for callers.
+
+Errors from a transaction follow librdkafka's flags: ``fatal()`` (``_FENCED`` among them) and
+unflagged errors close the writer and raise :class:`core.errors.Fenced`;
+``txn_requires_abort()`` aborts and raises :class:`AppendAborted` (nothing of the append will
+be read; retry it); ``retriable()`` retries the same call.
+
+A member that stops polling keeps its partitions until ``max.poll.interval.ms`` passes (then
+librdkafka leaves the group for it); a member that dies loses them after
+``session.timeout.ms``. Both default low here (10 s, 6 s) because a partition without an owner
+fires no jobs; the node's poll loop must come round well within ``max_poll_interval_ms``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn, TypeVar
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from core.errors import CronlogError, Fenced
+from eventlog.port import OwnershipListener, Record
+
+STREAMS = ("commands", "events")
+T = TypeVar("T")
+
+
+class AppendAborted(CronlogError):
+    """The append's transaction was aborted: nothing of it will ever be read. Retry it."""
+
+
+class KafkaLog:
+    """``KafkaLog.open(bootstrap_servers, num_partitions, prefix=...)``: the log port on Kafka."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        num_partitions: int,
+        *,
+        prefix: str,
+        client_config: dict[str, Any],
+        session_timeout_ms: int,
+        max_poll_interval_ms: int,
+        timeout_s: float,
+    ) -> None:
+        self._num_partitions = num_partitions
+        self.prefix = prefix
+        self.topics = {stream: f"{prefix}.{stream}" for stream in STREAMS}
+        self._base = {"bootstrap.servers": bootstrap_servers, **client_config}
+        self._session_timeout_ms = session_timeout_ms
+        self._max_poll_interval_ms = max_poll_interval_ms
+        self._timeout_s = timeout_s
+        self._producer = Producer({**self._base, "enable.idempotence": True, "acks": "all"})
+        self._readers: list[Consumer] = []
+        self._readers_lock = threading.Lock()
+        self._members: list[KafkaMembership] = []
+        self._closed = threading.Event()
+        # Delivery reports are served here, so a submit waits on its own report, not on a flush
+        # of everyone else's records.
+        self._reporter = threading.Thread(
+            target=self._serve_reports, name=f"{prefix}-reports", daemon=True
+        )
+        self._reporter.start()
+
+    @classmethod
+    def open(
+        cls,
+        bootstrap_servers: str,
+        num_partitions: int,
+        *,
+        prefix: str = "cronlog",
+        replication_factor: int = 3,
+        min_insync_replicas: int | None = 2,
+        topic_config: dict[str, str] | None = None,
+        client_config: dict[str, Any] | None = None,
+        session_timeout_ms: int = 6000,
+        max_poll_interval_ms: int = 10000,
+        timeout_s: float = 30.0,
+    ) -> KafkaLog:
+        """Create (or check) the two topics and return the log.
+
+        Topics that exist already are accepted when their partition count matches; any other
+        count is an error, since it would move jobs between partitions. The log is the source
+        of truth, so topics keep records forever unless ``topic_config`` says otherwise.
+        ``replication_factor=-1`` and ``min_insync_replicas=None`` take the broker's defaults.
+        """
+        if num_partitions < 1:
+            raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
+        config = {
+            "unclean.leader.election.enable": "false",
+            "retention.ms": "-1",
+            "retention.bytes": "-1",
+        }
+        if min_insync_replicas is not None:
+            config["min.insync.replicas"] = str(min_insync_replicas)
+        config.update(topic_config or {})
+        admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(client_config or {})})
+        names = [f"{prefix}.{stream}" for stream in STREAMS]
+        _ensure_topics(admin, names, num_partitions, replication_factor, config, timeout_s)
+        return cls(
+            bootstrap_servers,
+            num_partitions,
+            prefix=prefix,
+            client_config=client_config or {},
+            session_timeout_ms=session_timeout_ms,
+            max_poll_interval_ms=max_poll_interval_ms,
+            timeout_s=timeout_s,
+        )
+
+    @property
+    def num_partitions(self) -> int:
+        return self._num_partitions
+
+    def submit(self, partition: int, value: bytes, key: bytes | None = None) -> int:
+        self._check_partition(partition)
+        self._check_open()
+        delivered = threading.Event()
+        report: list[tuple[KafkaError | None, int]] = []
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            report.append((err, _offset(msg) if err is None else -1))
+            delivered.set()
+
+        self._produce(self.topics["commands"], partition, value, key, on_delivery)
+        if not delivered.wait(self._timeout_s):
+            raise CronlogError(f"command to partition {partition} not acknowledged in time")
+        [(err, offset)] = report
+        if err is not None:
+            raise CronlogError(f"command to partition {partition} failed: {err}")
+        return offset
+
+    def read_events(
+        self, partition: int, from_offset: int, max_records: int = 1000, timeout_s: float = 0.0
+    ) -> list[Record]:
+        return self._read("events", partition, from_offset, max_records, timeout_s)
+
+    def read_commands(
+        self, partition: int, from_offset: int, max_records: int = 1000, timeout_s: float = 0.0
+    ) -> list[Record]:
+        return self._read("commands", partition, from_offset, max_records, timeout_s)
+
+    def end_offset(self, stream: str, partition: int) -> int:
+        self._check_partition(partition)
+        with self._reader() as consumer:
+            _, high = consumer.get_watermark_offsets(
+                TopicPartition(self._topic(stream), partition), timeout=self._timeout_s
+            )
+        return int(high)
+
+    def join(self, listener: OwnershipListener) -> KafkaMembership:
+        self._check_open()
+        member = KafkaMembership(self, listener)
+        self._members.append(member)
+        return member
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        for member in self._members:
+            member.close()
+        self._closed.set()
+        self._reporter.join()
+        self._producer.flush(self._timeout_s)
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for consumer in readers:
+            consumer.close()
+
+    def __enter__(self) -> KafkaLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals shared with memberships and writers ------------------------------------------
+
+    def _client_config(self, **settings: Any) -> dict[str, Any]:
+        return {**self._base, **settings}
+
+    def _member_config(self) -> dict[str, Any]:
+        return self._client_config(
+            **{
+                "group.id": f"{self.prefix}.scheduler",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": self._session_timeout_ms,
+                "heartbeat.interval.ms": max(500, self._session_timeout_ms // 3),
+                "max.poll.interval.ms": self._max_poll_interval_ms,
+            }
+        )
+
+    def _wait_readable(self, partition: int, offset: int) -> None:
+        """Wait until a read_committed reader sees event ``offset`` (its markers are written)."""
+        deadline = time.monotonic() + self._timeout_s
+        while time.monotonic() < deadline:
+            got = self._read("events", partition, offset, 1, deadline - time.monotonic())
+            if got and got[0].offset >= offset:
+                return
+        raise CronlogError(f"event {offset} of partition {partition} not readable in time")
+
+    def _serve_reports(self) -> None:
+        while not self._closed.is_set():
+            self._producer.poll(0.1)
+
+    def _produce(
+        self,
+        topic: str,
+        partition: int,
+        value: bytes,
+        key: bytes | None,
+        on_delivery: Callable[[KafkaError | None, Message], None],
+    ) -> None:
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value, key=key, partition=partition, on_delivery=on_delivery
+                )
+                return
+            except BufferError:  # the local queue is full: let the reporter drain it
+                self._producer.flush(0.1)
+
+    def _read(
+        self, stream: str, partition: int, from_offset: int, max_records: int, timeout_s: float
+    ) -> list[Record]:
+        """Read committed records from ``from_offset``.
+
+        Reads up to the partition's stable end (librdkafka reports it as ``_PARTITION_EOF``),
+        then returns what it has, or waits up to ``timeout_s`` for the first record.
+        """
+        self._check_partition(partition)
+        topic = self._topic(stream)
+        deadline = time.monotonic() + timeout_s
+        give_up = deadline + self._timeout_s  # a broker that never answers
+        records: list[Record] = []
+        with self._reader() as consumer:
+            consumer.assign([TopicPartition(topic, partition, from_offset)])
+            at_end = False
+            while len(records) < max_records:
+                now = time.monotonic()
+                if at_end and (records or now >= deadline):
+                    break
+                if now >= give_up:
+                    raise CronlogError(f"no end of {topic}[{partition}] from the broker in time")
+                msg = consumer.poll(max(deadline - now, 0.0) if at_end else 0.5)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        at_end = True
+                        continue
+                    raise CronlogError(f"reading {topic}[{partition}]: {err}")
+                offset = _offset(msg)
+                if offset >= from_offset and (not records or offset > records[-1].offset):
+                    records.append(_record(msg))
+            consumer.unassign()
+        return records
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[Consumer]:
+        """A plain assigned consumer (no group membership) from a small pool."""
+        self._check_open()
+        with self._readers_lock:
+            consumer = self._readers.pop() if self._readers else None
+        if consumer is None:
+            consumer = Consumer(
+                self._client_config(
+                    **{
+                        "group.id": f"{self.prefix}.reader",  # required; never joined or committed
+                        "enable.auto.commit": False,
+                        "isolation.level": "read_committed",
+                        "enable.partition.eof": True,
+                        "auto.offset.reset": "latest",
+                        "fetch.wait.max.ms": 100,
+                    }
+                )
+            )
+        try:
+            yield consumer
+        finally:
+            with self._readers_lock:
+                self._readers.append(consumer)
+
+    def _topic(self, stream: str) -> str:
+        if stream not in self.topics:
+            raise ValueError(f"unknown stream {stream!r}; expected one of {STREAMS}")
+        return self.topics[stream]
+
+    def _check_partition(self, partition: int) -> None:
+        if not 0 <= partition < self._num_partitions:
+            raise ValueError(f"partition {partition} is out of range 0..{self._num_partitions - 1}")
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise CronlogError(f"the Kafka event log {self.prefix} is closed")
+
+
+class KafkaMembership:
+    """A member of ``<prefix>.scheduler``; owns the partitions the group assigns it."""
+
+    def __init__(self, log: KafkaLog, listener: OwnershipListener) -> None:
+        self._log = log
+        self._listener = listener
+        self._commands = log.topics["commands"]
+        self._lock = threading.Lock()
+        self._writers: dict[int, KafkaPartitionWriter] = {}
+        self._closed = False
+        self._consumer = Consumer(log._member_config())
+        self._consumer.subscribe(
+            [self._commands],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
+
+    def poll(self, timeout_s: float, max_records: int = 500) -> list[Record]:
+        if self._closed:
+            raise CronlogError("poll on a closed membership")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            first = self._consumer.poll(max(deadline - time.monotonic(), 0.0))
+            if first is None:
+                return []
+            batch = (
+                [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
+            )
+            records = [_record(msg) for msg in batch if self._accept(msg)]
+            if records or time.monotonic() >= deadline:
+                return records
+
+    def writer(self, partition: int) -> KafkaPartitionWriter:
+        with self._lock:
+            writer = self._writers.get(partition)
+        if writer is None:
+            raise Fenced(f"partition {partition} is not owned by this member")
+        return writer
+
+    def owned(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._writers)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._consumer.close()  # revokes (callback) and leaves the group
+        with self._lock:
+            left = sorted(self._writers)
+        if left:  # the revocation callback did not run: give them up here
+            self._give_up(left)
+
+    def _accept(self, msg: Message) -> bool:
+        err = msg.error()
+        if err is None:
+            return True
+        if err.fatal():
+            raise CronlogError(f"consumer of {self._commands} failed: {err}")
+        return False  # informational (e.g. a broker connection came and went)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log = self._log
+        # Fence every predecessor first: after that no transaction can move a command position.
+        writers = {
+            tp.partition: KafkaPartitionWriter.open(log, tp.partition, consumer)
+            for tp in partitions
+        }
+        committed = consumer.committed(
+            [TopicPartition(self._commands, p) for p in writers], timeout=log._timeout_s
+        )
+        starts = []
+        for tp in committed:
+            if tp.error is not None:
+                raise CronlogError(
+                    f"committed offset of {self._commands}[{tp.partition}]: {tp.error}"
+                )
+            position = tp.offset if tp.offset >= 0 else 0
+            writers[tp.partition]._position = position
+            starts.append(
+                TopicPartition(self._commands, tp.partition, position or OFFSET_BEGINNING)
+            )
+        consumer.incremental_assign(starts)
+        with self._lock:
+            self._writers.update(writers)
+        self._listener.assigned(sorted(writers))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # confluent-kafka unassigns them once this returns.
+        self._give_up([tp.partition for tp in partitions])
+
+    def _give_up(self, partitions: list[int]) -> None:
+        with self._lock:
+            writers = [self._writers.pop(p) for p in partitions if p in self._writers]
+        for writer in writers:
+            writer.close()
+        if writers:
+            self._listener.revoked(sorted(w.partition for w in writers))
+
+
+class KafkaPartitionWriter:
+    """The transactional producer ``<prefix>.p<N>``: the single writer of partition N."""
+
+    def __init__(
+        self, log: KafkaLog, partition: int, producer: Producer, consumer: Consumer
+    ) -> None:
+        self._log = log
+        self._partition = partition
+        self._producer: Producer | None = producer
+        self._consumer = consumer
+        self._position = 0
+        self._lock = threading.RLock()  # append holds it while a failure closes the writer
+        self._transactional_id = f"{log.prefix}.p{partition}"
+
+    @classmethod
+    def open(cls, log: KafkaLog, partition: int, consumer: Consumer) -> KafkaPartitionWriter:
+        """Open the writer, fencing the partition's previous writer."""
+        producer = Producer(
+            log._client_config(
+                **{
+                    "transactional.id": f"{log.prefix}.p{partition}",
+                    "acks": "all",
+                    "linger.ms": 0,  # appends flush anyway; do not wait to batch
+                    "transaction.timeout.ms": max(60000, int(log._timeout_s * 2000)),
+                }
+            )
+        )
+        _retrying(lambda: producer.init_transactions(log._timeout_s))
+        return cls(log, partition, producer, consumer)
+
+    @property
+    def partition(self) -> int:
+        return self._partition
+
+    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+        with self._lock:
+            producer = self._producer
+            if producer is None:
+                raise Fenced(f"writer {self._transactional_id} is closed")
+            if not events and commands_through is None:
+                return []
+            try:
+                offsets = self._transaction(producer, events, commands_through)
+            except KafkaException as e:
+                self._fail(producer, e.args[0])
+            if commands_through is not None:
+                self._position = commands_through
+        if offsets:
+            self._log._wait_readable(self._partition, offsets[-1])
+        return offsets
+
+    def command_position(self) -> int:
+        """The position read from the group when the partition was assigned, or last appended."""
+        with self._lock:
+            return self._position
+
+    def close(self) -> None:
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            # A fenced producer reports its fence again on close; nothing is left to undo.
+            with contextlib.suppress(KafkaException):
+                producer.purge()
+                producer.close()
+
+    def _transaction(
+        self, producer: Producer, events: Sequence[bytes], commands_through: int | None
+    ) -> list[int]:
+        timeout_s = self._log._timeout_s
+        reports: list[tuple[KafkaError | None, int]] = []
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            reports.append((err, _offset(msg) if err is None else -1))
+
+        producer.begin_transaction()
+        topic = self._log.topics["events"]
+        for value in events:
+            producer.produce(topic, value, partition=self._partition, on_delivery=on_delivery)
+        if commands_through is not None:
+            position = [
+                TopicPartition(self._log.topics["commands"], self._partition, commands_through)
+            ]
+            _retrying(
+                lambda: producer.send_offsets_to_transaction(
+                    position, self._consumer.consumer_group_metadata(), timeout_s
+                )
+            )
+        if events:
+            # Serves the delivery reports; the commit would flush too, but serve none.
+            producer.flush(timeout_s)
+            failed = [err for err, _ in reports if err is not None]
+            if len(reports) < len(events) or failed:
+                err = failed[0] if failed else KafkaError(KafkaError._MSG_TIMED_OUT)
+                raise KafkaException(_abortable(err))
+        _retrying(lambda: producer.commit_transaction(timeout_s))
+        return [offset for _, offset in reports]  # reports come back in produce order
+
+    def _fail(self, producer: Producer, err: KafkaError) -> NoReturn:
+        if not err.fatal() and err.txn_requires_abort():
+            try:
+                _retrying(lambda: producer.abort_transaction(self._log._timeout_s))
+            except KafkaException as abort_failed:
+                err = abort_failed.args[0]
+            else:
+                raise AppendAborted(
+                    f"append to partition {self._partition} aborted, nothing written: {err}"
+                )
+        self.close()
+        raise Fenced(f"writer {self._transactional_id} gave up partition {self._partition}: {err}")
+
+
+def _offset(msg: Message) -> int:
+    offset = msg.offset()
+    return -1 if offset is None else offset
+
+
+def _record(msg: Message) -> Record:
+    partition = msg.partition()
+    return Record(
+        -1 if partition is None else partition, _offset(msg), msg.value() or b"", msg.key()
+    )
+
+
+def _abortable(err: KafkaError) -> KafkaError:
+    """A failed delivery inside a transaction: abortable unless librdkafka says it is fatal."""
+    if err.fatal():
+        return err
+    return KafkaError(err.code(), err.str(), fatal=False, retriable=False, txn_requires_abort=True)
+
+
+def _retrying(call: Callable[[], T], attempts: int = 5) -> T:
+    """Run a transactional call, repeating it while librdkafka flags its error retriable."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except KafkaException as e:
+            err = e.args[0]
+            plain_retry = err.retriable() and not (err.fatal() or err.txn_requires_abort())
+            if not plain_retry or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _ensure_topics(
+    admin: AdminClient,
+    names: list[str],
+    num_partitions: int,
+    replication_factor: int,
+    config: dict[str, str],
+    timeout_s: float,
+) -> None:
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions, replication_factor, config=config) for name in names],
+        operation_timeout=timeout_s,
+        request_timeout=timeout_s,
+    )
+    for name, future in futures.items():
+        try:
+            future.result()
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise CronlogError(f"cannot create topic {name}: {e.args[0]}") from e
+    # Wait until every partition has a leader, so the first produce does not race the metadata.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        topics = admin.list_topics(timeout=timeout_s).topics
+        ready = True
+        for name in names:
+            meta = topics.get(name)
+            if meta is None or meta.error is not None:
+                ready = False
+                continue
+            if len(meta.partitions) != num_partitions:
+                raise CronlogError(
+                    f"topic {name} has {len(meta.partitions)} partitions, the log expects "
+                    f"{num_partitions}; jobs would hash to other partitions"
+                )
+            ready = ready and all(p.leader >= 0 for p in meta.partitions.values())
+        if ready:
+            return
+        if time.monotonic() >= deadline:
+            raise CronlogError(f"topics {names} have no leaders after {timeout_s:.0f}s")
+        time.sleep(0.1)  # metadata propagation has no event to wait on
