@@ -69,7 +69,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         ("limit", "cursor"),
     ),
     ("POST", "/v1/jobs/{job_id}/runs"): (
-        "Trigger a run now or of a past slot (Idempotency-Key header: a repeat is the same run)",
+        (
+            "Trigger a run now or of a past slot (201); a slot that has a run, or a repeated"
+            " Idempotency-Key header, answers that run (200)"
+        ),
         wire.TriggerIn,
         201,
         wire.RunOut,

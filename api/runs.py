@@ -3,6 +3,7 @@ complete, where only the live lease's fencing token is heard."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -24,19 +25,30 @@ from api.instants import parse_rfc3339, to_rfc3339
 from api.scheduler import Unavailable
 from api.translate import claimed, run_out
 from api.wire import ClaimIn, ClaimOut, CompleteIn, HeartbeatIn, HeartbeatOut, RunPage, TriggerIn
+from core.clock import Millis
 from core.commands import CancelRun, CompleteRun, HeartbeatRun, Outcome, ReplayRun, TriggerRun
 from core.decide import MAX_CLAIM, run_id_of
 from core.errors import Conflict, InvalidDefinition, LeaseLost
 from core.events import Heartbeat, RunMaterialised
 from core.jobs import POOL
-from projections.views import RUN_STATES
+from projections.views import RUN_STATES, RunView
 
 MAX_RETRY_AFTER_SEC = 7 * 86_400
+CATCH_UP_S = 5.0  # how long a trigger that decided nothing waits for the run it names
 
 # -- runs --------------------------------------------------------------------------------------
 
 
 async def trigger_run(request: Request) -> Response:
+    """201 with the run a trigger made; 200 with the run it names when there is one already.
+
+    A run is named by the ``Idempotency-Key`` first (the run that key made, whatever slot this
+    request asks for), then by its identity, the job and ``scheduled_for``. The partition state
+    forgets runs that succeeded or were cancelled, so the read model is asked before the command
+    is sent: a slot that has run is not run again. When the command decides nothing (the key
+    was used, or the slot's run is live or dead) the read model is asked again, and waited for
+    briefly: a run decided without this request (a timer, another request) may not be in it yet.
+    """
     call = authenticate(request)
     job_id = request.path_params["job_id"]
     key = request.headers.get("idempotency-key")
@@ -46,17 +58,39 @@ async def trigger_run(request: Request) -> Response:
     slot = (
         None if body.scheduled_for is None else parse_rfc3339(body.scheduled_for, "scheduled_for")
     )
+    known = _triggered(call, job_id, key, slot)
+    if known is not None:
+        return json_response(run_out(known))
     events = await call.scheduler.execute(
         TriggerRun(job_id=job_id, tenant=call.tenant, scheduled_for=slot, idempotency_key=key)
     )
     made = next((e for e in events if isinstance(e, RunMaterialised)), None)
     if made is not None:
         return run_response(call, made.run_id, 201)
-    if slot is not None:  # the run of this slot exists, or the key was used for it
-        return run_response(call, run_id_of(job_id, slot))
-    # The key was used before, for a run the read model cannot name by key (RunView has no
-    # idempotency key yet): say so rather than guess which run it was.
-    raise Conflict(f"Idempotency-Key {key!r} was already used to trigger a run of job {job_id}")
+    if key is None and slot is None:
+        # "Now" was a slot whose run exists, to the millisecond; which instant the partition
+        # read as now is not known here.
+        raise Conflict(f"a run of job {job_id} for this instant exists already; try again")
+    known = _triggered(call, job_id, key, slot)
+    if known is None:
+        await asyncio.to_thread(
+            call.scheduler.history.wait_until,
+            lambda: _triggered(call, job_id, key, slot) is not None,
+            CATCH_UP_S,
+        )
+        known = _triggered(call, job_id, key, slot)
+    if known is None:
+        raise Unavailable(f"the run a trigger of job {job_id} names is not readable yet")
+    return json_response(run_out(known))
+
+
+def _triggered(call: Call, job_id: str, key: str | None, slot: Millis | None) -> RunView | None:
+    """The run a trigger names, as the read model knows it: the key's run, else the slot's."""
+    history = call.scheduler.history
+    known = None if key is None else history.run_by_key(call.tenant, job_id, key)
+    if known is None and slot is not None:
+        known = history.run(call.tenant, run_id_of(job_id, slot))
+    return known
 
 
 async def get_run(request: Request) -> Response:

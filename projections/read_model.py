@@ -20,10 +20,15 @@ newest first)::
     tjs/<tenant>/<status>/<job_id>            -> ""   the same, by status
     r/<run_id>                                -> msgpack RunView (with every attempt)
     jr/<job_id>/<inv(scheduled_for)><run_id>  -> ""   runs of a job, newest slot first
+    jk/<job_id>/<idempotency_key>             -> run_id   the run a keyed manual trigger made
     rs/<tenant>/<state>/<inv(scheduled_for)><run_id>  -> ""  runs by state (the dead letters)
     c/<tenant>/<state>                        -> u64  runs by state, kept incrementally
     sk/<job_id>/<inv(offset)>                 -> msgpack SkipView, newest first
     m/pos/<partition:u32>                     -> u64  next event offset of the partition
+
+A slot materialised again (a manual trigger after its run ended, once the partition state has
+forgotten it) keeps its one record: it shows the new materialisation's state and trigger, and
+keeps the earlier attempts, the first start and its lateness, as a replay does.
 
 A page's cursor is the base64url of the last returned key after the listing's prefix (for
 runs: the inverted slot and the run id), so the next page starts right after it, with no
@@ -113,6 +118,11 @@ _job_decoder = msgspec.msgpack.Decoder(_JobRecord)
 
 def _inv(t: int) -> bytes:
     return _U64.pack(_TOP - t)
+
+
+def _key_index(job_id: str, idempotency_key: str) -> bytes:
+    # A job id has no "/", so the key after it may hold any character.
+    return f"jk/{job_id}/{idempotency_key}".encode()
 
 
 def _status(job: _JobRecord) -> JobStatusName:
@@ -416,9 +426,6 @@ class ReadModel:
                 pass
 
     def _materialise(self, p: _Pending, event: RunMaterialised) -> None:
-        old = self._run(p, event.run_id)
-        if old is not None:  # the same slot again: the newer run replaces the older record
-            self._unindex(p, old)
         run = RunView(
             run_id=event.run_id,
             job_id=event.job_id,
@@ -428,15 +435,30 @@ class ReadModel:
             attempt=event.attempt,
             trigger=str(event.trigger),
             available_at=event.available_at,
+            idempotency_key=event.idempotency_key,
         )
+        old = self._run(p, event.run_id)
+        if old is None:
+            p.raw[
+                b"jr/" + run.job_id.encode() + b"/" + _inv(run.scheduled_for) + run.run_id.encode()
+            ] = b""
+        else:  # the same slot again: one record, its history kept (see the module docstring)
+            self._unindex(p, old)
+            run.attempts, run.started_at, run.lateness_ms = (
+                old.attempts,
+                old.started_at,
+                old.lateness_ms,
+            )
+            if run.idempotency_key is None:
+                run.idempotency_key = old.idempotency_key
         p.runs[run.run_id] = run
-        p.raw[
-            b"jr/" + run.job_id.encode() + b"/" + _inv(run.scheduled_for) + run.run_id.encode()
-        ] = b""
+        if event.idempotency_key is not None:
+            p.raw[_key_index(run.job_id, event.idempotency_key)] = run.run_id.encode()
         self._index(p, run)
         job = self._job(p, event.job_id)
         if job is not None:
-            job.runs += 1
+            if old is None:
+                job.runs += 1
             if event.trigger is Trigger.SCHEDULE:
                 job.view.next_slot = event.next_slot
             self._put_job(p, job)
@@ -533,6 +555,17 @@ class ReadModel:
     def run(self, tenant: str, run_id: str) -> RunView | None:
         with self._db_lock:
             stored = self._db.get(b"r/" + run_id.encode())
+        if stored is None:
+            return None
+        run = _run_decoder.decode(stored)
+        return run if run.tenant == tenant else None
+
+    def run_by_key(self, tenant: str, job_id: str, idempotency_key: str) -> RunView | None:
+        """The run a manual trigger of ``job_id`` with ``idempotency_key`` made (the latest, if
+        the key was used again after the partition forgot it); None if none is known."""
+        with self._db_lock:
+            run_id = self._db.get(_key_index(job_id, idempotency_key))
+            stored = None if run_id is None else self._indexed(b"r/" + bytes(run_id))
         if stored is None:
             return None
         run = _run_decoder.decode(stored)

@@ -69,7 +69,8 @@ class RunView(msgspec.Struct, kw_only=True):
 
     ``state`` is ``failed`` between an attempt's failure and the decision that follows it (a retry
     or the dead-letter list), ``retrying`` while a retry waits for its start time. ``started_at``
-    is the first lease; ``lateness_ms`` is that first start minus the slot.
+    is the first lease; ``lateness_ms`` is that first start minus the slot. ``attempts`` is every
+    lease the run's identity ever had, also those of an earlier materialisation of the same slot.
     """
 
     run_id: str
@@ -86,6 +87,7 @@ class RunView(msgspec.Struct, kw_only=True):
     error: str = ""
     attempts: list[AttemptView] = []
     dead_reason: str | None = None
+    idempotency_key: str | None = None  # the key of the manual trigger that made the run
 
 
 class SkipView(msgspec.Struct, kw_only=True):

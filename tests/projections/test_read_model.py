@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core import events as ev
-from core.commands import ClaimRuns, CompleteRun, Outcome, PutJob
+from core.commands import CancelRun, ClaimRuns, CompleteRun, Outcome, PutJob, TriggerRun
 from core.errors import InvalidDefinition
 from core.state import RunStatus
 from eventlog.embedded import EmbeddedLog
@@ -185,7 +185,7 @@ def test_attempts_of_a_retried_run_and_its_lateness(model: ReadModel) -> None:
             isinstance(e, ev.RunMaterialised) and e.run_id == run_id and e.at > leases[0].at
             for e in events
         ):
-            continue  # a slot run again by hand after it ended: a new record
+            continue  # a slot run again by hand after it ended: its record has both histories
         view = model.run(leases[0].tenant, run_id)
         assert view is not None
         assert [(a.attempt, a.fencing_token, a.worker_id, a.started_at) for a in view.attempts] == [
@@ -306,6 +306,79 @@ def test_bad_arguments_name_the_field(model: ReadModel) -> None:
     with pytest.raises(InvalidDefinition) as e:
         model.jobs("t1", cursor="@@@")
     assert e.value.field == "cursor"
+
+
+def test_a_keyed_trigger_is_found_by_its_key_for_its_tenant_only(model: ReadModel) -> None:
+    sim = Sim(T0)
+    sim.do(PutJob(job_id="j", spec=_spec("j", "t1", schedule="0 * * * *")))
+    sim.do(PutJob(job_id="k", spec=_spec("k", "t1", schedule="0 * * * *")))
+    [now] = sim.do(TriggerRun(job_id="j", tenant="t1", idempotency_key="now-1"))
+    sim.advance(1_000)
+    [past] = sim.do(
+        TriggerRun(job_id="j", tenant="t1", scheduled_for=T0 - 3_600_000, idempotency_key="b/1")
+    )
+    sim.do(TriggerRun(job_id="j", tenant="t1", scheduled_for=T0 - 7_200_000))
+    feed(model, sim)
+    assert isinstance(now, ev.RunMaterialised) and isinstance(past, ev.RunMaterialised)
+    for key, made in (("now-1", now), ("b/1", past)):
+        view = model.run_by_key("t1", "j", key)
+        assert view is not None
+        assert (view.run_id, view.idempotency_key) == (made.run_id, key)
+        assert view == model.run("t1", made.run_id)
+    assert model.run_by_key("t2", "j", "now-1") is None  # another tenant's key: not found
+    assert model.run_by_key("t1", "k", "now-1") is None  # a key belongs to its job
+    assert model.run_by_key("t1", "j", "now-2") is None
+    unkeyed = model.run("t1", f"j.{T0 - 7_200_000}")
+    assert unkeyed is not None and unkeyed.idempotency_key is None
+
+
+def test_a_slot_materialised_again_keeps_one_record_and_its_history(model: ReadModel) -> None:
+    """The partition state forgets a run that succeeded or was cancelled, so the core can
+    materialise its slot again: the record shows the new run and keeps the earlier attempts."""
+    sim = Sim(T0)
+    sim.do(PutJob(job_id="j", spec=_spec("j", "t1", schedule="0 * * * *")))
+    slot = T0 - 3_600_000
+    sim.do(TriggerRun(job_id="j", tenant="t1", scheduled_for=slot, idempotency_key="first"))
+    sim.advance(2_000)
+    [lease] = sim.do(ClaimRuns(tenant="t1", pool="p", worker_id="w1"))
+    assert isinstance(lease, ev.LeaseGranted)
+    sim.advance(1_000)
+    sim.do(
+        CompleteRun(
+            run_id=lease.run_id, fencing_token=lease.fencing_token, outcome=Outcome.SUCCEEDED
+        )
+    )
+    assert lease.run_id not in sim.state.runs
+    feed(model, sim)
+    done = model.run("t1", lease.run_id)
+    assert done is not None and done.state == "succeeded"
+    start = len(sim.log)
+    sim.advance(1_000)
+    again = sim.do(TriggerRun(job_id="j", tenant="t1", scheduled_for=slot, idempotency_key="2nd"))
+    assert [e.run_id for e in again if isinstance(e, ev.RunMaterialised)] == [lease.run_id]
+    feed(model, sim, start=start)
+    view = model.run("t1", lease.run_id)
+    assert view is not None
+    assert (view.state, view.attempt, view.finished_at) == ("pending", 1, None)
+    assert [(a.worker_id, a.outcome) for a in view.attempts] == [("w1", "succeeded")]
+    assert (view.started_at, view.lateness_ms) == (done.started_at, done.lateness_ms)
+    assert view.idempotency_key == "2nd"
+    for key in ("first", "2nd"):
+        assert model.run_by_key("t1", "j", key) == view
+    assert [r.run_id for r in model.runs_of("t1", "j").items] == [lease.run_id]
+    counts = model.counts("t1")
+    assert (counts["succeeded"], counts["pending"], sum(counts.values())) == (0, 1, 1)
+    assert [r.run_id for r in model.runs("t1", "pending").items] == [lease.run_id]
+    # Cancelled, then materialised a third time: still one record, still every attempt.
+    start = len(sim.log)
+    sim.do(CancelRun(run_id=lease.run_id, tenant="t1"))
+    sim.advance(1_000)
+    sim.do(TriggerRun(job_id="j", tenant="t1", scheduled_for=slot))
+    feed(model, sim, start=start)
+    view = model.run("t1", lease.run_id)
+    assert view is not None and view.state == "pending" and view.idempotency_key == "2nd"
+    assert len(view.attempts) == 1
+    assert sum(model.counts("t1").values()) == 1
 
 
 def test_events_before_the_position_are_not_folded_twice(model: ReadModel) -> None:
