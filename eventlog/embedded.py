@@ -56,6 +56,7 @@ from rocksdict import (
 )
 
 from core.errors import CronlogError, Fenced
+from eventlog.mailbox import LocalMailbox, LocalPostOffice
 from eventlog.memory import ChangeSignal, SingleNodeMembership
 from eventlog.port import OwnershipListener, PartitionWriter, Record
 
@@ -153,6 +154,7 @@ class EmbeddedLog:
             raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
         self._path = Path(path)
         self._num_partitions = num_partitions
+        self._post_office = LocalPostOffice()
         self._db = self._open_db(self._path)
         self._cf = {name: self._db.get_column_family_handle(name) for name in (*STREAMS, _META)}
         self._tables = {name: self._db.get_column_family(name) for name in (*STREAMS, _META)}
@@ -222,6 +224,12 @@ class EmbeddedLog:
         self._check_partition(partition)
         with self._signal.cond:
             return self._visible[stream][partition]
+
+    def send_reply(self, node_id: str, value: bytes) -> None:
+        self._post_office.send(node_id, value)
+
+    def mailbox(self, node_id: str) -> LocalMailbox:
+        return self._post_office.open(node_id)
 
     def join(self, listener: OwnershipListener) -> SingleNodeMembership:
         return SingleNodeMembership(

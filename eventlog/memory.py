@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from core.errors import CronlogError, Fenced
+from eventlog.mailbox import LocalMailbox, LocalPostOffice
 from eventlog.port import OwnershipListener, PartitionWriter, Record
 
 STREAMS = ("commands", "events")
@@ -215,6 +216,7 @@ class MemoryLog:
         self._num_partitions = num_partitions
         self._gap = 1 if gaps else 0
         self._signal = ChangeSignal()
+        self._post_office = LocalPostOffice()
         self._streams = {name: [_Stream() for _ in range(num_partitions)] for name in STREAMS}
         self._epochs = [0] * num_partitions
         self._positions = [0] * num_partitions
@@ -245,6 +247,12 @@ class MemoryLog:
         self._check_partition(partition)
         with self._signal.cond:
             return self._stream(stream, partition).next_offset
+
+    def send_reply(self, node_id: str, value: bytes) -> None:
+        self._post_office.send(node_id, value)
+
+    def mailbox(self, node_id: str) -> LocalMailbox:
+        return self._post_office.open(node_id)
 
     def join(self, listener: OwnershipListener) -> SingleNodeMembership:
         return SingleNodeMembership(

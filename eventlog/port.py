@@ -29,6 +29,10 @@ Invariants every adapter keeps (the contract suite in ``tests/eventlog`` checks 
 6. **Ownership is explicit.** A node learns which partitions it owns through the listener it
    passes to :meth:`EventLog.join`; callbacks run inside :meth:`Membership.poll`. The embedded
    log assigns every partition to its single node; Kafka takes them from the consumer group.
+7. **Replies are ephemeral.** A node that forwards a request to a partition another node owns
+   hears the outcome through its :class:`Mailbox`; the owner replies only after the decision
+   is durable. A reply may be lost (its node restarted): the caller times out and may retry,
+   which is safe because every request is idempotent or fenced by its token.
 
 All calls are blocking; the node runtime calls them from worker threads.
 """
@@ -94,6 +98,15 @@ class Membership(Protocol):
         """Leave the group; partitions are revoked first."""
 
 
+class Mailbox(Protocol):
+    """Replies addressed to one node."""
+
+    def poll(self, timeout_s: float) -> list[bytes]:
+        """Replies that arrived since the last poll; waits up to ``timeout_s`` for one."""
+
+    def close(self) -> None: ...
+
+
 class EventLog(Protocol):
     @property
     def num_partitions(self) -> int: ...
@@ -115,6 +128,12 @@ class EventLog(Protocol):
         """The offset the next record of ``stream`` ("commands" or "events") will get, or later."""
 
     def join(self, listener: OwnershipListener) -> Membership: ...
+
+    def send_reply(self, node_id: str, value: bytes) -> None:
+        """Send a reply to ``node_id``'s mailbox (best effort, see invariant 7)."""
+
+    def mailbox(self, node_id: str) -> Mailbox:
+        """Start receiving the replies sent to ``node_id`` from now on."""
 
     def close(self) -> None: ...
 

@@ -9,10 +9,13 @@ membership callbacks:
   deciding anything);
 - ``revoked``: stop those runners at once.
 
-Requests for a partition this node owns go straight to its runner. Requests for a partition
-owned elsewhere are refused as unavailable for now (forwarding them is the cluster issue's
-next step). Every answer is given only once its events are durable in the log and the read
-model has caught up with them, so a client reads its own writes.
+Requests for a partition this node owns go straight to its runner. A request for a partition
+owned elsewhere is appended to that partition's commands stream with this node's id; the owner
+decides it and replies, once its events are durable, to this node's mailbox
+(:mod:`node.wire`). No answer in time means "unavailable": the request may or may not have
+been decided, and retrying it is safe (requests are idempotent or fenced). Every answer is
+given only once its events are durable in the log and the read model has caught up with them,
+so a client reads its own writes.
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ import logging
 import random
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+
+import msgspec
 
 from core import events as ev
 from core.clock import Clock, SystemClock
@@ -37,13 +44,15 @@ from core.commands import (
     PutJob,
     ReplayRun,
     ResumeJob,
+    SlotDue,
     StartRun,
     TriggerRun,
     UpstreamSucceeded,
 )
 from core.decide import job_id_of_run
 from core.errors import CronlogError, Unavailable
-from eventlog.port import EventLog, Membership, partition_for
+from eventlog.port import EventLog, Mailbox, Membership, partition_for
+from node import wire
 from node.executors import Executors
 from node.runner import Decided, PartitionRunner, Request
 from projections.read_model import ReadModel, ReadModelRunner
@@ -52,6 +61,9 @@ from projections.state_store import RocksStateStore
 log = logging.getLogger(__name__)
 
 READ_YOUR_WRITES_S = 5.0
+FORWARD_TIMEOUT_S = 10.0
+# A command that cannot be decoded still advances the partition's command position.
+_NOTHING = SlotDue(job_id="")
 
 
 def routing_key(command: AnyCommand) -> str:
@@ -86,6 +98,10 @@ class Node:
         self._poller: threading.Thread | None = None
         self._stopping = threading.Event()
         self._assigned = threading.Event()
+        self._ownership = threading.Condition()
+        self._mailbox: Mailbox | None = None
+        self._mail_reader: threading.Thread | None = None
+        self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
         self._history = ReadModel.open(self._data_dir)
         self._history_runner = ReadModelRunner(log_, self._history)
 
@@ -94,6 +110,9 @@ class Node:
     def start(self) -> None:
         self.executors.start()
         self._history_runner.start()
+        self._mailbox = self._log.mailbox(self.node_id)
+        self._mail_reader = threading.Thread(target=self._read_mailbox, name="mailbox", daemon=True)
+        self._mail_reader.start()
         self._membership = self._log.join(self)
         self._poller = threading.Thread(target=self._poll, name="membership", daemon=True)
         self._poller.start()
@@ -102,6 +121,10 @@ class Node:
         self._stopping.set()
         if self._poller is not None:
             self._poller.join(10)
+        if self._mail_reader is not None:
+            self._mail_reader.join(10)
+        if self._mailbox is not None:
+            self._mailbox.close()
         if self._membership is not None:
             self._membership.close()  # revokes every partition first
         self.revoked(list(self._runners))
@@ -123,18 +146,45 @@ class Node:
                 self._from_log(record.partition, record.offset, record.value)
 
     def _from_log(self, partition: int, offset: int, value: bytes) -> None:
-        from core.commands import decode
-
         runner = self._runners.get(partition)
         if runner is None:
             return
         try:
-            command = decode(value)
-        except Exception:
+            envelope = wire.decode_envelope(value)
+        except msgspec.ValidationError:
             log.warning("partition %d: undecodable command at %d skipped", partition, offset)
-            command = None
-        if command is not None:
-            runner.submit(Request(command, offset=offset))
+            runner.submit(Request(_NOTHING, offset=offset))  # still move the position past it
+            return
+        reply = None
+        if envelope.reply_to is not None and envelope.request_id is not None:
+            reply = self._replier(envelope.reply_to, envelope.request_id)
+        runner.submit(Request(envelope.command, reply=reply, offset=offset))
+
+    def _replier(self, node_id: str, request_id: str) -> Callable[[Decided | CronlogError], None]:
+        def send(result: Decided | CronlogError) -> None:
+            if isinstance(result, CronlogError):
+                message = wire.refusal(request_id, result)
+            else:
+                message = wire.Reply(
+                    request_id=request_id, events=result.events, offsets=result.offsets
+                )
+            self._log.send_reply(node_id, wire.encode(message))
+
+        return send
+
+    def _read_mailbox(self) -> None:
+        assert self._mailbox is not None
+        while not self._stopping.is_set():
+            for raw in self._mailbox.poll(0.2):
+                try:
+                    reply = wire.decode_reply(raw)
+                except msgspec.ValidationError:
+                    log.warning("undecodable reply skipped")
+                    continue
+                with self._lock:
+                    waiting = self._waiting.pop(reply.request_id, None)
+                if waiting is not None:
+                    waiting(reply)
 
     # -- ownership (called from inside Membership.poll) -------------------------------------
 
@@ -150,6 +200,8 @@ class Node:
                 self._runners[p] = runner
             runner.start()
         self._assigned.set()
+        with self._ownership:
+            self._ownership.notify_all()
         log.info("%s owns partitions %s", self.node_id, sorted(self._runners))
 
     def revoked(self, partitions: list[int]) -> None:
@@ -161,6 +213,13 @@ class Node:
                 runner.stop()
             if store is not None:
                 store.close()
+        with self._ownership:
+            self._ownership.notify_all()
+
+    def wait_owned(self, predicate: Callable[[list[int]], bool], timeout_s: float) -> bool:
+        """Block until ``predicate(owned partitions)`` holds (for tests and operators)."""
+        with self._ownership:
+            return self._ownership.wait_for(lambda: predicate(self.owned()), timeout_s)
 
     # -- the API's port ------------------------------------------------------------------------
 
@@ -195,7 +254,7 @@ class Node:
     async def _execute_on(self, partition: int, command: AnyCommand) -> list[ev.AnyEvent]:
         runner = self._runners.get(partition)
         if runner is None:
-            raise Unavailable(f"partition {partition} is not owned by {self.node_id}")
+            return await self._forward(partition, command)
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Decided | CronlogError] = loop.create_future()
 
@@ -216,13 +275,50 @@ class Node:
             )
         return result.events
 
+    async def _forward(self, partition: int, command: AnyCommand) -> list[ev.AnyEvent]:
+        """Ask the partition's owner, wherever it runs, through the log."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[wire.Reply] = loop.create_future()
+        request_id = uuid.uuid4().hex
+
+        def deliver(reply: wire.Reply) -> None:
+            if not answer.done():
+                answer.set_result(reply)
+
+        def deliver_from_thread(reply: wire.Reply) -> None:
+            loop.call_soon_threadsafe(deliver, reply)
+
+        with self._lock:
+            self._waiting[request_id] = deliver_from_thread
+        envelope = wire.Envelope(command=command, request_id=request_id, reply_to=self.node_id)
+        try:
+            await asyncio.to_thread(self._log.submit, partition, wire.encode(envelope))
+            reply = await asyncio.wait_for(answer, FORWARD_TIMEOUT_S)
+        except TimeoutError:
+            raise Unavailable(f"no answer from the owner of partition {partition}") from None
+        finally:
+            with self._lock:
+                self._waiting.pop(request_id, None)
+        err = wire.error_of(reply)
+        if err is not None:
+            raise err
+        if reply.offsets:
+            await asyncio.to_thread(
+                self._history.wait_for, partition, reply.offsets[-1], READ_YOUR_WRITES_S
+            )
+        return reply.events
+
     async def claim(
         self, tenant: str, pool: str, worker_id: str, limit: int
     ) -> list[ev.LeaseGranted]:
         granted: list[ev.LeaseGranted] = []
-        partitions = [p for p, r in list(self._runners.items()) if r.state.ready.get(pool)]
-        random.shuffle(partitions)  # no partition is always asked first
-        for p in partitions:
+        local = [p for p, r in list(self._runners.items()) if r.state.ready.get(pool)]
+        remote = [p for p in range(self._log.num_partitions) if p not in self._runners]
+        random.shuffle(local)  # no partition is always asked first
+        random.shuffle(remote)
+        # Local partitions first, and only those with runs of the pool; another node's
+        # partitions are asked through the log only when this node's could not fill the claim.
+        for p in local + remote:
             if len(granted) >= limit:
                 break
             command = ClaimRuns(
