@@ -83,7 +83,9 @@ class KafkaLog:
         self._session_timeout_ms = session_timeout_ms
         self._max_poll_interval_ms = max_poll_interval_ms
         self._timeout_s = timeout_s
-        self._producer = Producer({**self._base, "enable.idempotence": True, "acks": "all"})
+        self._producer = Producer(
+            {**self._base, "enable.idempotence": True, "acks": "all", "linger.ms": 1}
+        )
         self._readers: list[Consumer] = []
         self._readers_lock = threading.Lock()
         self._members: list[KafkaMembership] = []

@@ -154,8 +154,11 @@ def test_three_nodes_keep_accepting_writes_with_one_killed(
     producer.produce(topic, b"before", partition=0)
     assert producer.flush(30) == 0
     kafka_cluster3.kill(3)
-    assert not kafka_cluster3.node(3).alive()
-    producer.produce(topic, b"after", partition=0)
-    assert producer.flush(60) == 0
+    try:
+        assert not kafka_cluster3.node(3).alive()
+        producer.produce(topic, b"after", partition=0)
+        assert producer.flush(60) == 0
+    finally:
+        kafka_cluster3.restart(3)  # the cluster is shared by the session
 
     assert _committed_values(bootstrap, topic) == [b"before", b"after"]

@@ -9,6 +9,7 @@ Three steps, each usable from Python or the command line::
     cluster = start(nodes=1, base_dir=tmp)             # returns once metadata answers
     cluster.bootstrap_servers                          # "127.0.0.1:41234"
     cluster.kill(2)                                    # SIGKILL node 2 (failover tests)
+    cluster.restart(2)                                 # back on its ports and data
     cluster.stop()                                     # terminate, then kill; drop data dirs
 
 ``fetch`` resolves ``pom.xml`` beside this file with Maven into ``kafka-<version>/`` under the
@@ -231,6 +232,14 @@ class KafkaCluster:
             node.process.wait()
         elif node.alive() and node.pid is not None:
             os.kill(node.pid, signal.SIGKILL)
+
+    def restart(self, node_id: int, timeout_s: float = 90.0) -> None:
+        """Start a killed node again on its old ports and data; return once all nodes answer."""
+        node = self.node(node_id)
+        if node.alive():
+            raise BrokerError(f"node {node_id} is running; kill it first")
+        _launch(_java(), str(fetch() / "*"), node, detach=node.process is None)
+        wait_ready(self, timeout_s)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Terminate every node, kill those still alive after ``grace_s``, remove data dirs."""

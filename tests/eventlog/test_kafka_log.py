@@ -1,0 +1,97 @@
+"""What only the Kafka log does: group rebalances between live members, and its topic checks.
+
+The port's contract (fencing included) runs against Kafka in ``test_log_contract.py``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from core.errors import CronlogError, Fenced
+from eventlog.kafka import KafkaLog
+from eventlog.port import Membership
+
+pytestmark = pytest.mark.kafka
+
+OWNERSHIP_TIMEOUT_S = 30.0
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.gained: list[int] = []
+        self.lost: list[int] = []
+
+    def assigned(self, partitions: list[int]) -> None:
+        self.gained.extend(partitions)
+
+    def revoked(self, partitions: list[int]) -> None:
+        self.lost.extend(partitions)
+
+
+def _open(bootstrap: str, num_partitions: int, prefix: str | None = None) -> KafkaLog:
+    return KafkaLog.open(
+        bootstrap,
+        num_partitions,
+        prefix=prefix or f"kafkalog-{uuid.uuid4().hex[:12]}",
+        replication_factor=-1,
+        min_insync_replicas=None,
+    )
+
+
+def _poll_until(members: list[Membership], done: object, what: str) -> None:
+    deadline = time.monotonic() + OWNERSHIP_TIMEOUT_S
+    while not done():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        for member in members:
+            member.poll(0.05)
+
+
+def test_a_rebalance_hands_partitions_over_with_their_command_positions(
+    kafka_bootstrap: str,
+) -> None:
+    log = _open(kafka_bootstrap, 4)
+    try:
+        first_listener = Recorder()
+        first = log.join(first_listener)
+        _poll_until([first], lambda: first.owned() == {0, 1, 2, 3}, "first never owned all")
+        commands = {p: log.submit(p, f"c{p}".encode()) for p in range(4)}
+        for p in range(4):
+            first.writer(p).append([f"e{p}".encode()], commands_through=commands[p] + 1)
+
+        # Both keep polling, as live nodes do: the group splits the partitions between them.
+        second = log.join(Recorder())
+        _poll_until(
+            [first, second],
+            lambda: second.owned() and first.owned() | second.owned() == {0, 1, 2, 3},
+            "the second member never got a share",
+        )
+        moved = second.owned()
+        assert not moved & first.owned()
+        assert sorted(first_listener.lost) == sorted(moved)
+        for p in moved:
+            with pytest.raises(Fenced):
+                first.writer(p)
+            # The new owner resumes after what the old one recorded, and appends after it.
+            writer = second.writer(p)
+            assert writer.command_position() == commands[p] + 1
+            writer.append([f"e{p}-moved".encode()])
+            assert [r.value for r in log.read_events(p, 0)] == [
+                f"e{p}".encode(),
+                f"e{p}-moved".encode(),
+            ]
+        first.close()
+        _poll_until([second], lambda: second.owned() == {0, 1, 2, 3}, "partitions not handed back")
+        second.close()
+    finally:
+        log.close()
+
+
+def test_existing_topics_must_have_the_same_partition_count(kafka_bootstrap: str) -> None:
+    prefix = f"kafkalog-{uuid.uuid4().hex[:12]}"
+    _open(kafka_bootstrap, 2, prefix).close()
+    _open(kafka_bootstrap, 2, prefix).close()  # an existing, matching topic is fine
+    with pytest.raises(CronlogError, match="has 2 partitions, the log expects 3"):
+        _open(kafka_bootstrap, 3, prefix)
