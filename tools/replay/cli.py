@@ -1,0 +1,169 @@
+"""``python -m tools.replay``: the operator's view of the log, and the tools that fold it.
+
+    python -m tools.replay dump [--partition P] [--from OFFSET] [--job JOB_ID] [--follow]
+    python -m tools.replay verify
+    python -m tools.replay rebuild [--state] [--read-model]
+    python -m tools.replay backfill JOB_ID --from T1 --to T2 [--tenant T] [--apply --url URL]
+    python -m tools.replay stats [--json]
+
+Every command reads ``--data-dir`` (the embedded data directory of a stopped node) or
+``--kafka HOST:PORT --topic-prefix P --partitions N``. See ``docs/replay.md``.
+
+Exit status: 0 done; 1 ``verify`` found a difference or a backfill trigger was refused; 2 the
+tool refused to run (bad arguments, a node running on the directory, a range too large).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from core.clock import Clock, Millis, SystemClock
+from core.errors import CronlogError
+from eventlog.port import EventLog
+from tools.replay import backfill, dump, rebuild, stats, verify
+from tools.replay.source import Layout, ReplayError, add_source_arguments, open_log
+
+DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
+DEFAULT_URL = os.environ.get("CRONLOG_URL", "http://127.0.0.1:8080")
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog="python -m tools.replay",
+        description="The operator's view of the log, and the tools that fold it (docs/replay.md).",
+    )
+    sub = root.add_subparsers(dest="command", required=True)
+    source = argparse.ArgumentParser(add_help=False)
+    add_source_arguments(source, DEFAULT_DATA_DIR)
+
+    p = sub.add_parser("dump", parents=[source], help="events as JSON lines (the audit view)")
+    p.add_argument("--partition", type=int, help="only this partition (default: every one)")
+    p.add_argument("--from", dest="from_offset", type=int, default=0, metavar="OFFSET")
+    p.add_argument("--job", metavar="JOB_ID", help="only this job's events")
+    p.add_argument("--follow", action="store_true", help="keep printing new events")
+
+    sub.add_parser("verify", parents=[source], help="stored state equals a replay from offset 0")
+
+    p = sub.add_parser("rebuild", parents=[source], help="rebuild derived stores from the log")
+    p.add_argument("--state", action="store_true", help="the partitions' state stores")
+    p.add_argument("--read-model", action="store_true", help="the read model")
+
+    p = sub.add_parser("backfill", parents=[source], help="run a job's past slots in a range")
+    p.add_argument("job_id")
+    p.add_argument("--from", dest="start", required=True, help="RFC 3339 or epoch ms, inclusive")
+    p.add_argument("--to", dest="end", required=True, help="RFC 3339 or epoch ms, inclusive")
+    p.add_argument("--tenant", help="the job's tenant (refused if it is another's)")
+    p.add_argument("--max", type=int, default=backfill.DEFAULT_MAX, help="most slots allowed")
+    p.add_argument("--apply", action="store_true", help="trigger the runs (default: dry run)")
+    p.add_argument("--url", help=f"a running node's API, e.g. {DEFAULT_URL}")
+    p.add_argument("--token", default=os.environ.get("CRONLOG_TOKEN"), help="or CRONLOG_TOKEN")
+
+    p = sub.add_parser("stats", parents=[source], help="events per type, offsets, lag")
+    p.add_argument("--json", action="store_true", help="one JSON object per partition")
+    return root
+
+
+def main(
+    argv: list[str] | None = None,
+    *,
+    clock: Clock | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> int:
+    """Run one command. ``backfill`` reads ``clock`` (which slots are past) and sends its
+    requests through ``transport`` (tests replace both)."""
+    args = parser().parse_args(argv)
+    try:
+        return _run(args, clock or SystemClock(), transport)
+    except ReplayError as exc:
+        print(f"replay: {exc}", file=sys.stderr)
+        return 2
+    except CronlogError as exc:
+        print(f"replay: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+@contextlib.contextmanager
+def _log(args: argparse.Namespace) -> Iterator[EventLog]:
+    log = open_log(args)
+    try:
+        yield log
+    finally:
+        log.close()
+
+
+def _run(args: argparse.Namespace, clock: Clock, transport: httpx.BaseTransport | None) -> int:
+    layout = Layout(args.data_dir)
+    if args.command == "backfill":
+        return _backfill(args, clock.now_ms(), transport)
+    with _log(args) as log:
+        if args.command == "dump":
+            if args.partition is not None and not 0 <= args.partition < log.num_partitions:
+                raise ReplayError(
+                    f"partition {args.partition} is out of range 0..{log.num_partitions - 1}"
+                )
+            partitions = (
+                list(range(log.num_partitions)) if args.partition is None else [args.partition]
+            )
+            dump.dump(log, partitions, args.from_offset, args.job, args.follow)
+            return 0
+        if args.command == "verify":
+            checks = []
+            for partition in range(log.num_partitions):
+                checks.append(verify.verify_partition(log, layout, partition))
+                print(checks[-1].describe(), flush=True)
+            different = [c.partition for c in checks if not c.ok]
+            if different:
+                print(f"DIFFERENT: partitions {', '.join(map(str, different))}")
+                return 1
+            print(f"OK: {len(checks)} partitions match a replay from offset 0")
+            return 0
+        if args.command == "rebuild":
+            both = not (args.state or args.read_model)
+            rebuild.rebuild(
+                log, layout, state=both or args.state, read_model=both or args.read_model
+            )
+            return 0
+        stats.report(stats.collect(log, layout), args.json, sys.stdout)
+        return 0
+
+
+def _backfill(args: argparse.Namespace, now: Millis, transport: httpx.BaseTransport | None) -> int:
+    start, end = backfill.parse_instant(args.start), backfill.parse_instant(args.end)
+    if args.max < 1:
+        raise ReplayError("--max must be at least 1")
+    if args.url is None:
+        if args.apply:
+            raise ReplayError(
+                "--apply needs --url: only the partition's owner may decide, so runs are "
+                "triggered through a running node's API"
+            )
+        with _log(args) as log:
+            job, present = backfill.job_from_log(log, args.job_id, args.tenant)
+        backfill.show(job, backfill.plan(job, present, start, end, now, args.max))
+        print("dry run: nothing was triggered (pass --apply --url URL to trigger)")
+        return 0
+    if not args.token:
+        raise ReplayError("--url needs a token: pass --token or set CRONLOG_TOKEN")
+    headers = {"Authorization": f"Bearer {args.token}"}
+    with httpx.Client(base_url=args.url, headers=headers, timeout=30, transport=transport) as http:
+        try:
+            job, present = backfill.job_from_api(http, args.job_id, args.tenant, start)
+            planned = backfill.plan(job, present, start, end, now, args.max)
+            backfill.show(job, planned)
+            if not args.apply:
+                print("dry run: nothing was triggered (pass --apply to trigger)")
+                return 0
+            made, existing = backfill.apply(http, args.job_id, planned)
+        except httpx.HTTPError as exc:
+            raise ReplayError(f"{args.url}: {exc}") from exc
+    print(f"triggered {made} runs ({existing} were present already)")
+    return 0

@@ -1,0 +1,67 @@
+"""``dump``: the events stream as JSON lines, the view an audit consumer has.
+
+Each line is ``{"partition": P, "offset": O, "event": {...}}`` with the event exactly as stored,
+unknown fields included. Partitions are printed one after another, each in offset order;
+``--follow`` then keeps polling every selected partition for new events until interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+import msgspec
+
+from eventlog.port import EventLog, Record
+from tools.replay.records import BATCH, events, head
+
+FOLLOW_POLL_S = 0.5
+
+_encoder = msgspec.json.Encoder()
+
+
+def line(record: Record) -> str:
+    return _encoder.encode(
+        {"partition": record.partition, "offset": record.offset, "event": msgspec.Raw(record.value)}
+    ).decode()
+
+
+def dump(
+    log: EventLog,
+    partitions: list[int],
+    from_offset: int = 0,
+    job_id: str | None = None,
+    follow: bool = False,
+    out: TextIO | None = None,
+    keep_following: Callable[[], bool] = lambda: True,
+) -> int:
+    """Print the selected events; returns how many were printed."""
+    out = out or sys.stdout
+    printed = 0
+
+    def show(record: Record) -> None:
+        nonlocal printed
+        if job_id is None or head(record).job_id == job_id:
+            out.write(line(record) + "\n")
+            printed += 1
+
+    positions = {}
+    for partition in partitions:
+        position = from_offset
+        for record in events(log, partition, from_offset):
+            show(record)
+            position = record.offset + 1
+        positions[partition] = position
+    out.flush()
+    # The end is a moving target while following: each poll waits a little for one partition.
+    wait_s = FOLLOW_POLL_S / max(1, len(partitions))
+    while follow and keep_following():
+        for partition in partitions:
+            records = log.read_events(partition, positions[partition], BATCH, wait_s)
+            for record in records:
+                show(record)
+            if records:
+                positions[partition] = records[-1].offset + 1
+                out.flush()
+    return printed
