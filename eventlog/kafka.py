@@ -381,7 +381,10 @@ class KafkaMembership:
         if self._closed:
             return
         self._closed = True
-        self._consumer.close()  # revokes (callback) and leaves the group
+        # Revokes through the callback and leaves the group. Leaving is best effort: a broker
+        # that does not answer must not keep the writers open, so errors end here.
+        with contextlib.suppress(Exception):
+            self._consumer.close()
         with self._lock:
             left = sorted(self._writers)
         if left:  # the revocation callback did not run: give them up here
@@ -396,6 +399,8 @@ class KafkaMembership:
         return False  # informational (e.g. a broker connection came and went)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._closed or not partitions:
+            return  # an assignment served while leaving is revoked right after; open nothing
         log = self._log
         # Fence every predecessor first: after that no transaction can move a command position.
         writers = {
