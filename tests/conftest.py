@@ -3,7 +3,8 @@
 ``kafka_bootstrap`` is one node, or ``KAFKA_BOOTSTRAP_SERVERS`` when that is set.
 ``kafka_cluster3`` is three nodes (a :class:`tools.kafka.broker.KafkaCluster`, so tests can kill
 one), started only when a test asks. A broker that cannot start skips its tests, except under
-``CI=true``, where they fail with the reason.
+``CI=true`` or ``CRONLOG_REQUIRE_KAFKA=1`` (``scripts/test`` sets it), where they fail with the
+reason.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _start(nodes: int, tmp_path_factory: pytest.TempPathFactory) -> broker.Kafka
         return broker.start(nodes, tmp_path_factory.mktemp(f"kafka{nodes}"))
     except (broker.BrokerError, OSError) as e:
         reason = f"cannot start a {nodes}-node Kafka: {e}"
-    if os.environ.get("CI") == "true":
+    if os.environ.get("CI") == "true" or os.environ.get("CRONLOG_REQUIRE_KAFKA"):
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
 
