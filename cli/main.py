@@ -22,7 +22,10 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eventlog.port import EventLog
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
 DEFAULT_URL = os.environ.get("CRONLOG_URL", "http://127.0.0.1:8080")
@@ -49,6 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     serve.add_argument("--node-id", default=socket.gethostname())
     serve.add_argument("--topic-prefix", default="cronlog")
+    serve.add_argument(
+        "--replication-factor",
+        type=int,
+        default=3,
+        help="for the topics cronlog creates (default 3; 1 on a one-broker test)",
+    )
+    serve.add_argument(
+        "--min-insync-replicas",
+        type=int,
+        default=2,
+        help="for the topics cronlog creates (default 2; 1 on a one-broker test)",
+    )
     serve.add_argument(
         "--target-kafka",
         metavar="HOST:PORT",
@@ -113,14 +128,16 @@ def serve_command(args: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     tokens = load_tokens(data_dir)
 
+    log_: EventLog
     if args.kafka:
         from eventlog.kafka import KafkaLog
 
-        log_ = KafkaLog(
+        log_ = KafkaLog.open(
             args.kafka,
-            num_partitions=args.partitions,
+            args.partitions,
             prefix=args.topic_prefix,
-            member_id=args.node_id,
+            replication_factor=args.replication_factor,
+            min_insync_replicas=args.min_insync_replicas,
         )
         target_kafka = args.target_kafka or args.kafka
     else:
