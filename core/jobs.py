@@ -55,23 +55,23 @@ class OverlapPolicy(enum.StrEnum):
     CANCEL_OTHER = "cancel_other"  # cancel the live run, start the new one
 
 
-class HttpTarget(msgspec.Struct, frozen=True, tag="http"):
+class HttpTarget(msgspec.Struct, frozen=True, tag="http", gc=False):
     url: str
     headers: dict[str, str] = {}
 
 
-class KafkaTarget(msgspec.Struct, frozen=True, tag="kafka"):
+class KafkaTarget(msgspec.Struct, frozen=True, tag="kafka", gc=False):
     topic: str
 
 
-class PullTarget(msgspec.Struct, frozen=True, tag="pull"):
+class PullTarget(msgspec.Struct, frozen=True, tag="pull", gc=False):
     pool: str
 
 
 Target = HttpTarget | KafkaTarget | PullTarget
 
 
-class Backoff(msgspec.Struct, frozen=True):
+class Backoff(msgspec.Struct, frozen=True, gc=False):
     """Retry delays: ``min(cap, base * factor ** (n - 1))`` before retry ``n``, with full jitter.
 
     Full jitter draws the delay uniformly from ``[0, that bound]`` (the "full jitter" variant of
@@ -85,7 +85,7 @@ class Backoff(msgspec.Struct, frozen=True):
     jitter: bool = True
 
 
-class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     name: str
     tenant: str
     target: Target

@@ -269,7 +269,7 @@ class Node:
         result = await answer
         if isinstance(result, CronlogError):
             raise result
-        if result.offsets:
+        if result.offsets and self._history.position(partition) <= result.offsets[-1]:
             await asyncio.to_thread(
                 self._history.wait_for, partition, result.offsets[-1], READ_YOUR_WRITES_S
             )
@@ -302,7 +302,7 @@ class Node:
         err = wire.error_of(reply)
         if err is not None:
             raise err
-        if reply.offsets:
+        if reply.offsets and self._history.position(partition) <= reply.offsets[-1]:
             await asyncio.to_thread(
                 self._history.wait_for, partition, reply.offsets[-1], READ_YOUR_WRITES_S
             )

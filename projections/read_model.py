@@ -106,7 +106,7 @@ _run_decoder = msgspec.msgpack.Decoder(RunView)
 _skip_decoder = msgspec.msgpack.Decoder(SkipView)
 
 
-class _JobRecord(msgspec.Struct, kw_only=True):
+class _JobRecord(msgspec.Struct, kw_only=True, gc=False):
     view: JobView  # ``view.status`` is the derived status, the one the status index holds
     base: JobStatusName  # active, paused or cancelled, as the job events say
     live: int = 0  # runs blocked, pending, running, failed or retrying

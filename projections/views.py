@@ -35,7 +35,7 @@ RUN_STATES: tuple[RunStateName, ...] = (
 )
 
 
-class JobView(msgspec.Struct, kw_only=True):
+class JobView(msgspec.Struct, kw_only=True, gc=False):
     """A job as defined now. ``finished``: a one-shot or dependency-triggered job that has had a
     run, with no next slot and no live runs (it may still be triggered again by hand or by its
     upstream jobs); until its first run such a job is ``active``."""
@@ -52,7 +52,7 @@ class JobView(msgspec.Struct, kw_only=True):
     partition: int
 
 
-class AttemptView(msgspec.Struct, kw_only=True):
+class AttemptView(msgspec.Struct, kw_only=True, gc=False):
     """One lease of a run: ``finished_at`` and ``outcome`` stay None while it is running."""
 
     attempt: int
@@ -64,7 +64,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     error: str = ""
 
 
-class RunView(msgspec.Struct, kw_only=True):
+class RunView(msgspec.Struct, kw_only=True, gc=False):
     """One run of a job (its identity is the job and the slot ``scheduled_for``).
 
     ``state`` is ``failed`` between an attempt's failure and the decision that follows it (a retry
