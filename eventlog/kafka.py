@@ -4,6 +4,7 @@ Layout, for a log with prefix ``cronlog`` and N partitions::
 
     cronlog.commands   N partitions   anyone appends (idempotent producer, acks=all)
     cronlog.events     N partitions   partition p written only by transactional.id cronlog.p<p>
+    cronlog.replies    4 partitions   replies to forwarded requests, keyed by node id; kept an hour
     group cronlog.scheduler           members consume cronlog.commands; the group's committed
                                       offset of commands[p] is p's command position
 
@@ -26,6 +27,13 @@ unflagged errors close the writer and raise :class:`core.errors.Fenced`;
 ``txn_requires_abort()`` aborts and raises :class:`AppendAborted` (nothing of the append will
 be read; retry it); ``retriable()`` retries the same call.
 
+Replies (invariant 7) are plain idempotent ``acks=all`` records, outside any transaction:
+``send_reply`` produces to the partition ``partition_for(node_id, 4)`` and does not wait for the
+broker (a reply is best effort; a lost one times the caller out, and it may retry). A node's
+:class:`KafkaMailbox` is a consumer without a group, assigned to its node's replies partition
+from the end offset read when it opens, that keeps only the records keyed by its node id:
+other nodes share the partition, and nothing sent before it opened is delivered.
+
 A member that stops polling keeps its partitions until ``max.poll.interval.ms`` passes (then
 librdkafka leaves the group for it); a member that dies loses them after
 ``session.timeout.ms``. Both default low here (10 s, 6 s) because a partition without an owner
@@ -35,10 +43,11 @@ fires no jobs; the node's poll loop must come round well within ``max_poll_inter
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -52,9 +61,16 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from core.errors import CronlogError, Fenced
-from eventlog.port import OwnershipListener, Record
+from eventlog.port import OwnershipListener, Record, partition_for
+
+if TYPE_CHECKING:
+    from eventlog.port import EventLog
+
+logger = logging.getLogger(__name__)
 
 STREAMS = ("commands", "events")
+REPLY_PARTITIONS = 4  # fixed, so every node finds a node id's replies in the same partition
+REPLY_RETENTION_MS = 3_600_000  # replies are ephemeral: a node reads them within seconds
 T = TypeVar("T")
 
 
@@ -79,6 +95,7 @@ class KafkaLog:
         self._num_partitions = num_partitions
         self.prefix = prefix
         self.topics = {stream: f"{prefix}.{stream}" for stream in STREAMS}
+        self.replies_topic = f"{prefix}.replies"
         self._base = {"bootstrap.servers": bootstrap_servers, **client_config}
         self._session_timeout_ms = session_timeout_ms
         self._max_poll_interval_ms = max_poll_interval_ms
@@ -89,6 +106,7 @@ class KafkaLog:
         self._readers: list[Consumer] = []
         self._readers_lock = threading.Lock()
         self._members: list[KafkaMembership] = []
+        self._mailboxes: list[KafkaMailbox] = []
         self._closed = threading.Event()
         # Delivery reports are served here, so a submit waits on its own report, not on a flush
         # of everyone else's records.
@@ -112,11 +130,12 @@ class KafkaLog:
         max_poll_interval_ms: int = 10000,
         timeout_s: float = 30.0,
     ) -> KafkaLog:
-        """Create (or check) the two topics and return the log.
+        """Create (or check) the topics and return the log.
 
         Topics that exist already are accepted when their partition count matches; any other
         count is an error, since it would move jobs between partitions. The log is the source
-        of truth, so topics keep records forever unless ``topic_config`` says otherwise.
+        of truth, so the commands and events topics keep records forever unless
+        ``topic_config`` says otherwise; the replies topic keeps them an hour.
         ``replication_factor=-1`` and ``min_insync_replicas=None`` take the broker's defaults.
         """
         if num_partitions < 1:
@@ -132,6 +151,10 @@ class KafkaLog:
         admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(client_config or {})})
         names = [f"{prefix}.{stream}" for stream in STREAMS]
         _ensure_topics(admin, names, num_partitions, replication_factor, config, timeout_s)
+        replies = {**config, "retention.ms": str(REPLY_RETENTION_MS)}
+        _ensure_topics(
+            admin, [f"{prefix}.replies"], REPLY_PARTITIONS, replication_factor, replies, timeout_s
+        )
         return cls(
             bootstrap_servers,
             num_partitions,
@@ -188,11 +211,31 @@ class KafkaLog:
         self._members.append(member)
         return member
 
+    def send_reply(self, node_id: str, value: bytes) -> None:
+        """Produce a reply to ``node_id``'s partition of the replies topic; do not wait for it."""
+        self._check_open()
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                logger.warning("reply to %s lost: %s", node_id, err)
+
+        self._produce(
+            self.replies_topic, _reply_partition(node_id), value, node_id.encode(), on_delivery
+        )
+
+    def mailbox(self, node_id: str) -> KafkaMailbox:
+        self._check_open()
+        box = KafkaMailbox(self, node_id)
+        self._mailboxes.append(box)
+        return box
+
     def close(self) -> None:
         if self._closed.is_set():
             return
         for member in self._members:
             member.close()
+        for box in self._mailboxes:
+            box.close()
         self._closed.set()
         self._reporter.join()
         self._producer.flush(self._timeout_s)
@@ -331,6 +374,65 @@ class KafkaLog:
     def _check_open(self) -> None:
         if self._closed.is_set():
             raise CronlogError(f"the Kafka event log {self.prefix} is closed")
+
+
+class KafkaMailbox:
+    """The replies to one node: its partition of ``<prefix>.replies`` from where it ended when
+    the mailbox opened, filtered by the node's key."""
+
+    def __init__(self, log_: KafkaLog, node_id: str) -> None:
+        self._key = node_id.encode()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._consumer = Consumer(
+            log_._client_config(
+                **{
+                    "group.id": f"{log_.prefix}.mailbox",  # required; never joined or committed
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "auto.offset.reset": "latest",
+                    "fetch.wait.max.ms": 100,
+                }
+            )
+        )
+        partition = TopicPartition(log_.replies_topic, _reply_partition(node_id))
+        try:
+            # An explicit offset, read now: a logical "end" would be resolved at the first
+            # fetch and lose replies sent between opening and that fetch.
+            _, end = self._consumer.get_watermark_offsets(partition, timeout=log_._timeout_s)
+        except KafkaException as e:
+            self._consumer.close()
+            raise CronlogError(f"mailbox of {node_id}: no end offset: {e.args[0]}") from e
+        partition.offset = end
+        self._consumer.assign([partition])
+
+    def poll(self, timeout_s: float) -> list[bytes]:
+        deadline = time.monotonic() + timeout_s
+        replies: list[bytes] = []
+        with self._lock:
+            if self._closed:
+                raise CronlogError("poll on a closed mailbox")
+            while True:
+                # consume() would wait for its whole count: wait for one, then take what is there
+                first = self._consumer.poll(max(deadline - time.monotonic(), 0.0))
+                batch = [] if first is None else [first, *self._consumer.consume(499, 0)]
+                for msg in batch:
+                    err = msg.error()
+                    if err is not None:
+                        if err.fatal():
+                            raise CronlogError(f"mailbox consumer failed: {err}")
+                        continue  # informational (e.g. a broker connection came and went)
+                    if msg.key() == self._key:
+                        replies.append(msg.value() or b"")
+                if replies or time.monotonic() >= deadline:
+                    return replies
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._consumer.close()
 
 
 class KafkaMembership:
@@ -550,6 +652,10 @@ class KafkaPartitionWriter:
         raise Fenced(f"writer {self._transactional_id} gave up partition {self._partition}: {err}")
 
 
+def _reply_partition(node_id: str) -> int:
+    return partition_for(node_id, REPLY_PARTITIONS)
+
+
 def _offset(msg: Message) -> int:
     offset = msg.offset()
     return -1 if offset is None else offset
@@ -622,3 +728,9 @@ def _ensure_topics(
         if time.monotonic() >= deadline:
             raise CronlogError(f"topics {names} have no leaders after {timeout_s:.0f}s")
         time.sleep(0.1)  # metadata propagation has no event to wait on
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_port(log_: KafkaLog) -> EventLog:  # mypy checks KafkaLog against it
+        return log_

@@ -1,4 +1,5 @@
-"""What only the Kafka log does: group rebalances between live members, and its topic checks.
+"""What only the Kafka log does: group rebalances between live members, its topic checks, and
+the replies topic behind the mailboxes.
 
 The port's contract (fencing included) runs against Kafka in ``test_log_contract.py``.
 """
@@ -11,8 +12,8 @@ import uuid
 import pytest
 
 from core.errors import CronlogError, Fenced
-from eventlog.kafka import KafkaLog
-from eventlog.port import Membership
+from eventlog.kafka import REPLY_PARTITIONS, REPLY_RETENTION_MS, KafkaLog
+from eventlog.port import Membership, partition_for
 
 pytestmark = pytest.mark.kafka
 
@@ -95,3 +96,26 @@ def test_existing_topics_must_have_the_same_partition_count(kafka_bootstrap: str
     _open(kafka_bootstrap, 2, prefix).close()  # an existing, matching topic is fine
     with pytest.raises(CronlogError, match="has 2 partitions, the log expects 3"):
         _open(kafka_bootstrap, 3, prefix)
+
+
+def test_replies_have_their_own_short_lived_topic(kafka_bootstrap: str) -> None:
+    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+    log = _open(kafka_bootstrap, 2)
+    try:
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        meta = admin.list_topics(log.replies_topic, timeout=10).topics[log.replies_topic]
+        assert len(meta.partitions) == REPLY_PARTITIONS
+        resource = ConfigResource(ConfigResource.Type.TOPIC, log.replies_topic)
+        config = admin.describe_configs([resource])[resource].result(timeout=10)
+        assert config["retention.ms"].value == str(REPLY_RETENTION_MS)
+        # Two node ids in one partition: each mailbox keeps only its own replies.
+        a, b = "n1", next(f"n{i}" for i in range(2, 99) if partition_for(f"n{i}", 4) == 0)
+        assert partition_for(a, REPLY_PARTITIONS) == partition_for(b, REPLY_PARTITIONS)
+        box_a, box_b = log.mailbox(a), log.mailbox(b)
+        log.send_reply(b, b"to b")
+        log.send_reply(a, b"to a")
+        assert box_a.poll(10.0) == [b"to a"]
+        assert box_b.poll(10.0) == [b"to b"]
+    finally:
+        log.close()

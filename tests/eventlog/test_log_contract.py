@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from core.errors import Fenced
-from eventlog.port import EventLog, Membership, Record
+from eventlog.port import EventLog, Mailbox, Membership, Record
 
 if TYPE_CHECKING:
     from tests.eventlog.conftest import LogFactory
@@ -351,3 +351,54 @@ def test_concurrent_appends_get_distinct_increasing_offsets(log_factory: LogFact
     # The tailing reader saw the final log, in order, while it was being written.
     assert [(r.offset, r.value) for r in tailed] == sorted(acked["events", 0].items())
     member.close()
+
+
+# -- mailboxes ----------------------------------------------------------------------------------
+
+
+def receive_exactly(box: Mailbox, count: int, timeout_s: float = 10.0) -> list[bytes]:
+    """Poll until ``count`` replies came back (failing on more), then check nothing follows."""
+    replies: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    while len(replies) < count:
+        assert time.monotonic() < deadline, f"got {len(replies)} of {count} replies"
+        replies.extend(box.poll(0.1))
+    assert len(replies) == count, replies
+    assert box.poll(0.3) == []
+    return replies
+
+
+def test_a_reply_reaches_the_open_mailbox_once(log_factory: LogFactory) -> None:
+    log = log_factory.open()
+    box = log.mailbox("n1")
+    log.send_reply("n1", b"first")
+    log.send_reply("n1", b"second")
+    assert receive_exactly(box, 2) == [b"first", b"second"]
+    box.close()
+
+
+def test_replies_to_other_nodes_do_not_arrive(log_factory: LogFactory) -> None:
+    log = log_factory.open()
+    box, other = log.mailbox("n1"), log.mailbox("n2")
+    # Sixteen other ids: where mailboxes share partitions, some of them share n1's.
+    for i in range(3, 19):
+        log.send_reply(f"n{i}", b"for someone else")
+    log.send_reply("n2", b"for n2")
+    log.send_reply("n1", b"for n1")
+    assert receive_exactly(box, 1) == [b"for n1"]
+    assert receive_exactly(other, 1) == [b"for n2"]
+    box.close()
+    other.close()
+
+
+def test_replies_sent_before_the_mailbox_opened_do_not_arrive(log_factory: LogFactory) -> None:
+    log = log_factory.open()
+    earlier = log.mailbox("n1")
+    log.send_reply("n1", b"before")
+    assert receive_exactly(earlier, 1) == [b"before"]  # it is in the log, whatever the adapter
+    earlier.close()
+    # The node restarts and opens its mailbox again: only what is sent from now on arrives.
+    box = log.mailbox("n1")
+    log.send_reply("n1", b"after")
+    assert receive_exactly(box, 1) == [b"after"]
+    box.close()
