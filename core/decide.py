@@ -415,27 +415,30 @@ def _with_dst_skips(
         match event:
             case RunMaterialised() | RunSkipped() | RunCancelled():
                 while instant is not None and instant < event.scheduled_for:
-                    merged.append(_dst_skip(job, instant, current, now))
+                    merged.append(_skipped(job, instant, SkipReason.DST, current, now))
                     instant = next(pending, None)
         merged.append(event)
         match event:
             case RunMaterialised(trigger=Trigger.SCHEDULE) | RunSkipped():
                 current = event.next_slot
     while instant is not None:
-        merged.append(_dst_skip(job, instant, current, now))
+        merged.append(_skipped(job, instant, SkipReason.DST, current, now))
         instant = next(pending, None)
     return merged
 
 
-def _dst_skip(job: JobState, instant: Millis, next_after: Millis | None, now: Millis) -> RunSkipped:
+def _skipped(
+    job: JobState, slot: Millis, reason: SkipReason, next_after: Millis | None, now: Millis
+) -> RunSkipped:
+    """One slot that will not run, and the job's next slot after it."""
     return RunSkipped(
         at=now,
         job_id=job.job_id,
         tenant=job.spec.tenant,
-        scheduled_for=instant,
-        last_scheduled_for=instant,
+        scheduled_for=slot,
+        last_scheduled_for=slot,
         count=1,
-        reason=SkipReason.DST,
+        reason=reason,
         next_slot=next_after,
     )
 
@@ -456,35 +459,18 @@ def _with_overlap(
     for i, slot in enumerate(slots):
         after = slots[i + 1] if i + 1 < len(slots) else final_next
         policy = spec.overlap_policy
-        if run_id_of(job.job_id, slot) in state.runs:
-            # A manual trigger of this very instant made the slot's run already: one identity,
-            # one run. The slot is recorded as overlapping it, which also moves the cursor on.
-            events.append(
-                RunSkipped(
-                    at=now,
-                    job_id=job.job_id,
-                    tenant=spec.tenant,
-                    scheduled_for=slot,
-                    last_scheduled_for=slot,
-                    reason=SkipReason.OVERLAP,
-                    next_slot=after,
-                )
-            )
-        elif not live_ids or policy == OverlapPolicy.ALLOW:
+        exists = run_id_of(job.job_id, slot) in state.runs
+        if not exists and (not live_ids or policy == OverlapPolicy.ALLOW):
             events.append(_materialised(job, slot, now, trigger=Trigger.SCHEDULE, next_after=after))
             live_ids.append(run_id_of(job.job_id, slot))
-        elif policy == OverlapPolicy.SKIP or (policy == OverlapPolicy.BUFFER_ONE and blocked):
-            events.append(
-                RunSkipped(
-                    at=now,
-                    job_id=job.job_id,
-                    tenant=spec.tenant,
-                    scheduled_for=slot,
-                    last_scheduled_for=slot,
-                    reason=SkipReason.OVERLAP,
-                    next_slot=after,
-                )
-            )
+        elif (
+            exists
+            or policy == OverlapPolicy.SKIP
+            or (policy == OverlapPolicy.BUFFER_ONE and blocked)
+        ):
+            # ``exists``: a manual trigger of this very instant made the slot's run already
+            # (one identity, one run); the slot is recorded as overlapping it.
+            events.append(_skipped(job, slot, SkipReason.OVERLAP, after, now))
         elif policy == OverlapPolicy.BUFFER_ONE:
             events.append(
                 _materialised(
