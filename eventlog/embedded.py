@@ -56,9 +56,9 @@ from rocksdict import (
 )
 
 from core.errors import CronlogError, Fenced
-from eventlog.mailbox import LocalMailbox, LocalPostOffice
-from eventlog.memory import ChangeSignal, SingleNodeMembership
-from eventlog.port import OwnershipListener, PartitionWriter, Record
+from eventlog.mailbox import LocalPostOffice
+from eventlog.memory import ChangeSignal, SingleProcessLog
+from eventlog.port import PartitionWriter, Record
 
 STREAMS = ("commands", "events")
 _META = "meta"
@@ -146,7 +146,7 @@ class EmbeddedWriter:
         self._closed = True
 
 
-class EmbeddedLog:
+class EmbeddedLog(SingleProcessLog):
     """``EmbeddedLog.open(path, num_partitions)``: the log port on local RocksDB."""
 
     def __init__(self, path: str | Path, num_partitions: int) -> None:
@@ -224,20 +224,6 @@ class EmbeddedLog:
         self._check_partition(partition)
         with self._signal.cond:
             return self._visible[stream][partition]
-
-    def send_reply(self, node_id: str, value: bytes) -> None:
-        self._post_office.send(node_id, value)
-
-    def mailbox(self, node_id: str) -> LocalMailbox:
-        return self._post_office.open(node_id)
-
-    def join(self, listener: OwnershipListener) -> SingleNodeMembership:
-        return SingleNodeMembership(
-            listener,
-            self._signal,
-            self._take_over,
-            lambda partition, offset, limit: self.read_commands(partition, offset, limit),
-        )
 
     def close(self) -> None:
         """Finish queued writes, wake every waiter, wait for reads, then release the LOCK."""

@@ -207,7 +207,38 @@ class _Stream:
         self.next_offset = 0
 
 
-class MemoryLog:
+class SingleProcessLog:
+    """What a log whose only node is this process gives that node: every partition (through
+    :class:`SingleNodeMembership`) and in-process mailboxes. Shared by the memory and embedded
+    logs."""
+
+    _post_office: LocalPostOffice
+    _signal: ChangeSignal
+
+    def _take_over(self, member: object) -> dict[int, PartitionWriter]:
+        raise NotImplementedError
+
+    def read_commands(
+        self, partition: int, from_offset: int, max_records: int = 1000, timeout_s: float = 0.0
+    ) -> list[Record]:
+        raise NotImplementedError
+
+    def send_reply(self, node_id: str, value: bytes) -> None:
+        self._post_office.send(node_id, value)
+
+    def mailbox(self, node_id: str) -> LocalMailbox:
+        return self._post_office.open(node_id)
+
+    def join(self, listener: OwnershipListener) -> SingleNodeMembership:
+        return SingleNodeMembership(
+            listener,
+            self._signal,
+            self._take_over,
+            lambda partition, offset, limit: self.read_commands(partition, offset, limit),
+        )
+
+
+class MemoryLog(SingleProcessLog):
     """``MemoryLog(num_partitions, gaps=False)``: the log port, in memory, thread-safe."""
 
     def __init__(self, num_partitions: int, *, gaps: bool = False) -> None:
@@ -247,20 +278,6 @@ class MemoryLog:
         self._check_partition(partition)
         with self._signal.cond:
             return self._stream(stream, partition).next_offset
-
-    def send_reply(self, node_id: str, value: bytes) -> None:
-        self._post_office.send(node_id, value)
-
-    def mailbox(self, node_id: str) -> LocalMailbox:
-        return self._post_office.open(node_id)
-
-    def join(self, listener: OwnershipListener) -> SingleNodeMembership:
-        return SingleNodeMembership(
-            listener,
-            self._signal,
-            self._take_over,
-            lambda partition, offset, limit: self.read_commands(partition, offset, limit),
-        )
 
     def close(self) -> None:
         with self._signal.cond:
