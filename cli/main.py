@@ -168,8 +168,12 @@ def serve_command(args: argparse.Namespace) -> int:
         f"({'kafka ' + args.kafka if args.kafka else 'embedded log in ' + str(data_dir)})",
         flush=True,
     )
+    # uvicorn drains HTTP on SIGTERM/SIGINT, then raises the signal again with the handler it
+    # found installed: make that handler a clean exit, so the node below stops gracefully too.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
     try:
-        server.run()  # returns on SIGTERM or SIGINT, after the HTTP side has drained
+        server.run()
     finally:
         node.stop()
         log_.close()
@@ -189,6 +193,10 @@ def load_tokens(data_dir: Path) -> dict[str, str]:
         token = create_default_token(path)
         print(f"cronlog: created a token for tenant 'default' in {path}: {token}", flush=True)
     return read_tokens_file(path)
+
+
+def _exit_cleanly(signum: int, _frame: object) -> None:
+    raise SystemExit(0)
 
 
 def _stored_partitions(data_dir: Path, requested: int) -> int:
