@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from eventlog.port import EventLog
+    from node.node import Node
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
 DEFAULT_URL = os.environ.get("CRONLOG_URL", "http://127.0.0.1:8080")
@@ -162,7 +163,7 @@ def serve_command(args: argparse.Namespace) -> int:
     # Let allocation bursts (a midnight herd) run between collections, and once recovery has
     # loaded what lives as long as the node, keep the collector off it.
     gc.set_threshold(50_000, 20, 20)
-    threading.Thread(target=lambda: node.wait_ready(600) and gc.freeze(), daemon=True).start()
+    threading.Thread(target=_freeze_when_ready, args=(node,), daemon=True).start()
     print(
         f"cronlog {args.node_id} serving on http://{args.host}:{args.port} "
         f"({'kafka ' + args.kafka if args.kafka else 'embedded log in ' + str(data_dir)})",
@@ -193,6 +194,11 @@ def load_tokens(data_dir: Path) -> dict[str, str]:
         token = create_default_token(path)
         print(f"cronlog: created a token for tenant 'default' in {path}: {token}", flush=True)
     return read_tokens_file(path)
+
+
+def _freeze_when_ready(node: Node) -> None:
+    if node.wait_ready(600):
+        gc.freeze()
 
 
 def _exit_cleanly(signum: int, _frame: object) -> None:
