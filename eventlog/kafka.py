@@ -445,6 +445,7 @@ class KafkaMembership:
         self._lock = threading.Lock()
         self._writers: dict[int, KafkaPartitionWriter] = {}
         self._closed = False
+        self._group_metadata: object = None
         self._consumer = Consumer(log._member_config())
         self._consumer.subscribe(
             [self._commands],
@@ -459,6 +460,7 @@ class KafkaMembership:
         deadline = time.monotonic() + timeout_s
         while True:
             first = self._consumer.poll(max(deadline - time.monotonic(), 0.0))
+            self._refresh_group_metadata()
             if first is None:
                 return []
             batch = (
@@ -478,6 +480,20 @@ class KafkaMembership:
     def owned(self) -> frozenset[int]:
         with self._lock:
             return frozenset(self._writers)
+
+    def group_metadata(self) -> object:
+        """The group generation and member id a transaction's command position is sent with."""
+        with self._lock:
+            return self._group_metadata
+
+    def _refresh_group_metadata(self) -> None:
+        # Called from the polling thread only. The consumer serves one call at a time: a writer
+        # asking it for the metadata would wait behind every poll, and a thread that polls
+        # again at once starves it for good. The metadata changes only in a rebalance, which
+        # happens inside poll, so the poller keeps a copy for the writers.
+        metadata = self._consumer.consumer_group_metadata()
+        with self._lock:
+            self._group_metadata = metadata
 
     def close(self) -> None:
         if self._closed:
@@ -505,8 +521,9 @@ class KafkaMembership:
             return  # an assignment served while leaving is revoked right after; open nothing
         log = self._log
         # Fence every predecessor first: after that no transaction can move a command position.
+        self._refresh_group_metadata()  # this generation's, for the new writers' first appends
         writers = {
-            tp.partition: KafkaPartitionWriter.open(log, tp.partition, consumer)
+            tp.partition: KafkaPartitionWriter.open(log, tp.partition, self.group_metadata)
             for tp in partitions
         }
         committed = consumer.committed(
@@ -545,18 +562,24 @@ class KafkaPartitionWriter:
     """The transactional producer ``<prefix>.p<N>``: the single writer of partition N."""
 
     def __init__(
-        self, log: KafkaLog, partition: int, producer: Producer, consumer: Consumer
+        self,
+        log: KafkaLog,
+        partition: int,
+        producer: Producer,
+        group_metadata: Callable[[], object],
     ) -> None:
         self._log = log
         self._partition = partition
         self._producer: Producer | None = producer
-        self._consumer = consumer
+        self._group_metadata = group_metadata
         self._position = 0
         self._lock = threading.RLock()  # append holds it while a failure closes the writer
         self._transactional_id = f"{log.prefix}.p{partition}"
 
     @classmethod
-    def open(cls, log: KafkaLog, partition: int, consumer: Consumer) -> KafkaPartitionWriter:
+    def open(
+        cls, log: KafkaLog, partition: int, group_metadata: Callable[[], object]
+    ) -> KafkaPartitionWriter:
         """Open the writer, fencing the partition's previous writer."""
         producer = Producer(
             log._client_config(
@@ -569,7 +592,7 @@ class KafkaPartitionWriter:
             )
         )
         _retrying(lambda: producer.init_transactions(log._timeout_s))
-        return cls(log, partition, producer, consumer)
+        return cls(log, partition, producer, group_metadata)
 
     @property
     def partition(self) -> int:
@@ -625,7 +648,7 @@ class KafkaPartitionWriter:
             ]
             _retrying(
                 lambda: producer.send_offsets_to_transaction(
-                    position, self._consumer.consumer_group_metadata(), timeout_s
+                    position, self._group_metadata(), timeout_s
                 )
             )
         if events:
