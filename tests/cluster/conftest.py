@@ -1,0 +1,30 @@
+"""Fixtures for the cluster tests: two node processes on the test Kafka, and a loopback target."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.nodes import Cluster
+from tests.node.targets import Target
+
+
+@pytest.fixture
+def target() -> Iterator[Target]:
+    t = Target().start()
+    yield t
+    t.stop()
+
+
+@pytest.fixture
+def cluster(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Cluster]:
+    """Two nodes, ``n1`` and ``n2``, both ready, on topics of this test's own."""
+    c = Cluster(kafka_bootstrap, tmp_path)
+    try:
+        c.start("n1", "n2")
+        yield c
+    finally:
+        c.stop()
+        print(c.logs())  # shown when the test failed

@@ -1,0 +1,187 @@
+"""Two cronlog nodes as real processes on the real Kafka broker, driven over HTTP.
+
+Each test starts its own pair on topics of its own (the ``cluster`` fixture); a job goes to
+the partition ``partition_for(job_id, 4)``, so the tests pick job ids per partition and cover
+both a partition the asked node owns and one the other node owns (the request then travels
+through the partition's commands stream and the answer back through the asking node's mailbox).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+
+from tests.cluster.hold import HoldingTarget
+from tests.cluster.nodes import PARTITIONS, Cluster, NodeProcess, iso, job_ids, now_ms
+from tests.node.targets import Target
+
+pytestmark = pytest.mark.slow
+
+QUICK_BACKOFF = {"base_sec": 0.2, "factor": 2, "cap_sec": 5, "jitter": False}
+
+
+def owners(cluster: Cluster) -> list[list[int]]:
+    """Each group member's partitions, from the broker's description of the consumer group."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    group = f"{cluster.prefix}.scheduler"
+    described = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    return sorted(
+        sorted(tp.partition for tp in member.assignment.topic_partitions)
+        for member in described.members
+    )
+
+
+def one_per_partition(name: str) -> list[str]:
+    return [job_ids(name, p, 1)[0] for p in range(PARTITIONS)]
+
+
+def run_in_state(node: NodeProcess, run_id: str, state: str) -> dict[str, Any] | None:
+    """The run once the node's read model has it in ``state`` (polled by ``wait_until``)."""
+    run = node.run(run_id)
+    return run if run is not None and run["state"] == state else None
+
+
+def wait_until(what: str, check: Any, timeout_s: float = 10.0) -> Any:
+    """Poll a node's HTTP API until ``check()`` gives something truthy."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := check()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return result
+
+
+def test_both_nodes_become_ready_and_split_the_partitions(cluster: Cluster) -> None:
+    assert all(node.ready() for node in cluster.nodes.values())
+    split = owners(cluster)
+    assert len(split) == 2 and all(split), split
+    assert sorted(itertools.chain(*split)) == list(range(PARTITIONS))
+
+
+def test_a_job_on_the_other_nodes_partition_is_forwarded_and_fires_on_time(
+    cluster: Cluster, target: Target
+) -> None:
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    slots = {}
+    for job_id in one_per_partition("fwd"):
+        slot = now_ms() + 1500
+        response = n1.create_job(
+            {"job_id": job_id, "name": "once", "run_at": iso(slot), "target": target.url}
+        )
+        assert response.status_code == 201, response.text
+        assert response.json()["next_run_at"] == iso(slot)
+        slots[job_id] = slot
+    calls = {c.headers["Idempotency-Key"]: c for c in target.wait_for(PARTITIONS, 10)}
+    assert len(calls) == PARTITIONS and len(target.calls) == PARTITIONS
+    workers = set()
+    for job_id, slot in slots.items():
+        call = calls[f"{job_id}:{slot}"]
+        late_ms = call.received_at * 1000 - slot
+        assert 0 <= late_ms < 1000, (job_id, late_ms)
+        assert call.headers["X-Cronlog-Run-Id"] == f"{job_id}.{slot}"
+        assert call.headers["X-Cronlog-Attempt"] == "1"
+        assert int(call.headers["X-Cronlog-Fencing-Token"]) >= 1
+        # Read back through the other node: its read model follows every partition.
+        run = wait_until(
+            f"{job_id} never showed up as succeeded at n2",
+            lambda run_id=f"{job_id}.{slot}": run_in_state(n2, run_id, "succeeded"),
+        )
+        workers.add(run["attempts"][0]["worker_id"])
+    # Both cases were covered: partitions n1 decided itself and partitions it forwarded to n2.
+    assert workers == {n1.worker_id, n2.worker_id}
+
+
+def test_a_failing_target_is_retried_with_growing_delays_dead_lettered_and_replayed(
+    cluster: Cluster, target: Target
+) -> None:
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    target.answer = lambda call: (503, {}, 0.0)
+    slot = now_ms() + 500
+    job_id = one_per_partition("flaky")[1]
+    response = n1.create_job(
+        {
+            "job_id": job_id,
+            "name": "flaky",
+            "run_at": iso(slot),
+            "target": target.url,
+            "retries": 2,
+            "backoff": QUICK_BACKOFF,
+        }
+    )
+    assert response.status_code == 201, response.text
+    calls = target.wait_for(3, timeout_s=15)
+    assert [c.headers["X-Cronlog-Attempt"] for c in calls] == ["1", "2", "3"]
+    gaps = [b.received_at - a.received_at for a, b in itertools.pairwise(calls)]
+    assert gaps[1] > gaps[0] >= 0.2, gaps
+    run_id = f"{job_id}.{slot}"
+    for node in (n1, n2):  # the dead-letter list reads the same through either node
+        wait_until(f"{run_id} not dead at {node.node_id}", lambda node=node: node.dead())
+        [dead] = node.dead()
+        assert dead["run_id"] == run_id and dead["attempt"] == 3
+    # Created through n1, replayed through n2: one of the two requests was forwarded.
+    target.answer = lambda call: (200, {}, 0.0)
+    replayed = n2.http.post(f"/v1/runs/{run_id}/replay")
+    assert replayed.status_code == 200, replayed.text
+    calls = target.wait_for(4, timeout_s=10)
+    assert calls[3].headers["X-Cronlog-Attempt"] == "4"
+    assert int(calls[3].headers["X-Cronlog-Fencing-Token"]) > int(
+        calls[2].headers["X-Cronlog-Fencing-Token"]
+    )
+    wait_until("the replayed run never succeeded", lambda: run_in_state(n1, run_id, "succeeded"))
+    assert n1.dead() == [] and n2.dead() == []
+
+
+def test_pause_stops_firing_and_resume_restarts(cluster: Cluster, target: Target) -> None:
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    job_id = one_per_partition("tick")[2]
+    body = {"job_id": job_id, "name": "tick", "schedule": "* * * * * *", "target": target.url}
+    assert n1.create_job(body).status_code == 201
+    target.wait_for(1, timeout_s=5)
+    paused = n1.http.patch(f"/v1/jobs/{job_id}", json={"status": "paused"})
+    assert paused.status_code == 200 and paused.json()["status"] == "paused", paused.text
+    paused_at = time.time()
+    count = len(target.calls)
+    time.sleep(2.2)  # real time must pass to show that nothing fires while paused
+    # A run started just before the pause was acknowledged may still arrive; nothing later.
+    assert [c for c in target.calls[count:] if c.received_at > paused_at + 0.2] == []
+    # Paused through n1, resumed through n2: one of the two requests was forwarded.
+    resumed = n2.http.patch(f"/v1/jobs/{job_id}", json={"status": "active"})
+    assert resumed.status_code == 200 and resumed.json()["status"] == "active", resumed.text
+    calls = target.wait_for(len(target.calls) + 2, timeout_s=5)
+    assert calls[-1].received_at > paused_at + 2
+
+
+def test_a_cancel_reaches_the_executor_running_the_call(cluster: Cluster) -> None:
+    slow = HoldingTarget(hold_s=20.0)
+    try:
+        n1 = cluster.nodes["n1"]
+        slot = now_ms() + 300
+        job_id = one_per_partition("slow")[3]
+        body = {
+            "job_id": job_id,
+            "name": "slow",
+            "run_at": iso(slot),
+            "target": slow.url,
+            "lease_sec": 3,
+            "timeout_sec": 30,
+        }
+        assert n1.create_job(body).status_code == 201
+        assert slow.received.wait(10)
+        run_id = f"{job_id}.{slot}"
+        run = wait_until(
+            "the run never showed as running", lambda: run_in_state(n1, run_id, "running")
+        )
+        # Cancel through the node whose executor does not run the call: it goes through the log.
+        runner = run["attempts"][0]["worker_id"].split("/")[0]
+        asker = cluster.nodes["n2" if runner == "n1" else "n1"]
+        cancelled_at = time.time()
+        response = asker.http.post(f"/v1/runs/{run_id}/cancel")
+        assert response.status_code == 200 and response.json()["state"] == "cancelled"
+        # The executor learns on its next heartbeat (every lease_sec / 3 = 1 s) and hangs up.
+        assert slow.hung_up.wait(5), "the executor kept calling the target"
+        assert slow.hung_up_at - cancelled_at < 2.5
+    finally:
+        slow.stop()
