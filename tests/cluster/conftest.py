@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,12 @@ from tests.node.targets import Target
 
 
 @pytest.fixture
-def target() -> Iterator[Target]:
-    t = Target().start()
+def target(monkeypatch: pytest.MonkeyPatch) -> Iterator[Target]:
+    # Twenty jobs firing on the same second connect at once: with socketserver's backlog of 5
+    # the kernel drops SYNs and the client's retransmit makes a call a second late.
+    with monkeypatch.context() as patch:
+        patch.setattr(ThreadingHTTPServer, "request_queue_size", 128)
+        t = Target().start()
     yield t
     t.stop()
 

@@ -152,6 +152,14 @@ class NodeProcess:
             self.process.kill()
             self.process.wait()
 
+    def logged_at(self, text: str) -> float:
+        """When the node last logged a line containing ``text`` (``time.time()`` scale)."""
+        for line in reversed(self.log_path.read_text(errors="replace").splitlines()):
+            if text in line:
+                stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                return stamp.timestamp()  # logging's asctime is local time, as is this
+        raise AssertionError(f"{self.node_id} never logged {text!r}")
+
     def log_tail(self, lines: int = 60) -> str:
         if not self.log_path.exists():
             return "(no log)"

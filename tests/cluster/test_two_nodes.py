@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
 
 from tests.cluster.hold import HoldingTarget
 from tests.cluster.nodes import PARTITIONS, Cluster, NodeProcess, iso, job_ids, now_ms
