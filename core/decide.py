@@ -522,6 +522,8 @@ def _upstream(state: PartitionState, cmd: UpstreamSucceeded, now: Millis) -> lis
         return []
     if cmd.upstream_job_id not in job.spec.depends_on:
         return []
+    if job.last_triggered is not None and cmd.scheduled_for <= job.last_triggered:
+        return []  # a late or repeated delivery of a success that already counted
     events: list[AnyEvent] = [
         UpstreamRecorded(
             at=now,

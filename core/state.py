@@ -78,6 +78,7 @@ class JobState(msgspec.Struct, kw_only=True, gc=False):
     live: list[str] = []  # run ids: pending, blocked or running
     blocked_run: str | None = None
     upstream: dict[str, Millis] = {}  # upstream job -> slot it succeeded for, since last trigger
+    last_triggered: Millis | None = None  # the slot of the last dependency-triggered run
     trigger_keys: dict[str, str] = {}  # idempotency key of a manual trigger -> run id
 
 
@@ -232,6 +233,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 job.next_slot = event.next_slot
             elif event.trigger is Trigger.DEPENDENCY:
                 job.upstream = {}
+                job.last_triggered = event.scheduled_for
             if event.idempotency_key is not None:
                 job.trigger_keys[event.idempotency_key] = run.run_id
                 if len(job.trigger_keys) > TRIGGER_KEYS_KEPT:

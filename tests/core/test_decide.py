@@ -473,3 +473,18 @@ def test_a_manual_run_of_the_current_slot_is_the_scheduled_run() -> None:
     with pytest.raises(InvalidDefinition) as err:
         sim.do(TriggerRun(job_id="j", tenant="team-a", scheduled_for=T0 + 10 * MIN))
     assert err.value.field == "scheduled_for"
+
+
+def test_a_repeated_upstream_success_does_not_trigger_again() -> None:
+    sim = Sim(T0)
+    sim.do(PutJob(job_id="load", spec=spec(schedule=None, depends_on=("a", "b"))))
+    for upstream in ("a", "b"):
+        sim.do(UpstreamSucceeded(job_id="load", upstream_job_id=upstream, scheduled_for=T0))
+    assert len(sim.of_type(ev.RunMaterialised)) == 1
+    # The relay that delivers successes is at-least-once: a repeat of "a" must not count as a
+    # new success that, with the next "b", would trigger a run "a" never succeeded for.
+    assert sim.do(UpstreamSucceeded(job_id="load", upstream_job_id="a", scheduled_for=T0)) == []
+    sim.do(UpstreamSucceeded(job_id="load", upstream_job_id="b", scheduled_for=T0 + MIN))
+    assert len(sim.of_type(ev.RunMaterialised)) == 1
+    sim.do(UpstreamSucceeded(job_id="load", upstream_job_id="a", scheduled_for=T0 + MIN))
+    assert [r.scheduled_for for r in sim.of_type(ev.RunMaterialised)] == [T0, T0 + MIN]
