@@ -106,6 +106,14 @@ _run_decoder = msgspec.msgpack.Decoder(RunView)
 _skip_decoder = msgspec.msgpack.Decoder(SkipView)
 
 
+def _depend(
+    p: _Pending, tenant: str, job_id: str, upstreams: Sequence[str], value: bytes | None
+) -> None:
+    """Index (``b""``) or unindex (``None``) ``job_id`` as a dependant of each upstream job."""
+    for upstream in upstreams:
+        p.raw[f"dp/{tenant}/{upstream}/{job_id}".encode()] = value
+
+
 class _JobRecord(msgspec.Struct, kw_only=True, gc=False):
     view: JobView  # ``view.status`` is the derived status, the one the status index holds
     base: JobStatusName  # active, paused or cancelled, as the job events say
@@ -325,10 +333,13 @@ class ReadModel:
                     ),
                     fresh=True,
                 )
+                _depend(p, event.tenant, event.job_id, event.spec.depends_on, b"")
             case JobUpdated():
                 job = self._job(p, event.job_id)
                 if job is not None:
                     view = job.view
+                    _depend(p, view.tenant, view.job_id, view.spec.depends_on, None)
+                    _depend(p, view.tenant, view.job_id, event.spec.depends_on, b"")
                     view.spec, view.name, view.version = event.spec, event.spec.name, event.version
                     view.next_slot, view.updated_at = event.next_slot, event.at
                     self._put_job(p, job)
@@ -342,6 +353,7 @@ class ReadModel:
                         job.base, job.view.next_slot = "active", event.next_slot
                     else:
                         job.base, job.view.next_slot = "cancelled", None
+                        _depend(p, job.view.tenant, job.view.job_id, job.view.spec.depends_on, None)
                     self._put_job(p, job)
             case RunMaterialised():
                 self._materialise(p, event)
@@ -559,6 +571,11 @@ class ReadModel:
             return None
         run = _run_decoder.decode(stored)
         return run if run.tenant == tenant else None
+
+    def dependants(self, tenant: str, upstream_job_id: str) -> list[str]:
+        """The live jobs of ``tenant`` whose ``depends_on`` names ``upstream_job_id``."""
+        with self._db_lock:
+            return [key.decode() for key, _ in self._scan(f"dp/{tenant}/{upstream_job_id}/")]
 
     def run_by_key(self, tenant: str, job_id: str, idempotency_key: str) -> RunView | None:
         """The run a manual trigger of ``job_id`` with ``idempotency_key`` made (the latest, if

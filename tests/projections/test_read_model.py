@@ -15,7 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core import events as ev
-from core.commands import CancelRun, ClaimRuns, CompleteRun, Outcome, PutJob, TriggerRun
+from core.commands import (
+    CancelJob,
+    CancelRun,
+    ClaimRuns,
+    CompleteRun,
+    Outcome,
+    PutJob,
+    TriggerRun,
+)
 from core.errors import InvalidDefinition
 from core.state import RunStatus
 from eventlog.embedded import EmbeddedLog
@@ -447,3 +455,22 @@ def test_runner_follows_every_partition_and_wait_for_returns_once_caught_up(
         assert runner.errors == {}
     writers.close()
     log.close()
+
+
+def test_dependants_follow_registration_update_and_cancel(model: ReadModel) -> None:
+    sim = Sim(T0)
+    sim.do(PutJob(job_id="a", spec=_spec("a", "t1", schedule="0 * * * *")))
+    sim.do(PutJob(job_id="b", spec=_spec("b", "t1", schedule="0 * * * *")))
+    sim.do(PutJob(job_id="load", spec=_spec("load", "t1", depends_on=("a", "b"))))
+    sim.do(PutJob(job_id="other", spec=_spec("other", "t2", depends_on=("a",))))
+    feed(model, sim)
+    assert model.dependants("t1", "a") == ["load"] and model.dependants("t1", "b") == ["load"]
+    assert model.dependants("t2", "a") == ["other"]  # a tenant's own jobs only
+    start = len(sim.log)
+    sim.do(PutJob(job_id="load", spec=_spec("load", "t1", depends_on=("b",))))
+    feed(model, sim, start=start)
+    assert model.dependants("t1", "a") == [] and model.dependants("t1", "b") == ["load"]
+    start = len(sim.log)
+    sim.do(CancelJob(job_id="load", tenant="t1"))
+    feed(model, sim, start=start)
+    assert model.dependants("t1", "b") == []
