@@ -54,6 +54,7 @@ from core.errors import CronlogError, Unavailable
 from eventlog.port import EventLog, Mailbox, Membership, partition_for
 from node import wire
 from node.executors import Executors
+from node.relay import DependencyRelay
 from node.runner import Decided, PartitionRunner, Request
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
@@ -104,12 +105,14 @@ class Node:
         self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
         self._history = ReadModel.open(self._data_dir)
         self._history_runner = ReadModelRunner(log_, self._history)
+        self._relay = DependencyRelay(log_, self._history, self.execute)
 
     # -- life cycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         self.executors.start()
         self._history_runner.start()
+        self._relay.start()
         self._mailbox = self._log.mailbox(self.node_id)
         self._mail_reader = threading.Thread(target=self._read_mailbox, name="mailbox", daemon=True)
         self._mail_reader.start()
@@ -128,6 +131,7 @@ class Node:
         if self._membership is not None:
             self._membership.close()  # revokes every partition first
         self.revoked(list(self._runners))
+        self._relay.stop()
         self.executors.stop()
         self._history_runner.stop()
         self._history.close()
@@ -193,7 +197,14 @@ class Node:
         for p in partitions:
             store = RocksStateStore.open(self._data_dir, p)
             runner = PartitionRunner(
-                p, self._log, self._membership.writer(p), store, self._clock, self.executors
+                p,
+                self._log,
+                self._membership.writer(p),
+                store,
+                self._clock,
+                self.executors,
+                on_appended=self._relay.appended,
+                on_recovered=self._relay.recovered,
             )
             with self._lock:
                 self._stores[p] = store

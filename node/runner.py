@@ -87,6 +87,7 @@ class PartitionRunner:
         clock: Clock,
         dispatcher: Dispatcher,
         on_appended: Callable[[int, list[int], list[AnyEvent]], None] | None = None,
+        on_recovered: Callable[[int], None] | None = None,
     ) -> None:
         self.partition = partition
         self._log = log_
@@ -95,6 +96,7 @@ class PartitionRunner:
         self._clock = clock
         self._dispatcher = dispatcher
         self._on_appended = on_appended
+        self._on_recovered = on_recovered
         self._inbox: deque[Request] = deque()
         self._cv = threading.Condition()
         self._stopped = False
@@ -143,6 +145,8 @@ class PartitionRunner:
             if not self.wheel.add(key, deadline):
                 self._due.append(key)
         self.caught_up.set()
+        if self._on_recovered is not None:
+            self._on_recovered(self.partition)
 
     # -- the loop --------------------------------------------------------------------------
 

@@ -129,3 +129,24 @@ def test_cancel_of_a_running_run_reaches_the_executor(node: Node, target: Target
     # The executor abandons the call on its next heartbeat (every ~0.33 s), not after 5 s.
     assert node.executors.wait_idle(2)
     assert state_of(node, f"slow.{slot}") == "cancelled"
+
+
+def test_a_dependent_job_runs_once_every_upstream_succeeded(node: Node, target: Target) -> None:
+    from eventlog.port import partition_for
+
+    # Upstream and dependant jobs on different partitions: the trigger crosses partitions.
+    assert len({partition_for(j, 4) for j in ("up-a", "up-b", "after")}) > 1
+    asyncio.run(
+        node.execute(PutJob(job_id="after", spec=spec(target.url, depends_on=("up-a", "up-b"))))
+    )
+    slot = now_ms() + 300
+    for job_id in ("up-a", "up-b"):
+        asyncio.run(node.execute(PutJob(job_id=job_id, spec=spec(target.url, run_at=slot))))
+    calls = target.wait_for(3, timeout_s=10)
+    by_job = {c.body["job_id"]: c for c in calls}
+    assert set(by_job) == {"up-a", "up-b", "after"}
+    assert by_job["after"].body["scheduled_for_ms"] == slot  # the upstream runs' logical slot
+    assert by_job["after"].received_at >= max(
+        by_job["up-a"].received_at, by_job["up-b"].received_at
+    )
+    assert len(target.wait_for(4, timeout_s=1)) == 3  # and only once

@@ -1,0 +1,104 @@
+"""Dependencies across partitions: tell each dependent job that an upstream job succeeded.
+
+A job with ``depends_on`` may live in another partition than its upstream jobs, so the owner of
+the upstream's partition, right after a ``RunCompleted`` is durable, sends an
+``UpstreamSucceeded`` request to each dependant (found in the read model's dependants index),
+through the node like any other request: to a local runner, or forwarded to the owner.
+
+Delivery is at least once. A request that fails is retried with backoff; a node that dies
+between the append and the send loses nothing either, because a new owner, once it has
+recovered a partition, relays again the successes among that partition's most recent events.
+Repeats are harmless: the dependant's partition ignores a success at or before the slot it last
+triggered for, and records the same success twice as once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+
+from core import events as ev
+from core.commands import AnyCommand, UpstreamSucceeded
+from core.errors import CronlogError, NotFound
+from eventlog.port import EventLog
+from projections.read_model import ReadModel
+
+log = logging.getLogger(__name__)
+
+RECENT_EVENTS = 10_000  # how far back a new owner looks for successes to relay again
+ATTEMPTS = 8
+
+
+class DependencyRelay:
+    def __init__(
+        self,
+        log_: EventLog,
+        history: ReadModel,
+        execute: Callable[[AnyCommand], Awaitable[list[ev.AnyEvent]]],
+    ) -> None:
+        self._log = log_
+        self._history = history
+        self._execute = execute
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="relay", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        self._loop.close()
+
+    def appended(
+        self, partition: int, offsets: Sequence[int], events: Sequence[ev.AnyEvent]
+    ) -> None:
+        """Called by a runner after an append is durable."""
+        for event in events:
+            if isinstance(event, ev.RunCompleted):
+                self._loop.call_soon_threadsafe(self._spawn, event)
+
+    def recovered(self, partition: int) -> None:
+        """Called by a runner once it has caught up: relay recent successes again."""
+        self._loop.call_soon_threadsafe(
+            lambda: self._loop.create_task(self._relay_recent(partition))
+        )
+
+    def _spawn(self, completed: ev.RunCompleted) -> None:
+        self._loop.create_task(self._relay(completed))
+
+    async def _relay_recent(self, partition: int) -> None:
+        end = await asyncio.to_thread(self._log.end_offset, "events", partition)
+        offset = max(0, end - RECENT_EVENTS)
+        while offset < end:
+            records = await asyncio.to_thread(self._log.read_events, partition, offset, 1000)
+            if not records:
+                break
+            for record in records:
+                event = ev.decode(record.value)
+                if isinstance(event, ev.RunCompleted):
+                    await self._relay(event)
+            offset = records[-1].offset + 1
+
+    async def _relay(self, completed: ev.RunCompleted) -> None:
+        dependants = await asyncio.to_thread(
+            self._history.dependants, completed.tenant, completed.job_id
+        )
+        for job_id in dependants:
+            command = UpstreamSucceeded(
+                job_id=job_id,
+                upstream_job_id=completed.job_id,
+                scheduled_for=completed.scheduled_for,
+            )
+            for attempt in range(ATTEMPTS):
+                try:
+                    await self._execute(command)
+                    break
+                except NotFound:
+                    break  # the dependant is gone
+                except CronlogError as err:
+                    log.info("relay to %s, attempt %d: %s", job_id, attempt + 1, err)
+                    await asyncio.sleep(min(30.0, 0.5 * 2**attempt))  # a backoff, not a wait
