@@ -70,6 +70,13 @@ logger = logging.getLogger(__name__)
 
 STREAMS = ("commands", "events")
 REPLY_PARTITIONS = 4  # fixed, so every node finds a node id's replies in the same partition
+_LEADERSHIP_SETTLING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
 REPLY_RETENTION_MS = 3_600_000  # replies are ephemeral: a node reads them within seconds
 T = TypeVar("T")
 
@@ -200,10 +207,8 @@ class KafkaLog:
     def end_offset(self, stream: str, partition: int) -> int:
         self._check_partition(partition)
         with self._reader() as consumer:
-            _, high = consumer.get_watermark_offsets(
-                TopicPartition(self._topic(stream), partition), timeout=self._timeout_s
-            )
-        return int(high)
+            tp = TopicPartition(self._topic(stream), partition)
+            return _end_offset(consumer, tp, self._timeout_s)
 
     def join(self, listener: OwnershipListener) -> KafkaMembership:
         self._check_open()
@@ -396,10 +401,10 @@ class KafkaMailbox:
             )
         )
         partition = TopicPartition(log_.replies_topic, _reply_partition(node_id))
+        # An explicit offset, read now: a logical "end" would be resolved at the first fetch
+        # and lose replies sent between opening and that fetch.
         try:
-            # An explicit offset, read now: a logical "end" would be resolved at the first
-            # fetch and lose replies sent between opening and that fetch.
-            _, end = self._consumer.get_watermark_offsets(partition, timeout=log_._timeout_s)
+            end = _end_offset(self._consumer, partition, log_._timeout_s)
         except KafkaException as e:
             self._consumer.close()
             raise CronlogError(f"mailbox of {node_id}: no end offset: {e.args[0]}") from e
@@ -696,6 +701,22 @@ def _abortable(err: KafkaError) -> KafkaError:
     if err.fatal():
         return err
     return KafkaError(err.code(), err.str(), fatal=False, retriable=False, txn_requires_abort=True)
+
+
+def _end_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float) -> int:
+    """The partition's high watermark, asked again while its leadership settles: a new
+    topic's leader can be in the metadata before it serves offsets."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _, high = consumer.get_watermark_offsets(partition, timeout=timeout_s)
+            return int(high)
+        except KafkaException as e:
+            err = e.args[0]
+            settling = err.retriable() or err.code() in _LEADERSHIP_SETTLING
+            if not settling or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)  # leadership settling has no event to wait on
 
 
 def _retrying(call: Callable[[], T], attempts: int = 5) -> T:
