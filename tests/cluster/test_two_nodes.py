@@ -185,3 +185,61 @@ def test_a_cancel_reaches_the_executor_running_the_call(cluster: Cluster) -> Non
         assert slow.hung_up_at - cancelled_at < 2.5
     finally:
         slow.stop()
+
+
+def claim(node: NodeProcess, body: dict[str, Any], count: int, wait_s: float = 10.0) -> list[Any]:
+    """Claim through ``node`` until ``count`` runs came back, as a polling worker would."""
+    runs: list[Any] = []
+    deadline = time.monotonic() + wait_s
+    while len(runs) < count:
+        response = node.http.post("/v1/workers/claim", json={**body, "limit": count - len(runs)})
+        assert response.status_code == 200, response.text
+        runs += response.json()["runs"]
+        assert time.monotonic() < deadline, f"claimed {len(runs)} of {count}: {runs}"
+        time.sleep(0.1)
+    return runs
+
+
+def test_a_pull_worker_that_stops_heartbeating_loses_its_runs_and_its_late_completion_gets_409(
+    cluster: Cluster,
+) -> None:
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    slot = now_ms()
+    for job_id in one_per_partition("crunch"):
+        body = {
+            "job_id": job_id,
+            "name": "crunch",
+            "run_at": iso(slot),
+            "target": "pull://crunchers",
+            "lease_sec": 1,
+            "backoff": {"base_sec": 0.3, "jitter": False},
+        }
+        assert n1.create_job(body).status_code == 201
+    # One claim through n1 gathers runs of every partition: its own, then the other node's.
+    first = claim(n1, {"pool": "crunchers", "worker_id": "w1"}, PARTITIONS)
+    assert sorted(r["job_id"] for r in first) == sorted(one_per_partition("crunch"))
+    assert all(r["attempt"] == 1 for r in first)
+    # w1 goes quiet; the leases expire and, after the backoff, w2 gets every run through n2.
+    second = claim(n2, {"pool": "crunchers", "worker_id": "w2"}, PARTITIONS)
+    by_run = {r["run_id"]: r for r in second}
+    assert sorted(by_run) == sorted(r["run_id"] for r in first)
+    for stale in first:
+        fresh = by_run[stale["run_id"]]
+        assert fresh["attempt"] == 2 and fresh["fencing_token"] > stale["fencing_token"]
+        run_id = fresh["run_id"]
+        # w1 wakes up: its heartbeat is refused, so it must abandon the run.
+        beat = n2.http.post(
+            f"/v1/runs/{run_id}/heartbeat", json={"fencing_token": stale["fencing_token"]}
+        )
+        assert beat.status_code == 409, beat.text
+        done = {"fencing_token": fresh["fencing_token"], "status": "succeeded"}
+        ok = n1.http.post(f"/v1/runs/{run_id}/complete", json=done)
+        assert ok.status_code == 200, ok.text
+        late = {"fencing_token": stale["fencing_token"], "status": "succeeded"}
+        refused = n2.http.post(f"/v1/runs/{run_id}/complete", json=late)
+        assert refused.status_code == 409, refused.text
+        run = wait_until(
+            f"{run_id} never showed up as succeeded at n2",
+            lambda run_id=run_id: run_in_state(n2, run_id, "succeeded"),
+        )
+        assert [a["worker_id"] for a in run["attempts"]] == ["w1", "w2"]
