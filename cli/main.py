@@ -75,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="info")
 
     client = argparse.ArgumentParser(add_help=False)
-    client.add_argument("--url", default=DEFAULT_URL)
+    client.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help=f"the node's API (default: $CRONLOG_URL, else {DEFAULT_URL})",
+    )
     client.add_argument("--token", default=os.environ.get("CRONLOG_TOKEN"))
     client.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
 
@@ -236,15 +240,25 @@ def client_command(args: argparse.Namespace) -> int:
     import httpx
 
     headers = {"Authorization": f"Bearer {_token(args)}"}
-    with httpx.Client(base_url=args.url, headers=headers, timeout=30) as http:
-        method, path, body = _request(args)
-        response = http.request(method, path, json=body)
+    method, path, body = _request(args)
+    try:
+        with httpx.Client(base_url=args.url, headers=headers, timeout=30) as http:
+            response = http.request(method, path, json=body)
+    except httpx.TransportError as e:
+        sys.exit(f"cronlog: cannot reach {args.url} ({e}); is `cronlog serve` running there?")
     try:
         shown: Any = response.json()
     except ValueError:
         shown = response.text
     print(json.dumps(shown, indent=2) if not isinstance(shown, str) else shown)
     return 0 if response.is_success else 1
+
+
+def _json_argument(flag: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        sys.exit(f"cronlog: {flag} is not JSON: {e}")
 
 
 def _request(args: argparse.Namespace) -> tuple[str, str, Any]:
@@ -254,7 +268,7 @@ def _request(args: argparse.Namespace) -> tuple[str, str, Any]:
                 "name": args.name,
                 "target": args.target,
                 "timezone": args.timezone,
-                "payload": json.loads(args.payload),
+                "payload": _json_argument("--payload", args.payload),
             }
             if args.schedule:
                 body["schedule"] = args.schedule

@@ -35,14 +35,17 @@ def _free_port() -> int:
 class Serve:
     """One ``cronlog serve`` process on a data directory."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, tokens: str | None = TOKENS) -> None:
         self.data_dir = data_dir
+        self.tokens = tokens
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Serve:
-        env = {**os.environ, "CRONLOG_TOKENS": TOKENS}
+        env = {k: v for k, v in os.environ.items() if k != "CRONLOG_TOKENS"}
+        if self.tokens is not None:
+            env["CRONLOG_TOKENS"] = self.tokens
         log = (self.data_dir / "serve.log").open("ab")
         self.proc = subprocess.Popen(
             [
