@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -23,7 +24,7 @@ from starlette.routing import Route
 from api import openapi
 from api.auth import Tokens
 from api.edge import json_response
-from api.errors import EXCEPTION_HANDLERS
+from api.errors import EXCEPTION_HANDLERS, unauthorized
 from api.jobs import (
     create_job,
     delete_job,
@@ -87,26 +88,58 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
 ]
 
 
-def _routes(document: bytes) -> list[Route]:
-    async def openapi_json(request: Request) -> Response:
-        return Response(document, media_type="application/json")
+class Metrics(Protocol):
+    """What ``GET /metrics`` serves: the node's Prometheus text exposition."""
 
-    # One route per (method, path): the router answers 405 for a path known under other methods.
-    routes = [Route(path, endpoint, methods=[method]) for method, path, endpoint in ROUTES]
-    return [*routes, Route("/openapi.json", openapi_json, methods=["GET"])]
+    content_type: str
+
+    def render(self) -> bytes: ...
 
 
-def create_app(scheduler: Scheduler, tokens: Mapping[str, str]) -> Starlette:
-    """The API over ``scheduler``; ``tokens`` maps each bearer token to its tenant."""
+def _metrics_endpoint(metrics: Metrics, token: str) -> Endpoint:
+    # The metrics span every tenant, so no tenant's token opens them: the operator's does.
+    operator = Tokens({token: "metrics"})
+
+    async def serve_metrics(request: Request) -> Response:
+        if operator.tenant_of(request.headers.get("authorization")) is None:
+            raise unauthorized()
+        body = await run_in_threadpool(metrics.render)  # it reads the node's state
+        return Response(body, media_type=metrics.content_type)
+
+    return serve_metrics
+
+
+def create_app(
+    scheduler: Scheduler,
+    tokens: Mapping[str, str],
+    *,
+    metrics: Metrics | None = None,
+    metrics_token: str | None = None,
+) -> Starlette:
+    """The API over ``scheduler``; ``tokens`` maps each bearer token to its tenant.
+
+    With ``metrics``, ``GET /metrics`` serves them to requests bearing ``metrics_token``.
+    """
     state = {"scheduler": scheduler, "tokens": Tokens(tokens)}
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         yield state
 
-    document = openapi.document([(method, path) for method, path, _ in ROUTES])
+    table = list(ROUTES)
+    if metrics is not None:
+        if not metrics_token:
+            raise ValueError("metrics need a metrics_token: they are never served unauthenticated")
+        table.append(("GET", "/metrics", _metrics_endpoint(metrics, metrics_token)))
+    document = openapi.document([(method, path) for method, path, _ in table])
+
+    async def openapi_json(request: Request) -> Response:
+        return Response(document, media_type="application/json")
+
+    # One route per (method, path): the router answers 405 for a path known under other methods.
+    routes = [Route(path, endpoint, methods=[method]) for method, path, endpoint in table]
     return Starlette(
-        routes=_routes(document),
+        routes=[*routes, Route("/openapi.json", openapi_json, methods=["GET"])],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

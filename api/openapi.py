@@ -144,6 +144,14 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         (*_BAD, 503),
         (),
     ),
+    ("GET", "/metrics"): (
+        "Prometheus metrics of this node (text exposition format); its own bearer token",
+        None,
+        200,
+        None,
+        (401,),
+        (),
+    ),
     ("GET", "/healthz"): ("The process is up", None, 200, wire.Health, (), ()),
     ("GET", "/readyz"): (
         "The node owns its partitions and has caught up",
@@ -180,10 +188,13 @@ def _operation(path: str, op: Operation) -> dict[str, Any]:
     responses: dict[str, Any] = {}
     if response is not None:
         responses[str(status)] = {"description": "OK", "content": _json_content(response)}
+    elif path == "/metrics":
+        text = {"text/plain": {"schema": {"type": "string"}}}
+        responses[str(status)] = {"description": "OK", "content": text}
     for code in errors:
         responses[str(code)] = {"description": "Error", "content": _json_content(ErrorBody)}
     out["responses"] = responses
-    if path.startswith("/v1/"):
+    if path.startswith("/v1/") or path == "/metrics":
         out["security"] = [{"bearer": []}]
     return out
 

@@ -158,7 +158,7 @@ def serve_command(args: argparse.Namespace) -> int:
         node_id=args.node_id,
         executors=Executors(args.node_id, kafka_bootstrap=target_kafka),
     )
-    app = create_app(node, tokens)
+    app = create_app(node, tokens, metrics=node.metrics, metrics_token=load_metrics_token(data_dir))
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on"
     )
@@ -198,6 +198,30 @@ def load_tokens(data_dir: Path) -> dict[str, str]:
         token = create_default_token(path)
         print(f"cronlog: created a token for tenant 'default' in {path}: {token}", flush=True)
     return read_tokens_file(path)
+
+
+def load_metrics_token(data_dir: Path) -> str:
+    """The bearer token of ``GET /metrics``: ``CRONLOG_METRICS_TOKEN``, else the data
+    directory's ``metrics_token`` file, created (mode 0600) on the first start."""
+    import secrets
+
+    configured = os.environ.get("CRONLOG_METRICS_TOKEN", "").strip()
+    if configured:
+        return configured
+    path = data_dir / "metrics_token"
+    if not path.exists():
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process made it first: read theirs
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(secrets.token_urlsafe(32) + "\n")
+            print(f"cronlog: created the token for GET /metrics in {path}", flush=True)
+    token = path.read_text(encoding="utf-8").strip()
+    if not token:
+        sys.exit(f"cronlog: {path} is empty; put the metrics token in it")
+    return token
 
 
 def _freeze_when_ready(node: Node) -> None:

@@ -51,9 +51,12 @@ from core.commands import (
 )
 from core.decide import job_id_of_run
 from core.errors import CronlogError, Unavailable
+from core.jobs import MAX_PRIORITY
+from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, partition_for
 from node import wire
 from node.executors import Executors
+from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.runner import Decided, PartitionRunner, Request
 from projections.read_model import ReadModel, ReadModelRunner
@@ -106,6 +109,8 @@ class Node:
         self._history = ReadModel.open(self._data_dir)
         self._history_runner = ReadModelRunner(log_, self._history)
         self._relay = DependencyRelay(log_, self._history, self.execute)
+        self.metrics = NodeMetrics()
+        self.metrics.watch(self.gauges)
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -199,11 +204,11 @@ class Node:
             runner = PartitionRunner(
                 p,
                 self._log,
-                self._membership.writer(p),
+                TimedWriter(self._membership.writer(p), self.metrics),
                 store,
                 self._clock,
                 self.executors,
-                on_appended=self._relay.appended,
+                on_appended=self._appended,
                 on_recovered=self._relay.recovered,
             )
             with self._lock:
@@ -214,6 +219,10 @@ class Node:
         with self._ownership:
             self._ownership.notify_all()
         log.info("%s owns partitions %s", self.node_id, sorted(self._runners))
+
+    def _appended(self, partition: int, offsets: list[int], events: list[ev.AnyEvent]) -> None:
+        self.metrics.appended(partition, offsets, events)
+        self._relay.appended(partition, offsets, events)
 
     def revoked(self, partitions: list[int]) -> None:
         for p in partitions:
@@ -257,6 +266,34 @@ class Node:
 
     def owned(self) -> list[int]:
         return sorted(self._runners)
+
+    def gauges(self) -> Gauges:
+        """The node as it is now, for the metrics' gauges (called at each scrape)."""
+        now = self._clock.now_ms()
+        g = Gauges(ready=self.ready(), executor_in_flight=self.executors.in_flight)
+        g.runs = dict.fromkeys((s.value for s in RunStatus), 0)
+        g.jobs = dict.fromkeys((s.value for s in JobStatus), 0)
+        g.ready_by_priority = dict.fromkeys(range(MAX_PRIORITY + 1), 0)
+        oldest: int | None = None
+        runners = list(self._runners.values())
+        g.partitions_owned = len(runners)
+        for runner in runners:
+            state = runner.state
+            # list() copies a dict in one step under the GIL: the runner may be mid-batch.
+            for run in list(state.runs.values()):
+                g.runs[run.status.value] += 1
+                if run.status is RunStatus.PENDING and run.available_at <= now:
+                    g.ready_by_priority[run.priority] += 1
+                    oldest = run.available_at if oldest is None else min(oldest, run.available_at)
+            for job in list(state.jobs.values()):
+                g.jobs[job.status.value] += 1
+        g.oldest_ready_age_s = 0.0 if oldest is None else (now - oldest) / 1000
+        try:
+            g.read_model_lag = sum(self._history.lag(self._log).values())
+        except CronlogError as err:
+            log.warning("read model lag unknown: %s", err)
+            g.read_model_lag = -1
+        return g
 
     async def execute(self, command: AnyCommand) -> list[ev.AnyEvent]:
         partition = partition_for(routing_key(command), self._log.num_partitions)

@@ -39,8 +39,8 @@ def fake(tmp_path: Path) -> Iterator[FakeScheduler]:
 
 
 @asynccontextmanager
-async def serve(scheduler: FakeScheduler) -> AsyncIterator[httpx.ASGITransport]:
-    app = create_app(scheduler, TOKENS)
+async def serve(scheduler: FakeScheduler, **options: Any) -> AsyncIterator[httpx.ASGITransport]:
+    app = create_app(scheduler, TOKENS, **options)
     async with app.router.lifespan_context(app) as state:
 
         async def with_state(scope: Scope, receive: Receive, send: Send) -> None:

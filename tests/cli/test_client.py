@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from cli.main import main
@@ -71,6 +72,15 @@ def test_the_client_drives_a_job_through_its_life(
         assert status == 1 and "schedule" in json.dumps(error)
         status, missing = cronlog(capsys, node, "jobs", "get", "j_nosuchjob")
         assert status == 1 and missing["error"] == "not_found", missing
+
+        # The operator's token for GET /metrics was made beside the tenants' tokens.
+        operator = (data_dir / "metrics_token").read_text().strip()
+        tenant = (data_dir / "tokens").read_text().split("default=")[1].strip()
+        scrape = httpx.get(f"{node.url}/metrics", headers={"Authorization": f"Bearer {operator}"})
+        assert scrape.status_code == 200
+        assert 'cronlog_jobs{status="cancelled"} 1.0' in scrape.text.splitlines()
+        refused = httpx.get(f"{node.url}/metrics", headers={"Authorization": f"Bearer {tenant}"})
+        assert refused.status_code == 401
     finally:
         assert node.stop() == 0
 

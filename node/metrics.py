@@ -1,0 +1,230 @@
+"""What a node tells its operators: Prometheus metrics, served at ``GET /metrics``.
+
+The figures that say whether a scheduler is healthy are, in the words of the design: scheduling
+delay (start minus slot) at p50 and p99, the ready queue's depth per priority class, and the
+rates of lease reclaims, retries and dead letters. Everything here serves one of those, or the
+log and the read model they depend on.
+
+- **Counters** follow the events this node appended as a partition's owner, so each node counts
+  the decisions of its own partitions and a cluster's figure is the sum over its nodes. A
+  partition that moves to another node takes its counting with it; nothing is counted twice.
+- **Gauges** are read from the node when scraped (:class:`Gauges`): the runs of the partitions
+  it owns, by state and, for the ready ones, by priority; its jobs; the read model's lag.
+
+Labels never name a tenant, a job or a run: the series stay few whatever the number of jobs,
+and one team's names are not shown to whoever reads the metrics. The endpoint has its own bearer
+token (see ``cli.main``), since what it shows spans every tenant.
+
+prometheus_client does the bookkeeping and the text exposition format; each node keeps its own
+registry, so several nodes in one process (tests) do not share counters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from core import events as ev
+from eventlog.port import PartitionWriter
+
+# Scheduling delay: the target is "within a second of the slot", aiming for milliseconds.
+DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# One append is one fsync (embedded) or one Kafka transaction.
+APPEND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+@dataclass(slots=True)
+class Gauges:
+    """The node as it is now, for the gauges."""
+
+    ready: bool = False
+    partitions_owned: int = 0
+    runs: dict[str, int] = field(default_factory=dict)  # state -> count
+    ready_by_priority: dict[int, int] = field(default_factory=dict)  # pending and due
+    oldest_ready_age_s: float = 0.0  # how long the longest-waiting ready run has waited
+    jobs: dict[str, int] = field(default_factory=dict)  # status -> count
+    read_model_lag: int = 0  # events the read model is behind the log, over all partitions
+    executor_in_flight: int = 0
+
+
+class NodeMetrics:
+    """A node's metrics: fed by :meth:`appended` and :class:`TimedWriter`, read by ``render``."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.schedule_delay = Histogram(
+            "cronlog_schedule_delay_seconds",
+            "Start of a run's first attempt minus its slot, as its history shows it (a job's "
+            "jitter offset and a pull worker's wait for a claim count too).",
+            buckets=DELAY_BUCKETS,
+            registry=r,
+        )
+        self.materialised = Counter(
+            "cronlog_runs_materialised",
+            "Runs created, by what triggered them.",
+            ["trigger"],
+            registry=r,
+        )
+        self.skipped = Counter(
+            "cronlog_slots_skipped",
+            "Slots recorded as not run, by reason (misfire, overlap, dst, paused).",
+            ["reason"],
+            registry=r,
+        )
+        self.leases = Counter(
+            "cronlog_leases_granted", "Attempts started (leases granted).", registry=r
+        )
+        self.reclaimed = Counter(
+            "cronlog_leases_expired",
+            "Leases that ran out without a completion: the lease-reclaim rate.",
+            registry=r,
+        )
+        self.retries = Counter("cronlog_retries_scheduled", "Retries scheduled.", registry=r)
+        self.succeeded = Counter("cronlog_runs_succeeded", "Runs that succeeded.", registry=r)
+        self.failed = Counter(
+            "cronlog_attempts_failed",
+            "Attempts that failed, by kind (transient, permanent, ambiguous).",
+            ["kind"],
+            registry=r,
+        )
+        self.dead = Counter(
+            "cronlog_runs_dead_lettered",
+            "Runs moved to the dead-letter list, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "cronlog_runs_cancelled", "Runs cancelled, by reason.", ["reason"], registry=r
+        )
+        self.replayed = Counter("cronlog_runs_replayed", "Dead runs requeued.", registry=r)
+        self.append_seconds = Histogram(
+            "cronlog_log_append_seconds",
+            "Durable appends of one decided batch to a partition (one fsync or transaction).",
+            buckets=APPEND_BUCKETS,
+            registry=r,
+        )
+        self.appended_events = Counter(
+            "cronlog_log_appended_events", "Events this node appended to the log.", registry=r
+        )
+
+    def watch(self, gauges: Callable[[], Gauges]) -> None:
+        """Read the gauges from ``gauges()`` at every scrape."""
+        self.registry.register(_GaugeCollector(gauges))
+
+    def appended(
+        self, partition: int, offsets: Sequence[int], events: Sequence[ev.AnyEvent]
+    ) -> None:
+        """Count the events a partition's runner has just appended durably."""
+        for event in events:
+            match event:
+                case ev.RunMaterialised():
+                    self.materialised.labels(event.trigger.value).inc()
+                case ev.LeaseGranted():
+                    self.leases.inc()
+                    if event.attempt == 1:
+                        self.schedule_delay.observe(max(0, event.lateness_ms) / 1000)
+                case ev.RunSkipped():
+                    self.skipped.labels(event.reason.value).inc(event.count or 1)
+                case ev.LeaseExpired():
+                    self.reclaimed.inc()
+                case ev.RetryScheduled():
+                    self.retries.inc()
+                case ev.RunCompleted():
+                    self.succeeded.inc()
+                case ev.RunFailed():
+                    kind = "ambiguous" if event.ambiguous else "transient"
+                    self.failed.labels("permanent" if event.permanent else kind).inc()
+                case ev.RunDeadLettered():
+                    self.dead.labels(event.reason.value).inc()
+                case ev.RunCancelled():
+                    self.cancelled.labels(event.reason.value).inc()
+                case ev.RunReplayed():
+                    self.replayed.inc()
+                case _:
+                    pass
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class TimedWriter:
+    """A partition writer whose appends are timed and counted into ``metrics``."""
+
+    def __init__(self, writer: PartitionWriter, metrics: NodeMetrics) -> None:
+        self._writer = writer
+        self._metrics = metrics
+
+    @property
+    def partition(self) -> int:
+        return self._writer.partition
+
+    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+        started = time.perf_counter()
+        offsets = self._writer.append(events, commands_through=commands_through)
+        self._metrics.append_seconds.observe(time.perf_counter() - started)
+        self._metrics.appended_events.inc(len(events))
+        return offsets
+
+    def command_position(self) -> int:
+        return self._writer.command_position()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class _GaugeCollector:
+    def __init__(self, gauges: Callable[[], Gauges]) -> None:
+        self._gauges = gauges
+
+    def collect(self) -> list[Metric]:
+        g = self._gauges()
+        ready = GaugeMetricFamily(
+            "cronlog_node_ready", "1 when the node owns partitions and has caught up."
+        )
+        ready.add_metric([], 1.0 if g.ready else 0.0)
+        owned = GaugeMetricFamily("cronlog_partitions_owned", "Partitions this node decides.")
+        owned.add_metric([], g.partitions_owned)
+        runs = GaugeMetricFamily(
+            "cronlog_runs",
+            "Live and dead runs of the owned partitions, by state.",
+            labels=["state"],
+        )
+        for state, count in sorted(g.runs.items()):
+            runs.add_metric([state], count)
+        queue = GaugeMetricFamily(
+            "cronlog_runs_ready",
+            "Runs due and waiting to start (the ready queue), by priority.",
+            labels=["priority"],
+        )
+        for priority, count in sorted(g.ready_by_priority.items()):
+            queue.add_metric([str(priority)], count)
+        oldest = GaugeMetricFamily(
+            "cronlog_runs_ready_oldest_age_seconds",
+            "How long the longest-waiting ready run has been due (0 when none is).",
+        )
+        oldest.add_metric([], g.oldest_ready_age_s)
+        jobs = GaugeMetricFamily(
+            "cronlog_jobs", "Jobs of the owned partitions, by status.", labels=["status"]
+        )
+        for status, count in sorted(g.jobs.items()):
+            jobs.add_metric([status], count)
+        lag = GaugeMetricFamily(
+            "cronlog_read_model_lag_events",
+            "Events in the log that the read model (history queries) has not folded in yet "
+            "(-1 when the log could not be asked).",
+        )
+        lag.add_metric([], g.read_model_lag)
+        calls = GaugeMetricFamily(
+            "cronlog_executor_calls_in_flight", "Calls this node's executors are making now."
+        )
+        calls.add_metric([], g.executor_in_flight)
+        return [ready, owned, runs, queue, oldest, jobs, lag, calls]
