@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,12 +10,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from core import events as ev
 from core.commands import PauseJob, PutJob
 from core.jobs import PullTarget
-from eventlog.embedded import EmbeddedLog
 from node.metrics import NodeMetrics
 from node.node import Node
 from tests.node.targets import Target
+from tests.node.test_node_embedded import node as node  # the fixtures
 from tests.node.test_node_embedded import now_ms, spec, state_of
-from tests.node.test_node_embedded import target as target  # the fixture
+from tests.node.test_node_embedded import target as target
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -77,17 +75,6 @@ def test_counters_follow_the_appended_events() -> None:
     assert got["cronlog_schedule_delay_seconds_sum", ()] == pytest.approx(0.04)
     assert got["cronlog_schedule_delay_seconds_bucket", (("le", "0.05"),)] == 1
     assert got["cronlog_schedule_delay_seconds_bucket", (("le", "0.025"),)] == 0
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    log = EmbeddedLog.open(tmp_path / "log", 4)
-    n = Node(log, tmp_path / "node", node_id="n1")
-    n.start()
-    assert n.wait_ready(10)
-    yield n
-    n.stop()
-    log.close()
 
 
 @pytest.mark.slow
