@@ -72,6 +72,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="HOST:PORT",
         help="Kafka for kafka:// job targets (default: --kafka)",
     )
+    serve.add_argument(
+        "--max-calls",
+        type=int,
+        default=512,
+        metavar="N",
+        help="calls to HTTP and Kafka targets this node makes at once (default 512)",
+    )
+    serve.add_argument(
+        "--max-calls-per-team",
+        type=int,
+        metavar="N",
+        help="of those, the most one team's runs may hold (default: no limit beyond --max-calls;"
+        " when room is short, teams take turns either way)",
+    )
     serve.add_argument("--log-level", default="info")
 
     client = argparse.ArgumentParser(add_help=False)
@@ -112,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("cancel-run", parents=[client], help="cancel a run").add_argument("run_id")
 
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `cronlog jobs list | head` ends quietly
     if args.command == "serve":
         return serve_command(args)
     return client_command(args)
@@ -156,7 +169,12 @@ def serve_command(args: argparse.Namespace) -> int:
         log_,
         data_dir / "node",
         node_id=args.node_id,
-        executors=Executors(args.node_id, kafka_bootstrap=target_kafka),
+        executors=Executors(
+            args.node_id,
+            max_in_flight=args.max_calls,
+            max_in_flight_per_tenant=args.max_calls_per_team,
+            kafka_bootstrap=target_kafka,
+        ),
     )
     app = create_app(node, tokens, metrics=node.metrics, metrics_token=load_metrics_token(data_dir))
     config = uvicorn.Config(
@@ -274,7 +292,10 @@ def client_command(args: argparse.Namespace) -> int:
         shown: Any = response.json()
     except ValueError:
         shown = response.text
-    print(json.dumps(shown, indent=2) if not isinstance(shown, str) else shown)
+    try:
+        print(json.dumps(shown, indent=2) if not isinstance(shown, str) else shown, flush=True)
+    except BrokenPipeError:  # `cronlog jobs list | head` ends quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as the Python docs do
     return 0 if response.is_success else 1
 
 

@@ -22,14 +22,25 @@ above); it succeeded once the broker acknowledged it (``acks=all``).
 
 While a call runs, the executor heartbeats the lease every third of its length. A heartbeat
 refused because the run was cancelled, or its lease lost, abandons the call at once.
+
+**Room and fairness.** A node makes at most ``max_in_flight`` calls at once, and one tenant at
+most ``max_in_flight_per_tenant`` of them (unlimited unless set). A run that comes due without
+room waits in its tenant's queue, most urgent first (priority with ageing, as pull claims are
+ordered); freed room goes to the tenants' queues in turn, round-robin. So when one team's
+40,000 runs fall due together, another team's run waits for the next free call, not behind
+all of them. The room is reserved before a run's start is decided and dispatched with its
+lease, so a batch of starts never overshoots the limits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import heapq
+import itertools
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import UTC, datetime
@@ -42,6 +53,7 @@ from core import events as ev
 from core.commands import CompleteRun, HeartbeatRun, Outcome
 from core.errors import CronlogError, LeaseLost
 from core.jobs import HttpTarget, JobSpec, KafkaTarget
+from core.state import RunState, ageing_key
 from node.runner import Decided, Dispatcher, PartitionRunner, Request
 
 log = logging.getLogger(__name__)
@@ -132,12 +144,24 @@ class Executors(Dispatcher):
         node_id: str,
         *,
         max_in_flight: int = 512,
+        max_in_flight_per_tenant: int | None = None,
         kafka_bootstrap: str | None = None,
         producer_factory: Callable[[str], Any] | None = None,
     ) -> None:
+        if max_in_flight < 1 or (
+            max_in_flight_per_tenant is not None and max_in_flight_per_tenant < 1
+        ):
+            raise ValueError("the executors' limits must be at least 1")
         self.worker_id = f"{node_id}/executor"
         self._max = max_in_flight
-        self._in_flight = 0
+        self._max_per_tenant = max_in_flight_per_tenant or max_in_flight
+        self._in_flight = 0  # reserved or running calls
+        self._by_tenant: dict[str, int] = {}
+        # Runs refused room: per tenant a heap of (ageing key, arrival, runner, run id), and
+        # the tenants in the order their turns come.
+        self._queued: dict[str, list[tuple[int, int, PartitionRunner, str]]] = {}
+        self._turns: deque[str] = deque()
+        self._arrivals = itertools.count()
         self._lock = threading.Condition()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -175,9 +199,62 @@ class Executors(Dispatcher):
         if self._client is not None:
             await self._client.aclose()
 
-    def has_capacity(self) -> bool:
+    def reserve(self, runner: PartitionRunner, run: RunState) -> bool:
+        """Room for ``run``'s call now, or False: then it waits in its tenant's queue."""
         with self._lock:
-            return self._in_flight < self._max
+            if not self._queued.get(run.tenant) and self._has_room(run.tenant):
+                self._take(run.tenant)
+                return True
+            queue = self._queued.get(run.tenant)
+            if queue is None:
+                queue = self._queued[run.tenant] = []
+                self._turns.append(run.tenant)
+            heapq.heappush(queue, (ageing_key(run), next(self._arrivals), runner, run.run_id))
+            return False
+
+    def release(self, tenant: str) -> None:
+        """Give back the room of a call that ended, or of a reservation that was not used,
+        and hand the freed room to the runs waiting for it."""
+        with self._lock:
+            self._in_flight -= 1
+            held = self._by_tenant[tenant] - 1
+            if held:
+                self._by_tenant[tenant] = held
+            else:
+                del self._by_tenant[tenant]
+            self._lock.notify_all()
+            grants = self._grants()
+        for runner, granted_tenant, run_id in grants:
+            if not runner.grant(granted_tenant, run_id):  # its partition has moved on
+                self.release(granted_tenant)
+
+    def _has_room(self, tenant: str) -> bool:
+        return self._in_flight < self._max and self._by_tenant.get(tenant, 0) < self._max_per_tenant
+
+    def _take(self, tenant: str) -> None:
+        self._in_flight += 1
+        self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
+
+    def _grants(self) -> list[tuple[PartitionRunner, str, str]]:
+        """Reserve room for waiting runs, one tenant after another (round-robin), each
+        tenant's most urgent first (priority with ageing, as pull claims are ordered)."""
+        grants: list[tuple[PartitionRunner, str, str]] = []
+        skipped = 0  # tenants in a row that are at their own limit
+        while self._turns and self._in_flight < self._max and skipped < len(self._turns):
+            tenant = self._turns[0]
+            self._turns.rotate(-1)  # whoever is served, the next turn is the next tenant's
+            if not self._has_room(tenant):
+                skipped += 1
+                continue
+            skipped = 0
+            queue = self._queued[tenant]
+            _, _, runner, run_id = heapq.heappop(queue)
+            if not queue:
+                del self._queued[tenant]
+                self._turns.remove(tenant)
+            self._take(tenant)
+            grants.append((runner, tenant, run_id))
+        return grants
 
     @property
     def in_flight(self) -> int:
@@ -189,11 +266,11 @@ class Executors(Dispatcher):
             return self._lock.wait_for(lambda: self._in_flight == 0, timeout_s)
 
     def dispatch(self, runner: PartitionRunner, lease: ev.LeaseGranted) -> None:
+        """Run ``lease``'s call, in the room :meth:`reserve` made for it."""
         job = runner.state.jobs.get(lease.job_id)
         if job is None:
+            self.release(lease.tenant)
             return
-        with self._lock:
-            self._in_flight += 1
         self._loop.call_soon_threadsafe(self._spawn, runner, lease, job.spec)
 
     def _spawn(self, runner: PartitionRunner, lease: ev.LeaseGranted, spec: JobSpec) -> None:
@@ -231,9 +308,7 @@ class Executors(Dispatcher):
         except Exception:
             log.exception("run %s: executor failed", lease.run_id)
         finally:
-            with self._lock:
-                self._in_flight -= 1
-                self._lock.notify_all()
+            self.release(lease.tenant)
 
     async def _heartbeat(
         self,

@@ -15,6 +15,10 @@ the state and the offset together, and only then answers the callers and starts 
 leased. A failed append means the in-memory state ran ahead of the log: the runner answers
 every caller "unavailable" and recovers from the store and the log again; a fenced append
 means another node owns the partition now, and the runner stops.
+
+A run for a push target starts only with room reserved in the node's executors
+(:class:`Dispatcher`); one refused room waits in the executors' queue, which hands it back
+through :meth:`PartitionRunner.grant` when room frees up, so no timer spins while it waits.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from core.commands import AnyCommand, LeaseDue, SlotDue, StartRun
 from core.decide import decide
 from core.errors import CronlogError, Fenced, Unavailable
 from core.events import AnyEvent
-from core.state import PartitionState, evolve
+from core.state import PartitionState, RunState, evolve
 from core.timers import TimerKey, all_timers, timers_after
 from core.wheel import TimingWheel
 from eventlog.port import EventLog, PartitionWriter
@@ -65,12 +69,21 @@ class Request:
 
 
 class Dispatcher:
-    """Where the runner sends leases it granted to the node's own executors, and asks whether
-    they have room for another run."""
+    """The node's own executors, as a runner sees them.
+
+    Before a run is started the runner reserves room for it (:meth:`reserve`); the lease it
+    then grants goes to :meth:`dispatch`, which uses the reservation. A reservation whose run
+    did not start after all is given back with :meth:`release`. A run refused room waits in
+    the dispatcher's queue, which hands it back later with ``runner.grant(tenant, run_id)``,
+    the room already reserved.
+    """
 
     worker_id: str
 
-    def has_capacity(self) -> bool:
+    def reserve(self, runner: PartitionRunner, run: RunState) -> bool:
+        raise NotImplementedError
+
+    def release(self, tenant: str) -> None:
         raise NotImplementedError
 
     def dispatch(self, runner: PartitionRunner, lease: ev.LeaseGranted) -> None:
@@ -104,6 +117,7 @@ class PartitionRunner:
         self.state = PartitionState(partition)
         self.wheel: TimingWheel[TimerKey] = TimingWheel(clock.now_ms())
         self._due: deque[TimerKey] = deque()
+        self._granted: list[tuple[str, str]] = []  # (tenant, run id) given room by the dispatcher
         self.caught_up = threading.Event()
 
     # -- life cycle ------------------------------------------------------------------------
@@ -135,6 +149,16 @@ class PartitionRunner:
                 return
             self._inbox.append(request)
             self._cv.notify()
+
+    def grant(self, tenant: str, run_id: str) -> bool:
+        """Start ``run_id``, which waited for room the dispatcher has now reserved for it.
+        False if this runner has stopped (the dispatcher then takes the room back)."""
+        with self._cv:
+            if self._stopped:
+                return False
+            self._granted.append((tenant, run_id))
+            self._cv.notify()
+            return True
 
     def _recover(self) -> None:
         self.state = catch_up(self._store, self._log, self.partition)
@@ -172,7 +196,7 @@ class PartitionRunner:
 
     def _wait_for_work(self) -> list[Request]:
         with self._cv:
-            if not self._inbox and not self._due and not self._stopped:
+            if not self._inbox and not self._due and not self._stopped and not self._granted:
                 deadline = self.wheel.next_deadline()
                 wait = IDLE_WAIT_S
                 if deadline is not None:
@@ -196,16 +220,13 @@ class PartitionRunner:
                     self._due.append(key)
         return decided
 
-    def _timer_command(self, key: TimerKey) -> AnyCommand | None:
-        kind, ident = key
-        if kind == "slot":
-            return SlotDue(job_id=ident)
-        if kind == "lease":
-            return LeaseDue(run_id=ident)
-        if not self._dispatcher.has_capacity():
-            self.wheel.add(key, self._clock.now_ms() + 100)  # look again shortly
-            return None
-        return StartRun(run_id=ident, worker_id=self._dispatcher.worker_id)
+    def _start_or_park(
+        self, run_id: str, now: int, events: list[AnyEvent], starting: dict[str, str]
+    ) -> None:
+        run = self.state.runs.get(run_id)
+        if run is not None and self._dispatcher.reserve(self, run):
+            self._start(run.tenant, run_id, now, events, starting)
+        # else it waits in the dispatcher's queue, to come back through grant()
 
     def _process(self, batch: list[Request], now: int) -> None:
         events: list[AnyEvent] = []
@@ -220,12 +241,23 @@ class PartitionRunner:
                 answers.append((request, err))
             if request.offset is not None:
                 through = request.offset + 1
+        # Runs that start here (run id -> tenant): each holds a reservation until its lease
+        # is dispatched after the append.
+        starting: dict[str, str] = {}
+        with self._cv:
+            granted, self._granted = self._granted, []
+        for tenant, run_id in granted:
+            self._start(tenant, run_id, now, events, starting)
         fired = 0
         while self._due and fired < MAX_TIMERS:
             fired += 1
-            command = self._timer_command(self._due.popleft())
-            if command is None:
+            kind, ident = self._due.popleft()
+            if kind == "ready":
+                self._start_or_park(ident, now, events, starting)
                 continue
+            command: AnyCommand = (
+                SlotDue(job_id=ident) if kind == "slot" else LeaseDue(run_id=ident)
+            )
             try:
                 self._decide(command, now, events)
             except CronlogError as err:  # a timer's command can lose a race with a request
@@ -237,10 +269,12 @@ class PartitionRunner:
                     [ev.encode(e) for e in events], commands_through=through
                 )
             except Fenced:
+                self._release(starting)
                 self._answer(answers, Unavailable(f"partition {self.partition} moved"))
                 raise
             except Exception as err:
                 log.exception("partition %d: append failed; recovering", self.partition)
+                self._release(starting)
                 self._answer(answers, Unavailable(f"partition {self.partition}: {err}"))
                 self._recover()
                 return
@@ -256,8 +290,24 @@ class PartitionRunner:
                 first, end = answer
                 request.reply(Decided(events[first:end], offsets[first:end]))
         for event in events:
-            if isinstance(event, ev.LeaseGranted) and event.worker_id == self._dispatcher.worker_id:
+            if isinstance(event, ev.LeaseGranted) and event.run_id in starting:
                 self._dispatcher.dispatch(self, event)
+
+    def _start(
+        self, tenant: str, run_id: str, now: int, events: list[AnyEvent], starting: dict[str, str]
+    ) -> None:
+        """Decide the start of a run whose room is reserved; give the room back if it did not."""
+        try:
+            self._decide(StartRun(run_id=run_id, worker_id=self._dispatcher.worker_id), now, events)
+        except CronlogError as err:  # cancelled, finished or moved on since it came due
+            log.debug("partition %d: %s", self.partition, err)
+            self._dispatcher.release(tenant)
+            return
+        starting[run_id] = tenant
+
+    def _release(self, starting: dict[str, str]) -> None:
+        for tenant in starting.values():
+            self._dispatcher.release(tenant)
 
     def _answer(self, answers: Sequence[tuple[Request, object]], err: CronlogError) -> None:
         for request, _ in answers:
@@ -268,6 +318,9 @@ class PartitionRunner:
         with self._cv:
             waiting = list(self._inbox)
             self._inbox.clear()
+            granted, self._granted = self._granted, []
+        for tenant, _ in granted:
+            self._dispatcher.release(tenant)
         for request in waiting:
             if request.reply is not None:
                 request.reply(Unavailable(f"partition {self.partition} is not running here"))
