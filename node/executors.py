@@ -178,8 +178,8 @@ class Executors(Dispatcher):
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result()
 
     async def _open(self) -> None:
-        # aiohttp rather than httpx here: on this project's 2-core machine it makes about ten
-        # times the calls per second for the same CPU (bench/bench_fanout.py; docs/architecture.md).
+        # aiohttp rather than httpx here: on a 2-core machine a node made 3.5 times the calls
+        # per second with it (bench/bench_fanout.py; docs/architecture.md).
         # The pool holds as many connections as the node has room for calls.
         connector = aiohttp.TCPConnector(limit=self._max, limit_per_host=0)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
