@@ -13,8 +13,15 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from tools.kafka import broker
+
+# The property tests search anew on every run by default. ``scripts/test`` (and so CI) uses the
+# "ci" profile: the same examples every run, so the gate is reproducible; plain pytest explores.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "explore"))
 
 KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "kafka_cluster3"})
 
