@@ -86,6 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         help="of those, the most one team's runs may hold (default: no limit beyond --max-calls;"
         " when room is short, teams take turns either way)",
     )
+    serve.add_argument(
+        "--drain-sec",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM, how long calls in flight may take to finish before they are abandoned"
+        " (default 30)",
+    )
     serve.add_argument("--log-level", default="info")
 
     client = argparse.ArgumentParser(add_help=False)
@@ -198,7 +206,7 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         server.run()
     finally:
-        node.stop()
+        node.stop(drain_s=args.drain_sec)
         log_.close()
     return 0
 

@@ -162,6 +162,7 @@ class Executors(Dispatcher):
         self._queued: dict[str, list[tuple[int, int, PartitionRunner, str]]] = {}
         self._turns: deque[str] = deque()
         self._arrivals = itertools.count()
+        self._draining = False
         self._lock = threading.Condition()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -206,6 +207,8 @@ class Executors(Dispatcher):
     def reserve(self, runner: PartitionRunner, run: RunState) -> bool:
         """Room for ``run``'s call now, or False: then it waits in its tenant's queue."""
         with self._lock:
+            if self._draining:
+                return False  # left pending: the partition's next owner starts it
             if not self._queued.get(run.tenant) and self._has_room(run.tenant):
                 self._take(run.tenant)
                 return True
@@ -243,6 +246,8 @@ class Executors(Dispatcher):
         """Reserve room for waiting runs, one tenant after another (round-robin), each
         tenant's most urgent first (priority with ageing, as pull claims are ordered)."""
         grants: list[tuple[PartitionRunner, str, str]] = []
+        if self._draining:
+            return grants
         skipped = 0  # tenants in a row that are at their own limit
         while self._turns and self._in_flight < self._max and skipped < len(self._turns):
             tenant = self._turns[0]
@@ -263,6 +268,16 @@ class Executors(Dispatcher):
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+    def drain(self, timeout_s: float) -> bool:
+        """Start no more calls, and wait up to ``timeout_s`` for those in flight to end (and
+        report their outcome). True if none is left. Runs that come due meanwhile stay pending
+        for whoever owns their partition next."""
+        with self._lock:
+            self._draining = True
+            self._queued.clear()
+            self._turns.clear()
+        return self.wait_idle(timeout_s)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until no call is in flight."""

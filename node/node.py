@@ -125,7 +125,14 @@ class Node:
         self._poller = threading.Thread(target=self._poll, name="membership", daemon=True)
         self._poller.start()
 
-    def stop(self) -> None:
+    def stop(self, drain_s: float = 30.0) -> None:
+        """Leave gracefully: let the calls in flight finish and record their outcomes (up to
+        ``drain_s``; a critical run's call cut short would be dead-lettered as outcome_unknown),
+        then stop deciding and give the partitions up."""
+        if not self.executors.drain(drain_s):
+            log.warning(
+                "%s: calls still in flight after %.0f s are abandoned", self.node_id, drain_s
+            )
         self._stopping.set()
         if self._poller is not None:
             self._poller.join(10)
