@@ -243,3 +243,28 @@ def test_a_pull_worker_that_stops_heartbeating_loses_its_runs_and_its_late_compl
             lambda run_id=run_id: run_in_state(n2, run_id, "succeeded"),
         )
         assert [a["worker_id"] for a in run["attempts"]] == ["w1", "w2"]
+
+
+def test_a_rolling_restart_lets_a_critical_call_finish(cluster: Cluster) -> None:
+    slow = HoldingTarget(hold_s=3.0)
+    try:
+        n1 = cluster.nodes["n1"]
+        slot = now_ms() + 300
+        job_id = one_per_partition("careful")[1]
+        body = {"job_id": job_id, "name": "careful", "run_at": iso(slot), "target": slow.url}
+        assert n1.create_job({**body, "critical": True}).status_code == 201
+        assert slow.received.wait(10)
+        run_id = f"{job_id}.{slot}"
+        run = wait_until("never running", lambda: run_in_state(n1, run_id, "running"))
+        runner = cluster.nodes[run["attempts"][0]["worker_id"].split("/")[0]]
+        survivor = cluster.nodes["n2" if runner.node_id == "n1" else "n1"]
+        runner.stop()  # SIGTERM: the node drains its calls before it leaves
+        assert runner.process is not None and runner.process.returncode == 0
+        assert not slow.hung_up.is_set(), "the call was cut short"
+        done = wait_until(
+            "the drained call's outcome was not recorded",
+            lambda: run_in_state(survivor, run_id, "succeeded"),
+        )
+        assert len(done["attempts"]) == 1 and done["attempts"][0]["outcome"] == "succeeded"
+    finally:
+        slow.stop()
