@@ -75,8 +75,8 @@ def job_id_for_key(tenant: str, key: str) -> str:
 
 def target_of(value: TargetIn) -> Target:
     match value:
-        case HttpTargetIn(url=url, headers=headers):
-            return HttpTarget(url=url, headers=headers)
+        case HttpTargetIn(url=url, headers=headers, max_calls_per_sec=rate):
+            return HttpTarget(url=url, headers=headers, max_calls_per_sec=rate)
         case KafkaTargetIn(topic=topic):
             return KafkaTarget(topic=topic)
         case PullTargetIn(pool=pool):

@@ -24,6 +24,7 @@ from core.jobs import Backoff, MisfirePolicy, OverlapPolicy, Target
 class HttpTargetIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="http"):
     url: str
     headers: dict[str, str] = {}
+    max_calls_per_sec: float | None = None  # the team's calls to the URL's origin share it
 
 
 class KafkaTargetIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="kafka"):

@@ -35,6 +35,7 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_ATTEMPTS = 100
 MAX_CATCH_UP = 1000
 MAX_PRIORITY = 9
+MAX_CALLS_PER_SEC = 100_000
 DAY_MS = 86_400_000
 
 
@@ -58,6 +59,8 @@ class OverlapPolicy(enum.StrEnum):
 class HttpTarget(msgspec.Struct, frozen=True, tag="http", gc=False):
     url: str
     headers: dict[str, str] = {}
+    # What the downstream tolerates: the team's calls to this URL's origin share the rate.
+    max_calls_per_sec: float | None = None
 
 
 class KafkaTarget(msgspec.Struct, frozen=True, tag="kafka", gc=False):
@@ -194,9 +197,13 @@ def validate(spec: JobSpec) -> None:
 
 def _validate_target(target: Target) -> None:
     match target:
-        case HttpTarget(url=url):
+        case HttpTarget(url=url, max_calls_per_sec=rate):
             if not re.match(r"^https?://[^\s/?#]+", url) or len(url) > 2048:
                 raise InvalidDefinition("target", "an HTTP target must be an http(s):// URL")
+            if rate is not None and not 0.01 <= rate <= MAX_CALLS_PER_SEC:
+                raise InvalidDefinition(
+                    "target.max_calls_per_sec", f"must be between 0.01 and {MAX_CALLS_PER_SEC}"
+                )
         case KafkaTarget(topic=topic):
             if not TOPIC.match(topic) or topic in (".", ".."):
                 raise InvalidDefinition("target", f"{topic!r} is not a valid Kafka topic name")

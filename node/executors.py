@@ -23,28 +23,27 @@ above); it succeeded once the broker acknowledged it (``acks=all``).
 While a call runs, the executor heartbeats the lease every third of its length. A heartbeat
 refused because the run was cancelled, or its lease lost, abandons the call at once.
 
-**Room and fairness.** A node makes at most ``max_in_flight`` calls at once, and one tenant at
-most ``max_in_flight_per_tenant`` of them (unlimited unless set). A run that comes due without
-room waits in its tenant's queue, most urgent first (priority with ageing, as pull claims are
-ordered); freed room goes to the tenants' queues in turn, round-robin. So when one team's
-40,000 runs fall due together, another team's run waits for the next free call, not behind
-all of them. The room is reserved before a run's start is decided and dispatched with its
-lease, so a batch of starts never overshoots the limits.
+**Room, fairness, rates.** Before a start is decided the runner reserves room for the call
+(:mod:`node.admission`): at most ``max_in_flight`` calls at once, ``max_in_flight_per_tenant``
+of them for one team (unlimited unless set), and no more than an HTTP target's
+``max_calls_per_sec`` to its origin for its team. A run that may not start yet waits there,
+its team's most urgent first, the teams served in turn when room frees up, and comes back to
+its runner with the room reserved. So a batch of starts never overshoots, and when one team's
+40,000 runs fall due together another team's run waits for the next free call, not behind
+all of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
-import heapq
-import itertools
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
@@ -54,6 +53,7 @@ from core.commands import CompleteRun, HeartbeatRun, Outcome
 from core.errors import CronlogError, LeaseLost
 from core.jobs import HttpTarget, JobSpec, KafkaTarget
 from core.state import RunState, ageing_key
+from node.admission import Admission, RateLimit, Ticket
 from node.runner import Decided, Dispatcher, PartitionRunner, Request
 
 log = logging.getLogger(__name__)
@@ -148,21 +148,10 @@ class Executors(Dispatcher):
         kafka_bootstrap: str | None = None,
         producer_factory: Callable[[str], Any] | None = None,
     ) -> None:
-        if max_in_flight < 1 or (
-            max_in_flight_per_tenant is not None and max_in_flight_per_tenant < 1
-        ):
-            raise ValueError("the executors' limits must be at least 1")
         self.worker_id = f"{node_id}/executor"
         self._max = max_in_flight
-        self._max_per_tenant = max_in_flight_per_tenant or max_in_flight
-        self._in_flight = 0  # reserved or running calls
-        self._by_tenant: dict[str, int] = {}
-        # Runs refused room: per tenant a heap of (ageing key, arrival, runner, run id), and
-        # the tenants in the order their turns come.
-        self._queued: dict[str, list[tuple[int, int, PartitionRunner, str]]] = {}
-        self._turns: deque[str] = deque()
-        self._arrivals = itertools.count()
-        self._draining = False
+        self._admission = Admission(max_in_flight, max_in_flight_per_tenant)
+        self._wake: asyncio.TimerHandle | None = None  # when a throttled run may go
         self._lock = threading.Condition()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -205,84 +194,82 @@ class Executors(Dispatcher):
             await self._session.close()
 
     def reserve(self, runner: PartitionRunner, run: RunState) -> bool:
-        """Room for ``run``'s call now, or False: then it waits in its tenant's queue."""
+        """Room for ``run``'s call now, or False: it waits and comes back through
+        ``runner.grant`` (see :mod:`node.admission`)."""
+        ticket = Ticket(runner, run.run_id, run.tenant, ageing_key(run), self._limit(runner, run))
         with self._lock:
-            if self._draining:
-                return False  # left pending: the partition's next owner starts it
-            if not self._queued.get(run.tenant) and self._has_room(run.tenant):
-                self._take(run.tenant)
-                return True
-            queue = self._queued.get(run.tenant)
-            if queue is None:
-                queue = self._queued[run.tenant] = []
-                self._turns.append(run.tenant)
-            heapq.heappush(queue, (ageing_key(run), next(self._arrivals), runner, run.run_id))
-            return False
+            reserved = self._admission.reserve(ticket)
+            wake = None if reserved else self._admission.next_due_s()
+        if wake is not None:
+            self._loop.call_soon_threadsafe(self._wake_in, wake)
+        return reserved
 
     def release(self, tenant: str) -> None:
         """Give back the room of a call that ended, or of a reservation that was not used,
         and hand the freed room to the runs waiting for it."""
         with self._lock:
-            self._in_flight -= 1
-            held = self._by_tenant[tenant] - 1
-            if held:
-                self._by_tenant[tenant] = held
-            else:
-                del self._by_tenant[tenant]
+            granted = self._admission.release(tenant)
+            wake = self._admission.next_due_s()
             self._lock.notify_all()
-            grants = self._grants()
-        for runner, granted_tenant, run_id in grants:
-            if not runner.grant(granted_tenant, run_id):  # its partition has moved on
-                self.release(granted_tenant)
+        self._hand_out(granted)
+        if wake is not None:
+            self._loop.call_soon_threadsafe(self._wake_in, wake)
 
-    def _has_room(self, tenant: str) -> bool:
-        return self._in_flight < self._max and self._by_tenant.get(tenant, 0) < self._max_per_tenant
+    @staticmethod
+    def _limit(runner: PartitionRunner, run: RunState) -> RateLimit | None:
+        job = runner.state.jobs.get(run.job_id)
+        target = job.spec.target if job is not None else None
+        if not isinstance(target, HttpTarget) or target.max_calls_per_sec is None:
+            return None
+        parts = urlsplit(target.url)
+        origin = f"{parts.scheme}://{parts.netloc}".lower()
+        return RateLimit((run.tenant, origin), target.max_calls_per_sec)
 
-    def _take(self, tenant: str) -> None:
-        self._in_flight += 1
-        self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
+    def _hand_out(self, granted: list[Ticket]) -> None:
+        for ticket in granted:
+            if not ticket.runner.grant(ticket.tenant, ticket.run_id):  # its partition moved on
+                self.release(ticket.tenant)
 
-    def _grants(self) -> list[tuple[PartitionRunner, str, str]]:
-        """Reserve room for waiting runs, one tenant after another (round-robin), each
-        tenant's most urgent first (priority with ageing, as pull claims are ordered)."""
-        grants: list[tuple[PartitionRunner, str, str]] = []
-        if self._draining:
-            return grants
-        skipped = 0  # tenants in a row that are at their own limit
-        while self._turns and self._in_flight < self._max and skipped < len(self._turns):
-            tenant = self._turns[0]
-            self._turns.rotate(-1)  # whoever is served, the next turn is the next tenant's
-            if not self._has_room(tenant):
-                skipped += 1
-                continue
-            skipped = 0
-            queue = self._queued[tenant]
-            _, _, runner, run_id = heapq.heappop(queue)
-            if not queue:
-                del self._queued[tenant]
-                self._turns.remove(tenant)
-            self._take(tenant)
-            grants.append((runner, tenant, run_id))
-        return grants
+    def _wake_in(self, delay_s: float) -> None:
+        """(On the loop.) Look at the throttled runs again in ``delay_s``, or sooner."""
+        when = self._loop.time() + delay_s
+        if self._wake is not None and self._wake.when() <= when:
+            return
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake = self._loop.call_at(when, self._on_due)
+
+    def _on_due(self) -> None:
+        self._wake = None
+        with self._lock:
+            granted = self._admission.due()
+            wake = self._admission.next_due_s()
+        self._hand_out(granted)
+        if wake is not None:
+            self._wake_in(wake)
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return self._admission.in_flight
+
+    @property
+    def waiting(self) -> tuple[int, int]:
+        """Runs waiting (for room, for a downstream's rate)."""
+        with self._lock:
+            return self._admission.waiting_for_room, self._admission.waiting_for_rate
 
     def drain(self, timeout_s: float) -> bool:
         """Start no more calls, and wait up to ``timeout_s`` for those in flight to end (and
         report their outcome). True if none is left. Runs that come due meanwhile stay pending
         for whoever owns their partition next."""
         with self._lock:
-            self._draining = True
-            self._queued.clear()
-            self._turns.clear()
+            self._admission.drain()
         return self.wait_idle(timeout_s)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until no call is in flight."""
         with self._lock:
-            return self._lock.wait_for(lambda: self._in_flight == 0, timeout_s)
+            return self._lock.wait_for(lambda: self._admission.in_flight == 0, timeout_s)
 
     def dispatch(self, runner: PartitionRunner, lease: ev.LeaseGranted) -> None:
         """Run ``lease``'s call, in the room :meth:`reserve` made for it."""

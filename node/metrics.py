@@ -52,6 +52,8 @@ class Gauges:
     jobs: dict[str, int] = field(default_factory=dict)  # status -> count
     read_model_lag: int = 0  # events the read model is behind the log, over all partitions
     executor_in_flight: int = 0
+    waiting_for_room: int = 0  # due push runs held back by the node's or their team's room
+    waiting_for_rate: int = 0  # ... by their downstream's max_calls_per_sec
 
 
 class NodeMetrics:
@@ -235,4 +237,11 @@ class _GaugeCollector:
             "cronlog_executor_calls_in_flight", "Calls this node's executors are making now."
         )
         calls.add_metric([], g.executor_in_flight)
-        return [ready, owned, runs, queue, oldest, jobs, lag, calls]
+        held = GaugeMetricFamily(
+            "cronlog_runs_waiting_to_start",
+            "Due push runs the executors hold back, by what they wait for (room, rate).",
+            labels=["waiting_for"],
+        )
+        held.add_metric(["room"], g.waiting_for_room)
+        held.add_metric(["rate"], g.waiting_for_rate)
+        return [ready, owned, runs, queue, oldest, jobs, lag, calls, held]

@@ -278,6 +278,7 @@ class Node:
         """The node as it is now, for the metrics' gauges (called at each scrape)."""
         now = self._clock.now_ms()
         g = Gauges(ready=self.ready(), executor_in_flight=self.executors.in_flight)
+        g.waiting_for_room, g.waiting_for_rate = self.executors.waiting
         g.runs = dict.fromkeys((s.value for s in RunStatus), 0)
         g.jobs = dict.fromkeys((s.value for s in JobStatus), 0)
         g.ready_by_priority = dict.fromkeys(range(MAX_PRIORITY + 1), 0)

@@ -43,6 +43,12 @@ BAD_JOBS: list[tuple[str, dict[str, Any], int, str | None]] = [
         "target",
     ),
     ("ftp target", {**GOOD, "target": "ftp://files.internal/drop"}, 422, "target"),
+    (
+        "zero calls a second",
+        {**GOOD, "target": {"type": "http", "url": "https://svc/run", "max_calls_per_sec": 0}},
+        422,
+        "target.max_calls_per_sec",
+    ),
     ("bad kafka topic", {**GOOD, "target": "kafka://no spaces"}, 422, "target"),
     ("missing name", {"schedule": "0 9 * * *", "target": "pull://p"}, 422, "name"),
     ("missing target", {"name": "x", "schedule": "0 9 * * *"}, 422, "target"),

@@ -31,7 +31,12 @@ async def test_create_answers_201_with_the_id_the_next_run_and_the_version(api: 
     assert job["next_run_at"] == "2026-11-30T08:00:00.000Z"
     assert job["retries"] == 2
     assert job["status"] == "active"
-    assert job["target"] == {"type": "http", "url": "https://reports.internal/run", "headers": {}}
+    assert job["target"] == {
+        "type": "http",
+        "url": "https://reports.internal/run",
+        "headers": {},
+        "max_calls_per_sec": None,
+    }
     spec = api.fake.history.job("team-a", job["job_id"])
     assert spec is not None and spec.spec.max_attempts == 3  # retries N: N + 1 attempts
     assert spec.spec.tenant == "team-a"  # from the token, never the body
@@ -75,13 +80,23 @@ async def test_target_forms(api: Api) -> None:
     forms = {
         "kafka://billing.events": {"type": "kafka", "topic": "billing.events"},
         "pull://reports": {"type": "pull", "pool": "reports"},
-        "http://svc/x": {"type": "http", "url": "http://svc/x", "headers": {}},
+        "http://svc/x": {
+            "type": "http",
+            "url": "http://svc/x",
+            "headers": {},
+            "max_calls_per_sec": None,
+        },
     }
     for given, stored in forms.items():
         r = await api.a.post("/v1/jobs", json={**REPORT, "target": given})
         assert r.status_code == 201, r.text
         assert r.json()["target"] == stored
-    obj = {"type": "http", "url": "https://svc/y", "headers": {"X-Team": "a"}}
+    obj = {
+        "type": "http",
+        "url": "https://svc/y",
+        "headers": {"X-Team": "a"},
+        "max_calls_per_sec": 50,
+    }
     r = await api.a.post("/v1/jobs", json={**REPORT, "target": obj})
     assert r.json()["target"] == obj
 

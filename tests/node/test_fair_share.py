@@ -7,6 +7,7 @@ and sees, call by call, whose run got it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from core.commands import PutJob
+from core.jobs import HttpTarget
 from eventlog.embedded import EmbeddedLog
 from node.executors import Executors
 from node.node import Node
@@ -150,3 +152,31 @@ def test_the_limits_must_leave_room() -> None:
         Executors("n1", max_in_flight=0)
     with pytest.raises(ValueError, match="at least 1"):
         Executors("n1", max_in_flight_per_tenant=0)
+
+
+def test_a_downstream_gets_no_more_than_its_rate(tmp_path: Path) -> None:
+    limited, free = Target().start(), Target().start()
+    node, log = start_node(tmp_path)
+    try:
+        slot = now_ms() + 300
+        for i in range(8):
+            target = HttpTarget(url=limited.url, max_calls_per_sec=4)  # a burst of 4, then 4/s
+            job = spec(limited.url, run_at=slot, target=target)
+            asyncio.run(node.execute(PutJob(job_id=f"limited-{i}", spec=job)))
+        asyncio.run(node.execute(PutJob(job_id="free", spec=spec(free.url, run_at=slot))))
+        calls = limited.wait_for(8, timeout_s=10)
+        (other,) = free.wait_for(1, timeout_s=5)
+        assert len(calls) == 8
+        arrived = sorted(c.received_at for c in calls)
+        # Four at once, then one every quarter second: the eighth a second after the fourth.
+        assert arrived[3] - arrived[0] < 0.5
+        assert arrived[7] - arrived[0] >= 0.9  # four more tokens take a second
+        for earlier, later in itertools.pairwise(arrived[3:]):
+            assert later - earlier >= 0.15, arrived  # a quarter second, less dispatch jitter
+        # The same team's call to another origin did not wait behind the throttled ones.
+        assert other.received_at * 1000 - slot < 1000
+    finally:
+        node.stop()
+        log.close()
+        limited.stop()
+        free.stop()

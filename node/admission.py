@@ -1,0 +1,214 @@
+"""Which run's call may start now: the node's room, each team's share, each downstream's rate.
+
+The executors ask before every start (:meth:`Admission.reserve`); a run that may not start yet
+waits here and is handed back later, its room already reserved, by :meth:`Admission.release`
+(a call ended) or :meth:`Admission.due` (a rate limit has a token again). Three limits:
+
+- **Room**: at most ``max_in_flight`` calls at once on the node.
+- **A team's share**: at most ``max_per_tenant`` of them for one team. When room is short, the
+  teams' queues are served in turn (round-robin), each team's most urgent run first (priority
+  with ageing, the order pull claims use), so one team's burst waits behind itself.
+- **A downstream's rate**: a job's HTTP target may say ``max_calls_per_sec``; the calls of one
+  team to one origin (scheme, host, port) then share a token bucket of that rate, with a burst
+  of one second's worth. A throttled run waits in its bucket, first come first served, and
+  neither holds room nor blocks its team's other runs.
+
+Not thread-safe: the executors call it under their lock. Time is passed in as a clock
+(``time.monotonic`` in the node, a fake one in tests).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    key: tuple[str, str]  # (tenant, origin)
+    per_sec: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A run asking to start: who to hand it back to, and what limits it counts against."""
+
+    runner: Any  # the PartitionRunner to grant it to
+    run_id: str
+    tenant: str
+    urgency: int  # smaller first: core.state.ageing_key
+    limit: RateLimit | None = None
+
+
+@dataclass(slots=True)
+class _Bucket:
+    per_sec: float
+    tokens: float
+    stamp: float
+    waiting: deque[Ticket] = field(default_factory=deque)
+
+    def refill(self, now: float) -> None:
+        burst = max(1.0, self.per_sec)
+        self.tokens = min(burst, self.tokens + (now - self.stamp) * self.per_sec)
+        self.stamp = now
+
+    def seconds_to_token(self) -> float:
+        return max(0.0, (1.0 - self.tokens) / self.per_sec)
+
+
+class Admission:
+    def __init__(
+        self,
+        max_in_flight: int,
+        max_per_tenant: int | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if max_in_flight < 1 or (max_per_tenant is not None and max_per_tenant < 1):
+            raise ValueError("the executors' limits must be at least 1")
+        self._clock = clock or time.monotonic
+        self._max = max_in_flight
+        self._max_per_tenant = max_per_tenant or max_in_flight
+        self.in_flight = 0  # reserved or running calls
+        self._by_tenant: dict[str, int] = {}
+        self._queued: dict[str, list[tuple[int, int, Ticket]]] = {}  # waiting for room
+        self._turns: deque[str] = deque()  # the teams with queued runs, in turn order
+        self._arrivals = itertools.count()
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self._draining = False
+
+    # -- asking and giving back -------------------------------------------------------------
+
+    def reserve(self, ticket: Ticket) -> bool:
+        """Room for ``ticket``'s call now (taken), or False: it waits here until granted."""
+        if self._draining:
+            return False  # left pending: the partition's next owner starts it
+        bucket = self._bucket(ticket.limit)
+        if bucket is not None and (bucket.waiting or bucket.tokens < 1.0):
+            bucket.waiting.append(ticket)
+            return False
+        if not self._queued.get(ticket.tenant) and self._has_room(ticket.tenant):
+            self._take(ticket.tenant, bucket)
+            return True
+        self._enqueue(ticket)
+        return False
+
+    def release(self, tenant: str) -> list[Ticket]:
+        """A call of ``tenant`` ended (or a reservation went unused): the runs granted the
+        freed room, their room reserved."""
+        self.in_flight -= 1
+        held = self._by_tenant[tenant] - 1
+        if held:
+            self._by_tenant[tenant] = held
+        else:
+            del self._by_tenant[tenant]
+        return self._grants()
+
+    def due(self) -> list[Ticket]:
+        """Throttled runs whose rate allows them now: those with room are granted (their room
+        reserved); the others join their team's queue for room."""
+        granted: list[Ticket] = []
+        if self._draining:
+            return granted
+        now = self._clock()
+        for bucket in self._buckets.values():
+            if not bucket.waiting:
+                continue
+            bucket.refill(now)
+            while bucket.waiting and bucket.tokens >= 1.0:
+                ticket = bucket.waiting.popleft()
+                if not self._queued.get(ticket.tenant) and self._has_room(ticket.tenant):
+                    self._take(ticket.tenant, bucket)
+                    granted.append(ticket)
+                else:
+                    self._enqueue(ticket)  # it takes its token when its turn for room comes
+                    break  # the token stays for it
+        return granted
+
+    def next_due_s(self) -> float | None:
+        """Seconds until a throttled run's bucket has a token again; None if none waits."""
+        now = self._clock()
+        waits = []
+        for bucket in self._buckets.values():
+            if bucket.waiting:
+                bucket.refill(now)
+                waits.append(bucket.seconds_to_token())
+        return min(waits) if waits else None
+
+    def drain(self) -> None:
+        """Start nothing more; forget what waits (it stays pending in its partition)."""
+        self._draining = True
+        self._queued.clear()
+        self._turns.clear()
+        for bucket in self._buckets.values():
+            bucket.waiting.clear()
+
+    # -- what waits -------------------------------------------------------------------------
+
+    @property
+    def waiting_for_room(self) -> int:
+        return sum(len(q) for q in self._queued.values())
+
+    @property
+    def waiting_for_rate(self) -> int:
+        return sum(len(b.waiting) for b in self._buckets.values())
+
+    # -- inside -----------------------------------------------------------------------------
+
+    def _bucket(self, limit: RateLimit | None) -> _Bucket | None:
+        if limit is None:
+            return None
+        now = self._clock()
+        bucket = self._buckets.get(limit.key)
+        if bucket is None:
+            bucket = self._buckets[limit.key] = _Bucket(limit.per_sec, max(1.0, limit.per_sec), now)
+        bucket.per_sec = limit.per_sec  # the latest job's word for the origin
+        bucket.refill(now)
+        return bucket
+
+    def _has_room(self, tenant: str) -> bool:
+        return self.in_flight < self._max and self._by_tenant.get(tenant, 0) < self._max_per_tenant
+
+    def _take(self, tenant: str, bucket: _Bucket | None) -> None:
+        if bucket is not None:
+            bucket.tokens -= 1.0
+        self.in_flight += 1
+        self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
+
+    def _enqueue(self, ticket: Ticket) -> None:
+        queue = self._queued.get(ticket.tenant)
+        if queue is None:
+            queue = self._queued[ticket.tenant] = []
+            self._turns.append(ticket.tenant)
+        heapq.heappush(queue, (ticket.urgency, next(self._arrivals), ticket))
+
+    def _grants(self) -> list[Ticket]:
+        """Reserve room for queued runs, one team after another, each team's most urgent
+        first; a run whose downstream has no token moves to its bucket and frees its turn."""
+        granted: list[Ticket] = []
+        if self._draining:
+            return granted
+        skipped = 0  # teams in a row that are at their own limit
+        while self._turns and self.in_flight < self._max and skipped < len(self._turns):
+            tenant = self._turns[0]
+            self._turns.rotate(-1)  # whoever is served, the next turn is the next team's
+            if not self._has_room(tenant):
+                skipped += 1
+                continue
+            skipped = 0
+            queue = self._queued[tenant]
+            _, _, ticket = heapq.heappop(queue)
+            if not queue:
+                del self._queued[tenant]
+                self._turns.remove(tenant)
+            bucket = self._bucket(ticket.limit)
+            if bucket is not None and bucket.tokens < 1.0:
+                bucket.waiting.appendleft(ticket)  # it was first in line for a token
+                continue
+            self._take(tenant, bucket)
+            granted.append(ticket)
+        return granted
