@@ -68,6 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         help="for the topics cronlog creates (default 2; 1 on a one-broker test)",
     )
     serve.add_argument(
+        "--kafka-config",
+        type=Path,
+        metavar="FILE",
+        help="librdkafka settings for every Kafka client, one key=value a line (e.g."
+        " security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location);"
+        " a file, so secrets stay out of the process list",
+    )
+    serve.add_argument(
         "--target-kafka",
         metavar="HOST:PORT",
         help="Kafka for kafka:// job targets (default: --kafka)",
@@ -156,17 +164,25 @@ def serve_command(args: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     tokens = load_tokens(data_dir)
 
+    kafka_config = read_kafka_config(args.kafka_config) if args.kafka_config else {}
     log_: EventLog
     if args.kafka:
+        from confluent_kafka import KafkaException
+
+        from core.errors import CronlogError
         from eventlog.kafka import KafkaLog
 
-        log_ = KafkaLog.open(
-            args.kafka,
-            args.partitions,
-            prefix=args.topic_prefix,
-            replication_factor=args.replication_factor,
-            min_insync_replicas=args.min_insync_replicas,
-        )
+        try:
+            log_ = KafkaLog.open(
+                args.kafka,
+                args.partitions,
+                prefix=args.topic_prefix,
+                replication_factor=args.replication_factor,
+                min_insync_replicas=args.min_insync_replicas,
+                client_config=kafka_config,
+            )
+        except (KafkaException, CronlogError) as e:
+            sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")
         target_kafka = args.target_kafka or args.kafka
     else:
         from eventlog.embedded import EmbeddedLog
@@ -182,6 +198,7 @@ def serve_command(args: argparse.Namespace) -> int:
             max_in_flight=args.max_calls,
             max_in_flight_per_tenant=args.max_calls_per_team,
             kafka_bootstrap=target_kafka,
+            kafka_config=kafka_config,
         ),
     )
     app = create_app(node, tokens, metrics=node.metrics, metrics_token=load_metrics_token(data_dir))
@@ -224,6 +241,20 @@ def load_tokens(data_dir: Path) -> dict[str, str]:
         token = create_default_token(path)
         print(f"cronlog: created a token for tenant 'default' in {path}: {token}", flush=True)
     return read_tokens_file(path)
+
+
+def read_kafka_config(path: Path) -> dict[str, str]:
+    """``key=value`` lines (blank lines and ``#`` comments ignored), as librdkafka settings."""
+    settings: dict[str, str] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            sys.exit(f"cronlog: {path}:{n}: expected key=value")
+        settings[key.strip()] = value.strip()
+    return settings
 
 
 def load_metrics_token(data_dir: Path) -> str:

@@ -146,6 +146,7 @@ class Executors(Dispatcher):
         max_in_flight: int = 512,
         max_in_flight_per_tenant: int | None = None,
         kafka_bootstrap: str | None = None,
+        kafka_config: dict[str, str] | None = None,
         producer_factory: Callable[[str], Any] | None = None,
     ) -> None:
         self.worker_id = f"{node_id}/executor"
@@ -159,6 +160,7 @@ class Executors(Dispatcher):
         )
         self._session: aiohttp.ClientSession | None = None
         self._kafka_bootstrap = kafka_bootstrap
+        self._kafka_config = dict(kafka_config or {})
         self._producer_factory = producer_factory
         self._producer: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -390,8 +392,10 @@ class Executors(Dispatcher):
                 permanent=True,
             )
         if self._producer is None:
-            factory = self._producer_factory or _default_producer
-            self._producer = factory(self._kafka_bootstrap)
+            if self._producer_factory is not None:
+                self._producer = self._producer_factory(self._kafka_bootstrap)
+            else:
+                self._producer = _default_producer(self._kafka_bootstrap, self._kafka_config)
         done: asyncio.Future[str | None] = self._loop.create_future()
 
         def settle(error: str | None) -> None:
@@ -422,11 +426,12 @@ class Executors(Dispatcher):
             await asyncio.to_thread(self._producer.poll, 0.1)
 
 
-def _default_producer(bootstrap: str) -> Any:
+def _default_producer(bootstrap: str, config: dict[str, str]) -> Any:
     from confluent_kafka import Producer
 
     return Producer(
         {
+            **config,
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "acks": "all",
