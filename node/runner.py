@@ -220,7 +220,7 @@ class PartitionRunner:
                     self._due.append(key)
         return decided
 
-    def _start_or_park(
+    def _start_if_room(
         self, run_id: str, now: int, events: list[AnyEvent], starting: dict[str, str]
     ) -> None:
         run = self.state.runs.get(run_id)
@@ -253,7 +253,7 @@ class PartitionRunner:
             fired += 1
             kind, ident = self._due.popleft()
             if kind == "ready":
-                self._start_or_park(ident, now, events, starting)
+                self._start_if_room(ident, now, events, starting)
                 continue
             command: AnyCommand = (
                 SlotDue(job_id=ident) if kind == "slot" else LeaseDue(run_id=ident)
