@@ -280,7 +280,10 @@ class PartitionRunner:
                 return
             self._store.save(self.state, list(zip(offsets, events, strict=True)))
             if self._on_appended is not None and events:
-                self._on_appended(self.partition, offsets, events)
+                try:
+                    self._on_appended(self.partition, offsets, events)
+                except Exception:  # an observer's failure must not strand the decided batch
+                    log.exception("partition %d: on_appended failed", self.partition)
         for request, answer in answers:
             if request.reply is None:
                 continue
