@@ -64,12 +64,24 @@ def create_default_token(path: Path) -> str:
     silently lock out clients configured with the first token.
     """
     token = secrets.token_urlsafe(32)
+    header = "# cronlog API tokens: tenant=token, one a line\n"
+    _create_private(path, f"{header}{DEFAULT_TENANT}={token}\n")
+    return token
+
+
+def create_token_file(path: Path) -> str:
+    """Create ``path`` (mode 0600, never overwriting) holding one new bare token, as the
+    metrics endpoint's token is kept. Raises ``FileExistsError`` if ``path`` exists."""
+    token = secrets.token_urlsafe(32)
+    _create_private(path, f"{token}\n")
+    return token
+
+
+def _create_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write("# cronlog API tokens: tenant=token, one a line\n")
-        f.write(f"{DEFAULT_TENANT}={token}\n")
-    return token
+        f.write(text)
 
 
 class Tokens:

@@ -260,7 +260,7 @@ def read_kafka_config(path: Path) -> dict[str, str]:
 def load_metrics_token(data_dir: Path) -> str:
     """The bearer token of ``GET /metrics``: ``CRONLOG_METRICS_TOKEN``, else the data
     directory's ``metrics_token`` file, created (mode 0600) on the first start."""
-    import secrets
+    from api.auth import create_token_file
 
     configured = os.environ.get("CRONLOG_METRICS_TOKEN", "").strip()
     if configured:
@@ -268,13 +268,10 @@ def load_metrics_token(data_dir: Path) -> str:
     path = data_dir / "metrics_token"
     if not path.exists():
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            create_token_file(path)
+            print(f"cronlog: created the token for GET /metrics in {path}", flush=True)
         except FileExistsError:
             pass  # another process made it first: read theirs
-        else:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(secrets.token_urlsafe(32) + "\n")
-            print(f"cronlog: created the token for GET /metrics in {path}", flush=True)
     token = path.read_text(encoding="utf-8").strip()
     if not token:
         sys.exit(f"cronlog: {path} is empty; put the metrics token in it")

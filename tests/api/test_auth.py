@@ -12,6 +12,7 @@ from api.auth import (
     TokenError,
     Tokens,
     create_default_token,
+    create_token_file,
     parse_tokens,
     read_tokens_file,
 )
@@ -49,6 +50,16 @@ def test_create_the_default_token_readable_only_by_its_owner(tmp_path: Path) -> 
     with pytest.raises(FileExistsError):
         create_default_token(path)
     assert read_tokens_file(path) == {token: DEFAULT_TENANT}
+
+
+def test_a_bare_token_file_is_private_and_never_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "metrics_token"
+    token = create_token_file(path)
+    assert len(token) >= 40 and path.read_text() == f"{token}\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(FileExistsError):
+        create_token_file(path)
+    assert path.read_text() == f"{token}\n"
 
 
 def test_tenant_of_a_bearer_header() -> None:
