@@ -13,9 +13,10 @@ from api import wire
 from api.errors import ErrorBody
 
 REF = "#/components/schemas/{name}"
+UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})  # probes; every other path needs a token
 
-# (method, path) -> summary, request body, success status, response body, error statuses,
-# query parameters
+# (method, path) -> summary, request body, success status, response body (``str``: plain
+# text), error statuses, query parameters
 Operation = tuple[str, type | None, int, type | None, tuple[int, ...], tuple[str, ...]]
 _BAD = (400, 401, 413, 422)
 OPERATIONS: dict[tuple[str, str], Operation] = {
@@ -148,7 +149,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Prometheus metrics of this node (text exposition format); its own bearer token",
         None,
         200,
-        None,
+        str,
         (401,),
         (),
     ),
@@ -186,15 +187,15 @@ def _operation(path: str, op: Operation) -> dict[str, Any]:
     if request is not None:
         out["requestBody"] = {"required": True, "content": _json_content(request)}
     responses: dict[str, Any] = {}
-    if response is not None:
-        responses[str(status)] = {"description": "OK", "content": _json_content(response)}
-    elif path == "/metrics":
+    if response is str:
         text = {"text/plain": {"schema": {"type": "string"}}}
         responses[str(status)] = {"description": "OK", "content": text}
+    elif response is not None:
+        responses[str(status)] = {"description": "OK", "content": _json_content(response)}
     for code in errors:
         responses[str(code)] = {"description": "Error", "content": _json_content(ErrorBody)}
     out["responses"] = responses
-    if path.startswith("/v1/") or path == "/metrics":
+    if path not in UNAUTHENTICATED:
         out["security"] = [{"bearer": []}]
     return out
 
