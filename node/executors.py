@@ -39,6 +39,7 @@ import asyncio
 import email.utils
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import UTC, datetime
@@ -152,7 +153,8 @@ class Executors(Dispatcher):
         self.worker_id = f"{node_id}/executor"
         self._max = max_in_flight
         self._admission = Admission(max_in_flight, max_in_flight_per_tenant)
-        self._wake: asyncio.TimerHandle | None = None  # when a throttled run may go
+        self._wake: asyncio.TimerHandle | None = None  # the loop's look at throttled runs
+        self._due_at: float | None = None  # its time.monotonic(), as the loop's clock reads it
         self._lock = threading.Condition()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -201,9 +203,8 @@ class Executors(Dispatcher):
         ticket = Ticket(runner, run.run_id, run.tenant, ageing_key(run), self._limit(runner, run))
         with self._lock:
             reserved = self._admission.reserve(ticket)
-            wake = None if reserved else self._admission.next_due_s()
-        if wake is not None:
-            self._loop.call_soon_threadsafe(self._wake_in, wake)
+            if not reserved:
+                self._look_again(self._admission.next_due_s())
         return reserved
 
     def release(self, tenant: str) -> None:
@@ -211,11 +212,9 @@ class Executors(Dispatcher):
         and hand the freed room to the runs waiting for it."""
         with self._lock:
             granted = self._admission.release(tenant)
-            wake = self._admission.next_due_s()
+            self._look_again(self._admission.next_due_s())
             self._lock.notify_all()
         self._hand_out(granted)
-        if wake is not None:
-            self._loop.call_soon_threadsafe(self._wake_in, wake)
 
     @staticmethod
     def _limit(runner: PartitionRunner, run: RunState) -> RateLimit | None:
@@ -232,23 +231,31 @@ class Executors(Dispatcher):
             if not ticket.runner.grant(ticket.tenant, ticket.run_id):  # its partition moved on
                 self.release(ticket.tenant)
 
-    def _wake_in(self, delay_s: float) -> None:
-        """(On the loop.) Look at the throttled runs again in ``delay_s``, or sooner."""
-        when = self._loop.time() + delay_s
-        if self._wake is not None and self._wake.when() <= when:
+    def _look_again(self, delay_s: float | None) -> None:
+        """(Under the lock.) Have the loop look at the throttled runs in ``delay_s``; it is
+        told only when that is sooner than the look already planned, so a call ending does
+        not wake the loop for nothing."""
+        if delay_s is None:
             return
+        when = time.monotonic() + delay_s
+        if self._due_at is not None and self._due_at <= when:
+            return
+        self._due_at = when
+        self._loop.call_soon_threadsafe(self._plan, when)
+
+    def _plan(self, when: float) -> None:
+        # (On the loop.) Plans arrive soonest last; the loop's clock is time.monotonic().
         if self._wake is not None:
             self._wake.cancel()
         self._wake = self._loop.call_at(when, self._on_due)
 
     def _on_due(self) -> None:
-        self._wake = None
         with self._lock:
+            self._wake = None
+            self._due_at = None
             granted = self._admission.due()
-            wake = self._admission.next_due_s()
+            self._look_again(self._admission.next_due_s())
         self._hand_out(granted)
-        if wake is not None:
-            self._wake_in(wake)
 
     @property
     def in_flight(self) -> int:
