@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import platform
 import subprocess
@@ -32,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.bench_herd import now_ms, percentile
 from core.commands import PutJob
 from core.jobs import Backoff, HttpTarget, JobSpec
 from eventlog.embedded import EmbeddedLog
@@ -78,14 +78,6 @@ async def main():
         f.writelines(f"{at} {run}\n" for at, run in arrivals)
 asyncio.run(main())
 """
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
 
 def spec(tenant: str, url: str, slot: int) -> JobSpec:

@@ -52,7 +52,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from core import events as ev
 from core.commands import PutJob
@@ -83,7 +83,10 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def percentile(sorted_values: list[int], q: float) -> int:
+N = TypeVar("N", int, float)
+
+
+def percentile(sorted_values: list[N], q: float) -> N:
     """Nearest-rank percentile of an ascending list."""
     return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
