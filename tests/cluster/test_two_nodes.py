@@ -154,29 +154,32 @@ def test_pause_stops_firing_and_resume_restarts(cluster: Cluster, target: Target
     assert calls[-1].received_at > paused_at + 2
 
 
+def start_held_call(
+    cluster: Cluster, target: HoldingTarget, name: str, partition: int, extra: dict[str, Any]
+) -> tuple[str, NodeProcess, NodeProcess]:
+    """A one-shot job created through n1 whose call the target now holds: its run id, the
+    node whose executor makes the call, and the other node."""
+    slot = now_ms() + 300
+    job_id = one_per_partition(name)[partition]
+    body = {"job_id": job_id, "name": name, "run_at": iso(slot), "target": target.url, **extra}
+    assert cluster.nodes["n1"].create_job(body).status_code == 201
+    assert target.received.wait(10)
+    run_id = f"{job_id}.{slot}"
+    run = wait_until(
+        "the run never showed as running",
+        lambda: run_in_state(cluster.nodes["n1"], run_id, "running"),
+    )
+    runner = run["attempts"][0]["worker_id"].split("/")[0]
+    other = "n2" if runner == "n1" else "n1"
+    return run_id, cluster.nodes[runner], cluster.nodes[other]
+
+
 def test_a_cancel_reaches_the_executor_running_the_call(cluster: Cluster) -> None:
     slow = HoldingTarget(hold_s=20.0)
     try:
-        n1 = cluster.nodes["n1"]
-        slot = now_ms() + 300
-        job_id = one_per_partition("slow")[3]
-        body = {
-            "job_id": job_id,
-            "name": "slow",
-            "run_at": iso(slot),
-            "target": slow.url,
-            "lease_sec": 3,
-            "timeout_sec": 30,
-        }
-        assert n1.create_job(body).status_code == 201
-        assert slow.received.wait(10)
-        run_id = f"{job_id}.{slot}"
-        run = wait_until(
-            "the run never showed as running", lambda: run_in_state(n1, run_id, "running")
-        )
+        extra = {"lease_sec": 3, "timeout_sec": 30}
+        run_id, _, asker = start_held_call(cluster, slow, "slow", 3, extra)
         # Cancel through the node whose executor does not run the call: it goes through the log.
-        runner = run["attempts"][0]["worker_id"].split("/")[0]
-        asker = cluster.nodes["n2" if runner == "n1" else "n1"]
         cancelled_at = time.time()
         response = asker.http.post(f"/v1/runs/{run_id}/cancel")
         assert response.status_code == 200 and response.json()["state"] == "cancelled"
@@ -248,16 +251,7 @@ def test_a_pull_worker_that_stops_heartbeating_loses_its_runs_and_its_late_compl
 def test_a_rolling_restart_lets_a_critical_call_finish(cluster: Cluster) -> None:
     slow = HoldingTarget(hold_s=3.0)
     try:
-        n1 = cluster.nodes["n1"]
-        slot = now_ms() + 300
-        job_id = one_per_partition("careful")[1]
-        body = {"job_id": job_id, "name": "careful", "run_at": iso(slot), "target": slow.url}
-        assert n1.create_job({**body, "critical": True}).status_code == 201
-        assert slow.received.wait(10)
-        run_id = f"{job_id}.{slot}"
-        run = wait_until("never running", lambda: run_in_state(n1, run_id, "running"))
-        runner = cluster.nodes[run["attempts"][0]["worker_id"].split("/")[0]]
-        survivor = cluster.nodes["n2" if runner.node_id == "n1" else "n1"]
+        run_id, runner, survivor = start_held_call(cluster, slow, "careful", 1, {"critical": True})
         runner.stop()  # SIGTERM: the node drains its calls before it leaves
         assert runner.process is not None and runner.process.returncode == 0
         assert not slow.hung_up.is_set(), "the call was cut short"
