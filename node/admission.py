@@ -79,6 +79,9 @@ class Admission:
         self._turns: deque[str] = deque()  # the teams with queued runs, in turn order
         self._arrivals = itertools.count()
         self._buckets: dict[tuple[str, str], _Bucket] = {}
+        # The buckets with runs waiting: all that due() and next_due_s() look at, so a call
+        # ending costs nothing for the many origins nobody waits on.
+        self._throttled: dict[tuple[str, str], _Bucket] = {}
         self._draining = False
 
     # -- asking and giving back -------------------------------------------------------------
@@ -89,7 +92,7 @@ class Admission:
             return False  # left pending: the partition's next owner starts it
         bucket = self._bucket(ticket.limit)
         if bucket is not None and (bucket.waiting or bucket.tokens < 1.0):
-            bucket.waiting.append(ticket)
+            self._throttle(ticket, bucket, first=False)
             return False
         if not self._queued.get(ticket.tenant) and self._has_room(ticket.tenant):
             self._take(ticket.tenant, bucket)
@@ -115,9 +118,7 @@ class Admission:
         if self._draining:
             return granted
         now = self._clock()
-        for bucket in self._buckets.values():
-            if not bucket.waiting:
-                continue
+        for key, bucket in list(self._throttled.items()):
             bucket.refill(now)
             while bucket.waiting and bucket.tokens >= 1.0:
                 ticket = bucket.waiting.popleft()
@@ -127,16 +128,17 @@ class Admission:
                 else:
                     self._enqueue(ticket)  # it takes its token when its turn for room comes
                     break  # the token stays for it
+            if not bucket.waiting:
+                del self._throttled[key]
         return granted
 
     def next_due_s(self) -> float | None:
         """Seconds until a throttled run's bucket has a token again; None if none waits."""
         now = self._clock()
         waits = []
-        for bucket in self._buckets.values():
-            if bucket.waiting:
-                bucket.refill(now)
-                waits.append(bucket.seconds_to_token())
+        for bucket in self._throttled.values():
+            bucket.refill(now)
+            waits.append(bucket.seconds_to_token())
         return min(waits) if waits else None
 
     def drain(self) -> None:
@@ -144,8 +146,9 @@ class Admission:
         self._draining = True
         self._queued.clear()
         self._turns.clear()
-        for bucket in self._buckets.values():
+        for bucket in self._throttled.values():
             bucket.waiting.clear()
+        self._throttled.clear()
 
     # -- what waits -------------------------------------------------------------------------
 
@@ -155,7 +158,7 @@ class Admission:
 
     @property
     def waiting_for_rate(self) -> int:
-        return sum(len(b.waiting) for b in self._buckets.values())
+        return sum(len(b.waiting) for b in self._throttled.values())
 
     # -- inside -----------------------------------------------------------------------------
 
@@ -169,6 +172,14 @@ class Admission:
         bucket.per_sec = limit.per_sec  # the latest job's word for the origin
         bucket.refill(now)
         return bucket
+
+    def _throttle(self, ticket: Ticket, bucket: _Bucket, *, first: bool) -> None:
+        assert ticket.limit is not None
+        if first:
+            bucket.waiting.appendleft(ticket)
+        else:
+            bucket.waiting.append(ticket)
+        self._throttled[ticket.limit.key] = bucket
 
     def _has_room(self, tenant: str) -> bool:
         return self.in_flight < self._max and self._by_tenant.get(tenant, 0) < self._max_per_tenant
@@ -207,7 +218,7 @@ class Admission:
                 self._turns.remove(tenant)
             bucket = self._bucket(ticket.limit)
             if bucket is not None and bucket.tokens < 1.0:
-                bucket.waiting.appendleft(ticket)  # it was first in line for a token
+                self._throttle(ticket, bucket, first=True)  # it was first in line for a token
                 continue
             self._take(tenant, bucket)
             granted.append(ticket)
