@@ -9,20 +9,23 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.edge import (
-    MAX_PAGE,
     authenticate,
     decode,
     expected_version,
     job_response,
     job_view,
     json_response,
+    page_size,
     query_choice,
     query_int,
 )
 from api.instants import parse_rfc3339, to_local, to_rfc3339
+from api.quota import JobQuota, check_definition
 from api.translate import job_id_for_key, job_out, random_job_id, run_out, spec_of
 from api.wire import (
+    MAX_PREVIEW,
     FireTime,
+    JobDefinition,
     JobFields,
     JobPage,
     JobPatch,
@@ -37,8 +40,6 @@ from core.errors import Conflict, InvalidDefinition
 from core.events import JobRegistered, JobUpdated
 from core.jobs import JobSpec, next_slot, validate_job_id
 from projections.views import JOB_STATUSES, JobView
-
-MAX_PREVIEW = 100
 
 # -- jobs --------------------------------------------------------------------------------------
 
@@ -56,8 +57,12 @@ async def create_job(request: Request) -> Response:
     else:
         job_id = random_job_id()
     spec = spec_of(body, call.tenant)
-    # create_only: a repeat with the same body changes nothing, another body is a conflict
-    events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
+    existing = call.scheduler.history.job(call.tenant, job_id)
+    check_definition(call, job_id, spec, existing.spec if existing else None)
+    quota: JobQuota = request.state.quota
+    with quota.admit(call, job_id):
+        # create_only: a repeat with the same body changes nothing, another body is a conflict
+        events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
     created = any(isinstance(e, JobRegistered) for e in events)
     return job_response(call, job_id, 201 if created else 200)
 
@@ -66,12 +71,16 @@ async def put_job(request: Request) -> Response:
     call = authenticate(request)
     job_id = request.path_params["job_id"]
     validate_job_id(job_id)
-    body = await decode(request, JobFields)
+    body = await decode(request, JobDefinition)
     spec = spec_of(body, call.tenant)
     expected = expected_version(request)
-    events = await call.scheduler.execute(
-        PutJob(job_id=job_id, spec=spec, expected_version=expected)
-    )
+    existing = call.scheduler.history.job(call.tenant, job_id)
+    check_definition(call, job_id, spec, existing.spec if existing else None)
+    quota: JobQuota = request.state.quota
+    with quota.admit(call, job_id):
+        events = await call.scheduler.execute(
+            PutJob(job_id=job_id, spec=spec, expected_version=expected)
+        )
     created = any(isinstance(e, JobRegistered) for e in events)
     return job_response(call, job_id, 201 if created else 200)
 
@@ -85,7 +94,7 @@ async def list_jobs(request: Request) -> Response:
     page = call.scheduler.history.jobs(
         call.tenant,
         query_choice(request, "status", JOB_STATUSES),
-        query_int(request, 50, MAX_PAGE),
+        page_size(call, request, 50),
         request.query_params.get("cursor"),
     )
     return json_response(
@@ -107,6 +116,7 @@ async def patch_job(request: Request) -> Response:
         raise Conflict(f"job {job_id} is at version {view.version}, not {expected}")
     if _changes_definition(body):
         spec = spec_of(body, call.tenant, base=view.spec)
+        check_definition(call, job_id, spec, view.spec)
         # The merge read view.spec: writing it back is conditional on nothing having changed since.
         events = await call.scheduler.execute(
             PutJob(job_id=job_id, spec=spec, expected_version=view.version)
@@ -138,7 +148,7 @@ async def job_runs(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     job_view(call, job_id)
     page = call.scheduler.history.runs_of(
-        call.tenant, job_id, query_int(request, 20, MAX_PAGE), request.query_params.get("cursor")
+        call.tenant, job_id, page_size(call, request, 20), request.query_params.get("cursor")
     )
     return json_response(
         RunPage(runs=[run_out(v) for v in page.items], next_cursor=page.next_cursor)
@@ -190,8 +200,6 @@ async def preview_job(request: Request) -> Response:
 async def preview_schedule(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, SchedulePreviewIn)
-    if not 1 <= body.n <= MAX_PREVIEW:
-        raise InvalidDefinition("n", f"must be between 1 and {MAX_PREVIEW}")
     schedule = CronSchedule.parse(body.schedule, body.timezone)
     after = call.scheduler.now_ms() if body.after is None else parse_rfc3339(body.after, "after")
     fires = schedule.preview(after, body.n)

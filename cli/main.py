@@ -2,6 +2,7 @@
 
     cronlog serve [--data-dir DIR] [--host 127.0.0.1] [--port 8080] [--partitions 8]
     cronlog serve --kafka HOST:PORT [--node-id ID]          # join a cluster
+    cronlog serve --limits FILE                             # tenants' quotas and rates
     cronlog jobs create --name N (--schedule CRON | --run-at TIME | --every SEC) --target URL
     cronlog jobs list | get ID | pause ID | resume ID | cancel ID
     cronlog runs JOB_ID [--limit N]
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from api.limits import Limits
     from eventlog.port import EventLog
     from node.node import Node
 
@@ -102,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         help="on SIGTERM, how long calls in flight may take to finish before they are abandoned"
         " (default 30)",
     )
+    serve.add_argument(
+        "--limits",
+        type=Path,
+        metavar="FILE",
+        help="the tenants' quotas and request rates: a TOML file with [defaults] and"
+        " [tenants.NAME] tables (see docs/security.md); without it every tenant gets the"
+        " built-in defaults",
+    )
     serve.add_argument("--log-level", default="info")
 
     client = argparse.ArgumentParser(add_help=False)
@@ -163,6 +173,7 @@ def serve_command(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     tokens = load_tokens(data_dir)
+    limits = load_limits(args.limits)
 
     kafka_config = read_kafka_config(args.kafka_config) if args.kafka_config else {}
     log_: EventLog
@@ -201,7 +212,13 @@ def serve_command(args: argparse.Namespace) -> int:
             kafka_config=kafka_config,
         ),
     )
-    app = create_app(node, tokens, metrics=node.metrics, metrics_token=load_metrics_token(data_dir))
+    app = create_app(
+        node,
+        tokens,
+        metrics=node.metrics,
+        metrics_token=load_metrics_token(data_dir),
+        limits=limits,
+    )
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on"
     )
@@ -241,6 +258,19 @@ def load_tokens(data_dir: Path) -> dict[str, str]:
         token = create_default_token(path)
         print(f"cronlog: created a token for tenant 'default' in {path}: {token}", flush=True)
     return read_tokens_file(path)
+
+
+def load_limits(path: Path | None) -> Limits:
+    """The tenants' limits from ``--limits``, or the built-in defaults; a file that cannot be
+    used stops the start with one line that says why."""
+    from api.limits import Limits, LimitsError, read_limits
+
+    if path is None:
+        return Limits()
+    try:
+        return read_limits(path)
+    except LimitsError as e:
+        sys.exit(f"cronlog: {e}")
 
 
 def read_kafka_config(path: Path) -> dict[str, str]:

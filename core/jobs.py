@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from core.clock import Millis
+from core.clock import MAX_INSTANT, Millis
 from core.cron import CronSchedule, next_fire
 from core.errors import InvalidDefinition
 
@@ -32,6 +32,11 @@ POOL = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 MAX_PAYLOAD_BYTES = 64 * 1024
+# Arrays and objects inside one another: deeper JSON would overrun the recursion limit of the
+# threads that encode it again (the runner, the read model), long after the API said yes.
+MAX_PAYLOAD_DEPTH = 64
+MAX_NAME_CHARS = 200
+MAX_DEPENDS_ON = 1000  # the most any tenant may be allowed (api/limits.py sets each one's)
 MAX_ATTEMPTS = 100
 MAX_CATCH_UP = 1000
 MAX_PRIORITY = 9
@@ -141,8 +146,8 @@ def validate_job_id(job_id: str) -> None:
 
 def validate(spec: JobSpec) -> None:
     """Raise :class:`InvalidDefinition` naming the first bad field; return if ``spec`` is sound."""
-    if not spec.name.strip() or len(spec.name) > 200:
-        raise InvalidDefinition("name", "must be 1-200 characters and not blank")
+    if not spec.name.strip() or len(spec.name) > MAX_NAME_CHARS:
+        raise InvalidDefinition("name", f"must be 1-{MAX_NAME_CHARS} characters and not blank")
     if not TENANT.match(spec.tenant):
         raise InvalidDefinition("tenant", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
     whens = [f for f in ("schedule", "run_at", "interval_sec") if getattr(spec, f) is not None]
@@ -151,6 +156,8 @@ def validate(spec: JobSpec) -> None:
             raise InvalidDefinition(
                 whens[0], "a job with depends_on is triggered by its upstream jobs; give no time"
             )
+        if len(spec.depends_on) > MAX_DEPENDS_ON:
+            raise InvalidDefinition("depends_on", f"must list at most {MAX_DEPENDS_ON} jobs")
         for upstream in spec.depends_on:
             if not JOB_ID.match(upstream):
                 raise InvalidDefinition("depends_on", f"{upstream!r} is not a job id")
@@ -164,8 +171,9 @@ def validate(spec: JobSpec) -> None:
         )
     # CronSchedule.parse raises InvalidDefinition naming "schedule" or "timezone".
     CronSchedule.parse(spec.schedule or "0 0 * * *", spec.timezone)
-    if spec.run_at is not None and spec.run_at < 0:
-        raise InvalidDefinition("run_at", "must be an instant after 1970")
+    for name, at in (("run_at", spec.run_at), ("start_at", spec.start_at)):
+        if at is not None and not 0 <= at <= MAX_INSTANT:
+            raise InvalidDefinition(name, "must be an instant from 1970 to the end of year 9999")
     if spec.interval_sec is not None:
         _positive("interval_sec", spec.interval_sec, upper=366 * 86400)
         if spec.interval_sec < 1:
@@ -173,6 +181,8 @@ def validate(spec: JobSpec) -> None:
     if spec.start_at is not None and spec.interval_sec is None:
         raise InvalidDefinition("start_at", "only an interval job takes start_at")
     _validate_target(spec.target)
+    if _depth(spec.payload) > MAX_PAYLOAD_DEPTH:
+        raise InvalidDefinition("payload", f"must nest at most {MAX_PAYLOAD_DEPTH} levels deep")
     if len(msgspec.json.encode(spec.payload)) > MAX_PAYLOAD_BYTES:
         raise InvalidDefinition("payload", f"must encode to at most {MAX_PAYLOAD_BYTES} bytes")
     if not 1 <= spec.max_attempts <= MAX_ATTEMPTS:
@@ -193,6 +203,23 @@ def validate(spec: JobSpec) -> None:
         raise InvalidDefinition("catch_up_limit", f"must be between 1 and {MAX_CATCH_UP}")
     if not 0 <= spec.allow_jitter_sec <= DAY_MS / 1000:
         raise InvalidDefinition("allow_jitter_sec", "must be between 0 and 86400")
+
+
+def _depth(value: Any) -> int:
+    """How deeply arrays and objects nest in ``value`` (a scalar: 0), without recursing."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list | tuple):
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > MAX_PAYLOAD_DEPTH:
+            break  # enough to refuse it
+        stack.extend((child, depth + 1) for child in item)
+    return deepest
 
 
 def _validate_target(target: Target) -> None:
@@ -226,8 +253,16 @@ def first_slot(spec: JobSpec, registered_at: Millis) -> Millis | None:
             return anchor
         return next_slot(spec, registered_at - 1, anchor)
     if spec.schedule is not None:
-        return next_fire(spec.schedule, spec.timezone, registered_at)
+        return _next_fire(spec, registered_at)
     return None
+
+
+def _next_fire(spec: JobSpec, after: Millis) -> Millis | None:
+    assert spec.schedule is not None
+    try:
+        return next_fire(spec.schedule, spec.timezone, after)
+    except OverflowError:  # no fire before the end of year 9999
+        return None
 
 
 def next_slot(spec: JobSpec, after: Millis, anchor: Millis) -> Millis | None:
@@ -236,9 +271,10 @@ def next_slot(spec: JobSpec, after: Millis, anchor: Millis) -> Millis | None:
         every = round(spec.interval_sec * 1000)
         if after < anchor:
             return anchor
-        return anchor + ((after - anchor) // every + 1) * every
+        slot = anchor + ((after - anchor) // every + 1) * every
+        return slot if slot <= MAX_INSTANT else None
     if spec.schedule is not None:
-        return next_fire(spec.schedule, spec.timezone, after)
+        return _next_fire(spec, after)
     return None  # one-shot and dependency-triggered jobs have no next slot
 
 

@@ -23,8 +23,11 @@ newest first)::
     jk/<job_id>/<idempotency_key>             -> run_id   the run a keyed manual trigger made
     rs/<tenant>/<state>/<inv(scheduled_for)><run_id>  -> ""  runs by state (the dead letters)
     c/<tenant>/<state>                        -> u64  runs by state, kept incrementally
+    cj/<tenant>                               -> u64  jobs not cancelled (the jobs quota)
     sk/<job_id>/<inv(offset)>                 -> msgpack SkipView, newest first
     m/pos/<partition:u32>                     -> u64  next event offset of the partition
+    m/job-counts                              -> ""   the cj/ counters are kept (a model
+                                                      written before them counts once on open)
 
 A slot materialised again (a manual trigger after its run ended, once the partition state has
 forgotten it) keeps its one record: it shows the new materialisation's state and trigger, and
@@ -100,6 +103,7 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _TOP = 2**64 - 1
 _POSITION = b"m/pos/"
+_JOB_COUNTS = b"m/job-counts"
 
 _encoder = msgspec.msgpack.Encoder()
 _run_decoder = msgspec.msgpack.Decoder(RunView)
@@ -196,6 +200,8 @@ class ReadModel:
         self._moved = threading.Condition()
         for key, value in self._scan(_POSITION):
             self._positions[_U32.unpack(key)[0]] = _U64.unpack(value)[0]
+        if self._db.get(_JOB_COUNTS) is None:
+            self._count_jobs_once()
 
     @classmethod
     def open(cls, data_dir: str | Path) -> ReadModel:
@@ -333,6 +339,7 @@ class ReadModel:
                     ),
                     fresh=True,
                 )
+                self._count_key(p, f"cj/{event.tenant}".encode(), 1)
                 _depend(p, event.tenant, event.job_id, event.spec.depends_on, b"")
             case JobUpdated():
                 job = self._job(p, event.job_id)
@@ -346,6 +353,8 @@ class ReadModel:
             case JobPaused() | JobResumed() | JobCancelled():
                 job = self._job(p, event.job_id)
                 if job is not None:
+                    if isinstance(event, JobCancelled) and job.base != "cancelled":
+                        self._count_key(p, f"cj/{job.view.tenant}".encode(), -1)
                     job.view.version, job.view.updated_at = event.version, event.at
                     if isinstance(event, JobPaused):
                         job.base = "paused"
@@ -506,7 +515,9 @@ class ReadModel:
             self._put_job(p, job)
 
     def _count(self, p: _Pending, tenant: str, state: str, delta: int) -> None:
-        key = f"c/{tenant}/{state}".encode()
+        self._count_key(p, f"c/{tenant}/{state}".encode(), delta)
+
+    def _count_key(self, p: _Pending, key: bytes, delta: int) -> None:
         if key not in p.counts:
             stored = self._db.get(key)
             p.counts[key] = 0 if stored is None else _U64.unpack(stored)[0]
@@ -619,6 +630,26 @@ class ReadModel:
             stored = list(self._scan(f"c/{tenant}/"))
         found = {k.decode(): _U64.unpack(v)[0] for k, v in stored}
         return {state: found.get(state, 0) for state in RUN_STATES}
+
+    def job_count(self, tenant: str) -> int:
+        """How many of ``tenant``'s jobs are not cancelled (active, paused or finished)."""
+        with self._db_lock:
+            stored = self._db.get(f"cj/{tenant}".encode())
+        return 0 if stored is None else int(_U64.unpack(stored)[0])
+
+    def _count_jobs_once(self) -> None:
+        """Fill the ``cj/`` counters of a model written before they were kept, from the
+        jobs-by-status index, in one batch with the marker that says they are kept."""
+        counts: dict[str, int] = {}
+        for key, _ in self._scan(b"tjs/"):
+            tenant, status, _job_id = key.decode().split("/", 2)
+            if status != "cancelled":
+                counts[tenant] = counts.get(tenant, 0) + 1
+        wb = WriteBatch(raw_mode=True)
+        for tenant, count in counts.items():
+            wb.put(f"cj/{tenant}".encode(), _U64.pack(count))
+        wb.put(_JOB_COUNTS, b"")
+        self._db.write(wb, self._write_options)
 
     def skipped(self, tenant: str, job_id: str, limit: int = 50) -> list[SkipView]:
         """Slots of a job that did not run, most recent record first."""
