@@ -177,3 +177,105 @@ async def test_401_without_a_token_or_with_a_bad_one(api: Api) -> None:
     r = await api.anon.post("/v1/jobs", json=GOOD)
     assert r.status_code == 401
     assert len(api.fake.events) == 0
+
+
+# -- inputs that once answered 500 ---------------------------------------------------------------
+
+JSON = {"Content-Type": "application/json"}
+
+
+async def test_digits_of_other_scripts_are_not_numbers(api: Api) -> None:
+    await api.a.put("/v1/jobs/j", json=GOOD)
+    before = api.everything()
+    for path, name in [("/v1/jobs", "limit"), ("/v1/runs", "limit"), ("/v1/jobs/j/preview", "n")]:
+        for text in ("²", "٣", "1" * 5000):  # superscript, Arabic-Indic, past int()'s limit
+            r = await api.a.get(path, params={name: text})
+            assert (r.status_code, r.json()["field"]) == (400, name), (path, text, r.text)
+    for value in (b"\xb2", b'"\xb2"', b"9" * 5000):  # If-Match as latin-1 bytes
+        r = await api.a.delete("/v1/jobs/j", headers={"If-Match": value})
+        assert (r.status_code, r.json()["field"]) == (400, "If-Match"), r.text
+    r = await api.a.post("/v1/jobs", content=b"{}", headers={**JSON, "Content-Length": b"\xb2"})
+    assert r.status_code in (400, 413), r.text
+    assert api.everything() == before
+
+
+async def test_json_nested_thousands_deep_is_400_naming_the_payload(api: Api) -> None:
+    head = b'{"name": "x", "schedule": "@daily", "target": "pull://p", "payload": '
+    for depth in (5_000, 100_000):
+        body = head + b"[" * depth + b"]" * depth + b"}"
+        r = await api.a.post("/v1/jobs", content=body, headers=JSON)
+        assert (r.status_code, r.json()["field"]) == (400, "payload"), r.text
+    # Shallow enough to decode, too deep to keep: the threads that encode it again later
+    # (the runner, the read model) must never meet it.
+    body = head + b"[" * 65 + b"]" * 65 + b"}"
+    r = await api.a.post("/v1/jobs", content=body, headers=JSON)
+    assert (r.status_code, r.json()["field"]) == (422, "payload")
+    body = head + b"[" * 64 + b"]" * 64 + b"}"
+    assert (await api.a.post("/v1/jobs", content=body, headers=JSON)).status_code == 201
+
+
+async def test_bytes_that_are_not_utf8_are_400_naming_the_field(api: Api) -> None:
+    cases = [
+        (b'{"name": "x\xff", "schedule": "@daily", "target": "pull://p"}', "name"),
+        (
+            b'{"name": "x", "schedule": "@daily", "target": "pull://p",'
+            b' "payload": {"a": [1, "\xc3("]}}',
+            "payload.a[1]",
+        ),
+        (b'{"pool": "p", "worker_id": "w\xe9"}', "worker_id"),
+    ]
+    for body, field in cases:
+        path = "/v1/workers/claim" if b"pool" in body else "/v1/jobs"
+        r = await api.a.post(path, content=body, headers=JSON)
+        assert (r.status_code, r.json()["error"], r.json().get("field")) == (
+            400,
+            "malformed",
+            field,
+        ), r.text
+    assert len(api.fake.events) == 0
+
+
+async def test_no_fire_time_past_year_9999_is_ever_shown(api: Api) -> None:
+    preview = {"schedule": "0 0 1 1 *", "after": "9999-06-01T00:00:00Z"}
+    r = await api.a.post("/v1/schedules/preview", json=preview)
+    assert (r.status_code, r.json()["fires"]) == (200, [])
+    r = await api.a.post("/v1/schedules/preview", json={**preview, "after": "9998-06-01T00:00:00Z"})
+    assert [f["at"] for f in r.json()["fires"]] == ["9999-01-01T00:00:00.000Z"]
+    late = {"name": "x", "target": "pull://p", "interval_sec": 86400}
+    r = await api.a.put("/v1/jobs/late", json={**late, "start_at": "9999-12-30T00:00:00Z"})
+    assert r.status_code == 201
+    fires = (await api.a.get("/v1/jobs/late/preview", params={"n": 10})).json()["fires"]
+    assert [f["at"] for f in fires] == ["9999-12-30T00:00:00.000Z", "9999-12-31T00:00:00.000Z"]
+    for body, field in [
+        ({"schedule": "@daily", "after": "9999-12-31T23:59:59-23:59"}, "after"),
+        ({"schedule": "@daily", "after": "0001-01-01T00:00:00+23:59"}, "after"),
+    ]:
+        r = await api.a.post("/v1/schedules/preview", json=body)
+        assert (r.status_code, r.json()["field"]) == (422, field), r.text
+    r = await api.a.post("/v1/jobs", json={**late, "start_at": "9999-12-31T23:59:59-10:00"})
+    assert (r.status_code, r.json()["field"]) == (422, "start_at")
+
+
+async def test_a_body_that_is_not_json_is_415(api: Api) -> None:
+    before = api.everything()
+    for headers in ({"Content-Type": "text/plain"}, {"Content-Type": "application/xml"}, {}):
+        r = await api.a.post("/v1/jobs", content=b'{"name": "x"}', headers=headers)
+        assert (r.status_code, r.json()["field"]) == (415, "Content-Type"), r.text
+    r = await api.a.post("/v1/jobs", data={"name": "x"})
+    assert r.status_code == 415
+    assert api.everything() == before
+    r = await api.a.post(
+        "/v1/jobs", json=GOOD, headers={"Content-Type": "Application/JSON; charset=utf-8"}
+    )
+    assert r.status_code == 201  # parameters and case do not matter
+    await api.a.put("/v1/jobs/j", json=GOOD)
+    # A bodiless request needs no Content-Type.
+    assert (await api.a.post("/v1/jobs/j/runs")).status_code == 201
+
+
+async def test_405_lists_every_method_of_the_path(api: Api) -> None:
+    r = await api.a.request("OPTIONS", "/v1/jobs/j")
+    assert r.status_code == 405
+    assert set(r.headers["Allow"].split(", ")) == {"GET", "HEAD", "PUT", "PATCH", "DELETE"}
+    r = await api.a.request("TRACE", "/v1/jobs/j/runs")
+    assert set(r.headers["Allow"].split(", ")) == {"GET", "HEAD", "POST"}
