@@ -29,7 +29,7 @@ from api.limits import Limits, TenantLimits
 from api.rate import RequestRates
 from api.scheduler import Scheduler
 from api.translate import job_out, run_out
-from core.errors import NotFound
+from core.errors import InvalidDefinition, NotFound
 from projections.read_model import MAX_LIMIT
 from projections.views import JobView, RunView
 
@@ -98,14 +98,38 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
+_json = msgspec.json.Decoder()
 
 
-def decoder_of(type_: type[T]) -> msgspec.json.Decoder[T]:
-    decoder = _decoders.get(type_)
-    if decoder is None:
-        decoder = _decoders[type_] = msgspec.json.Decoder(type_)
-    return decoder
+def _as_type(value: Any, type_: type[T]) -> T:
+    """``value`` (decoded JSON) as ``type_``. JSON Schema counts ``3.0`` as an integer, as the
+    document's ``"type": "integer"`` then promises: a float with no fraction is read as an int
+    wherever it stands, except inside a job's payload, which is kept exactly as sent."""
+    payload = value.pop("payload", msgspec.UNSET) if isinstance(value, dict) else msgspec.UNSET
+    value = _integral_floats_as_ints(value)
+    if payload is not msgspec.UNSET:
+        value["payload"] = payload
+    return msgspec.convert(value, type_)
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            slots: list[tuple[Any, Any]] = list(item.items())
+        elif isinstance(item, list):
+            slots = list(enumerate(item))
+        else:
+            continue
+        for key, child in slots:
+            if isinstance(child, float) and child.is_integer():
+                item[key] = int(child)
+            elif isinstance(child, dict | list):
+                stack.append(child)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 async def decode(request: Request, type_: type[T], *, empty_ok: bool = False) -> T:
@@ -119,7 +143,7 @@ async def decode(request: Request, type_: type[T], *, empty_ok: bool = False) ->
     elif body:
         _check_json_content_type(request)
     try:
-        return decoder_of(type_).decode(body)
+        return _as_type(_json.decode(body), type_)
     except RecursionError:
         # Of the request bodies, only a job's payload takes JSON of any shape.
         field = "payload" if "payload" in getattr(type_, "__struct_fields__", ()) else None
@@ -210,7 +234,8 @@ def expected_version(request: Request, in_body: int | None = None) -> int | None
             raise bad_request("If-Match", "must be the job's version, an integer")
         from_header = int(match.group(1))
     if from_header is not None and in_body is not None and from_header != in_body:
-        raise bad_request("version", "If-Match and the body's version disagree")
+        # Both are well-formed; only together are they wrong, which no schema can say.
+        raise InvalidDefinition("version", "If-Match and the body's version disagree")
     return from_header if from_header is not None else in_body
 
 

@@ -107,7 +107,7 @@ async def test_a_bad_patch_changes_nothing(api: Api) -> None:
         r = await api.a.patch("/v1/jobs/j", json=body)
         assert (r.status_code, r.json()["field"]) == (status, field), r.text
     r = await api.a.patch("/v1/jobs/j", json={"version": 1}, headers={"If-Match": "2"})
-    assert (r.status_code, r.json()["field"]) == (400, "version")
+    assert (r.status_code, r.json()["field"]) == (422, "version")
     assert api.everything() == before
 
 
@@ -279,3 +279,14 @@ async def test_405_lists_every_method_of_the_path(api: Api) -> None:
     assert set(r.headers["Allow"].split(", ")) == {"GET", "HEAD", "PUT", "PATCH", "DELETE"}
     r = await api.a.request("TRACE", "/v1/jobs/j/runs")
     assert set(r.headers["Allow"].split(", ")) == {"GET", "HEAD", "POST"}
+
+
+async def test_a_float_with_no_fraction_is_an_integer_as_json_schema_says(api: Api) -> None:
+    r = await api.a.post("/v1/jobs", json={**GOOD, "retries": 3.0, "priority": 2.0})
+    assert (r.status_code, r.json()["retries"], r.json()["priority"]) == (201, 3, 2), r.text
+    r = await api.a.post("/v1/jobs", json={**GOOD, "retries": 3.5})
+    assert (r.status_code, r.json()["field"]) == (400, "retries")
+    # A payload is kept exactly as sent.
+    r = await api.a.post("/v1/jobs", json={**GOOD, "payload": {"x": 1.0, "y": [2.0]}})
+    assert r.json()["payload"] == {"x": 1.0, "y": [2.0]}
+    assert isinstance(r.json()["payload"]["x"], float)
