@@ -82,7 +82,7 @@ class NodeProcess:
     def worker_id(self) -> str:
         return f"{self.node_id}/executor"
 
-    def start(self, bootstrap: str, prefix: str) -> None:
+    def start(self, bootstrap: str, prefix: str, serve_args: tuple[str, ...] = ()) -> None:
         command = [
             sys.executable,
             "-m",
@@ -105,6 +105,7 @@ class NodeProcess:
             "1",
             "--min-insync-replicas",
             "1",
+            *serve_args,
         ]
         env = {**os.environ, "CRONLOG_TOKENS": TOKENS, "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as log:
@@ -192,9 +193,10 @@ class NodeProcess:
 class Cluster:
     """Nodes sharing one topic prefix on one Kafka."""
 
-    def __init__(self, bootstrap: str, base_dir: Path) -> None:
+    def __init__(self, bootstrap: str, base_dir: Path, serve_args: tuple[str, ...] = ()) -> None:
         self.bootstrap = bootstrap
         self.base_dir = base_dir
+        self.serve_args = serve_args  # more `cronlog serve` options for every node
         self.prefix = f"cluster-{uuid.uuid4().hex[:12]}"
         self.nodes: dict[str, NodeProcess] = {}
 
@@ -202,7 +204,7 @@ class Cluster:
         started = []
         for node_id in node_ids:
             node = self.nodes[node_id] = NodeProcess(node_id, self.base_dir)
-            node.start(self.bootstrap, self.prefix)
+            node.start(self.bootstrap, self.prefix, self.serve_args)
             started.append(node)
         for node in started:
             node.wait_ready()
