@@ -45,6 +45,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import logging
 import struct
 import threading
 import time
@@ -91,6 +92,11 @@ from projections.views import (
     RunView,
     SkipView,
 )
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 0.2  # a follower that failed reads again after this, doubling with each failure
+MAX_RETRY_S = 10.0
 
 MAX_LIMIT = 1000
 LIVE_STATES = frozenset({"blocked", "pending", "running", "failed", "retrying"})
@@ -691,19 +697,26 @@ class ReadModelRunner:
     ``run_once()`` folds in everything there is now and returns how many events it read.
     ``start()`` runs one thread per partition, each blocking in ``read_events(..., timeout_s)``
     from the model's position, so an event is queryable moments after it is committed;
-    ``stop()`` ends them (within ``poll_s``). A thread that fails keeps its error in ``errors``.
+    ``stop()`` ends them (within ``poll_s``). A thread whose read or fold fails says so (the
+    first failure of a streak with its traceback), tells ``on_failed``, and tries again from
+    the model's position after a backoff: it never stops following while the runner runs.
     """
 
     def __init__(
-        self, log: EventLog, model: ReadModel, batch_size: int = 1000, poll_s: float = 0.2
+        self,
+        log: EventLog,
+        model: ReadModel,
+        batch_size: int = 1000,
+        poll_s: float = 0.2,
+        on_failed: Callable[[int, BaseException], None] | None = None,
     ) -> None:
         self._log = log
         self._model = model
         self._batch_size = batch_size
         self._poll_s = poll_s
+        self._on_failed = on_failed
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.errors: dict[int, BaseException] = {}
 
     def run_once(self) -> int:
         total = 0
@@ -742,13 +755,29 @@ class ReadModelRunner:
         self.stop()
 
     def _follow(self, partition: int) -> None:
-        try:
-            while not self._stopping.is_set():
+        failures = 0
+        while not self._stopping.is_set():
+            try:
                 records = self._log.read_events(
                     partition, self._model.position(partition), self._batch_size, self._poll_s
                 )
                 if records:
                     self._model.process_records(partition, records)
-        except BaseException as exc:
-            if not self._stopping.is_set():
-                self.errors[partition] = exc
+                failures = 0
+            except Exception as exc:
+                if self._stopping.is_set():
+                    return
+                failures += 1
+                delay = min(MAX_RETRY_S, RETRY_S * 2.0 ** (failures - 1))
+                if failures == 1:
+                    log.exception("read model of partition %d failed; retrying", partition)
+                else:
+                    log.error(
+                        "read model of partition %d failed again (%d in a row): %r",
+                        partition,
+                        failures,
+                        exc,
+                    )
+                if self._on_failed is not None:
+                    self._on_failed(partition, exc)
+                self._stopping.wait(delay)
