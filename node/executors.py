@@ -51,6 +51,7 @@ import msgspec
 from core import events as ev
 from core.commands import AnyCommand, CompleteRun, HeartbeatRun, Outcome
 from core.errors import CronlogError, LeaseLost, Unavailable
+from core.ids import idempotency_key, team_id
 from core.jobs import HttpTarget, JobSpec, KafkaTarget
 from core.state import RunState, ageing_key
 from node.admission import Admission, RateLimit, Ticket
@@ -74,17 +75,13 @@ def iso(ms: int) -> str:
     )
 
 
-def idempotency_key(job_id: str, scheduled_for: int) -> str:
-    return f"{job_id}:{scheduled_for}"
-
-
 def run_body(lease: ev.LeaseGranted, spec: JobSpec) -> bytes:
     return msgspec.json.encode(
         {
-            "job_id": lease.job_id,
+            "job_id": team_id(lease.job_id),
             "name": spec.name,
             "tenant": lease.tenant,
-            "run_id": lease.run_id,
+            "run_id": team_id(lease.run_id),
             "scheduled_for": iso(lease.scheduled_for),
             "scheduled_for_ms": lease.scheduled_for,
             "attempt": lease.attempt,
@@ -97,7 +94,7 @@ def run_body(lease: ev.LeaseGranted, spec: JobSpec) -> bytes:
 def run_headers(lease: ev.LeaseGranted) -> dict[str, str]:
     return {
         "Idempotency-Key": idempotency_key(lease.job_id, lease.scheduled_for),
-        "X-Cronlog-Run-Id": lease.run_id,
+        "X-Cronlog-Run-Id": team_id(lease.run_id),
         "X-Cronlog-Attempt": str(lease.attempt),
         "X-Cronlog-Fencing-Token": str(lease.fencing_token),
     }
@@ -442,7 +439,7 @@ class Executors(Dispatcher):
 
         self._producer.produce(
             target.topic,
-            key=lease.job_id.encode(),
+            key=team_id(lease.job_id).encode(),
             value=run_body(lease, spec),
             headers=list(run_headers(lease).items()),
             on_delivery=delivered,

@@ -79,6 +79,7 @@ from core.events import (
     Trigger,
     decode,
 )
+from core.ids import is_scoped
 from eventlog.port import EventLog, Record
 from projections.views import (
     JOB_STATUSES,
@@ -106,6 +107,7 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _TOP = 2**64 - 1
 _POSITION = b"m/pos/"
+_UNSCOPED = b"m/unscoped"  # present once a job id from before ids were scoped was folded in
 
 _encoder = msgspec.msgpack.Encoder()
 _run_decoder = msgspec.msgpack.Decoder(RunView)
@@ -202,6 +204,7 @@ class ReadModel:
         self._moved = threading.Condition()
         for key, value in self._scan(_POSITION):
             self._positions[_U32.unpack(key)[0]] = _U64.unpack(value)[0]
+        self._unscoped = self._db.get(_UNSCOPED) is not None
 
     @classmethod
     def open(cls, data_dir: str | Path) -> ReadModel:
@@ -228,6 +231,11 @@ class ReadModel:
     def positions(self) -> dict[int, int]:
         with self._moved:
             return dict(self._positions)
+
+    def has_unscoped_ids(self) -> bool:
+        """Whether some job's log id is a bare team id, from before ids were scoped
+        (:mod:`core.ids`): only then may a team's id name such a job."""
+        return self._unscoped
 
     def lag(self, log: EventLog) -> dict[int, int]:
         """Per partition, how far the model is behind the log's end (end offset - position)."""
@@ -313,6 +321,7 @@ class ReadModel:
                 self._db.write(wb, self._write_options)
         with self._moved:
             self._positions.update(pending.positions)
+            self._unscoped = self._unscoped or _UNSCOPED in pending.raw
             self._moved.notify_all()
 
     # -- folding one event ------------------------------------------------------------------
@@ -320,6 +329,8 @@ class ReadModel:
     def _apply(self, p: _Pending, event: AnyEvent, partition: int, offset: int) -> None:
         match event:
             case JobRegistered():
+                if not is_scoped(event.job_id):
+                    p.raw[_UNSCOPED] = b"1"
                 self._put_job(
                     p,
                     _JobRecord(
