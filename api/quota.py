@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from api.edge import Call
 from api.errors import ApiError
 from core.errors import InvalidDefinition
+from core.ids import team_id
 from core.jobs import JobSpec
 
 
@@ -85,8 +86,8 @@ def check_definition(call: Call, job_id: str, spec: JobSpec, before: JobSpec | N
         if view is None:
             raise InvalidDefinition(
                 f"depends_on[{i}]",
-                f"there is no job {upstream} (if it was created through another node a moment"
-                " ago, try again)",
+                f"there is no job {team_id(upstream)} (if it was created through another node a"
+                " moment ago, try again)",
             )
         if view.status == "cancelled":
-            raise InvalidDefinition(f"depends_on[{i}]", f"job {upstream} is cancelled")
+            raise InvalidDefinition(f"depends_on[{i}]", f"job {team_id(upstream)} is cancelled")

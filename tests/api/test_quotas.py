@@ -13,6 +13,7 @@ import pytest
 from api.limits import Limits, TenantLimits
 from core.commands import AnyCommand
 from core.events import AnyEvent
+from core.ids import log_job_id
 from eventlog.port import partition_for
 from tests.api.conftest import serve
 from tests.api.fakes import PARTITIONS, FakeScheduler
@@ -23,9 +24,11 @@ JOB: dict[str, Any] = {"name": "report", "schedule": "0 9 * * *", "target": "pul
 
 
 def ids_on_every_partition(prefix: str) -> list[str]:
+    """Team-a's job ids, one on each partition (which hashes the log's id, ``core.ids``)."""
     found: dict[int, str] = {}
     for i in range(1000):
-        found.setdefault(partition_for(f"{prefix}-{i}", PARTITIONS), f"{prefix}-{i}")
+        job_id = f"{prefix}-{i}"
+        found.setdefault(partition_for(log_job_id("team-a", job_id), PARTITIONS), job_id)
     return [found[p] for p in range(PARTITIONS)]
 
 
