@@ -13,11 +13,11 @@ schema, a rule beyond it refuses it
 no or unknown bearer token                     401     ``unauthorized``
 the tenant has all the jobs it may have        403     ``quota_exceeded``
 ``NotFound`` (or another tenant's id)          404     ``not_found``
-a method the path does not take               405     ``method_not_allowed``
+a method the path does not take                405     ``method_not_allowed``
 ``LeaseLost``                                  409     ``lease_lost``
 ``Conflict``                                   409     ``conflict``
 body over 1 MiB                                413     ``too_large``
-a body that is not ``application/json``       415     ``unsupported_media_type``
+a body that is not ``application/json``        415     ``unsupported_media_type``
 the token spent its requests (``Retry-After``) 429     ``rate_limited``
 ``Unavailable``, ``Fenced``, any other error   503     ``unavailable``
 of the ``CronlogError`` tree (a node's own)

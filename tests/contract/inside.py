@@ -111,6 +111,8 @@ def schemathesis(
         f"{url}/openapi.json",
         "--checks",
         "all",
+        "--exclude-checks",
+        "use_after_free",  # a cancelled job stays readable: see schemathesis.toml
         "--phases",
         "examples,coverage,fuzzing,stateful",
         "--max-examples",
