@@ -33,6 +33,7 @@ from api.wire import (
 )
 from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
 from core.cron import CronSchedule
+from core.egress import EgressPolicy
 from core.errors import Conflict, InvalidDefinition
 from core.events import JobRegistered, JobUpdated
 from core.jobs import JobSpec, next_slot, validate_job_id
@@ -41,6 +42,14 @@ from projections.views import JOB_STATUSES, JobView
 MAX_PREVIEW = 100
 
 # -- jobs --------------------------------------------------------------------------------------
+
+
+def within_egress(request: Request, spec: JobSpec) -> JobSpec:
+    """``spec``, if its target is within the operator's egress policy (else a 422 naming
+    ``target``): a refused target is never written to the log."""
+    policy: EgressPolicy = request.state.egress
+    policy.check_target(spec.tenant, spec.target)
+    return spec
 
 
 async def create_job(request: Request) -> Response:
@@ -55,7 +64,7 @@ async def create_job(request: Request) -> Response:
         job_id = job_id_for_key(call.tenant, body.idempotency_key)
     else:
         job_id = random_job_id()
-    spec = spec_of(body, call.tenant)
+    spec = within_egress(request, spec_of(body, call.tenant))
     # create_only: a repeat with the same body changes nothing, another body is a conflict
     events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
     created = any(isinstance(e, JobRegistered) for e in events)
@@ -67,7 +76,7 @@ async def put_job(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     validate_job_id(job_id)
     body = await decode(request, JobFields)
-    spec = spec_of(body, call.tenant)
+    spec = within_egress(request, spec_of(body, call.tenant))
     expected = expected_version(request)
     events = await call.scheduler.execute(
         PutJob(job_id=job_id, spec=spec, expected_version=expected)
@@ -106,7 +115,7 @@ async def patch_job(request: Request) -> Response:
     if expected is not None and expected != view.version:
         raise Conflict(f"job {job_id} is at version {view.version}, not {expected}")
     if _changes_definition(body):
-        spec = spec_of(body, call.tenant, base=view.spec)
+        spec = within_egress(request, spec_of(body, call.tenant, base=view.spec))
         # The merge read view.spec: writing it back is conditional on nothing having changed since.
         events = await call.scheduler.execute(
             PutJob(job_id=job_id, spec=spec, expected_version=view.version)
