@@ -5,6 +5,7 @@ reads of a failure is bounded and says nothing of port state; secrets are read p
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import threading
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from core import events as ev
 from core.commands import Outcome
 from core.egress import EgressPolicy
 from core.jobs import HttpTarget, JobSpec, KafkaTarget, SecretRef
-from node.egress import EgressRefused, PolicyResolver
+from node.egress import EgressRefused, PolicyResolver, is_local_address
 from node.executors import Executors, Result
 from node.secrets import Secrets
 
@@ -196,6 +197,27 @@ def test_an_address_in_any_spelling_is_decided_at_call_time_as_the_address_it_is
     result = call(executors(LOOPBACK), f"http://{host}:{target.port}/hook")
     assert result.outcome is Outcome.SUCCEEDED, result
     assert len(target.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "host", ["metadata.google.internal", "METADATA.goog.", "0xa9fea9fe", "2852039166"]
+)
+def test_metadata_in_any_form_is_refused_before_any_lookup(
+    executors: Running, target: Recorder, host: str
+) -> None:
+    # Even a resolver that would send the call to a listening target never gets asked.
+    resolver = Answers({host: [["127.0.0.1"]]})
+    ex = executors(EgressPolicy.build(allow=["127.0.0.0/8", "*.internal"]), resolver=resolver)
+    assert_refused(call(ex, f"http://{host}:{target.port}/computeMetadata/v1/"))
+    assert resolver.asked == [] and target.requests == []
+
+
+def test_only_this_machines_addresses_count_as_local() -> None:
+    assert is_local_address(ipaddress.ip_address("127.0.0.1"))
+    assert is_local_address(ipaddress.ip_address("127.0.0.53"))
+    assert is_local_address(ipaddress.ip_address("::1"))
+    assert not is_local_address(ipaddress.ip_address("192.0.2.1"))  # TEST-NET-1: nobody's
+    assert not is_local_address(ipaddress.ip_address("2001:db8::1"))
 
 
 def test_this_nodes_own_api_port_is_refused_even_with_loopback_allowed(
