@@ -55,8 +55,7 @@ import logging
 import threading
 import time
 import unicodedata
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,14 +69,15 @@ from aiohttp.tracing import Trace
 from yarl import URL
 
 from core import events as ev
-from core.commands import CompleteRun, HeartbeatRun, Outcome
+from core.commands import AnyCommand, CompleteRun, HeartbeatRun, Outcome
 from core.egress import EgressPolicy, parse_host
-from core.errors import CronlogError, InvalidDefinition, LeaseLost
+from core.errors import CronlogError, InvalidDefinition, LeaseLost, Unavailable
+from core.ids import idempotency_key, team_id
 from core.jobs import HttpTarget, JobSpec, KafkaTarget, validate_headers
 from core.state import RunState, ageing_key
 from node.admission import Admission, RateLimit, Ticket
 from node.egress import PolicyResolver, guarded_socket, refusal_in
-from node.runner import Decided, Dispatcher, PartitionRunner, Request
+from node.runner import Dispatcher, PartitionRunner
 from node.secrets import Secrets, SecretUnavailable
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,11 @@ MAX_ERROR = 500
 DEFAULT_ERROR_EXCERPT = 200
 MAX_ERROR_EXCERPT = 1024  # every failed attempt's error is kept in the log for good
 UNREACHABLE = "unreachable"
+# How long past its lease an outcome is still offered to an owner that was unavailable: the
+# lease may have been extended by a heartbeat that was decided but not yet answered.
+COMPLETE_GRACE_S = 2.0
+
+Route = Callable[[AnyCommand], Awaitable[list[ev.AnyEvent]]]
 
 
 def iso(ms: int) -> str:
@@ -96,17 +101,13 @@ def iso(ms: int) -> str:
     )
 
 
-def idempotency_key(job_id: str, scheduled_for: int) -> str:
-    return f"{job_id}:{scheduled_for}"
-
-
 def run_body(lease: ev.LeaseGranted, spec: JobSpec) -> bytes:
     return msgspec.json.encode(
         {
-            "job_id": lease.job_id,
+            "job_id": team_id(lease.job_id),
             "name": spec.name,
             "tenant": lease.tenant,
-            "run_id": lease.run_id,
+            "run_id": team_id(lease.run_id),
             "scheduled_for": iso(lease.scheduled_for),
             "scheduled_for_ms": lease.scheduled_for,
             "attempt": lease.attempt,
@@ -119,7 +120,7 @@ def run_body(lease: ev.LeaseGranted, spec: JobSpec) -> bytes:
 def run_headers(lease: ev.LeaseGranted) -> dict[str, str]:
     return {
         "Idempotency-Key": idempotency_key(lease.job_id, lease.scheduled_for),
-        "X-Cronlog-Run-Id": lease.run_id,
+        "X-Cronlog-Run-Id": team_id(lease.run_id),
         "X-Cronlog-Attempt": str(lease.attempt),
         "X-Cronlog-Fencing-Token": str(lease.fencing_token),
     }
@@ -222,6 +223,8 @@ class Executors(Dispatcher):
         self._producer_factory = producer_factory
         self._producer: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # The node's way to its partitions' owners (set by the node before it starts us).
+        self.route: Route | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -361,7 +364,7 @@ class Executors(Dispatcher):
     async def _run(self, runner: PartitionRunner, lease: ev.LeaseGranted, spec: JobSpec) -> None:
         try:
             call = asyncio.ensure_future(self.call(lease, spec))
-            beat = asyncio.ensure_future(self._heartbeat(runner, lease, spec, call))
+            beat = asyncio.ensure_future(self._heartbeat(lease, spec, call))
             try:
                 result = await call
             except asyncio.CancelledError:
@@ -370,19 +373,7 @@ class Executors(Dispatcher):
                 raise
             finally:
                 beat.cancel()
-            runner.submit(
-                Request(
-                    CompleteRun(
-                        run_id=lease.run_id,
-                        fencing_token=lease.fencing_token,
-                        outcome=result.outcome,
-                        error=result.error,
-                        permanent=result.permanent,
-                        ambiguous=result.ambiguous,
-                        retry_after_ms=result.retry_after_ms,
-                    )
-                )
-            )
+            await self._complete(lease, spec, result)
         except asyncio.CancelledError:
             pass
         except Exception:
@@ -390,12 +381,51 @@ class Executors(Dispatcher):
         finally:
             self.release(lease.tenant)
 
+    async def _ask(self, command: AnyCommand) -> CronlogError | None:
+        """Have the partition's owner decide ``command``, wherever it runs now (the node routes
+        it: a partition that moved while the call ran still hears of it); its refusal, if any."""
+        if self.route is None:
+            raise CronlogError("executors started without a node to route their requests")
+        try:
+            await self.route(command)
+        except CronlogError as err:
+            return err
+        return None
+
+    async def _complete(self, lease: ev.LeaseGranted, spec: JobSpec, result: Result) -> None:
+        """Record the attempt's outcome, asking again while the owner is unavailable, for as long
+        as the lease could still be live. The room is held until then, so a drain waits for
+        outcomes to be durable, not only for calls to end."""
+        command = CompleteRun(
+            run_id=lease.run_id,
+            fencing_token=lease.fencing_token,
+            outcome=result.outcome,
+            error=result.error,
+            permanent=result.permanent,
+            ambiguous=result.ambiguous,
+            retry_after_ms=result.retry_after_ms,
+        )
+        give_up = time.monotonic() + spec.lease_sec + COMPLETE_GRACE_S
+        delay = 0.05
+        while True:
+            refused = await self._ask(command)
+            if not isinstance(refused, Unavailable):
+                if refused is not None:  # the lease ran out, or the run was cancelled
+                    log.info("run %s: outcome not recorded: %s", lease.run_id, refused)
+                return
+            if time.monotonic() + delay > give_up:
+                log.warning(
+                    "run %s: outcome %s not recorded, its partition stayed unavailable: %s",
+                    lease.run_id,
+                    result.outcome,
+                    refused,
+                )
+                return
+            await asyncio.sleep(delay)  # a backoff between attempts, not a wait for an event
+            delay = min(1.0, delay * 2)
+
     async def _heartbeat(
-        self,
-        runner: PartitionRunner,
-        lease: ev.LeaseGranted,
-        spec: JobSpec,
-        call: asyncio.Future[Result],
+        self, lease: ev.LeaseGranted, spec: JobSpec, call: asyncio.Future[Result]
     ) -> bool:
         """Keep the lease alive; cancel ``call`` and return True if it was lost."""
         interval = max(0.2, spec.lease_sec / 3)
@@ -403,16 +433,11 @@ class Executors(Dispatcher):
             await asyncio.sleep(interval)
             if call.done():
                 break
-            answer: Future[Decided | CronlogError] = Future()
-            runner.submit(
-                Request(
-                    HeartbeatRun(run_id=lease.run_id, fencing_token=lease.fencing_token),
-                    reply=answer.set_result,
-                )
+            refused = await self._ask(
+                HeartbeatRun(run_id=lease.run_id, fencing_token=lease.fencing_token)
             )
-            outcome = await asyncio.wrap_future(answer)
-            if isinstance(outcome, LeaseLost):
-                log.info("run %s: %s", lease.run_id, outcome)
+            if isinstance(refused, LeaseLost):
+                log.info("run %s: %s", lease.run_id, refused)
                 call.cancel()
                 return True
         return False
@@ -546,7 +571,7 @@ class Executors(Dispatcher):
 
         self._producer.produce(
             target.topic,
-            key=lease.job_id.encode(),
+            key=team_id(lease.job_id).encode(),
             value=run_body(lease, spec),
             headers=list(run_headers(lease).items()),
             on_delivery=delivered,
