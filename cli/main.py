@@ -226,9 +226,7 @@ def serve_command(args: argparse.Namespace) -> int:
     tokens = load_tokens(data_dir)
 
     kafka_config = read_kafka_config(args.kafka_config) if args.kafka_config else {}
-    target_kafka_config = (
-        read_kafka_config(args.target_kafka_config) if args.target_kafka_config else kafka_config
-    )
+    target_kafka_config = target_producer_config(args.target_kafka_config, kafka_config)
     egress, excerpt = load_egress(args)
     secrets_dir = args.secrets_dir or data_dir / "secrets"
     if args.secrets_dir is None and not secrets_dir.exists():
@@ -331,7 +329,11 @@ def load_tokens(data_dir: Path) -> dict[str, str]:
 def read_kafka_config(path: Path) -> dict[str, str]:
     """``key=value`` lines (blank lines and ``#`` comments ignored), as librdkafka settings."""
     settings: dict[str, str] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        sys.exit(f"cronlog: cannot read {path}: {e.strerror or e}")
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -340,6 +342,12 @@ def read_kafka_config(path: Path) -> dict[str, str]:
             sys.exit(f"cronlog: {path}:{n}: expected key=value")
         settings[key.strip()] = value.strip()
     return settings
+
+
+def target_producer_config(path: Path | None, cluster: dict[str, str]) -> dict[str, str]:
+    """The settings of the producer for ``kafka://`` targets: its own file's when given, none of
+    the cluster's (whose credentials may write the cluster's own topics); else the cluster's."""
+    return read_kafka_config(path) if path is not None else cluster
 
 
 def load_egress(args: argparse.Namespace) -> tuple[EgressPolicy, int | None]:

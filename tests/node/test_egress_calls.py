@@ -8,6 +8,7 @@ import asyncio
 import ipaddress
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,11 +18,13 @@ import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from core import events as ev
-from core.commands import Outcome
+from core.commands import Outcome, PutJob
 from core.egress import EgressPolicy
-from core.jobs import HttpTarget, JobSpec, KafkaTarget, SecretRef
+from core.jobs import Backoff, HttpTarget, JobSpec, KafkaTarget, SecretRef
+from eventlog.embedded import EmbeddedLog
 from node.egress import EgressRefused, PolicyResolver, is_local_address
 from node.executors import Executors, Result
+from node.node import Node
 from node.secrets import Secrets
 
 pytestmark = pytest.mark.slow
@@ -493,3 +496,43 @@ def test_a_kafka_target_outside_the_teams_grant_is_refused_at_call_time(
         asyncio.run_coroutine_threadsafe(ex.call(lease("team-b"), spec), ex._loop).result(30)
     )
     assert producer.produced == []
+
+
+# -- on a node -------------------------------------------------------------------------------------
+
+
+def test_a_refused_call_dead_letters_at_once_and_is_never_retried(
+    tmp_path: Path, target: Recorder
+) -> None:
+    # A job stored before the operator closed loopback (the log keeps it): its run ends dead on
+    # the first attempt, its error saying why.
+    log = EmbeddedLog.open(tmp_path / "log", 2)
+    node = Node(log, tmp_path / "node", node_id="n1", executors=Executors("n1"))
+    node.start()
+    try:
+        assert node.wait_ready(10)
+        slot = time.time_ns() // 1_000_000 + 200
+        spec = JobSpec(
+            name="old",
+            tenant="team-a",
+            target=HttpTarget(url=f"http://127.0.0.1:{target.port}/hook"),
+            run_at=slot,
+            max_attempts=5,
+            backoff=Backoff(base_sec=0.1, jitter=False),
+        )
+        asyncio.run(node.execute(PutJob(job_id="old", spec=spec)))
+        run_id = f"old.{slot}"
+
+        def dead() -> bool:
+            view = node.history.run("team-a", run_id)
+            return view is not None and view.state == "dead"
+
+        assert node.history.wait_until(dead, 10)
+        view = node.history.run("team-a", run_id)
+        assert view is not None
+        assert view.dead_reason == "permanent_failure" and len(view.attempts) == 1
+        assert view.error.startswith("egress policy: 127.0.0.1 is a loopback address")
+        assert target.requests == []
+    finally:
+        node.stop()
+        log.close()
