@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 import msgspec
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
@@ -60,6 +60,7 @@ from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 from core.errors import CronlogError, InvalidDefinition
 from core.events import (
     AnyEvent,
+    Heartbeat,
     JobCancelled,
     JobPaused,
     JobRegistered,
@@ -77,6 +78,7 @@ from core.events import (
     RunReplayed,
     RunSkipped,
     Trigger,
+    UpstreamRecorded,
     decode,
 )
 from core.ids import is_scoped
@@ -451,8 +453,10 @@ class ReadModel:
                     run.attempt, run.available_at = event.attempt, event.available_at
                     run.finished_at, run.dead_reason, run.error = None, None, ""
                     self._move(p, run, "pending")
-            case _:  # Heartbeat, UpstreamRecorded: nothing the history shows
-                pass
+            case Heartbeat() | UpstreamRecorded():
+                pass  # nothing the history shows
+            case _:
+                assert_never(event)  # a new event must be shown here, or history misses it
 
     def _materialise(self, p: _Pending, event: RunMaterialised) -> None:
         run = RunView(
