@@ -391,6 +391,10 @@ class EgressPolicy:
 
     def check_url(self, url: str) -> str | None:
         """Why an HTTP target's URL is refused at registration, or None."""
+        if any(c.isspace() or not c.isprintable() for c in url):
+            # URL parsers drop or keep these differently; the one that calls must read what
+            # was checked.
+            return "the URL holds white space or control characters"
         try:
             parts = urlsplit(url)
             port = parts.port

@@ -22,6 +22,7 @@ METADATA_SPELLINGS = [
     "169.254.169.254.",
     "0xa9fea9fe",
     "0xA9FEA9FE",
+    "0XA9FEA9FE",
     "2852039166",
     "0251.0376.0251.0376",
     "0xa9.0xfe.0xa9.0xfe",
@@ -174,8 +175,11 @@ def test_public_addresses_and_names_pass(url: str) -> None:
         ("http://api.example.com@10.0.0.1/", "credentials"),
         ("http://api.example.com:99999/", "cannot be read"),
         ("http://%31%32%37.0.0.1/", "host name"),
-        ("http://exa mple.com/", "host name"),
+        ("http://exa mple.com/", "white space"),
         ("http://[::1/", "cannot be read"),
+        ("http://127.0.0.1\t.example.com/", "white space"),
+        ("http://api.example.com\n@127.0.0.1/", "white space"),
+        ("http://api.example.com/\x00", "control characters"),
     ],
 )
 def test_urls_that_hide_their_host_are_refused(url: str, says: str) -> None:
