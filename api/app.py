@@ -51,6 +51,7 @@ from api.runs import (
 )
 from api.scheduler import Scheduler, Unavailable
 from api.wire import Health
+from core.egress import EgressPolicy
 
 # -- service -----------------------------------------------------------------------------------
 
@@ -128,18 +129,22 @@ def create_app(
     metrics_token: str | None = None,
     limits: Limits | None = None,
     clock: Callable[[], float] | None = None,
+    egress: EgressPolicy | None = None,
 ) -> Starlette:
     """The API over ``scheduler``; ``tokens`` maps each bearer token to its tenant.
 
     With ``metrics``, ``GET /metrics`` serves them to requests bearing ``metrics_token``.
     ``limits`` are the tenants' (default: :class:`~api.limits.TenantLimits` for every one);
     ``clock`` gives the request buckets seconds on a monotonic scale (default: the real one).
+    ``egress`` is the operator's policy a job's target must pass to be registered (the node's
+    executors apply it again at each call); by default, the public internet only.
     """
     state = {
         "scheduler": scheduler,
         "tokens": Tokens(tokens),
         "quota": JobQuota(),
         **edge_state(limits, clock),
+        "egress": egress if egress is not None else EgressPolicy(),
     }
 
     @asynccontextmanager

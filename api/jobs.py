@@ -36,6 +36,7 @@ from api.wire import (
 )
 from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
 from core.cron import CronSchedule
+from core.egress import EgressPolicy
 from core.errors import Conflict, InvalidDefinition
 from core.events import JobRegistered, JobUpdated
 from core.ids import team_id
@@ -43,6 +44,14 @@ from core.jobs import JobSpec, next_slot, validate_job_id
 from projections.views import JOB_STATUSES, JobView
 
 # -- jobs --------------------------------------------------------------------------------------
+
+
+def within_egress(request: Request, spec: JobSpec) -> JobSpec:
+    """``spec``, if its target is within the operator's egress policy (else a 422 naming
+    ``target``): a refused target is never written to the log."""
+    policy: EgressPolicy = request.state.egress
+    policy.check_target(spec.tenant, spec.target)
+    return spec
 
 
 async def create_job(request: Request) -> Response:
@@ -57,7 +66,7 @@ async def create_job(request: Request) -> Response:
         job_id = call.job_id(job_id_for_key(call.tenant, body.idempotency_key))
     else:
         job_id = call.job_id(random_job_id())
-    spec = spec_of(body, call.tenant, scope=call.job_id)
+    spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
     existing = call.scheduler.history.job(call.tenant, job_id)
     check_definition(call, job_id, spec, existing.spec if existing else None)
     quota: JobQuota = request.state.quota
@@ -73,7 +82,7 @@ async def put_job(request: Request) -> Response:
     validate_job_id(request.path_params["job_id"])
     job_id = call.job_id(request.path_params["job_id"])
     body = await decode(request, JobDefinition)
-    spec = spec_of(body, call.tenant, scope=call.job_id)
+    spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
     expected = expected_version(request)
     existing = call.scheduler.history.job(call.tenant, job_id)
     check_definition(call, job_id, spec, existing.spec if existing else None)
@@ -119,7 +128,9 @@ async def patch_job(request: Request) -> Response:
             f"job {team_id(job_id)} is at version {view.version}, not {expected}"
         )
     if _changes_definition(body):
-        spec = spec_of(body, call.tenant, base=view.spec, scope=call.job_id)
+        spec = within_egress(
+            request, spec_of(body, call.tenant, base=view.spec, scope=call.job_id)
+        )
         check_definition(call, job_id, spec, view.spec)
         # The merge read view.spec: writing it back is conditional on nothing having changed since.
         events = await call.scheduler.execute(

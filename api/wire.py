@@ -54,9 +54,17 @@ PositiveSeconds = Annotated[float, Meta(gt=0, le=DAY_SEC)]
 # -- requests ----------------------------------------------------------------------------------
 
 
+class SecretRefIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A header value the node reads from its secrets directory at each call
+    (``{"from_file": "name"}``), so the credential is never written into the log."""
+
+    from_file: str | UnsetType = UNSET
+    from_env: str | UnsetType = UNSET  # refused with a reason: see api/translate.py
+
+
 class HttpTargetIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="http"):
     url: Annotated[str, Meta(min_length=1, max_length=2048)]
-    headers: dict[str, str] = {}
+    headers: dict[str, str | SecretRefIn] = {}
     # the team's calls to the URL's origin share it
     max_calls_per_sec: Annotated[float, Meta(ge=0.01, le=MAX_CALLS_PER_SEC)] | None = None
 

@@ -35,3 +35,10 @@ class Fenced(CronlogError):
 class Unavailable(CronlogError):
     """The owning partition cannot decide right now (failover, catching up, a failed write):
     nothing was decided; try again."""
+
+
+class EgressDenied(InvalidDefinition):
+    """A target outside the operator's egress policy (``core/egress.py``)."""
+
+    def __init__(self, reason: str, field: str = "target") -> None:
+        super().__init__(field, f"egress policy: {reason}")
