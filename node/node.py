@@ -59,6 +59,7 @@ from node.executors import Executors
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.runner import Decided, PartitionRunner, Request
+from projections.decoding import EventDecoder
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
 
@@ -106,10 +107,16 @@ class Node:
         self._mailbox: Mailbox | None = None
         self._mail_reader: threading.Thread | None = None
         self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
-        self._history = ReadModel.open(self._data_dir)
-        self._history_runner = ReadModelRunner(log_, self._history)
-        self._relay = DependencyRelay(log_, self._history, self.execute)
         self.metrics = NodeMetrics()
+        # One decoder per reader of the events stream, so each foreign record is counted once.
+        self._recovery_decoder = EventDecoder("recovery", self.metrics.foreign)
+        self._history = ReadModel.open(self._data_dir)
+        self._history_runner = ReadModelRunner(
+            log_, self._history, decoder=EventDecoder("read_model", self.metrics.foreign)
+        )
+        self._relay = DependencyRelay(
+            log_, self._history, self.execute, EventDecoder("relay", self.metrics.foreign)
+        )
         self.metrics.watch(self.gauges)
 
     # -- life cycle --------------------------------------------------------------------------
@@ -217,6 +224,7 @@ class Node:
                 self.executors,
                 on_appended=self._appended,
                 on_recovered=self._relay.recovered,
+                decoder=self._recovery_decoder,
             )
             with self._lock:
                 self._stores[p] = store

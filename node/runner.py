@@ -33,12 +33,13 @@ from core import events as ev
 from core.clock import Clock
 from core.commands import AnyCommand, LeaseDue, SlotDue, StartRun
 from core.decide import decide
-from core.errors import CronlogError, Fenced, Unavailable
+from core.errors import CronlogError, Fenced, LogCorrupted, Unavailable
 from core.events import AnyEvent
 from core.state import PartitionState, RunState, evolve
 from core.timers import TimerKey, all_timers, timers_after
 from core.wheel import TimingWheel
 from eventlog.port import EventLog, PartitionWriter
+from projections.decoding import EventDecoder
 from projections.state_store import StateStore, catch_up
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class PartitionRunner:
         dispatcher: Dispatcher,
         on_appended: Callable[[int, list[int], list[AnyEvent]], None] | None = None,
         on_recovered: Callable[[int], None] | None = None,
+        decoder: EventDecoder | None = None,
     ) -> None:
         self.partition = partition
         self._log = log_
@@ -110,6 +112,7 @@ class PartitionRunner:
         self._dispatcher = dispatcher
         self._on_appended = on_appended
         self._on_recovered = on_recovered
+        self._decoder = decoder
         self._inbox: deque[Request] = deque()
         self._cv = threading.Condition()
         self._stopped = False
@@ -161,7 +164,7 @@ class PartitionRunner:
             return True
 
     def _recover(self) -> None:
-        self.state = catch_up(self._store, self._log, self.partition)
+        self.state = catch_up(self._store, self._log, self.partition, decoder=self._decoder)
         now = self._clock.now_ms()
         self.wheel = TimingWheel(now)
         self._due.clear()
@@ -187,6 +190,8 @@ class PartitionRunner:
                 self._process(batch, now)
         except Fenced:
             log.warning("partition %d: fenced, another node owns it now", self.partition)
+        except LogCorrupted as damage:  # the log fails itself and stops the node
+            log.error("partition %d: runner stopped: %s", self.partition, damage)
         except Exception:
             log.exception("partition %d: runner failed", self.partition)
         finally:

@@ -27,6 +27,7 @@ from core.commands import (
 from core.errors import InvalidDefinition
 from core.state import RunStatus
 from eventlog.embedded import EmbeddedLog
+from projections.decoding import EventDecoder, ForeignRecord
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.views import RUN_STATES, Page, RunView
 from tests.core.harness import Sim
@@ -453,6 +454,36 @@ def test_runner_follows_every_partition_and_wait_for_returns_once_caught_up(
         assert paused is not None and paused.status == "paused" and paused.version == 99
         assert not model.wait_for(2, offset + 10_000, timeout_s=0.05)
         assert runner.errors == {}
+    writers.close()
+    log.close()
+
+
+def test_runner_follows_past_a_foreign_record_and_reports_it_once(tmp_path: Path) -> None:
+    """A record in the events stream that is not an event froze the read model of its partition
+    for every tenant (the follower thread died on it, lag grew, nothing said so)."""
+    sim = busy_partition(31, steps=120, partition=0, prefix="p0")
+    log = EmbeddedLog.open(tmp_path / "log", 2)
+    writers = Writers(log)
+    seen: list[ForeignRecord] = []
+    decoder = EventDecoder("read_model", seen.append)
+    with (
+        ReadModel.open(tmp_path / "rm") as model,
+        ReadModelRunner(log, model, decoder=decoder, poll_s=0.05) as runner,
+    ):
+        half = len(sim.log) // 2
+        writers.append(0, sim.log[:half])
+        [foreign] = writers.append(0, [b'{"job_id": "p0rollup", "payload": "from a target"}'])
+        last = writers.append(0, sim.log[half:])[-1]
+        assert model.wait_for(0, last, timeout_s=30)
+        assert runner.errors == {}
+        assert [(f.partition, f.offset) for f in seen] == [(0, foreign)]
+        assert model.lag(log) == {0: 0, 1: 0}
+        for job_id in run_ids_by_job(sim):
+            assert model.job(sim.state.jobs[job_id].spec.tenant, job_id) is not None
+    with ReadModel.open(tmp_path / "once") as model:
+        ReadModelRunner(log, model, decoder=decoder).run_once()
+        assert model.positions() == {0: last + 1}
+    assert len(seen) == 1  # the same decoder reports a record once
     writers.close()
     log.close()
 

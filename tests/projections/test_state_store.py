@@ -21,6 +21,7 @@ from core.state import PartitionState, evolve
 from eventlog.embedded import EmbeddedLog
 from eventlog.memory import MemoryLog
 from eventlog.port import Record
+from projections.decoding import EventDecoder, ForeignRecord
 from projections.state_store import (
     MemoryStateStore,
     RocksStateStore,
@@ -271,4 +272,33 @@ def test_a_batch_lost_with_its_offset_is_read_again(tmp_path: Path) -> None:
     store.save(state, [(r.offset, ev.decode(r.value)) for r in records[:cut]])
     # The next batch "never reached disk": the state moved on, the store did not.
     assert catch_up(store, log, 0).snapshot() == sim.state.snapshot()
+    log.close()
+
+
+# -- records that are not events ------------------------------------------------------------------
+
+
+def test_catch_up_passes_over_foreign_records_reports_each_and_moves_past_them() -> None:
+    """A record another producer put in the events stream (issue: a kafka:// target named the
+    topic) neither stops recovery nor is skipped unnoticed."""
+    sim = busy_partition(5, steps=150)
+    half = len(sim.log) // 2
+    log = MemoryLog(1, gaps=True)
+    writers = Writers(log)
+    writers.append(0, sim.log[:half], chunk=40)
+    [middle] = writers.append(0, [b'{"job_id": "x", "payload": {"a": 1}}'])
+    writers.append(0, sim.log[half:], chunk=40)
+    [tail] = writers.append(0, [b"\x00not json at all"])
+    seen: list[ForeignRecord] = []
+    store = MemoryStateStore(0)
+
+    state = catch_up(store, log, 0, batch_size=64, decoder=EventDecoder("recovery", seen.append))
+
+    assert state.snapshot() == sim.state.snapshot()
+    assert [(f.partition, f.offset) for f in seen] == [(0, middle), (0, tail)]
+    assert store.load()[1] == tail + 1  # the next recovery starts after the foreign tail
+    again: list[ForeignRecord] = []
+    catch_up(store, log, 0, decoder=EventDecoder("recovery", again.append))
+    assert again == []
+    writers.close()
     log.close()

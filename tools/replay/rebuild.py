@@ -4,6 +4,8 @@ Everything but the log is derived, so this is always safe with the node stopped.
 built beside the old one (``<name>.rebuild``) and swapped in only when complete, so a rebuild
 that dies half-way leaves the old store in place. A state store rebuilt from offset 0 is
 byte-identical to one the node saved along the way (``projections/state_store.py``, invariant 4).
+Records that are not events are passed over, as the node passes over them, and counted in the
+summary. A damaged log stops the rebuild (exit status 3) and leaves the old stores in place.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 from typing import TextIO
 
 from eventlog.port import EventLog
+from projections.decoding import EventDecoder, ForeignRecord
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore, catch_up
-from tools.replay.records import events
+from tools.replay.records import events, tool_decoder
 from tools.replay.source import Layout, check_unused
 
 
@@ -47,13 +50,15 @@ def _scratch(target: Path) -> Path:
     return fresh
 
 
-def rebuild_state(log: EventLog, layout: Layout, partition: int) -> Rebuilt:
+def rebuild_state(
+    log: EventLog, layout: Layout, partition: int, decoder: EventDecoder | None = None
+) -> Rebuilt:
     target = layout.state_dir(partition)
     check_unused(target, "state store")
     fresh = _scratch(target)
     started = time.perf_counter()
     with RocksStateStore(fresh, partition) as store:
-        catch_up(store, log, partition)
+        catch_up(store, log, partition, decoder=decoder)
         _, offset = store.load()
     elapsed = time.perf_counter() - started
     _swap(fresh, target)
@@ -61,13 +66,15 @@ def rebuild_state(log: EventLog, layout: Layout, partition: int) -> Rebuilt:
     return Rebuilt(f"state p{partition} (next offset {offset})", _count(log, partition), elapsed)
 
 
-def rebuild_read_model(log: EventLog, layout: Layout) -> Rebuilt:
+def rebuild_read_model(
+    log: EventLog, layout: Layout, decoder: EventDecoder | None = None
+) -> Rebuilt:
     target = layout.read_model_dir
     check_unused(target, "read model")
     fresh = _scratch(target)
     started = time.perf_counter()
     with ReadModel(fresh) as model:
-        count = ReadModelRunner(log, model).run_once()
+        count = ReadModelRunner(log, model, decoder=decoder).run_once()
     elapsed = time.perf_counter() - started
     _swap(fresh, target)
     return Rebuilt("read model", count, elapsed)
@@ -82,15 +89,19 @@ def rebuild(
 ) -> list[Rebuilt]:
     out = out or sys.stdout
     done: list[Rebuilt] = []
+    foreign: list[ForeignRecord] = []
+    decoder = tool_decoder(foreign)  # one for both folds: each foreign record reported once
     if state:
         for partition in range(log.num_partitions):
-            done.append(rebuild_state(log, layout, partition))
+            done.append(rebuild_state(log, layout, partition, decoder))
             out.write(done[-1].describe() + "\n")
     if read_model:
-        done.append(rebuild_read_model(log, layout))
+        done.append(rebuild_read_model(log, layout, decoder))
         out.write(done[-1].describe() + "\n")
     total = sum(r.events for r in done)
     seconds = sum(r.seconds for r in done)
     if done:
         out.write(Rebuilt("total", total, seconds).describe() + "\n")
+    if foreign:
+        out.write(f"passed over {len(foreign)} records that are not events (see stderr)\n")
     return done
