@@ -157,7 +157,7 @@ def _status(it: Any) -> Exception | None:
     try:
         it.status()
     except Exception as exc:
-        return exc
+        return exc.with_traceback(None)  # its frames hold the iterator, and so the LOCK
     return None
 
 
