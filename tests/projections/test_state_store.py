@@ -7,6 +7,7 @@ only a disk has (reopening, wiping, catching up from an event log).
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 from collections.abc import Callable, Iterator
@@ -15,8 +16,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rocksdict import Options, Rdict
 
 from core import events as ev
+from core.commands import PutJob
+from core.errors import StoreDamaged
 from core.state import PartitionState, evolve
 from eventlog.embedded import EmbeddedLog
 from eventlog.memory import MemoryLog
@@ -28,7 +32,8 @@ from projections.state_store import (
     StateStore,
     catch_up,
 )
-from tests.projections.histories import Writers, busy_partition
+from tests import corruption
+from tests.projections.histories import Writers, _spec, busy_partition
 
 StoreFactory = Callable[[int], StateStore]
 
@@ -302,3 +307,84 @@ def test_catch_up_passes_over_foreign_records_reports_each_and_moves_past_them()
     assert again == []
     writers.close()
     log.close()
+
+
+# -- damage ---------------------------------------------------------------------------------------
+
+
+def _store_on_disk(tmp_path: Path, seed: int = 9) -> tuple[MemoryLog, PartitionState]:
+    """A partition's log and its state store, caught up and closed: a busy history and a few
+    hundred more jobs, enough for SST files of several blocks."""
+    sim = busy_partition(seed, steps=400, cancel_jobs=False)
+    for i in range(300):
+        spec = _spec(f"bulk-{i}", "t1", schedule="0 3 * * *", payload={"note": f"job {i} " * 20})
+        sim.do(PutJob(job_id=f"bulk-{i}", spec=spec))
+    log = MemoryLog(1)
+    Writers(log).append(0, sim.log)
+    with RocksStateStore.open(tmp_path / "node", 0) as store:
+        catch_up(store, log, 0)
+    return log, sim.state
+
+
+def _aside(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "node" / "state").glob("p0.damaged-*"))
+
+
+def test_a_flipped_block_in_a_state_store_is_found_set_aside_and_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A damaged store killed the partition's runner with a KeyError, and readiness never came."""
+    log, expected = _store_on_disk(tmp_path)
+    path = tmp_path / "node" / "state" / "p0"
+    damaged = corruption.damage(path)
+    with RocksStateStore.open(tmp_path / "node", 0) as store:
+        with pytest.raises(StoreDamaged, match="checksum"):
+            store.load()
+        with caplog.at_level(logging.ERROR, logger="projections.state_store"):
+            state = catch_up(store, log, 0)
+        assert state.snapshot() == expected.snapshot()
+        assert store.load()[0].snapshot() == expected.snapshot()
+    [aside] = _aside(tmp_path)
+    assert (aside / damaged.name).exists()  # kept for whoever looks into why, not deleted
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "state store of partition 0" in line and f"set aside as {aside}" in line
+    assert "rebuilding it from the log" in line
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(lambda db, k: db.__delitem__(b"o" + k), id="a job without its order key"),
+        pytest.param(lambda db, k: db.__setitem__(k, b"\xc1not msgpack"), id="undecodable job"),
+        pytest.param(lambda db, k: db.__delitem__(b"m/offset"), id="no offset"),
+        pytest.param(lambda db, k: db.__setitem__(b"m/token", b"\x01"), id="short token"),
+        pytest.param(lambda db, k: db.__setitem__(b"x/odd", b""), id="a key it never writes"),
+    ],
+)
+def test_a_store_that_does_not_read_back_as_written_is_damaged(
+    tmp_path: Path, tamper: Callable[[Rdict, bytes], None]
+) -> None:
+    log, expected = _store_on_disk(tmp_path)
+    db = Rdict(str(tmp_path / "node" / "state" / "p0"), options=Options(raw_mode=True))
+    job_key = next(bytes(k) for k, _ in db.items() if bytes(k).startswith(b"j/"))
+    tamper(db, job_key)
+    db.close()
+    with RocksStateStore.open(tmp_path / "node", 0) as store:
+        with pytest.raises(StoreDamaged, match="state store of partition 0"):
+            store.load()
+        assert catch_up(store, log, 0).snapshot() == expected.snapshot()
+    assert len(_aside(tmp_path)) == 1
+
+
+def test_a_store_rocksdb_will_not_open_is_set_aside_on_open(tmp_path: Path) -> None:
+    log, expected = _store_on_disk(tmp_path)
+    path = tmp_path / "node" / "state" / "p0"
+    [manifest] = path.glob("MANIFEST-*")
+    corruption.flip(manifest, size=min(4096, manifest.stat().st_size // 2), at=0.25)
+    with pytest.raises(StoreDamaged):
+        RocksStateStore(path, 0)  # the tools' way in: it says so, and moves nothing
+    assert _aside(tmp_path) == []
+    with RocksStateStore.open(tmp_path / "node", 0) as store:  # the node's way in
+        assert store.load()[1] == 0 and not store.load()[0].jobs
+        assert catch_up(store, log, 0).snapshot() == expected.snapshot()
+    assert len(_aside(tmp_path)) == 1
