@@ -52,7 +52,6 @@ in-flight reads, drops the handles, then closes the database.
 
 from __future__ import annotations
 
-import logging
 import re
 import struct
 import threading
@@ -75,8 +74,6 @@ from core.errors import CronlogError, Fenced, LogCorrupted
 from eventlog.mailbox import LocalPostOffice
 from eventlog.memory import ChangeSignal, SingleProcessLog
 from eventlog.port import PartitionWriter, Record
-
-log = logging.getLogger(__name__)
 
 STREAMS = ("commands", "events")
 _STREAM_ID = {"commands": b"c", "events": b"e"}
@@ -403,15 +400,17 @@ class EmbeddedLog(SingleProcessLog):
                 f"num_partitions={self._num_partitions} (the count is fixed when a log is created)"
             )
 
-    def _scan_end(self, stream: str, partition: int) -> int:
-        """The offset after the last stored record of a stream-partition (0 when empty)."""
+    def _scan_end(self, stream: str, partition: int, recorded: int | None = None) -> int:
+        """The offset after the last stored record of a stream-partition (0 when empty).
+        ``recorded``: the end the log recorded, which names the record that cannot be read."""
         it = self._tables[stream].iter(self._read_options())
         it.seek_for_prev(_KEY.pack(partition, _MAX_OFFSET))
         last = it.key() if it.valid() else None
         error = _status(it)
         del it  # a live iterator keeps the LOCK, and a traceback would keep it alive
         if error is not None:
-            raise _rocksdb_damage(self._path, error, stream, partition, None)
+            last_written = None if not recorded else recorded - 1
+            raise _rocksdb_damage(self._path, error, stream, partition, last_written)
         if last is None:
             return 0
         found, offset = _KEY.unpack(last)
@@ -422,10 +421,11 @@ class EmbeddedLog(SingleProcessLog):
 
         A log written before the ``end`` keys existed has none yet: its scanned end is taken
         (and recorded with its next write)."""
-        end = self._scan_end(stream, partition)
-        recorded = self._tables[_META].get(_end_key(stream, partition))
-        if recorded is not None and _U64.unpack(recorded)[0] != end:
-            expected = _U64.unpack(recorded)[0]
+        stored = self._tables[_META].get(_end_key(stream, partition))
+        recorded = None if stored is None else int(_U64.unpack(stored)[0])
+        end = self._scan_end(stream, partition, recorded)
+        if recorded is not None and recorded != end:
+            expected = recorded
             raise LogCorrupted(
                 f"event log {self._path} is damaged: {stream} partition {partition} ends at "
                 f"offset {end}, but {expected} records were written to it "
@@ -458,8 +458,7 @@ class EmbeddedLog(SingleProcessLog):
             if first:
                 self._damage = _copy(damage)  # no traceback: it would keep frames alive
             self._signal.changed()
-        if first:
-            log.error("%s", damage)
+        if first:  # the owner (serve) reports it, once, and stops
             self._damage_seen.set()
         return self._known_damage() or damage
 
