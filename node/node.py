@@ -50,7 +50,7 @@ from core.commands import (
     UpstreamSucceeded,
 )
 from core.decide import job_id_of_run
-from core.errors import CronlogError, Unavailable
+from core.errors import CronlogError, LogCorrupted, Unavailable
 from core.jobs import MAX_PRIORITY
 from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, partition_for
@@ -160,6 +160,9 @@ class Node:
         while not self._stopping.is_set():
             try:
                 records = self._membership.poll(0.2)
+            except LogCorrupted as damage:  # the log failed itself: polling it again cannot help
+                log.error("%s: stopped polling the log: %s", self.node_id, damage)
+                return
             except CronlogError:
                 if self._stopping.is_set():
                     return
