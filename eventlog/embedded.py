@@ -291,19 +291,32 @@ class EmbeddedLog(SingleProcessLog):
         return self._known_damage()
 
     def verify(self) -> int:
-        """Read every record of every stream-partition once, checking checksums, offsets and
-        framing; return how many records were read. Raises LogCorrupted (and fails the log).
+        """Read every record of every stream-partition once, checking what a read checks
+        (checksums, contiguous offsets, framing) without handing records out; returns how many
+        there are. Raises LogCorrupted, and the log fails as on any read that finds damage.
 
-        About 0.6 s per million records on a laptop-class core: RocksDB reads every block."""
+        RocksDB reads every block: a million records of ~250 bytes (34 MB) took 0.63 s on the
+        2-core machine the benchmarks ran on."""
         total = 0
         for stream in STREAMS:
             for partition in self._partitions():
-                end = self.end_offset(stream, partition)
-                offset = 0
-                while offset < end:
-                    records = self._read(stream, partition, offset, 10_000, 0.0)
-                    total += len(records)
-                    offset = records[-1].offset + 1
+                with self._signal.cond:
+                    known = self._known_damage()
+                    if known is not None:
+                        raise known
+                    if self._signal.closed:
+                        raise CronlogError(f"event log {self._path} is closed")
+                    end = self._visible[stream][partition]
+                    self._readers += 1
+                try:
+                    total += self._check(stream, partition, end)
+                except LogCorrupted as found:
+                    raise self._damaged(found) from None
+                finally:
+                    with self._signal.cond:
+                        self._readers -= 1
+                        if not self._readers:
+                            self._signal.cond.notify_all()
         return total
 
     @property
@@ -664,6 +677,50 @@ class EmbeddedLog(SingleProcessLog):
                 offset=expected,
             )
         return records
+
+    def _check(self, stream: str, partition: int, end: int) -> int:
+        """:meth:`_scan`'s checks over ``[0, end)``, one iterator, no records made."""
+        read_options = self._read_options()
+        read_options.set_iterate_upper_bound(_KEY.pack(partition, end))
+        it: Any = self._tables[stream].iter(read_options)
+        it.seek(_KEY.pack(partition, 0))
+        expected = 0
+        problem: LogCorrupted | None = None
+        while it.valid():
+            key, value = it.key(), it.value()
+            if key != _KEY.pack(partition, expected):
+                problem = LogCorrupted(
+                    f"event log {self._path} is damaged: {stream} partition {partition} has no "
+                    f"record at offset {expected} (the next key is {key.hex()})",
+                    stream=stream,
+                    partition=partition,
+                    offset=expected,
+                )
+                break
+            if value[:1] != b"\x00":  # the common frame; anything else is checked in full
+                try:
+                    _unframe(self._path, stream, partition, expected, value)
+                except LogCorrupted as bad:
+                    problem = bad
+                    break
+            expected += 1
+            it.next()
+        error = _status(it)
+        del it  # before raising: a traceback would keep the iterator, and so the LOCK
+        if problem is not None:
+            raise problem
+        if error is not None:
+            raise _rocksdb_damage(self._path, error, stream, partition, expected)
+        if expected < end:
+            raise LogCorrupted(
+                f"event log {self._path} is damaged: {stream} partition {partition} ends at "
+                f"offset {expected}, but it holds records up to {end - 1} "
+                f"(offsets {expected}..{end - 1} are missing)",
+                stream=stream,
+                partition=partition,
+                offset=expected,
+            )
+        return expected
 
     # -- checks ---------------------------------------------------------------------------
 

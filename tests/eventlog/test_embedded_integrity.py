@@ -114,6 +114,11 @@ def test_a_missing_record_is_damage_not_a_shorter_partition(tmp_path: Path) -> N
         with pytest.raises(LogCorrupted, match="events partition 2 has no record at offset 700"):
             log.read_events(2, 690, 100)
         assert log.damage is not None and log.damage.offset == 700
+    with (
+        EmbeddedLog.open(tmp_path / "log", PARTITIONS) as log,
+        pytest.raises(LogCorrupted, match="events partition 2 has no record at offset 700"),
+    ):
+        log.verify()  # the start check finds it without anyone reading partition 2
 
 
 def test_a_lost_tail_is_found_when_the_log_opens(tmp_path: Path) -> None:
@@ -137,6 +142,11 @@ def test_a_record_the_log_did_not_frame_is_damage(tmp_path: Path) -> None:
         pytest.raises(LogCorrupted, match="events partition 3 at offset 5: the record is not"),
     ):
         log.read_events(3, 0, 100)
+    with (
+        EmbeddedLog.open(tmp_path / "log", PARTITIONS) as log,
+        pytest.raises(LogCorrupted, match="events partition 3 at offset 5: the record is not"),
+    ):
+        log.verify()
 
 
 def test_a_log_written_before_the_end_keys_opens_and_records_them(tmp_path: Path) -> None:
