@@ -65,7 +65,6 @@ from rocksdict import (
     DBRecoveryMode,
     Options,
     Rdict,
-    ReadOptions,
     WriteBatch,
     WriteOptions,
 )
@@ -74,6 +73,7 @@ from core.errors import CronlogError, Fenced, LogCorrupted
 from eventlog.mailbox import LocalPostOffice
 from eventlog.memory import ChangeSignal, SingleProcessLog
 from eventlog.port import PartitionWriter, Record
+from eventlog.rocks import checked_reads, is_damage, iterator_error
 
 STREAMS = ("commands", "events")
 _STREAM_ID = {"commands": b"c", "events": b"e"}
@@ -116,14 +116,16 @@ def _end_key(stream: str, partition: int) -> bytes:
     return _END + _STREAM_ID[stream] + _U32.pack(partition)
 
 
-_SST = re.compile(r"(\S+\.(?:sst|log|blob))\b")
+# RocksDB names the file in its messages: "... in /data/log/000009.sst offset 13099 ...",
+# "The file /data/log/MANIFEST-000005 may be corrupted".
+_FILE = re.compile(r"(\S*/(?:\d+\.(?:sst|log|blob)|MANIFEST-\d+))\b")
 
 
 def _rocksdb_damage(
     path: Path, exc: Exception, stream: str | None, partition: int | None, offset: int | None
 ) -> LogCorrupted:
     """LogCorrupted from RocksDB's own report (its checksum messages name the file)."""
-    found = _SST.search(str(exc))
+    found = _FILE.search(str(exc))
     file = found.group(1) if found else None
     where = "" if stream is None else f"{stream} partition {partition}"
     if offset is not None:
@@ -147,21 +149,6 @@ def _copy(damage: LogCorrupted) -> LogCorrupted:
         offset=damage.offset,
         file=damage.file,
     )
-
-
-def _status(it: Any) -> Exception | None:
-    """The error an iterator stopped on (rocksdict raises it from ``status()``), or None."""
-    try:
-        it.status()
-    except Exception as exc:
-        return exc.with_traceback(None)  # its frames hold the iterator, and so the LOCK
-    return None
-
-
-def _is_rocksdb_corruption(exc: Exception) -> bool:
-    """rocksdict raises a bare Exception carrying RocksDB's status text."""
-    text = str(exc)
-    return "Corruption" in text or "checksum mismatch" in text
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,7 +377,7 @@ class EmbeddedLog(SingleProcessLog):
                     f"event log {path} is already open (by another process, or another "
                     f"EmbeddedLog in this one); the embedded log has a single owner: {exc}"
                 ) from exc
-            if _is_rocksdb_corruption(exc):
+            if is_damage(exc):
                 raise _rocksdb_damage(path, exc, None, None, None) from exc
             raise
 
@@ -416,10 +403,10 @@ class EmbeddedLog(SingleProcessLog):
     def _scan_end(self, stream: str, partition: int, recorded: int | None = None) -> int:
         """The offset after the last stored record of a stream-partition (0 when empty).
         ``recorded``: the end the log recorded, which names the record that cannot be read."""
-        it = self._tables[stream].iter(self._read_options())
+        it = self._tables[stream].iter(checked_reads())
         it.seek_for_prev(_KEY.pack(partition, _MAX_OFFSET))
         last = it.key() if it.valid() else None
-        error = _status(it)
+        error = iterator_error(it)
         del it  # a live iterator keeps the LOCK, and a traceback would keep it alive
         if error is not None:
             last_written = None if not recorded else recorded - 1
@@ -456,12 +443,6 @@ class EmbeddedLog(SingleProcessLog):
     def _meta_u64(self, prefix: bytes, partition: int) -> int:
         stored = self._tables[_META].get(prefix + _U32.pack(partition))
         return 0 if stored is None else int(_U64.unpack(stored)[0])
-
-    @staticmethod
-    def _read_options() -> ReadOptions:
-        options = ReadOptions()
-        options.set_verify_checksums(True)  # RocksDB's default, stated: it is the point
-        return options
 
     def _damaged(self, damage: LogCorrupted) -> LogCorrupted:
         """Record the first damage found: from now on the log refuses reads and writes.
@@ -635,7 +616,7 @@ class EmbeddedLog(SingleProcessLog):
 
         Every offset in the range is there (offsets are contiguous), so anything short of
         ``min(end - from_offset, max_records)`` records, in order, is damage."""
-        read_options = self._read_options()
+        read_options = checked_reads()
         read_options.set_iterate_upper_bound(_KEY.pack(partition, end))
         it: Any = self._tables[stream].iter(read_options)
         it.seek(_KEY.pack(partition, from_offset))
@@ -661,7 +642,7 @@ class EmbeddedLog(SingleProcessLog):
                 break
             expected += 1
             it.next()
-        error = _status(it)
+        error = iterator_error(it)
         del it  # before raising: a traceback would keep the iterator, and so the LOCK
         if problem is not None:
             raise problem
@@ -680,7 +661,7 @@ class EmbeddedLog(SingleProcessLog):
 
     def _check(self, stream: str, partition: int, end: int) -> int:
         """:meth:`_scan`'s checks over ``[0, end)``, one iterator, no records made."""
-        read_options = self._read_options()
+        read_options = checked_reads()
         read_options.set_iterate_upper_bound(_KEY.pack(partition, end))
         it: Any = self._tables[stream].iter(read_options)
         it.seek(_KEY.pack(partition, 0))
@@ -705,7 +686,7 @@ class EmbeddedLog(SingleProcessLog):
                     break
             expected += 1
             it.next()
-        error = _status(it)
+        error = iterator_error(it)
         del it  # before raising: a traceback would keep the iterator, and so the LOCK
         if problem is not None:
             raise problem

@@ -22,10 +22,3 @@ def set_aside(path: Path) -> Path:
             path.rename(aside)
             return aside
     raise FileExistsError(f"no free name to set {path} aside after {ATTEMPTS} tries")
-
-
-def is_rocksdb_damage(exc: Exception) -> bool:
-    """Whether an error rocksdict raised (a bare Exception with RocksDB's status text) says
-    the data is damaged, rather than, say, locked by another process or not permitted."""
-    text = str(exc)
-    return "Corruption" in text or "checksum mismatch" in text

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import msgspec
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from core.errors import CronlogError, InvalidDefinition, StoreDamaged, Unavailable
 from core.events import (
@@ -92,7 +92,8 @@ from core.events import (
     Trigger,
 )
 from eventlog.port import EventLog, Record
-from projections.aside import is_rocksdb_damage, set_aside
+from eventlog.rocks import checked_reads, is_damage, iterator_error
+from projections.aside import set_aside
 from projections.decoding import EventDecoder
 from projections.views import (
     JOB_STATUSES,
@@ -287,7 +288,7 @@ class ReadModel:
         try:
             return Rdict(str(self._path), options=options)
         except Exception as exc:
-            if is_rocksdb_damage(exc):
+            if is_damage(exc):
                 raise StoreDamaged(f"read model {self._path}: {exc}") from exc
             raise
 
@@ -307,7 +308,7 @@ class ReadModel:
         except (msgspec.DecodeError, msgspec.ValidationError, struct.error) as exc:
             raise StoreDamaged(f"read model {self._path}: {exc}") from exc
         except Exception as exc:
-            if is_rocksdb_damage(exc):
+            if is_damage(exc):
                 raise StoreDamaged(f"read model {self._path}: {exc}") from exc
             raise
 
@@ -799,10 +800,9 @@ class ReadModel:
         block's checksum verified (StoreDamaged where one fails)."""
         if isinstance(prefix, str):
             prefix = prefix.encode()
-        options = ReadOptions()
+        options = checked_reads()
         if prefix:
             options.set_iterate_upper_bound(prefix[:-1] + bytes([prefix[-1] + 1]))
-        options.set_verify_checksums(True)
         it: Any = self._db.iter(options)
         it.seek(prefix + (start or b""))
         n = 0
@@ -810,12 +810,7 @@ class ReadModel:
             yield it.key()[len(prefix) :], it.value()
             n += 1
             it.next()
-        try:
-            it.status()
-        except Exception as exc:
-            error: Exception | None = exc
-        else:
-            error = None
+        error = iterator_error(it)
         del it  # a live iterator keeps the model's LOCK
         if error is not None:
             raise StoreDamaged(f"read model {self._path}: {error}")

@@ -47,13 +47,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from core.errors import StoreDamaged
 from core.events import AnyEvent, JobRegistered, RunEvent, RunMaterialised
 from core.state import JobState, PartitionState, RunState, evolve, rebuild_index
 from eventlog.port import EventLog
-from projections.aside import is_rocksdb_damage, set_aside
+from eventlog.rocks import checked_reads, is_damage, iterator_error
+from projections.aside import set_aside
 from projections.decoding import EventDecoder
 
 log = logging.getLogger(__name__)
@@ -277,7 +278,7 @@ class RocksStateStore:
         try:
             return Rdict(str(self._path), options=options)
         except Exception as exc:
-            if is_rocksdb_damage(exc):
+            if is_damage(exc):
                 raise StoreDamaged(
                     f"state store of partition {self._partition} ({self._path}): {exc}"
                 ) from exc
@@ -313,20 +314,13 @@ class RocksStateStore:
     def dump(self) -> list[tuple[bytes, bytes]]:
         """Every key and value, each block's checksum verified; StoreDamaged if one fails
         (rocksdict's own ``items()`` would just stop there, as if the store ended)."""
-        read_options = ReadOptions()
-        read_options.set_verify_checksums(True)
-        it: Any = self._db.iter(read_options)
+        it: Any = self._db.iter(checked_reads())
         it.seek_to_first()
         items: list[tuple[bytes, bytes]] = []
         while it.valid():
             items.append((it.key(), it.value()))
             it.next()
-        try:
-            it.status()
-        except Exception as exc:
-            error: Exception | None = exc
-        else:
-            error = None
+        error = iterator_error(it)
         del it  # a live iterator keeps the store's LOCK
         if error is not None:
             raise StoreDamaged(

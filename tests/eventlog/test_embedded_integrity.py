@@ -168,3 +168,13 @@ def test_a_log_written_before_the_end_keys_opens_and_records_them(tmp_path: Path
         Writers(log).append(0, [record(0, PER_PARTITION)])
     with EmbeddedLog.open(tmp_path / "log", PARTITIONS) as log:
         assert log.end_offset("events", 0) == PER_PARTITION + 1
+
+
+def test_a_log_rocksdb_will_not_open_is_named_damaged_with_its_file(tmp_path: Path) -> None:
+    fill(tmp_path / "log")
+    [manifest] = (tmp_path / "log").glob("MANIFEST-*")
+    corruption.flip(manifest, size=min(4096, manifest.stat().st_size // 2), at=0.25)
+    with pytest.raises(LogCorrupted) as caught:
+        EmbeddedLog.open(tmp_path / "log", PARTITIONS)
+    assert caught.value.file == str(manifest)
+    assert str(caught.value).startswith(f"event log {tmp_path / 'log'} is damaged: file {manifest}")
