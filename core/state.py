@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+from typing import assert_never
 
 import msgspec
 
@@ -296,6 +297,8 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             job.upstream[event.upstream_job_id] = max(
                 event.scheduled_for, job.upstream.get(event.upstream_job_id, event.scheduled_for)
             )
+        case _:
+            assert_never(event)  # a new event must be folded here, or replay would drop it
     return state
 
 

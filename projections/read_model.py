@@ -65,14 +65,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, assert_never
 
 import msgspec
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from core.errors import CronlogError, InvalidDefinition, StoreDamaged, Unavailable
+from core.errors import CronlogError, InvalidDefinition, LogCorrupted, StoreDamaged, Unavailable
 from core.events import (
     AnyEvent,
+    Heartbeat,
     JobCancelled,
     JobPaused,
     JobRegistered,
@@ -90,7 +91,9 @@ from core.events import (
     RunReplayed,
     RunSkipped,
     Trigger,
+    UpstreamRecorded,
 )
+from core.ids import is_scoped
 from eventlog.port import EventLog, Record
 from eventlog.rocks import checked_reads, is_damage, iterator_error
 from projections.aside import set_aside
@@ -110,6 +113,9 @@ from projections.views import (
 
 log = logging.getLogger(__name__)
 
+RETRY_S = 0.2  # a follower that failed reads again after this, doubling with each failure
+MAX_RETRY_S = 10.0
+
 MAX_LIMIT = 1000
 MAX_SET_ASIDE = 3  # rebuilds one runner starts; more means something other than the disk is wrong
 LIVE_STATES = frozenset({"blocked", "pending", "running", "failed", "retrying"})
@@ -119,6 +125,7 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _TOP = 2**64 - 1
 _POSITION = b"m/pos/"
+_UNSCOPED = b"m/unscoped"  # present once a job id from before ids were scoped was folded in
 
 _encoder = msgspec.msgpack.Encoder()
 _run_decoder = msgspec.msgpack.Decoder(RunView)
@@ -239,6 +246,8 @@ class ReadModel:
         self._db = self._open_db()
         try:
             self._positions = self._stored_positions()
+            with self._reading():
+                self._unscoped = self._db.get(_UNSCOPED) is not None
         except StoreDamaged:
             self._db.close()
             raise
@@ -274,6 +283,7 @@ class ReadModel:
             self._db = self._open_db()
             self._generation += 1
             self.set_asides += 1
+            self._unscoped = False
             with self._moved:
                 self._positions = {}
                 self._moved.notify_all()
@@ -332,6 +342,11 @@ class ReadModel:
     def positions(self) -> dict[int, int]:
         with self._moved:
             return dict(self._positions)
+
+    def has_unscoped_ids(self) -> bool:
+        """Whether some job's log id is a bare team id, from before ids were scoped
+        (:mod:`core.ids`): only then may a team's id name such a job."""
+        return self._unscoped
 
     def lag(self, log: EventLog) -> dict[int, int]:
         """Per partition, how far the model is behind the log's end (end offset - position)."""
@@ -436,6 +451,7 @@ class ReadModel:
                 self._db.write(wb, self._write_options)
         with self._moved:
             self._positions.update(pending.positions)
+            self._unscoped = self._unscoped or _UNSCOPED in pending.raw
             self._moved.notify_all()
 
     # -- folding one event ------------------------------------------------------------------
@@ -443,6 +459,8 @@ class ReadModel:
     def _apply(self, p: _Pending, event: AnyEvent, partition: int, offset: int) -> None:
         match event:
             case JobRegistered():
+                if not is_scoped(event.job_id):
+                    p.raw[_UNSCOPED] = b"1"
                 self._put_job(
                     p,
                     _JobRecord(
@@ -563,8 +581,10 @@ class ReadModel:
                     run.attempt, run.available_at = event.attempt, event.available_at
                     run.finished_at, run.dead_reason, run.error = None, None, ""
                     self._move(p, run, "pending")
-            case _:  # Heartbeat, UpstreamRecorded: nothing the history shows
-                pass
+            case Heartbeat() | UpstreamRecorded():
+                pass  # nothing the history shows
+            case _:
+                assert_never(event)  # a new event must be shown here, or history misses it
 
     def _materialise(self, p: _Pending, event: RunMaterialised) -> None:
         run = RunView(
@@ -833,10 +853,13 @@ class ReadModelRunner:
     ``run_once()`` folds in everything there is now and returns how many events it read.
     ``start()`` runs one thread per partition, each blocking in ``read_events(..., timeout_s)``
     from the model's position, so an event is queryable moments after it is committed;
-    ``stop()`` ends them (within ``poll_s``). Foreign records go through ``decoder`` (reported,
-    passed over). A model found damaged while folding is set aside and folded again from offset
-    0, up to ``MAX_SET_ASIDE`` times; a thread that fails otherwise logs the error and keeps it
-    in ``errors`` (a damaged log also fails the log itself, which stops the node).
+    ``stop()`` ends them (within ``poll_s``). Records that are not events go through ``decoder``
+    (reported once, passed over). A model found damaged while folding is set aside and folded
+    again from offset 0 (up to ``MAX_SET_ASIDE`` times). A thread whose read or fold fails
+    otherwise says so (the first failure of a streak with its traceback), tells ``on_failed``,
+    and tries again from the model's position after a backoff: it never stops following while
+    the runner runs, unless the log itself is damaged (``LogCorrupted``: the log has failed and
+    the node that owns it stops).
     """
 
     def __init__(
@@ -845,16 +868,17 @@ class ReadModelRunner:
         model: ReadModel,
         batch_size: int = 1000,
         poll_s: float = 0.2,
+        on_failed: Callable[[int, BaseException], None] | None = None,
         decoder: EventDecoder | None = None,
     ) -> None:
         self._log = log_
         self._model = model
         self._batch_size = batch_size
         self._poll_s = poll_s
+        self._on_failed = on_failed
         self._decoder = decoder or EventDecoder("read_model")
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.errors: dict[int, BaseException] = {}
 
     def run_once(self) -> int:
         """Fold in everything there is now; returns how many records were read."""
@@ -895,21 +919,41 @@ class ReadModelRunner:
 
     def _follow(self, partition: int) -> None:
         model = self._model
-        try:
-            while not self._stopping.is_set():
+        failures = 0
+        while not self._stopping.is_set():
+            try:
                 generation = model.generation
                 records = self._log.read_events(
                     partition, model.position(partition), self._batch_size, self._poll_s
                 )
-                if not records:
-                    continue
-                try:
-                    model.process_records(partition, records, self._decoder, generation=generation)
-                except StoreDamaged as damage:
-                    if model.set_asides >= MAX_SET_ASIDE:
-                        raise
-                    model.set_aside(damage, generation)
-        except BaseException as exc:
-            if not self._stopping.is_set():
-                log.error("read model: partition %d stopped following the log: %r", partition, exc)
-                self.errors[partition] = exc
+                if records:
+                    try:
+                        model.process_records(
+                            partition, records, self._decoder, generation=generation
+                        )
+                    except StoreDamaged as damage:
+                        if model.set_asides >= MAX_SET_ASIDE:
+                            raise
+                        model.set_aside(damage, generation)
+                failures = 0
+            except LogCorrupted as damage:  # the log failed itself: reading again cannot help
+                if not self._stopping.is_set():
+                    log.error("read model of partition %d stopped: %s", partition, damage)
+                return
+            except Exception as exc:
+                if self._stopping.is_set():
+                    return
+                failures += 1
+                delay = min(MAX_RETRY_S, RETRY_S * 2.0 ** (failures - 1))
+                if failures == 1:
+                    log.exception("read model of partition %d failed; retrying", partition)
+                else:
+                    log.error(
+                        "read model of partition %d failed again (%d in a row): %r",
+                        partition,
+                        failures,
+                        exc,
+                    )
+                if self._on_failed is not None:
+                    self._on_failed(partition, exc)
+                self._stopping.wait(delay)

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from core.ids import log_job_id
 from eventlog.port import partition_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,11 +47,12 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def job_ids(prefix: str, partition: int, count: int) -> list[str]:
-    """``count`` job ids that hash to ``partition``."""
+def job_ids(prefix: str, partition: int, count: int, tenant: str = "team-a") -> list[str]:
+    """``count`` ids of ``tenant``'s jobs that live on ``partition`` (routing is by the log's
+    id, which includes the tenant: core.ids)."""
     ids: list[str] = []
     for i in range(10_000):
-        if partition_for(f"{prefix}-{i}", PARTITIONS) == partition:
+        if partition_for(log_job_id(tenant, f"{prefix}-{i}"), PARTITIONS) == partition:
             ids.append(f"{prefix}-{i}")
             if len(ids) == count:
                 return ids

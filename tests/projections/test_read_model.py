@@ -10,6 +10,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,6 +29,7 @@ from core.commands import (
 from core.errors import InvalidDefinition, StoreDamaged, Unavailable
 from core.state import RunStatus
 from eventlog.embedded import EmbeddedLog
+from eventlog.port import Record
 from projections.decoding import EventDecoder, ForeignRecord
 from projections.read_model import MAX_LIMIT, ReadModel, ReadModelRunner
 from projections.views import RUN_STATES, Page, RunView
@@ -434,7 +436,11 @@ def test_runner_follows_every_partition_and_wait_for_returns_once_caught_up(
     sims = [busy_partition(30 + p, steps=150, partition=p, prefix=f"p{p}") for p in range(3)]
     log = EmbeddedLog.open(tmp_path / "log", 3)
     writers = Writers(log)
-    with ReadModel.open(tmp_path / "rm") as model, ReadModelRunner(log, model) as runner:
+    failed: list[BaseException] = []
+    with (
+        ReadModel.open(tmp_path / "rm") as model,
+        ReadModelRunner(log, model, on_failed=lambda p, e: failed.append(e)),
+    ):
         last: dict[int, int] = {}
         for p, sim in enumerate(sims):
             last[p] = writers.append(p, sim.log)[-1]
@@ -455,7 +461,7 @@ def test_runner_follows_every_partition_and_wait_for_returns_once_caught_up(
         paused = model.job("t1", "p1rollup")
         assert paused is not None and paused.status == "paused" and paused.version == 99
         assert not model.wait_for(2, offset + 10_000, timeout_s=0.05)
-        assert runner.errors == {}
+        assert failed == []
     writers.close()
     log.close()
 
@@ -468,16 +474,19 @@ def test_runner_follows_past_a_foreign_record_and_reports_it_once(tmp_path: Path
     writers = Writers(log)
     seen: list[ForeignRecord] = []
     decoder = EventDecoder("read_model", seen.append)
+    failed: list[BaseException] = []
     with (
         ReadModel.open(tmp_path / "rm") as model,
-        ReadModelRunner(log, model, decoder=decoder, poll_s=0.05) as runner,
+        ReadModelRunner(
+            log, model, decoder=decoder, poll_s=0.05, on_failed=lambda p, e: failed.append(e)
+        ),
     ):
         half = len(sim.log) // 2
         writers.append(0, sim.log[:half])
         [foreign] = writers.append(0, [b'{"job_id": "p0rollup", "payload": "from a target"}'])
         last = writers.append(0, sim.log[half:])[-1]
         assert model.wait_for(0, last, timeout_s=30)
-        assert runner.errors == {}
+        assert failed == []
         assert [(f.partition, f.offset) for f in seen] == [(0, foreign)]
         assert model.lag(log) == {0: 0, 1: 0}
         for job_id in run_ids_by_job(sim):
@@ -507,6 +516,40 @@ def test_dependants_follow_registration_update_and_cancel(model: ReadModel) -> N
     sim.do(CancelJob(job_id="load", tenant="t1"))
     feed(model, sim, start=start)
     assert model.dependants("t1", "b") == []
+
+
+def test_a_follower_that_fails_tries_again_and_catches_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim = busy_partition(5, steps=40, partition=0, prefix="p0")
+    log = EmbeddedLog.open(tmp_path / "log", 1)
+    writers = Writers(log)
+    last = writers.append(0, sim.log)[-1]
+    reads = 0
+
+    class Flaky:
+        """The log, whose first two reads fail as a disk or a broker might."""
+
+        num_partitions = 1
+
+        def read_events(self, *args: Any, **kw: Any) -> list[Record]:
+            nonlocal reads
+            reads += 1
+            if reads <= 2:
+                raise OSError("read failed")
+            return log.read_events(*args, **kw)
+
+    failed: list[BaseException] = []
+    with (
+        ReadModel.open(tmp_path / "rm") as model,
+        ReadModelRunner(Flaky(), model, on_failed=lambda p, e: failed.append(e)),  # type: ignore[arg-type]
+    ):
+        assert model.wait_for(0, last, timeout_s=30)
+    assert [type(e) for e in failed] == [OSError, OSError]
+    loud = [r for r in caplog.records if "read model of partition 0 failed" in r.getMessage()]
+    assert len(loud) == 2 and loud[0].exc_info and not loud[1].exc_info
+    writers.close()
+    log.close()
 
 
 # -- damage ---------------------------------------------------------------------------------------
@@ -558,10 +601,11 @@ def test_a_query_that_finds_the_model_damaged_sets_it_aside_and_it_is_rebuilt(
             for i in range(BULK):
                 model.job("t1", f"bulk-{i}")
         assert model.set_asides == 1 and model.positions() == {}
-        with ReadModelRunner(log, model) as runner:
+        failed: list[BaseException] = []
+        with ReadModelRunner(log, model, on_failed=lambda p, e: failed.append(e)):
             assert model.wait_for(0, last, timeout_s=30)
             assert _listed(model) == everything
-            assert runner.errors == {}
+        assert failed == []
     [aside] = sorted((tmp_path / "data").glob("read_model.damaged-*"))
     assert (aside / damaged.name).exists()
     [line] = [r.getMessage() for r in caplog.records]
@@ -575,7 +619,11 @@ def test_a_fold_that_finds_the_model_damaged_sets_it_aside_and_folds_again(
 ) -> None:
     log, writers, _ = _bulk_log(tmp_path)
     corruption.damage(tmp_path / "data" / "read_model")
-    with ReadModel.open(tmp_path / "data") as model, ReadModelRunner(log, model) as runner:
+    failed: list[BaseException] = []
+    with (
+        ReadModel.open(tmp_path / "data") as model,
+        ReadModelRunner(log, model, on_failed=lambda p, e: failed.append(e)),
+    ):
         # Every job's record is read to fold its pause, the damaged ones among them.
         paused = [
             ev.encode(ev.JobPaused(at=T0 + 1, job_id=f"bulk-{i}", tenant="t1", version=2))
@@ -583,7 +631,7 @@ def test_a_fold_that_finds_the_model_damaged_sets_it_aside_and_folds_again(
         ]
         last = writers.append(0, paused)[-1]
         assert model.wait_for(0, last, timeout_s=30)
-        assert model.set_asides == 1 and runner.errors == {}
+        assert model.set_asides == 1 and failed == []
         page = model.jobs("t1", status="paused", limit=MAX_LIMIT)
         assert len(page.items) == BULK
     writers.close()
