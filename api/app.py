@@ -48,6 +48,7 @@ from api.runs import (
 )
 from api.scheduler import Scheduler, Unavailable
 from api.wire import Health
+from core.egress import EgressPolicy
 
 # -- service -----------------------------------------------------------------------------------
 
@@ -115,12 +116,19 @@ def create_app(
     *,
     metrics: Metrics | None = None,
     metrics_token: str | None = None,
+    egress: EgressPolicy | None = None,
 ) -> Starlette:
     """The API over ``scheduler``; ``tokens`` maps each bearer token to its tenant.
 
     With ``metrics``, ``GET /metrics`` serves them to requests bearing ``metrics_token``.
+    ``egress`` is the operator's policy a job's target must pass to be registered (the node's
+    executors apply it again at each call); by default, the public internet only.
     """
-    state = {"scheduler": scheduler, "tokens": Tokens(tokens)}
+    state = {
+        "scheduler": scheduler,
+        "tokens": Tokens(tokens),
+        "egress": egress if egress is not None else EgressPolicy(),
+    }
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:

@@ -33,6 +33,7 @@ from api.wire import (
 )
 from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
 from core.cron import CronSchedule
+from core.egress import EgressPolicy
 from core.errors import Conflict, InvalidDefinition
 from core.events import JobRegistered, JobUpdated
 from core.ids import team_id
@@ -42,6 +43,14 @@ from projections.views import JOB_STATUSES, JobView
 MAX_PREVIEW = 100
 
 # -- jobs --------------------------------------------------------------------------------------
+
+
+def within_egress(request: Request, spec: JobSpec) -> JobSpec:
+    """``spec``, if its target is within the operator's egress policy (else a 422 naming
+    ``target``): a refused target is never written to the log."""
+    policy: EgressPolicy = request.state.egress
+    policy.check_target(spec.tenant, spec.target)
+    return spec
 
 
 async def create_job(request: Request) -> Response:
@@ -56,7 +65,7 @@ async def create_job(request: Request) -> Response:
         job_id = call.job_id(job_id_for_key(call.tenant, body.idempotency_key))
     else:
         job_id = call.job_id(random_job_id())
-    spec = spec_of(body, call.tenant, scope=call.job_id)
+    spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
     # create_only: a repeat with the same body changes nothing, another body is a conflict
     events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
     created = any(isinstance(e, JobRegistered) for e in events)
@@ -68,7 +77,7 @@ async def put_job(request: Request) -> Response:
     validate_job_id(request.path_params["job_id"])
     job_id = call.job_id(request.path_params["job_id"])
     body = await decode(request, JobFields)
-    spec = spec_of(body, call.tenant, scope=call.job_id)
+    spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
     expected = expected_version(request)
     events = await call.scheduler.execute(
         PutJob(job_id=job_id, spec=spec, expected_version=expected)
@@ -110,7 +119,9 @@ async def patch_job(request: Request) -> Response:
             f"job {team_id(job_id)} is at version {view.version}, not {expected}"
         )
     if _changes_definition(body):
-        spec = spec_of(body, call.tenant, base=view.spec, scope=call.job_id)
+        spec = within_egress(
+            request, spec_of(body, call.tenant, base=view.spec, scope=call.job_id)
+        )
         # The merge read view.spec: writing it back is conditional on nothing having changed since.
         events = await call.scheduler.execute(
             PutJob(job_id=job_id, spec=spec, expected_version=view.version)

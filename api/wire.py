@@ -21,9 +21,17 @@ from core.jobs import Backoff, MisfirePolicy, OverlapPolicy, Target
 # -- requests ----------------------------------------------------------------------------------
 
 
+class SecretRefIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A header value the node reads from its secrets directory at each call
+    (``{"from_file": "name"}``), so the credential is never written into the log."""
+
+    from_file: str | UnsetType = UNSET
+    from_env: str | UnsetType = UNSET  # refused with a reason: see api/translate.py
+
+
 class HttpTargetIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="http"):
     url: str
-    headers: dict[str, str] = {}
+    headers: dict[str, str | SecretRefIn] = {}
     max_calls_per_sec: float | None = None  # the team's calls to the URL's origin share it
 
 

@@ -1,6 +1,7 @@
 """The ``cronlog`` command: run a node, or talk to one.
 
     cronlog serve [--data-dir DIR] [--host 127.0.0.1] [--port 8080] [--partitions 8]
+    cronlog serve --allow-targets 127.0.0.0/8               # let jobs call this machine
     cronlog serve --kafka HOST:PORT [--node-id ID]          # join a cluster
     cronlog jobs create --name N (--schedule CRON | --run-at TIME | --every SEC) --target URL
     cronlog jobs list | get ID | pause ID | resume ID | cancel ID
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from core.egress import EgressPolicy
     from eventlog.port import EventLog
     from node.node import Node
 
@@ -108,6 +110,64 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="start without reading the whole embedded log first (every read still checks"
         " what it reads; the full check takes about 0.6 s per million records)",
+    )
+    egress = serve.add_argument_group(
+        "egress policy", "where jobs' targets may call (docs/security.md)"
+    )
+    egress.add_argument(
+        "--allow-targets",
+        action="append",
+        default=[],
+        metavar="LIST",
+        help="addresses, CIDR ranges, host names or *.patterns (each with an optional :PORT)"
+        " that targets may reach beyond the public internet, e.g. 127.0.0.0/8 or"
+        " 10.1.0.0/16,*.svc.internal; by default loopback, private and link-local ranges are"
+        " refused",
+    )
+    egress.add_argument(
+        "--deny-targets",
+        action="append",
+        default=[],
+        metavar="LIST",
+        help="entries as for --allow-targets that targets may never reach (before any allow);"
+        " cloud metadata and this node's own API are always refused",
+    )
+    egress.add_argument(
+        "--allow-topics",
+        action="append",
+        default=[],
+        metavar="TEAM=PREFIX,...",
+        help="kafka:// topics a team may produce to, by prefix (TEAM * is every team; {tenant}"
+        " in PREFIX is the team's name; PREFIX * is any topic); none by default, and never the"
+        " cluster's own topics or Kafka's __ ones",
+    )
+    egress.add_argument(
+        "--egress-config",
+        type=Path,
+        metavar="FILE",
+        help="the same settings in a TOML file (allow_targets, deny_targets, allow_topics,"
+        " error_excerpt_bytes); the command line's entries are added to the file's",
+    )
+    egress.add_argument(
+        "--error-excerpt-bytes",
+        type=int,
+        metavar="N",
+        help="how much of a failing target's answer a team reads in run.error (default 200,"
+        " at most 1024; 0 shows the status only)",
+    )
+    egress.add_argument(
+        "--secrets-dir",
+        type=Path,
+        metavar="DIR",
+        help='where header secret references ({"from_file": NAME}) are read:'
+        " DIR/TEAM/NAME (default: the data directory's secrets/)",
+    )
+    egress.add_argument(
+        "--target-kafka-config",
+        type=Path,
+        metavar="FILE",
+        help="librdkafka settings for the producer of kafka:// targets only (default:"
+        " --kafka-config); give it credentials whose ACLs deny the cluster's own topics",
     )
     serve.add_argument("--log-level", default="info")
 
@@ -190,8 +250,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     from api.app import create_app
     from eventlog.embedded import EmbeddedLog
-    from node.executors import Executors
+    from node.executors import DEFAULT_ERROR_EXCERPT, Executors
     from node.node import Node
+    from node.secrets import Secrets
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -204,6 +265,12 @@ def _serve(args: argparse.Namespace) -> int:
     tokens = load_tokens(data_dir)
 
     kafka_config = read_kafka_config(args.kafka_config) if args.kafka_config else {}
+    target_kafka_config = target_producer_config(args.target_kafka_config, kafka_config)
+    egress, excerpt = load_egress(args)
+    secrets_dir = args.secrets_dir or data_dir / "secrets"
+    if args.secrets_dir is None and not secrets_dir.exists():
+        secrets_dir.mkdir()
+        secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
     log_: EventLog
     if args.kafka:
         from confluent_kafka import KafkaException
@@ -241,10 +308,19 @@ def _serve(args: argparse.Namespace) -> int:
             max_in_flight=args.max_calls,
             max_in_flight_per_tenant=args.max_calls_per_team,
             kafka_bootstrap=target_kafka,
-            kafka_config=kafka_config,
+            kafka_config=target_kafka_config,
+            egress=egress,
+            secrets=Secrets(secrets_dir),
+            error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
         ),
     )
-    app = create_app(node, tokens, metrics=node.metrics, metrics_token=load_metrics_token(data_dir))
+    app = create_app(
+        node,
+        tokens,
+        metrics=node.metrics,
+        metrics_token=load_metrics_token(data_dir),
+        egress=egress,
+    )
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on"
     )
@@ -260,6 +336,13 @@ def _serve(args: argparse.Namespace) -> int:
     # loaded what lives as long as the node, keep the collector off it.
     gc.set_threshold(50_000, 20, 20)
     threading.Thread(target=_freeze_when_ready, args=(node,), daemon=True).start()
+    print(f"cronlog: {egress.describe()}", flush=True)
+    if args.kafka and target_kafka == args.kafka and args.target_kafka_config is None:
+        print(
+            "cronlog: kafka:// targets are produced with the cluster's own credentials; give"
+            " them their own (--target-kafka-config) whose ACLs deny the cluster's topics",
+            flush=True,
+        )
     print(
         f"cronlog {args.node_id} serving on http://{args.host}:{args.port} "
         f"({'kafka ' + args.kafka if args.kafka else 'embedded log in ' + str(data_dir)})",
@@ -328,7 +411,11 @@ def load_tokens(data_dir: Path) -> dict[str, str]:
 def read_kafka_config(path: Path) -> dict[str, str]:
     """``key=value`` lines (blank lines and ``#`` comments ignored), as librdkafka settings."""
     settings: dict[str, str] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        sys.exit(f"cronlog: cannot read {path}: {e.strerror or e}")
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -337,6 +424,39 @@ def read_kafka_config(path: Path) -> dict[str, str]:
             sys.exit(f"cronlog: {path}:{n}: expected key=value")
         settings[key.strip()] = value.strip()
     return settings
+
+
+def target_producer_config(path: Path | None, cluster: dict[str, str]) -> dict[str, str]:
+    """The settings of the producer for ``kafka://`` targets: its own file's when given, none of
+    the cluster's (whose credentials may write the cluster's own topics); else the cluster's."""
+    return read_kafka_config(path) if path is not None else cluster
+
+
+def load_egress(args: argparse.Namespace) -> tuple[EgressPolicy, int | None]:
+    """The node's egress policy from ``--egress-config`` and the command line, and the error
+    excerpt size if one was set; a bad entry ends the command with a message naming it."""
+    from node.egress import policy_from, read_config
+    from node.executors import MAX_ERROR_EXCERPT
+
+    try:
+        config = read_config(args.egress_config) if args.egress_config else {}
+        policy = policy_from(
+            config,
+            allow=args.allow_targets,
+            deny=args.deny_targets,
+            topics=args.allow_topics,
+            api_port=args.port,
+            kafka_bootstrap=[args.kafka] if args.kafka else [],
+            topic_prefix=args.topic_prefix,
+        )
+    except (OSError, ValueError) as e:
+        sys.exit(f"cronlog: egress policy: {e}")
+    excerpt = args.error_excerpt_bytes
+    if excerpt is None:
+        excerpt = config.get("error_excerpt_bytes")
+    if excerpt is not None and not 0 <= excerpt <= MAX_ERROR_EXCERPT:
+        sys.exit(f"cronlog: --error-excerpt-bytes must be between 0 and {MAX_ERROR_EXCERPT}")
+    return policy, excerpt
 
 
 def load_metrics_token(data_dir: Path) -> str:

@@ -61,3 +61,10 @@ class LogCorrupted(CronlogError):
 class StoreDamaged(CronlogError):
     """A store derived from the log (a partition's state store, the read model) cannot be
     read back as it was written. It is set aside and rebuilt from the log."""
+
+
+class EgressDenied(InvalidDefinition):
+    """A target outside the operator's egress policy (``core/egress.py``)."""
+
+    def __init__(self, reason: str, field: str = "target") -> None:
+        super().__init__(field, f"egress policy: {reason}")

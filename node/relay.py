@@ -54,9 +54,17 @@ class DependencyRelay:
 
     def stop(self) -> None:
         if self._thread.is_alive():
+            # Relays still retrying are dropped: a new owner relays recent successes again.
+            asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop).result(10)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
         self._loop.close()
+
+    async def _cancel_all(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def appended(
         self, partition: int, offsets: Sequence[int], events: Sequence[ev.AnyEvent]

@@ -107,6 +107,9 @@ class NodeProcess:
             "1",
             "--min-insync-replicas",
             "1",
+            # The recording targets run on loopback, which the egress policy refuses unless told.
+            "--allow-targets",
+            "127.0.0.0/8",
         ]
         env = {**os.environ, "CRONLOG_TOKENS": TOKENS, "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as log:
