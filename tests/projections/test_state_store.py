@@ -79,9 +79,9 @@ def save_in_batches(
 def ready_entries(state: PartitionState) -> dict[str, list[tuple[int, int, str, int]]]:
     """The ready index without stale entries, in claim order."""
     return {
-        pool: sorted(e for e in heap if state.is_ready_entry_live(e))
+        pool: sorted({e for e in heap if state.is_ready_entry_live(e, pool)})
         for pool, heap in state.ready.items()
-        if any(state.is_ready_entry_live(e) for e in heap)
+        if any(state.is_ready_entry_live(e, pool) for e in heap)
     }
 
 
