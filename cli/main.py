@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the tenants' quotas and request rates: a TOML file with [defaults] and"
         " [tenants.NAME] tables (see docs/security.md); without it every tenant gets the"
         " built-in defaults",
+    )
+    serve.add_argument(
+        "--skip-log-check",
+        action="store_true",
+        help="start without reading the whole embedded log first (every read still checks"
+        " what it reads; the full check takes about 0.6 s per million records)",
     )
     egress = serve.add_argument_group(
         "egress policy", "where jobs' targets may call (docs/security.md)"
@@ -220,10 +227,39 @@ def main(argv: list[str] | None = None) -> int:
 # -- serve ---------------------------------------------------------------------------------------
 
 
+EXIT_FAILED = 1  # could not start, or stopped on an error
+EXIT_LOG_DAMAGED = 3  # the log is damaged: the node refused to start, or stopped
+
+DAMAGED_HINT = "the node will not run on a damaged log; see docs/operations.md, 'A damaged log'"
+
+
 def serve_command(args: argparse.Namespace) -> int:
+    """``cronlog serve``; a failure to start (or a damaged log) is one line on stderr, not a
+    traceback (``--log-level debug`` logs the traceback too)."""
+    from core.errors import CronlogError, LogCorrupted
+
+    log = logging.getLogger("cronlog")
+    try:
+        return _serve(args)
+    except LogCorrupted as e:
+        log.debug("the log is damaged", exc_info=True)
+        print(f"cronlog: {e}\ncronlog: {DAMAGED_HINT}", file=sys.stderr, flush=True)
+        return EXIT_LOG_DAMAGED
+    except (CronlogError, OSError, ValueError) as e:
+        log.debug("cannot start", exc_info=True)
+        print(f"cronlog: cannot start: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except Exception as e:  # rocksdict raises bare Exceptions with RocksDB's status text
+        log.debug("cannot start", exc_info=True)
+        print(f"cronlog: cannot start: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+
+
+def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from eventlog.embedded import EmbeddedLog
     from node.executors import DEFAULT_ERROR_EXCERPT, Executors
     from node.node import Node
     from node.secrets import Secrets
@@ -231,8 +267,11 @@ def serve_command(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Everything the node writes (the log, the stores, tokens, and the files RocksDB makes on
+    # its own) is its owner's alone, whatever umask the node was started with.
+    os.umask(0o077)
     data_dir: Path = args.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(data_dir)
     tokens = load_tokens(data_dir)
     limits = load_limits(args.limits)
 
@@ -263,9 +302,13 @@ def serve_command(args: argparse.Namespace) -> int:
             sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")
         target_kafka = args.target_kafka or args.kafka
     else:
-        from eventlog.embedded import EmbeddedLog
-
         log_ = EmbeddedLog.open(data_dir / "log", _stored_partitions(data_dir, args.partitions))
+        if not args.skip_log_check:
+            try:
+                _check_log(log_)
+            except BaseException:
+                log_.close()
+                raise
         target_kafka = args.target_kafka
     node = Node(
         log_,
@@ -294,6 +337,12 @@ def serve_command(args: argparse.Namespace) -> int:
         app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on"
     )
     server = uvicorn.Server(config)
+    damaged: list[BaseException] = []
+    if isinstance(log_, EmbeddedLog):
+        # A read that finds damage later stops the node: nothing is served from a damaged log.
+        threading.Thread(
+            target=_stop_on_damage, args=(log_, server, damaged), name="log-watch", daemon=True
+        ).start()
     node.start()
     # Let allocation bursts (a midnight herd) run between collections, and once recovery has
     # loaded what lives as long as the node, keep the collector off it.
@@ -318,9 +367,42 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         server.run()
     finally:
-        node.stop(drain_s=args.drain_sec)
+        # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
+        node.stop(drain_s=0 if damaged else args.drain_sec)
         log_.close()
+    if damaged:
+        raise damaged[0]
     return 0
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) readable by its owner only; an existing one that
+    others can read is used as it is, with a warning (it is the operator's to change)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        logging.getLogger("cronlog").warning(
+            "data directory %s is readable by others (mode %o); chmod 700 it", path, mode
+        )
+
+
+def _check_log(log_: Any) -> None:
+    """Read the whole embedded log once before serving anything from it (``--skip-log-check``
+    skips this; reads still check what they read)."""
+    started = time.monotonic()
+    records = log_.verify()
+    logging.getLogger("cronlog").info(
+        "checked the event log: %d records in %.2f s", records, time.monotonic() - started
+    )
+
+
+def _stop_on_damage(log_: Any, server: Any, damaged: list[BaseException]) -> None:
+    """Wait for a read to find the log damaged; then stop serving (``serve`` exits 3)."""
+    damage = log_.wait_damaged()
+    if damage is None:
+        return
+    damaged.append(damage)
+    server.should_exit = True
 
 
 def load_tokens(data_dir: Path) -> dict[str, str]:
@@ -436,7 +518,10 @@ def _stored_partitions(data_dir: Path, requested: int) -> int:
     """The partition count is the log's for life: the first start records it."""
     marker = data_dir / "partitions"
     if marker.exists():
-        return int(marker.read_text().strip())
+        text = marker.read_text().strip()
+        if not text.isascii() or not text.isdigit():
+            raise ValueError(f"{marker} should hold the log's partition count, not {text[:20]!r}")
+        return int(text)
     marker.write_text(f"{requested}\n")
     return requested
 

@@ -68,7 +68,13 @@ def _ready_timer(state: PartitionState, run: RunState) -> list[TimerChange]:
 def timers_after(state: PartitionState, event: AnyEvent) -> list[TimerChange]:
     """The timer changes ``event`` calls for; ``state`` has already folded it."""
     match event:
-        case JobRegistered() | JobUpdated() | JobResumed() | RunSkipped():
+        case JobUpdated():
+            # A new target may move its pending runs between the executors and a pool.
+            changes = [_slot_timer(state, event.job_id)]
+            for run_id in state.jobs[event.job_id].live:
+                changes += _ready_timer(state, state.runs[run_id])
+            return changes
+        case JobRegistered() | JobResumed() | RunSkipped():
             return [_slot_timer(state, event.job_id)]
         case JobPaused() | JobCancelled():
             return [(("slot", event.job_id), None)]

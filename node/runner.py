@@ -42,11 +42,12 @@ from dataclasses import dataclass
 from core import events as ev
 from core.clock import Clock
 from core.commands import AnyCommand, StartRun
-from core.errors import CronlogError, Fenced, Unavailable
+from core.errors import CronlogError, Fenced, LogCorrupted, Unavailable
 from core.events import AnyEvent
 from core.partition import Partition
 from core.state import PartitionState, RunState, RunStatus
 from eventlog.port import EventLog, PartitionWriter
+from projections.decoding import EventDecoder
 from projections.state_store import StateStore, catch_up
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class PartitionRunner:
         on_appended: Callable[[int, list[int], list[AnyEvent]], None] | None = None,
         on_recovered: Callable[[int], None] | None = None,
         on_failed: Callable[[int, BaseException], None] | None = None,
+        decoder: EventDecoder | None = None,
     ) -> None:
         self.partition = partition
         self._log = log_
@@ -123,6 +125,7 @@ class PartitionRunner:
         self._on_appended = on_appended
         self._on_recovered = on_recovered
         self._on_failed = on_failed
+        self._decoder = decoder
         self._inbox: deque[Request] = deque()
         self._cv = threading.Condition()
         self._stopped = False
@@ -197,7 +200,7 @@ class PartitionRunner:
         self.deciding.clear()
         if self._store is None:
             self._store = self._open_store()
-        state = catch_up(self._store, self._log, self.partition)
+        state = catch_up(self._store, self._log, self.partition, decoder=self._decoder)
         self.core = Partition(self.partition, self._clock.now_ms(), state)
         self.deciding.set()
         if self._on_recovered is not None:
@@ -214,6 +217,9 @@ class PartitionRunner:
                 except Fenced:
                     self.fenced = True
                     log.warning("partition %d: fenced, another node owns it now", self.partition)
+                    return
+                except LogCorrupted as damage:  # the log failed itself: recovering cannot help
+                    log.error("partition %d: runner stopped: %s", self.partition, damage)
                     return
                 except Exception as err:
                     self._failed(err)
