@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.ids import log_job_id
-from eventlog.port import partition_for
-from tests.cluster.nodes import PARTITIONS, Cluster, NodeProcess
+from tests.cluster.nodes import PARTITIONS, Cluster, NodeProcess, job_ids
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +22,6 @@ def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 20.0) ->
     while not check():
         assert time.monotonic() < deadline, what
         time.sleep(0.05)
-
-
-def team_a_ids(prefix: str, partition: int, count: int) -> list[str]:
-    """``count`` of team-a's job ids on ``partition`` (which hashes the log's id)."""
-    ids = [f"{prefix}-{i}" for i in range(10_000)]
-    on = [i for i in ids if partition_for(log_job_id("team-a", i), PARTITIONS) == partition]
-    return on[:count]
 
 
 def jobs_seen(node: NodeProcess, status: str = "active") -> int:
@@ -46,7 +37,7 @@ def test_a_teams_jobs_through_both_nodes_count_toward_one_quota(
     cluster = Cluster(kafka_bootstrap, tmp_path, serve_args=("--limits", str(limits)))
     try:
         n1, n2 = cluster.start("n1", "n2")
-        ids = [team_a_ids("quota", p, 2) for p in range(PARTITIONS)]  # two per partition
+        ids = [job_ids("quota", p, 2) for p in range(PARTITIONS)]  # two per partition
         # One job on every partition, half asked of each node (so some travel to the owner).
         for p, pair in enumerate(ids):
             node = n1 if p % 2 else n2
