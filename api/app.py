@@ -26,6 +26,7 @@ from api import openapi
 from api.auth import Tokens
 from api.edge import edge_state, json_response
 from api.errors import EXCEPTION_HANDLERS, unauthorized
+from api.held import Held
 from api.jobs import (
     create_job,
     delete_job,
@@ -143,6 +144,7 @@ def create_app(
         "scheduler": scheduler,
         "tokens": Tokens(tokens),
         "quota": JobQuota(),
+        "held": Held(),
         **edge_state(limits, clock),
         "egress": egress if egress is not None else EgressPolicy(),
     }

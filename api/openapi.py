@@ -174,7 +174,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(404, 409, 503),
     ),
     ("POST", "/v1/workers/claim"): Operation(
-        "Lease up to limit ready runs of a pull pool",
+        "Lease up to limit ready runs of a pull pool; with wait_sec, wait up to that long for"
+        " one (long polling: answered as soon as a run is ready)",
         response=wire.ClaimOut,
         request=wire.ClaimIn,
         errors=(503,),
@@ -202,7 +203,7 @@ _EXAMPLES: dict[type, dict[str, Any]] = {
     wire.JobDefinition: _EXAMPLE_JOB,
     wire.JobPatch: {"status": "paused"},
     wire.SchedulePreviewIn: {"schedule": "30 1 * * *", "timezone": "America/New_York", "n": 5},
-    wire.ClaimIn: {"pool": "reports", "worker_id": "worker-1", "limit": 10},
+    wire.ClaimIn: {"pool": "reports", "worker_id": "worker-1", "limit": 10, "wait_sec": 20},
 }
 
 

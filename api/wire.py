@@ -42,6 +42,7 @@ MAX_RETRY_AFTER_SEC = 7 * DAY_SEC
 MAX_PREVIEW = 100
 MAX_IDEMPOTENCY_KEY = 256
 MAX_ERROR_CHARS = 8192  # of a worker's error text, the run keeps this much
+MAX_CLAIM_WAIT_SEC = 30.0  # the longest a claim long-polls (``wait_sec``)
 
 JobId = Annotated[str, Meta(pattern=JOB_ID.pattern)]
 Instant = Annotated[str, Meta(pattern=RFC3339, examples=["2026-11-29T09:00:00Z"])]
@@ -159,6 +160,9 @@ class ClaimIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     pool: Annotated[str, Meta(pattern=POOL.pattern)]
     worker_id: Annotated[str, Meta(min_length=1, max_length=128)]
     limit: Annotated[int, Meta(ge=1, le=MAX_CLAIM)] = 1
+    # Long polling: with no run ready, answer as soon as one is (or after this many seconds,
+    # with none); 0 answers at once.
+    wait_sec: Annotated[float, Meta(ge=0, le=MAX_CLAIM_WAIT_SEC)] = 0.0
 
 
 FencingToken = Annotated[int, Meta(ge=0, le=INT64_MAX)]

@@ -1,0 +1,2 @@
+"""cronlog's client SDK."""
+__version__ = "0.1.0"
