@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.edge import (
+    Call,
     authenticate,
     decode,
     expected_version,
@@ -21,7 +22,14 @@ from api.edge import (
 )
 from api.instants import parse_rfc3339, to_local, to_rfc3339
 from api.quota import JobQuota, check_definition
-from api.translate import job_id_for_key, job_out, random_job_id, run_out, spec_of
+from api.translate import (
+    check_five_fields,
+    job_id_for_key,
+    job_out,
+    random_job_id,
+    run_out,
+    spec_of,
+)
 from api.wire import (
     MAX_PREVIEW,
     FireTime,
@@ -35,7 +43,7 @@ from api.wire import (
     SchedulePreviewIn,
 )
 from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
-from core.cron import CronSchedule
+from core.cron import CronSchedule, split_seconds, with_seconds
 from core.egress import EgressPolicy
 from core.errors import Conflict, InvalidDefinition
 from core.events import JobRegistered, JobUpdated
@@ -44,6 +52,29 @@ from core.jobs import JobSpec, next_slot, validate_job_id
 from projections.views import JOB_STATUSES, JobView
 
 # -- jobs --------------------------------------------------------------------------------------
+
+
+PAST_TOLERANCE_MS = 60_000  # clocks differ and requests take time: "now" is not the past
+
+
+def not_past(call: Call, fields: JobFields, spec: JobSpec, existing: JobSpec | None) -> None:
+    """Refuse a ``run_at`` or ``end_at`` that has passed (a job that runs at once, or never),
+    unless ``allow_past`` asks for it; one the job already had is not asked about again."""
+    if fields.allow_past is True:
+        return
+    now = call.scheduler.now_ms()
+    for name in ("run_at", "end_at"):
+        at = getattr(spec, name)
+        if at is None or at >= now - PAST_TOLERANCE_MS:
+            continue
+        if existing is not None and getattr(existing, name) == at:
+            continue
+        then = "run at once" if name == "run_at" else "never run again"
+        raise InvalidDefinition(
+            name,
+            f"{to_rfc3339(at)} has passed, so the job would {then}; send"
+            ' "allow_past": true if that is what you want',
+        )
 
 
 def within_egress(request: Request, spec: JobSpec) -> JobSpec:
@@ -68,6 +99,7 @@ async def create_job(request: Request) -> Response:
         job_id = call.job_id(random_job_id())
     spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
     existing = call.scheduler.history.job(call.tenant, job_id)
+    not_past(call, body, spec, existing.spec if existing else None)
     check_definition(call, job_id, spec, existing.spec if existing else None)
     quota: JobQuota = request.state.quota
     with quota.admit(call, job_id):
@@ -85,6 +117,7 @@ async def put_job(request: Request) -> Response:
     spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
     expected = expected_version(request)
     existing = call.scheduler.history.job(call.tenant, job_id)
+    not_past(call, body, spec, existing.spec if existing else None)
     check_definition(call, job_id, spec, existing.spec if existing else None)
     quota: JobQuota = request.state.quota
     with quota.admit(call, job_id):
@@ -114,7 +147,9 @@ async def list_jobs(request: Request) -> Response:
 
 
 def _changes_definition(body: JobPatch) -> bool:
-    return any(getattr(body, f) is not UNSET for f in JobFields.__struct_fields__)
+    return any(
+        getattr(body, f) is not UNSET for f in JobFields.__struct_fields__ if f != "allow_past"
+    )
 
 
 async def patch_job(request: Request) -> Response:
@@ -124,13 +159,10 @@ async def patch_job(request: Request) -> Response:
     expected = expected_version(request, None if body.version is UNSET else body.version)
     view = job_view(call, job_id)
     if expected is not None and expected != view.version:
-        raise Conflict(
-            f"job {team_id(job_id)} is at version {view.version}, not {expected}"
-        )
+        raise Conflict(f"job {team_id(job_id)} is at version {view.version}, not {expected}")
     if _changes_definition(body):
-        spec = within_egress(
-            request, spec_of(body, call.tenant, base=view.spec, scope=call.job_id)
-        )
+        spec = within_egress(request, spec_of(body, call.tenant, base=view.spec, scope=call.job_id))
+        not_past(call, body, spec, view.spec)
         check_definition(call, job_id, spec, view.spec)
         # The merge read view.spec: writing it back is conditional on nothing having changed since.
         events = await call.scheduler.execute(
@@ -202,10 +234,12 @@ async def preview_job(request: Request) -> Response:
     n = query_int(request, 10, MAX_PREVIEW, "n")
     spec: JobSpec = view.spec
     fires = _fire_times(view, call.scheduler.now_ms(), n)
+    schedule, seconds = (None, None) if spec.schedule is None else split_seconds(spec.schedule)
     return json_response(
         PreviewOut(
-            job_id=view.job_id,
-            schedule=spec.schedule,
+            job_id=team_id(view.job_id),
+            schedule=schedule,
+            seconds=seconds,
             timezone=spec.timezone,
             fires=_preview(spec.timezone, fires),
         )
@@ -215,12 +249,15 @@ async def preview_job(request: Request) -> Response:
 async def preview_schedule(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, SchedulePreviewIn)
-    schedule = CronSchedule.parse(body.schedule, body.timezone)
+    check_five_fields(body.schedule)
+    schedule = CronSchedule.parse(with_seconds(body.schedule, body.seconds), body.timezone)
     after = call.scheduler.now_ms() if body.after is None else parse_rfc3339(body.after, "after")
     fires = schedule.preview(after, body.n)
+    five, seconds = split_seconds(schedule.expression)
     return json_response(
         PreviewOut(
-            schedule=schedule.expression,
+            schedule=five,
+            seconds=seconds,
             timezone=body.timezone,
             fires=_preview(body.timezone, fires),
         )

@@ -164,16 +164,14 @@ def _key_index(job_id: str, idempotency_key: str) -> bytes:
 
 
 def _status(job: _JobRecord) -> JobStatusName:
-    """``finished``: a one-shot or dependency job that ran, with no next slot and nothing live."""
+    """``finished``: nothing live and no next slot, for a one-shot or dependency job that ran,
+    or a recurring job whose ``end_at`` came."""
     spec = job.view.spec
-    if (
-        job.base == "active"
-        and not spec.recurring
-        and job.view.next_slot is None
-        and job.live == 0
-        and job.runs > 0
-    ):
-        return "finished"
+    if job.base == "active" and job.view.next_slot is None and job.live == 0:
+        if spec.recurring and spec.end_at is not None:
+            return "finished"
+        if not spec.recurring and job.runs > 0:
+            return "finished"
     return job.base
 
 
