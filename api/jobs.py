@@ -20,6 +20,7 @@ from api.edge import (
     query_choice,
     query_int,
 )
+from api.errors import bad_request
 from api.instants import parse_rfc3339, to_local, to_rfc3339
 from api.quota import JobQuota, check_definition
 from api.translate import (
@@ -32,6 +33,7 @@ from api.translate import (
 )
 from api.wire import (
     MAX_PREVIEW,
+    MAX_SLOTS,
     FireTime,
     JobDefinition,
     JobFields,
@@ -41,14 +43,17 @@ from api.wire import (
     PreviewOut,
     RunPage,
     SchedulePreviewIn,
+    SlotOut,
+    SlotsOut,
 )
 from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
 from core.cron import CronSchedule, split_seconds, with_seconds
+from core.decide import run_id_of
 from core.egress import EgressPolicy
 from core.errors import Conflict, InvalidDefinition
 from core.events import JobRegistered, JobUpdated
 from core.ids import team_id
-from core.jobs import JobSpec, next_slot, validate_job_id
+from core.jobs import JobSpec, next_slot, slots_between, validate_job_id
 from projections.views import JOB_STATUSES, JobView
 
 # -- jobs --------------------------------------------------------------------------------------
@@ -221,6 +226,48 @@ def _fire_times(view: JobView, after: int, n: int) -> list[int]:
             slot = next_slot(spec, slot, anchor)
         return fires
     return [view.next_slot] if view.next_slot is not None else []
+
+
+def _anchor(view: JobView) -> int:
+    """An interval job's grid: its next slot lies on it, else its start, else its creation."""
+    return next(t for t in (view.next_slot, view.spec.start_at, view.created_at) if t is not None)
+
+
+async def job_slots(request: Request) -> Response:
+    """The job's schedule's slots in ``[from, to]``, each with its run's state: what a backfill
+    of that range would trigger (the slots that have come and have no run)."""
+    call = authenticate(request)
+    job_id = call.job_id(request.path_params["job_id"])
+    view = job_view(call, job_id)
+    limit = query_int(request, MAX_SLOTS, MAX_SLOTS)
+    start, end = (parse_rfc3339(_required(request, name), name) for name in ("from", "to"))
+    if end < start:
+        raise InvalidDefinition("to", "must not be before from")
+    if not view.spec.recurring:
+        raise InvalidDefinition(
+            "job_id", "the job has no schedule (a one-shot or dependency-triggered job)"
+        )
+    slots = slots_between(view.spec, start - 1, end, _anchor(view), limit + 1)
+    now = call.scheduler.now_ms()
+    out = []
+    for slot in slots[:limit]:
+        run = call.scheduler.history.run(call.tenant, run_id_of(job_id, slot))
+        out.append(
+            SlotOut(
+                scheduled_for=to_rfc3339(slot),
+                run_id=team_id(run_id_of(job_id, slot)),
+                state=None if run is None else run.state,
+                due=slot <= now,
+            )
+        )
+    return json_response(SlotsOut(job_id=team_id(job_id), slots=out, more=len(slots) > limit))
+
+
+def _required(request: Request, name: str) -> str:
+    value = request.query_params.get(name)
+    if value is None:
+        raise bad_request(name, "is required")
+    return value
 
 
 def _preview(timezone: str, fires: list[int]) -> list[FireTime]:

@@ -26,6 +26,7 @@ from core.commands import AnyCommand
 from core.errors import Unavailable
 from core.events import AnyEvent, LeaseGranted
 from eventlog.port import Record
+from projections.decoding import EventDecoder
 from projections.read_model import ReadModel
 from projections.wakeups import Wakeups
 
@@ -60,6 +61,15 @@ class Scheduler(Protocol):
     def read_events(self, partition: int, from_offset: int, max_records: int) -> list[Record]:
         """Committed records of a partition's events stream from ``from_offset``, at once (no
         waiting; blocking I/O: call it from a worker thread)."""
+        ...
+
+    def events_end(self, partition: int) -> int:
+        """The offset the partition's next event will get, or later (blocking I/O)."""
+        ...
+
+    @property
+    def events_decoder(self) -> EventDecoder:
+        """Decodes the records an event stream reads, reporting (and counting) foreign ones."""
         ...
 
     def now_ms(self) -> int: ...

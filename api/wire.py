@@ -40,6 +40,7 @@ DAY_SEC = DAY_MS // 1000
 INT64_MAX = 2**63 - 1  # versions and fencing tokens: the read model stores them as msgpack ints
 MAX_RETRY_AFTER_SEC = 7 * DAY_SEC
 MAX_PREVIEW = 100
+MAX_SLOTS = 1000  # of a job's slots listed at once (GET /v1/jobs/{job_id}/slots)
 MAX_IDEMPOTENCY_KEY = 256
 MAX_ERROR_CHARS = 8192  # of a worker's error text, the run keeps this much
 MAX_CLAIM_WAIT_SEC = 30.0  # the longest a claim long-polls (``wait_sec``)
@@ -308,6 +309,21 @@ class PreviewOut(msgspec.Struct, kw_only=True):
     job_id: str | None = None
 
 
+class SlotOut(msgspec.Struct, kw_only=True):
+    """One slot of a job's schedule, and its run if it has one."""
+
+    scheduled_for: str
+    run_id: str
+    state: str | None  # the run's state; None: the slot has no run
+    due: bool  # the slot has come (only a slot that has come can be triggered)
+
+
+class SlotsOut(msgspec.Struct, kw_only=True):
+    job_id: str
+    slots: list[SlotOut]
+    more: bool  # the range holds more slots than were listed
+
+
 class Health(msgspec.Struct, kw_only=True):
     status: Literal["ok", "ready"]
 
@@ -331,5 +347,6 @@ RESPONSE_TYPES: tuple[type, ...] = (
     ClaimOut,
     HeartbeatOut,
     PreviewOut,
+    SlotsOut,
     Health,
 )

@@ -131,6 +131,7 @@ class Node:
         self.metrics = NodeMetrics()
         # One decoder per reader of the events stream, so each foreign record is counted once.
         self._recovery_decoder = EventDecoder("recovery", self.metrics.foreign)
+        self._stream_decoder = EventDecoder("events_stream", self.metrics.foreign)
         self._history_runner = ReadModelRunner(
             log_,
             self._history,
@@ -351,6 +352,13 @@ class Node:
 
     def read_events(self, partition: int, from_offset: int, max_records: int) -> list[Record]:
         return self._log.read_events(partition, from_offset, max_records)
+
+    def events_end(self, partition: int) -> int:
+        return self._log.end_offset("events", partition)
+
+    @property
+    def events_decoder(self) -> EventDecoder:
+        return self._stream_decoder
 
     def next_ready(self, tenant: str, pool: str) -> int | None:
         now = self._clock.now_ms()

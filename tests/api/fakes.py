@@ -35,6 +35,7 @@ from core.events import AnyEvent, LeaseGranted, decode, encode
 from core.partition import Partition
 from core.state import RunStatus
 from eventlog.port import Record, partition_for
+from projections.decoding import EventDecoder
 from projections.read_model import ReadModel
 from projections.wakeups import Wakeups
 
@@ -61,6 +62,7 @@ class FakeScheduler:
         self._history = history
         self.records: list[list[Record]] = [[] for _ in range(PARTITIONS)]  # the events stream
         self._wakeups = Wakeups(clock.now_ms)
+        self._decoder = EventDecoder("events_stream")
         history.observe(self._wakeups)
 
     # -- the port ---------------------------------------------------------------------------
@@ -94,6 +96,13 @@ class FakeScheduler:
 
     def read_events(self, partition: int, from_offset: int, max_records: int) -> list[Record]:
         return self.records[partition][max(0, from_offset) :][:max_records]
+
+    def events_end(self, partition: int) -> int:
+        return len(self.records[partition])
+
+    @property
+    def events_decoder(self) -> EventDecoder:
+        return self._decoder
 
     def next_ready(self, tenant: str, pool: str) -> int | None:
         now = self.clock.now_ms()

@@ -32,6 +32,7 @@ import httpx
 import msgspec
 
 from core.clock import Millis
+from core.cron import with_seconds
 from core.decide import run_id_of
 from core.events import RunMaterialised
 from core.ids import is_scoped, log_job_id
@@ -191,9 +192,11 @@ class _JobOut(msgspec.Struct):
     created_at: str
     next_run_at: str | None = None
     schedule: str | None = None
+    seconds: str | None = None
     run_at: str | None = None
     interval_sec: float | None = None
     start_at: str | None = None
+    end_at: str | None = None
     timezone: str = "UTC"
 
 
@@ -228,10 +231,11 @@ def job_from_api(
             "name": out.name,
             "tenant": out.tenant,
             "target": out.target,
-            "schedule": out.schedule,
+            "schedule": None if out.schedule is None else with_seconds(out.schedule, out.seconds),
             "run_at": None if out.run_at is None else parse_instant(out.run_at),
             "interval_sec": out.interval_sec,
             "start_at": None if out.start_at is None else parse_instant(out.start_at),
+            "end_at": None if out.end_at is None else parse_instant(out.end_at),
             "timezone": out.timezone,
         },
         JobSpec,
