@@ -150,7 +150,7 @@ def test_backfill_triggers_each_missing_slot_once(a: Client) -> None:
     plan = a.backfill_plan(job_id, start, end)
     assert [s.state is None for s in plan.slots] == [True, True, False, True, True]
     seen: list[tuple[int, int]] = []
-    runs = a.backfill(job_id, start, end, progress=lambda done, total, _: seen.append((done, total)))
+    runs = a.backfill(job_id, start, end, progress=lambda n, total, _: seen.append((n, total)))
     assert [r.scheduled_for.day for r in runs] == [1, 2, 4, 5]
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert all(r.trigger == "manual" for r in runs)
