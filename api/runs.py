@@ -4,6 +4,7 @@ complete, where only the live lease's fencing token is heard."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -153,7 +154,7 @@ async def claim(request: Request) -> Response:
     if body.wait_sec > 0:
         held: Held = request.state.held
         with held.hold("waiting claims", call.tenant, call.limits.max_waiting_claims):
-            leases = await _claim_waiting(call, body)
+            leases = await _claim_waiting(call, body, request.is_disconnected)
     else:
         leases = await call.scheduler.claim(call.tenant, body.pool, body.worker_id, body.limit)
     runs = []
@@ -165,10 +166,14 @@ async def claim(request: Request) -> Response:
     return json_response(ClaimOut(runs=runs))
 
 
-async def _claim_waiting(call: Call, body: ClaimIn) -> list[LeaseGranted]:
+async def _claim_waiting(
+    call: Call, body: ClaimIn, gone: Callable[[], Awaitable[bool]]
+) -> list[LeaseGranted]:
     """Claim; with nothing granted, wait until a run of the pool may be ready and claim again,
     until ``wait_sec`` has passed. Woken by the read model (a run became ready) or at the
-    earliest instant a known run of the pool becomes ready (jitter, a retry's backoff)."""
+    earliest instant a known run of the pool becomes ready (jitter, a retry's backoff). A
+    worker that hung up (``gone``) is not leased anything more: its lease would run out
+    unused."""
     scheduler = call.scheduler
     wakeups = scheduler.wakeups
     loop = asyncio.get_running_loop()
@@ -192,6 +197,8 @@ async def _claim_waiting(call: Call, body: ClaimIn) -> list[LeaseGranted]:
             if due:  # a millisecond late, so the partition's clock has passed it too
                 remaining = min(remaining, (min(due) - now + 1) / 1000)
             await wakeups.sleep(signal, seen, remaining)
+            if await gone():
+                return []
 
 
 async def _fenced(call: Call, run_id: str, command: HeartbeatRun | CompleteRun) -> list[Any]:

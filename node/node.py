@@ -540,6 +540,7 @@ class Node:
             except Unavailable:
                 continue
             granted += [e for e in events if isinstance(e, ev.LeaseGranted)]
+        self.metrics.claims.labels("granted" if granted else "empty").inc()
         return granted
 
 

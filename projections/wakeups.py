@@ -10,10 +10,10 @@ and neither polls:
   committed, so there is something new to read;
 - a **claim** with ``wait_sec`` that found nothing waits on its pool's signal, bumped when a run
   of that pool becomes ready (``ReadyRun``: materialised, released, replayed, retried, moved in).
-  A run that becomes ready later (jitter, a retry's backoff) is remembered by when: the claim
-  sleeps until the earliest such instant of its pool, then claims again. The read model of
-  every node folds every partition, so in a cluster a claim wakes for runs of partitions other
-  nodes own too.
+  A run that becomes ready later (jitter, a retry's backoff) is remembered by when, and wakes
+  the pool's claims too: each then sleeps until the earliest such instant, and claims again.
+  The read model of every node folds every partition, so in a cluster a claim wakes for runs
+  of partitions other nodes own too.
 
 A waiter notes a signal's version *before* it looks (claims, reads), and waits only while the
 version is unchanged: a wake between its look and its wait is never lost. Signals are made for
@@ -105,10 +105,10 @@ class Wakeups:
         with self._lock:
             for run in ready:
                 key = (run.tenant, run.pool)
-                if run.available_at <= now:
-                    wake.add(key)
-                else:
+                if run.available_at > now:
                     self._remember(key, run.available_at, now)
+                # A run ready later wakes the claims too: each then sleeps until that instant.
+                wake.add(key)
             signals = [self._pools[key][0] for key in wake if key in self._pools]
         for signal in signals:
             signal.bump()

@@ -242,9 +242,13 @@ class Worker:
             stop.cancel()
         if claim.done():
             return claim.result()
-        # Stopping while the claim waits: let it end, and take what it brings (those runs are
-        # leased to this worker; they are handled before the worker leaves).
-        return await claim
+        # Stopping while the claim waits: drop it. The node stops waiting for a claim whose
+        # connection closed before it leases anything more; a lease granted in the instant
+        # between runs out and the run is retried.
+        claim.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await claim
+        return []
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
