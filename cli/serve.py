@@ -1,9 +1,9 @@
 """``cronlog serve``: run a node on the embedded log, or join a cluster on Kafka.
 
-    cronlog serve [--data-dir DIR] [--host 127.0.0.1] [--port 8080] [--partitions 8]
-    cronlog serve --allow-targets 127.0.0.0/8               # let jobs call this machine
-    cronlog serve --kafka HOST:PORT [--node-id ID]          # join a cluster
-    cronlog serve --limits FILE                             # tenants' quotas and rates
+cronlog serve [--data-dir DIR] [--host 127.0.0.1] [--port 8080] [--partitions 8]
+cronlog serve --allow-targets 127.0.0.0/8               # let jobs call this machine
+cronlog serve --kafka HOST:PORT [--node-id ID]          # join a cluster
+cronlog serve --limits FILE                             # tenants' quotas and rates
 """
 
 from __future__ import annotations
@@ -446,6 +446,18 @@ def load_operator_token(data_dir: Path) -> str:
     return _operator_token(
         data_dir, "CRONLOG_OPERATOR_TOKEN", "operator_token", "every team's events"
     )
+
+
+def load_operator_token_if_any(data_dir: Path) -> str | None:
+    """The operator's token as a client finds it: ``CRONLOG_OPERATOR_TOKEN``, else the data
+    directory's ``operator_token`` file if there is one (never created here)."""
+    configured = os.environ.get("CRONLOG_OPERATOR_TOKEN", "").strip()
+    if configured:
+        return configured
+    path = data_dir / "operator_token"
+    if not path.exists():
+        return None
+    return path.read_text(encoding="utf-8").strip() or None
 
 
 def _operator_token(data_dir: Path, variable: str, name: str, what: str) -> str:

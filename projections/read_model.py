@@ -949,8 +949,9 @@ class ReadModelRunner:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    def run_once(self) -> int:
-        """Fold in everything there is now; returns how many records were read."""
+    def run_once(self, on_batch: Callable[[int], None] | None = None) -> int:
+        """Fold in everything there is now; returns how many records were read. ``on_batch``
+        is told how many each batch read (a tool's progress)."""
         total = 0
         for partition in range(self._log.num_partitions):
             while True:
@@ -960,6 +961,8 @@ class ReadModelRunner:
                 if not records:
                     break
                 total += self._model.process_records(partition, records, self._decoder)
+                if on_batch is not None:
+                    on_batch(len(records))
         return total
 
     def start(self) -> None:

@@ -39,6 +39,7 @@ from core.ids import is_scoped, log_job_id
 from core.jobs import JobSpec, slots_between
 from core.state import JobStatus, PartitionState, evolve
 from eventlog.port import EventLog, partition_for
+from tools.replay.progress import Meter
 from tools.replay.records import decoded, tool_decoder
 from tools.replay.source import ReplayError
 
@@ -267,7 +268,11 @@ def _runs_from_api(http: httpx.Client, job_id: str, start: Millis) -> set[Millis
 
 
 def apply(
-    http: httpx.Client, job_id: str, planned: list[PlannedSlot], out: TextIO | None = None
+    http: httpx.Client,
+    job_id: str,
+    planned: list[PlannedSlot],
+    out: TextIO | None = None,
+    meter: Meter | None = None,
 ) -> tuple[int, int]:
     """Trigger every slot planned for it; returns (runs made, runs the node had already).
 
@@ -285,6 +290,8 @@ def apply(
             headers={"Idempotency-Key": idempotency_key(job_id, item.slot)},
         )
         _check(response, f"trigger of {run_id_of(job_id, item.slot)}")
+        if meter is not None:
+            meter.advance()
         if response.status_code == 201:
             made += 1
             out.write(f"triggered {run_id_of(job_id, item.slot)} ({rfc3339(item.slot)})\n")
