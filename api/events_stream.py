@@ -67,6 +67,7 @@ DEFAULT_LIMIT = 1000  # events a stream that does not follow sends at most, unle
 MAX_LIMIT = 100_000
 MAX_BISECT_STEPS = 70  # more than enough for any offset (2**64)
 CURSOR = r"^[0-9]{1,18}(-[0-9]{1,18}){0,1023}$"
+LAST_EVENT_ID = r"^([0-9]{1,18}(-[0-9]{1,18}){0,1023})?$"  # empty: a client with no id yet
 FROM = r"^(start|end|" + RFC3339.strip("^$") + r")$"
 _CURSOR = re.compile(CURSOR)
 OPERATOR = "the operator"
@@ -97,7 +98,7 @@ def _reader(request: Request, operator: Tokens | None) -> Reader:
 
 
 def _follow(request: Request) -> bool:
-    value = request.query_params.get("follow", "false")
+    value = request.query_params.get("follow", "false").lower()
     if value not in ("true", "false"):
         raise bad_request("follow", "must be true or false")
     return value == "true"

@@ -98,8 +98,8 @@ _HEADERS: dict[str, dict[str, Any]] = {
     },
     "Last-Event-ID": {
         "type": "string",
-        "pattern": events_stream.CURSOR,
-        "description": "the id of the last event received: resume after it",
+        "pattern": events_stream.LAST_EVENT_ID,
+        "description": "the id of the last event received: resume after it (empty: none)",
     },
 }
 _RETRY_AFTER = {
@@ -273,7 +273,41 @@ _EXAMPLES: dict[type, dict[str, Any]] = {
     wire.JobDefinition: _EXAMPLE_JOB,
     wire.JobPatch: {"status": "paused"},
     wire.SchedulePreviewIn: {"schedule": "30 1 * * *", "timezone": "America/New_York", "n": 5},
-    wire.ClaimIn: {"pool": "reports", "worker_id": "worker-1", "limit": 10, "wait_sec": 20},
+    wire.ClaimIn: {"pool": "reports", "worker_id": "worker-1", "limit": 10, "wait_sec": 1},
+}
+
+
+# One event of GET /v1/events, as Server-Sent Events carry it (OpenAPI 3.1: ``schema`` describes
+# each event of a text/event-stream).
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": "One event of the stream: its cursor (id) and the event (data)",
+    "properties": {
+        "id": {
+            "type": "string",
+            "pattern": events_stream.CURSOR,
+            "description": "the cursor that resumes the stream right after this event",
+        },
+        "event": {"type": "string", "description": "always the default, message"},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {
+                "type": "object",
+                "required": ["partition", "offset", "event"],
+                "properties": {
+                    "partition": {"type": "integer", "minimum": 0},
+                    "offset": {"type": "integer", "minimum": 0},
+                    "event": {
+                        "type": "object",
+                        "description": "the event as the log holds it (docs/events.md)",
+                    },
+                },
+            },
+            "description": "{partition, offset, event}: the event as the log holds it",
+        },
+        "retry": {"type": "integer", "description": "milliseconds to wait before reconnecting"},
+    },
 }
 
 
@@ -316,7 +350,7 @@ def _parameters(path: str, op: Operation) -> list[dict[str, Any]]:
         {
             "name": _QUERY_NAMES.get(name, name),
             "in": "query",
-            "required": False,
+            "required": name in _REQUIRED,
             "schema": _QUERY[name],
         }
         for name in op.query
@@ -335,14 +369,7 @@ def _operation(path: str, op: Operation) -> dict[str, Any]:
     responses: dict[str, Any] = {}
     for code in op.ok:
         if op.stream:
-            content = {
-                "text/event-stream": {
-                    "schema": {
-                        "type": "string",
-                        "description": "id: <cursor> / data: {partition, offset, event}",
-                    }
-                }
-            }
+            content = {"text/event-stream": {"schema": _SSE_EVENT}}
         elif op.response is str:
             content = {"text/plain": {"schema": {"type": "string"}}}
         else:
