@@ -24,6 +24,8 @@ from starlette.routing import Route
 
 from api import openapi
 from api.auth import Tokens
+from api.changes import preview_change
+from api.dead_letters import replay_dead_runs
 from api.edge import edge_state, json_response
 from api.errors import EXCEPTION_HANDLERS, unauthorized
 from api.jobs import (
@@ -50,6 +52,7 @@ from api.runs import (
     trigger_run,
 )
 from api.scheduler import Scheduler, Unavailable
+from api.stats import team_stats
 from api.wire import Health
 from core.egress import EgressPolicy
 
@@ -89,6 +92,10 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
     ("POST", "/v1/workers/claim", claim),
     ("GET", "/healthz", healthz),
     ("GET", "/readyz", readyz),
+    # what the status UI asks beyond the above (any client may)
+    ("POST", "/v1/jobs/{job_id}/preview", preview_change),
+    ("POST", "/v1/runs/replay", replay_dead_runs),
+    ("GET", "/v1/stats", team_stats),
 ]
 
 

@@ -18,12 +18,14 @@ from api.edge import (
     page_size,
     query_choice,
     query_int,
+    query_text,
 )
 from api.instants import parse_rfc3339, to_local, to_rfc3339
 from api.quota import JobQuota, check_definition
 from api.translate import job_id_for_key, job_out, random_job_id, run_out, spec_of
 from api.wire import (
     MAX_PREVIEW,
+    MAX_SEARCH_CHARS,
     FireTime,
     JobDefinition,
     JobFields,
@@ -102,15 +104,16 @@ async def get_job(request: Request) -> Response:
 
 async def list_jobs(request: Request) -> Response:
     call = authenticate(request)
-    page = call.scheduler.history.jobs(
+    history = call.scheduler.history
+    page = history.jobs(
         call.tenant,
         query_choice(request, "status", JOB_STATUSES),
         page_size(call, request, 50),
         request.query_params.get("cursor"),
+        search=query_text(request, "q", MAX_SEARCH_CHARS),
     )
-    return json_response(
-        JobPage(jobs=[job_out(v) for v in page.items], next_cursor=page.next_cursor)
-    )
+    jobs = [job_out(v, history.latest_run(call.tenant, v.job_id)) for v in page.items]
+    return json_response(JobPage(jobs=jobs, next_cursor=page.next_cursor))
 
 
 def _changes_definition(body: JobPatch) -> bool:
@@ -173,7 +176,7 @@ async def job_runs(request: Request) -> Response:
 # -- schedules ---------------------------------------------------------------------------------
 
 
-def _fire_times(view: JobView, after: int, n: int) -> list[int]:
+def fire_times(view: JobView, after: int, n: int) -> list[int]:
     """The next ``n`` slots of a job after ``after`` (fewer for a one-shot, none once over)."""
     spec = view.spec
     if view.status in ("cancelled", "finished"):
@@ -191,7 +194,7 @@ def _fire_times(view: JobView, after: int, n: int) -> list[int]:
     return [view.next_slot] if view.next_slot is not None else []
 
 
-def _preview(timezone: str, fires: list[int]) -> list[FireTime]:
+def fire_list(timezone: str, fires: list[int]) -> list[FireTime]:
     zone = ZoneInfo(timezone)  # validated with the schedule it belongs to
     return [FireTime(at=to_rfc3339(ms), local=to_local(ms, zone)) for ms in fires]
 
@@ -201,13 +204,13 @@ async def preview_job(request: Request) -> Response:
     view = job_view(call, call.job_id(request.path_params["job_id"]))
     n = query_int(request, 10, MAX_PREVIEW, "n")
     spec: JobSpec = view.spec
-    fires = _fire_times(view, call.scheduler.now_ms(), n)
+    fires = fire_times(view, call.scheduler.now_ms(), n)
     return json_response(
         PreviewOut(
-            job_id=view.job_id,
+            job_id=team_id(view.job_id),
             schedule=spec.schedule,
             timezone=spec.timezone,
-            fires=_preview(spec.timezone, fires),
+            fires=fire_list(spec.timezone, fires),
         )
     )
 
@@ -222,6 +225,6 @@ async def preview_schedule(request: Request) -> Response:
         PreviewOut(
             schedule=schedule.expression,
             timezone=body.timezone,
-            fires=_preview(body.timezone, fires),
+            fires=fire_list(body.timezone, fires),
         )
     )

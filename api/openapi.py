@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from api import wire
+from api import changes, dead_letters, stats, wire
 from api.errors import ErrorBody
 from core.jobs import JOB_ID
 from projections.read_model import MAX_LIMIT
@@ -40,6 +40,14 @@ _QUERY: dict[str, dict[str, Any]] = {
     "status": {"enum": list(JOB_STATUSES)},
     "state": {"enum": list(RUN_STATES), "default": "dead"},
     "n": {"type": "integer", "minimum": 1, "maximum": wire.MAX_PREVIEW, "default": 10},
+    "q": {"type": "string", "maxLength": wire.MAX_SEARCH_CHARS},
+    "window_min": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": stats.MAX_WINDOW_MIN,
+        "default": stats.DEFAULT_WINDOW_MIN,
+    },
+    "step_min": {"type": "integer", "minimum": 1, "maximum": stats.MAX_STEP_MIN},
 }
 _HEADERS: dict[str, dict[str, Any]] = {
     "If-Match": {"type": "string", "pattern": IF_MATCH, "description": "the job's version"},
@@ -92,10 +100,11 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=_DEFINE,
     ),
     ("GET", "/v1/jobs"): Operation(
-        "List the tenant's jobs",
+        "List the tenant's jobs, each with the run of its newest slot; q finds those whose"
+        " name or id holds it",
         response=wire.JobPage,
         errors=(422,),
-        query=("status", "limit", "cursor"),
+        query=("status", "q", "limit", "cursor"),
     ),
     ("PUT", "/v1/jobs/{job_id}"): Operation(
         "Create (201) or replace (200) a job; the same body again changes nothing",
@@ -186,6 +195,29 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/healthz"): Operation("The process is up", response=wire.Health),
     ("GET", "/readyz"): Operation(
         "The node owns its partitions and has caught up", response=wire.Health, errors=(503,)
+    ),
+    # -- what the status UI asks beyond the above (any client may) --
+    ("POST", "/v1/jobs/{job_id}/preview"): Operation(
+        "What a change would do to the job's next fire times, before it is made: the times"
+        " before and after it, and the slots it would add and drop (nothing is written)",
+        response=changes.ChangePreviewOut,
+        request=wire.JobFields,
+        errors=(404, 422),
+        query=("n",),
+    ),
+    ("POST", "/v1/runs/replay"): Operation(
+        "Requeue the dead runs a filter names, up to limit (dry_run: only count them); go on"
+        " from next_cursor while it is not null",
+        response=dead_letters.ReplayOut,
+        request=dead_letters.ReplayFilterIn,
+        errors=(422,),
+    ),
+    ("GET", "/v1/stats"): Operation(
+        "The team's scheduling delay (p50, p99) and runs by outcome, a point per step_min over"
+        " the last window_min minutes, and its runs by state now",
+        response=stats.StatsOut,
+        errors=(422,),
+        query=("window_min", "step_min"),
     ),
 }
 
@@ -289,8 +321,16 @@ def document(routes: list[tuple[str, str]]) -> bytes:
     paths: dict[str, dict[str, Any]] = {}
     for method, path in routes:
         paths.setdefault(path, {})[method.lower()] = _operation(path, OPERATIONS[method, path])
+    bodies = {t for op in OPERATIONS.values() for t in (op.request, op.response) if t}
+    bodies.discard(str)
     _, schemas = msgspec.json.schema_components(
-        (*wire.REQUEST_TYPES, *wire.RESPONSE_TYPES, ErrorBody), ref_template=REF
+        (
+            *wire.REQUEST_TYPES,
+            *wire.RESPONSE_TYPES,
+            *sorted(bodies - {*wire.REQUEST_TYPES, *wire.RESPONSE_TYPES}, key=str),
+            ErrorBody,
+        ),
+        ref_template=REF,
     )
     return msgspec.json.encode(
         {

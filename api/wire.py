@@ -42,6 +42,7 @@ MAX_RETRY_AFTER_SEC = 7 * DAY_SEC
 MAX_PREVIEW = 100
 MAX_IDEMPOTENCY_KEY = 256
 MAX_ERROR_CHARS = 8192  # of a worker's error text, the run keeps this much
+MAX_SEARCH_CHARS = 200  # GET /v1/jobs?q=
 
 JobId = Annotated[str, Meta(pattern=JOB_ID.pattern)]
 Instant = Annotated[str, Meta(pattern=RFC3339, examples=["2026-11-29T09:00:00Z"])]
@@ -209,6 +210,7 @@ class JobOut(msgspec.Struct, kw_only=True):
     critical: bool
     depends_on: list[str]
     backoff: Backoff
+    last_run: RunSummary | None = None
 
 
 class JobPage(msgspec.Struct, kw_only=True):
@@ -218,6 +220,7 @@ class JobPage(msgspec.Struct, kw_only=True):
 
 class AttemptOut(msgspec.Struct, kw_only=True):
     attempt: int
+    fencing_token: int
     worker_id: str
     started_at: str
     finished_at: str | None
@@ -225,12 +228,15 @@ class AttemptOut(msgspec.Struct, kw_only=True):
     error: str
 
 
+RunState = Literal[
+    "blocked", "pending", "running", "succeeded", "failed", "retrying", "dead", "cancelled"
+]
+
+
 class RunOut(msgspec.Struct, kw_only=True):
     run_id: str
     job_id: str
-    state: Literal[
-        "blocked", "pending", "running", "succeeded", "failed", "retrying", "dead", "cancelled"
-    ]
+    state: RunState
     attempt: int
     trigger: str
     scheduled_for: str
@@ -241,6 +247,18 @@ class RunOut(msgspec.Struct, kw_only=True):
     error: str
     dead_reason: str | None
     attempts: list[AttemptOut]
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    run_id: str
+    state: RunState
+    trigger: str
+    scheduled_for: str
+    started_at: str | None
+    finished_at: str | None
+    lateness_ms: int | None
+    error: str
+    dead_reason: str | None
 
 
 class RunPage(msgspec.Struct, kw_only=True):

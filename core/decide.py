@@ -198,6 +198,17 @@ def _live_lease(run: RunState, token: int, now: Millis) -> None:
 _WHEN_FIELDS = ("schedule", "run_at", "interval_sec", "start_at", "timezone")
 
 
+def next_slot_after_update(
+    old: JobSpec, new: JobSpec, next_slot: Millis | None, now: Millis
+) -> Millis | None:
+    """The next slot of a job whose definition changes from ``old`` to ``new`` at ``now``: a
+    change of when it fires starts it afresh, any other change keeps the slot it had. (The API's
+    preview of a change asks this too, so what it shows is what an update decides.)"""
+    if any(getattr(new, f) != getattr(old, f) for f in _WHEN_FIELDS):
+        return first_slot(new, now)
+    return next_slot
+
+
 def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
     if not is_log_job_id(cmd.job_id, cmd.spec.tenant):
         raise InvalidDefinition("job_id", f"{cmd.job_id!r} is not a job id of {cmd.spec.tenant}")
@@ -224,9 +235,7 @@ def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
     if cmd.create_only:
         raise Conflict(f"job {cmd.job_id} exists with another definition")
     _check_version(job, cmd.expected_version)
-    slot = job.next_slot
-    if any(getattr(spec, f) != getattr(job.spec, f) for f in _WHEN_FIELDS):
-        slot = first_slot(spec, now)
+    slot = next_slot_after_update(job.spec, spec, job.next_slot, now)
     return [
         JobUpdated(
             at=now,
