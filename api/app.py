@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from api import openapi
+from api import openapi, ui
 from api.auth import Tokens
 from api.changes import preview_change
 from api.dead_letters import replay_dead_runs
@@ -53,6 +53,7 @@ from api.runs import (
 )
 from api.scheduler import Scheduler, Unavailable
 from api.stats import team_stats
+from api.team import get_team
 from api.wire import Health
 from core.egress import EgressPolicy
 
@@ -96,6 +97,7 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
     ("POST", "/v1/jobs/{job_id}/preview", preview_change),
     ("POST", "/v1/runs/replay", replay_dead_runs),
     ("GET", "/v1/stats", team_stats),
+    ("GET", "/v1/team", get_team),
 ]
 
 
@@ -178,7 +180,8 @@ def create_app(
         for path, handlers in by_path.items()
     ]
     return Starlette(
-        routes=[*routes, Route("/openapi.json", openapi_json, methods=["GET"])],
+        # the status UI and the docs page: static files, not API (api/ui.py)
+        routes=[*routes, Route("/openapi.json", openapi_json, methods=["GET"]), *ui.routes()],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from api import changes, dead_letters, stats, wire
+from api import changes, dead_letters, stats, team, wire
 from api.errors import ErrorBody
 from core.jobs import JOB_ID
 from projections.read_model import MAX_LIMIT
@@ -218,6 +218,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         response=stats.StatsOut,
         errors=(422,),
         query=("window_min", "step_min"),
+    ),
+    ("GET", "/v1/team"): Operation(
+        "The team this token speaks for: its name, its jobs (not cancelled) and its limits",
+        response=team.TeamOut,
     ),
 }
 
