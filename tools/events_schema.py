@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     current = args.path.read_bytes() if args.path.exists() else b""
     if args.check:
         if current != wanted:
-            print(f"{args.path} is not what core/events.py gives: run python -m tools.events_schema")
+            print(f"{args.path} is not what core/events.py gives: python -m tools.events_schema")
             return 1
         print(f"{args.path} is current (version {events_schema.SCHEMA_VERSION})")
         return 0
