@@ -14,6 +14,7 @@ needs inline styles for Swagger UI's layout, and only it gets them.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from starlette.datastructures import MutableHeaders
@@ -67,7 +68,7 @@ class _WithHeaders:
         await self._app(scope, receive, send_with_headers)
 
 
-def _page(path: Path, policy: str) -> ASGIApp:
+def _page(path: Path, policy: str) -> Callable[[Request], Awaitable[Response]]:
     async def page(request: Request) -> Response:
         return FileResponse(path, headers=security_headers(policy))
 
