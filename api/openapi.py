@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from api import changes, dead_letters, stats, team, wire
+from api import changes, dead_letters, field_docs, stats, team, wire
 from api.errors import ErrorBody
 from core.jobs import JOB_ID
 from projections.read_model import MAX_LIMIT
@@ -37,17 +37,38 @@ _QUERY: dict[str, dict[str, Any]] = {
         "description": "items a page holds at most (served as at most the tenant's page size)",
     },
     "cursor": {"type": "string", "description": "the next_cursor of the page before"},
-    "status": {"enum": list(JOB_STATUSES)},
-    "state": {"enum": list(RUN_STATES), "default": "dead"},
-    "n": {"type": "integer", "minimum": 1, "maximum": wire.MAX_PREVIEW, "default": 10},
-    "q": {"type": "string", "maxLength": wire.MAX_SEARCH_CHARS},
+    "status": {"enum": list(JOB_STATUSES), "description": "only jobs with this status"},
+    "state": {
+        "enum": list(RUN_STATES),
+        "default": "dead",
+        "description": "only runs in this state (dead: the dead letters)",
+    },
+    "n": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": wire.MAX_PREVIEW,
+        "default": 10,
+        "description": "how many fire times to list",
+    },
+    "q": {
+        "type": "string",
+        "maxLength": wire.MAX_SEARCH_CHARS,
+        "description": "only jobs whose name or id holds this text, in any case",
+    },
     "window_min": {
         "type": "integer",
         "minimum": 1,
         "maximum": stats.MAX_WINDOW_MIN,
         "default": stats.DEFAULT_WINDOW_MIN,
+        "description": "the window: this many minutes up to the end of the current one",
     },
-    "step_min": {"type": "integer", "minimum": 1, "maximum": stats.MAX_STEP_MIN},
+    "step_min": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": stats.MAX_STEP_MIN,
+        "description": "minutes a point adds up (default: the window in 120 points at most;"
+        f" at most {stats.MAX_POINTS} points)",
+    },
 }
 _HEADERS: dict[str, dict[str, Any]] = {
     "If-Match": {"type": "string", "pattern": IF_MATCH, "description": "the job's version"},
@@ -57,6 +78,10 @@ _HEADERS: dict[str, dict[str, Any]] = {
         "maxLength": wire.MAX_IDEMPOTENCY_KEY,
         "description": "names the run this trigger makes; a repeat answers that run",
     },
+}
+_PATH_PARAMETERS = {
+    "job_id": "the job's id, as the team names it",
+    "run_id": "the run's id: <job id>.<slot in ms since the epoch>",
 }
 _RETRY_AFTER = {
     "Retry-After": {"description": "seconds to wait", "schema": {"type": "string"}},
@@ -273,16 +298,29 @@ def _parameters(path: str, op: Operation) -> list[dict[str, Any]]:
             "name": name,
             "in": "path",
             "required": True,
+            "description": _PATH_PARAMETERS[name],
             "schema": {"type": "string", "pattern": RUN_ID if name == "run_id" else JOB_ID.pattern},
         }
         for name in re.findall(r"{(\w+)}", path)
     ]
     parameters += [
-        {"name": name, "in": "query", "required": False, "schema": _QUERY[name]}
+        {
+            "name": name,
+            "in": "query",
+            "required": False,
+            "description": _QUERY[name].get("description", ""),
+            "schema": _QUERY[name],
+        }
         for name in op.query
     ]
     parameters += [
-        {"name": name, "in": "header", "required": False, "schema": _HEADERS[name]}
+        {
+            "name": name,
+            "in": "header",
+            "required": False,
+            "description": _HEADERS[name].get("description", ""),
+            "schema": _HEADERS[name],
+        }
         for name in op.headers
     ]
     return parameters
@@ -336,6 +374,7 @@ def document(routes: list[tuple[str, str]]) -> bytes:
         ),
         ref_template=REF,
     )
+    field_docs.describe(schemas)
     return msgspec.json.encode(
         {
             "openapi": "3.1.0",

@@ -102,9 +102,7 @@ def routes() -> list[BaseRoute]:
         ),
         Mount(
             "/static",
-            app=_WithHeaders(
-                StaticFiles(directory=STATIC / "vendor"), security_headers(UI_POLICY)
-            ),
+            app=_WithHeaders(StaticFiles(directory=STATIC / "vendor"), security_headers(UI_POLICY)),
         ),
         Mount(
             "/docs",

@@ -19,7 +19,7 @@ from core.events import AnyEvent
 SCHEMA_VERSION = 1  # raise it with every change to an event or a type it holds
 
 _ABOUT = (
-    "One record of cronlog's events stream: a JSON object whose \"type\" names the event."
+    'One record of cronlog\'s events stream: a JSON object whose "type" names the event.'
     " Events only grow: a new version adds event types and fields with defaults, and never"
     " removes, renames or retypes one, so a consumer ignores what it does not know."
     " Instants are integer milliseconds since the epoch, UTC."

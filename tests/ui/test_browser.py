@@ -126,9 +126,11 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on(
         "console",
-        lambda m: problems.append(f"console {m.type}: {m.text}")
-        if m.type == "error" and "401" not in m.text
-        else None,
+        lambda m: (
+            problems.append(f"console {m.type}: {m.text}")
+            if m.type == "error" and "401" not in m.text
+            else None
+        ),
     )
     page.on("dialog", lambda d: d.accept())
     shots = Shots(page)
