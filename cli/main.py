@@ -356,6 +356,11 @@ def _serve(args: argparse.Namespace) -> int:
             flush=True,
         )
     print(
+        f"cronlog: status UI at http://{args.host}:{args.port}/ui/ (sign in with a team's token),"
+        f" API reference at http://{args.host}:{args.port}/docs",
+        flush=True,
+    )
+    print(
         f"cronlog {args.node_id} serving on http://{args.host}:{args.port} "
         f"({'kafka ' + args.kafka if args.kafka else 'embedded log in ' + str(data_dir)})",
         flush=True,
