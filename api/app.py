@@ -175,9 +175,14 @@ def create_app(
     by_path: dict[str, dict[str, Endpoint]] = {}
     for method, path, endpoint in table:
         by_path.setdefault(path, {})[method] = endpoint
+    # A literal segment before a template where paths overlap (/v1/runs/replay before
+    # /v1/runs/{run_id}): the router answers a method neither takes from the first path that
+    # matches, and its Allow header must be that path's own.
     routes = [
         Route(path, _by_method(handlers), methods=list(handlers))
-        for path, handlers in by_path.items()
+        for path, handlers in sorted(
+            by_path.items(), key=lambda item: [s.startswith("{") for s in item[0].split("/")]
+        )
     ]
     return Starlette(
         # the status UI and the docs page: static files, not API (api/ui.py)

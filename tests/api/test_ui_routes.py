@@ -85,3 +85,10 @@ def test_every_file_a_page_names_is_there() -> None:
                 assert (STATIC / "vendor" / ref.removeprefix("/static/")).exists(), ref
             elif ref.startswith("/docs/") and ref != "/docs/events.schema.json":
                 assert (STATIC / "docs" / ref.removeprefix("/docs/")).exists(), ref
+
+
+async def test_a_literal_path_beside_a_template_answers_its_own_allow(api: Api) -> None:
+    r = await api.a.request("OPTIONS", "/v1/runs/replay")
+    assert (r.status_code, r.headers["allow"]) == (405, "POST")
+    r = await api.a.request("OPTIONS", "/v1/runs/x.1")
+    assert r.headers["allow"] == "GET, HEAD"

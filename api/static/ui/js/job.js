@@ -103,12 +103,12 @@ function fact(label, value) {
 }
 
 function renderFacts(facts, job) {
-  const next = job.next_run_at;
+  const next = job.status === "paused" ? null : job.next_run_at;
   replace(facts, h("h3", {}, "Definition"),
     h("dl", { class: "facts-list" },
       fact("When", h("span", { class: "mono" }, when(job))),
       fact("Timezone", job.timezone),
-      fact("Next fire", next ? `${inZone(next, job.timezone)} · ${utc(next)} (${ago(next)})` : "—"),
+      fact("Next fire", next ? `${inZone(next, job.timezone)} · ${utc(next)} (${ago(next)})` : job.status === "paused" ? "none while paused" : "—"),
       fact("Target", h("span", { class: "mono" }, target(job.target))),
       fact("Retries", `${job.retries} (backoff ${seconds(job.backoff.base_sec)} × ${job.backoff.factor}, at most ${seconds(job.backoff.cap_sec)})`),
       fact("Timeout", seconds(job.timeout_sec)),

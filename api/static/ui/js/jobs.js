@@ -87,7 +87,7 @@ function tile(label, value, note, kind, href) {
 
 function row(job) {
   const id = encodeURIComponent(job.job_id);
-  const next = job.next_run_at;
+  const next = job.status === "paused" ? null : job.next_run_at; // a paused job's slot waits
   const last = job.last_run;
   const pauseOrResume = job.status === "active"
     ? h("button", { class: "small", "data-testid": "pause", onclick: (e) =>
@@ -102,11 +102,11 @@ function row(job) {
       h("a", { href: `#/jobs/${id}`, class: "job-name" }, job.name),
       h("div", { class: "sub mono" }, job.job_id, " · ", target(job.target))),
     h("td", {},
-      h("div", { class: "mono" }, when(job)),
+      h("div", { class: "mono nowrap" }, when(job)),
       h("div", { class: "sub" }, job.timezone)),
     h("td", { "data-testid": "next-fire" }, next
       ? [h("div", {}, inZone(next, job.timezone), h("span", { class: "sub" }, ` ${ago(next)}`)), h("div", { class: "sub mono" }, utc(next))]
-      : h("span", { class: "sub" }, job.status === "paused" ? "paused" : "—")),
+      : h("span", { class: "sub" }, job.status === "paused" ? "none while paused" : "—")),
     h("td", {}, badge(job.status)),
     h("td", { "data-testid": "last-run" }, last
       ? [badge(last.state), h("div", { class: "sub" }, ago(last.finished_at || last.started_at || last.scheduled_for),
