@@ -18,9 +18,11 @@ from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, request_response
+from starlette.types import Receive, Scope, Send
 
 from api import openapi, ui
 from api.auth import Tokens
@@ -123,11 +125,27 @@ def _metrics_endpoint(metrics: Metrics, token: str) -> Endpoint:
 
 
 def _by_method(handlers: dict[str, Endpoint]) -> Endpoint:
+    allowed = ", ".join(sorted({*handlers, *(("HEAD",) if "GET" in handlers else ())}))
+
     async def endpoint(request: Request) -> Response:
         method = "GET" if request.method == "HEAD" else request.method
-        return await handlers[method](request)
+        handler = handlers.get(method)
+        if handler is None:
+            raise HTTPException(405, headers={"Allow": allowed})
+        return await handler(request)
 
     return endpoint
+
+
+class _AnyMethod:
+    """An ASGI app, not a function, so the router hands it every method (a function endpoint
+    would be given GET alone) and :func:`_by_method` answers those the path lacks."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._app = request_response(endpoint)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
 
 
 def create_app(
@@ -175,11 +193,11 @@ def create_app(
     by_path: dict[str, dict[str, Endpoint]] = {}
     for method, path, endpoint in table:
         by_path.setdefault(path, {})[method] = endpoint
-    # A literal segment before a template where paths overlap (/v1/runs/replay before
-    # /v1/runs/{run_id}): the router answers a method neither takes from the first path that
-    # matches, and its Allow header must be that path's own.
+    # Each route takes every method and answers 405 itself for those its path lacks, so a path
+    # is matched by its shape alone; a literal segment comes before a template where paths
+    # overlap, so /v1/runs/replay is never read as the run "replay" (GET is 405, not 404).
     routes = [
-        Route(path, _by_method(handlers), methods=list(handlers))
+        Route(path, _AnyMethod(_by_method(handlers)))
         for path, handlers in sorted(
             by_path.items(), key=lambda item: [s.startswith("{") for s in item[0].split("/")]
         )

@@ -90,5 +90,13 @@ def test_every_file_a_page_names_is_there() -> None:
 async def test_a_literal_path_beside_a_template_answers_its_own_allow(api: Api) -> None:
     r = await api.a.request("OPTIONS", "/v1/runs/replay")
     assert (r.status_code, r.headers["allow"]) == (405, "POST")
+    r = await api.a.get("/v1/runs/replay")  # not the run "replay"
+    assert (r.status_code, r.json()["error"], r.headers["allow"]) == (
+        405,
+        "method_not_allowed",
+        "POST",
+    )
     r = await api.a.request("OPTIONS", "/v1/runs/x.1")
-    assert r.headers["allow"] == "GET, HEAD"
+    assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD")
+    r = await api.a.request("PATCH", "/v1/jobs")
+    assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD, POST")
