@@ -19,6 +19,7 @@ from api.errors import bad_request, too_large, unauthorized
 from api.scheduler import Scheduler
 from api.translate import job_out, run_out
 from core.errors import NotFound
+from core.ids import log_job_id, team_id
 from projections.views import JobView, RunView
 
 MAX_BODY_BYTES = 1 << 20
@@ -34,6 +35,27 @@ class Call:
 
     scheduler: Scheduler
     tenant: str
+
+    def job_id(self, job_id: str) -> str:
+        """The log's id of the team's job ``job_id`` (:mod:`core.ids`): scoped by the tenant,
+        unless the team owns a job of that bare id from before ids were scoped (and no scoped
+        one)."""
+        scoped = log_job_id(self.tenant, job_id)
+        history = self.scheduler.history
+        if (
+            history.has_unscoped_ids()
+            and history.job(self.tenant, scoped) is None
+            and history.job(self.tenant, job_id) is not None
+        ):
+            return job_id
+        return scoped
+
+    def run_id(self, run_id: str) -> str:
+        """The log's id of the team's run ``run_id`` (``<job id>.<slot ms>``)."""
+        job_id, dot, slot = run_id.rpartition(".")
+        if not dot:  # not a run id at all; scoped, it names nothing
+            return log_job_id(self.tenant, run_id)
+        return f"{self.job_id(job_id)}.{slot}"
 
 
 def authenticate(request: Request) -> Call:
@@ -117,16 +139,18 @@ def expected_version(request: Request, in_body: int | None = None) -> int | None
 
 
 def job_view(call: Call, job_id: str) -> JobView:
+    """The job whose log id is ``job_id``, if it is the caller's."""
     view = call.scheduler.history.job(call.tenant, job_id)
     if view is None:
-        raise NotFound(f"job {job_id} not found")
+        raise NotFound(f"job {team_id(job_id)} not found")
     return view
 
 
 def run_view(call: Call, run_id: str) -> RunView:
+    """The run whose log id is ``run_id``, if it is the caller's."""
     view = call.scheduler.history.run(call.tenant, run_id)
     if view is None:
-        raise NotFound(f"run {run_id} not found")
+        raise NotFound(f"run {team_id(run_id)} not found")
     return view
 
 

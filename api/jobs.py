@@ -35,6 +35,7 @@ from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
 from core.cron import CronSchedule
 from core.errors import Conflict, InvalidDefinition
 from core.events import JobRegistered, JobUpdated
+from core.ids import team_id
 from core.jobs import JobSpec, next_slot, validate_job_id
 from projections.views import JOB_STATUSES, JobView
 
@@ -50,12 +51,12 @@ async def create_job(request: Request) -> Response:
         raise InvalidDefinition("idempotency_key", "give job_id or idempotency_key, not both")
     if body.job_id is not UNSET:
         validate_job_id(body.job_id)
-        job_id = body.job_id
+        job_id = call.job_id(body.job_id)
     elif body.idempotency_key is not UNSET:
-        job_id = job_id_for_key(call.tenant, body.idempotency_key)
+        job_id = call.job_id(job_id_for_key(call.tenant, body.idempotency_key))
     else:
-        job_id = random_job_id()
-    spec = spec_of(body, call.tenant)
+        job_id = call.job_id(random_job_id())
+    spec = spec_of(body, call.tenant, scope=call.job_id)
     # create_only: a repeat with the same body changes nothing, another body is a conflict
     events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
     created = any(isinstance(e, JobRegistered) for e in events)
@@ -64,10 +65,10 @@ async def create_job(request: Request) -> Response:
 
 async def put_job(request: Request) -> Response:
     call = authenticate(request)
-    job_id = request.path_params["job_id"]
-    validate_job_id(job_id)
+    validate_job_id(request.path_params["job_id"])
+    job_id = call.job_id(request.path_params["job_id"])
     body = await decode(request, JobFields)
-    spec = spec_of(body, call.tenant)
+    spec = spec_of(body, call.tenant, scope=call.job_id)
     expected = expected_version(request)
     events = await call.scheduler.execute(
         PutJob(job_id=job_id, spec=spec, expected_version=expected)
@@ -77,7 +78,8 @@ async def put_job(request: Request) -> Response:
 
 
 async def get_job(request: Request) -> Response:
-    return job_response(authenticate(request), request.path_params["job_id"])
+    call = authenticate(request)
+    return job_response(call, call.job_id(request.path_params["job_id"]))
 
 
 async def list_jobs(request: Request) -> Response:
@@ -99,14 +101,16 @@ def _changes_definition(body: JobPatch) -> bool:
 
 async def patch_job(request: Request) -> Response:
     call = authenticate(request)
-    job_id = request.path_params["job_id"]
+    job_id = call.job_id(request.path_params["job_id"])
     body = await decode(request, JobPatch)
     expected = expected_version(request, None if body.version is UNSET else body.version)
     view = job_view(call, job_id)
     if expected is not None and expected != view.version:
-        raise Conflict(f"job {job_id} is at version {view.version}, not {expected}")
+        raise Conflict(
+            f"job {team_id(job_id)} is at version {view.version}, not {expected}"
+        )
     if _changes_definition(body):
-        spec = spec_of(body, call.tenant, base=view.spec)
+        spec = spec_of(body, call.tenant, base=view.spec, scope=call.job_id)
         # The merge read view.spec: writing it back is conditional on nothing having changed since.
         events = await call.scheduler.execute(
             PutJob(job_id=job_id, spec=spec, expected_version=view.version)
@@ -125,7 +129,7 @@ async def patch_job(request: Request) -> Response:
 
 async def delete_job(request: Request) -> Response:
     call = authenticate(request)
-    job_id = request.path_params["job_id"]
+    job_id = call.job_id(request.path_params["job_id"])
     expected = expected_version(request)
     await call.scheduler.execute(
         CancelJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
@@ -135,7 +139,7 @@ async def delete_job(request: Request) -> Response:
 
 async def job_runs(request: Request) -> Response:
     call = authenticate(request)
-    job_id = request.path_params["job_id"]
+    job_id = call.job_id(request.path_params["job_id"])
     job_view(call, job_id)
     page = call.scheduler.history.runs_of(
         call.tenant, job_id, query_int(request, 20, MAX_PAGE), request.query_params.get("cursor")
@@ -173,7 +177,7 @@ def _preview(timezone: str, fires: list[int]) -> list[FireTime]:
 
 async def preview_job(request: Request) -> Response:
     call = authenticate(request)
-    view = job_view(call, request.path_params["job_id"])
+    view = job_view(call, call.job_id(request.path_params["job_id"]))
     n = query_int(request, 10, MAX_PREVIEW, "n")
     spec: JobSpec = view.spec
     fires = _fire_times(view, call.scheduler.now_ms(), n)

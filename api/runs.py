@@ -30,6 +30,7 @@ from core.commands import CancelRun, CompleteRun, HeartbeatRun, Outcome, ReplayR
 from core.decide import MAX_CLAIM, run_id_of
 from core.errors import Conflict, InvalidDefinition, LeaseLost
 from core.events import Heartbeat, RunMaterialised
+from core.ids import team_id
 from core.jobs import POOL
 from projections.views import RUN_STATES, RunView
 
@@ -50,7 +51,7 @@ async def trigger_run(request: Request) -> Response:
     briefly: a run decided without this request (a timer, another request) may not be in it yet.
     """
     call = authenticate(request)
-    job_id = request.path_params["job_id"]
+    job_id = call.job_id(request.path_params["job_id"])
     key = request.headers.get("idempotency-key")
     if key is not None and not 1 <= len(key) <= 256:
         raise bad_request("Idempotency-Key", "must be 1-256 characters")
@@ -70,7 +71,9 @@ async def trigger_run(request: Request) -> Response:
     if key is None and slot is None:
         # "Now" was a slot whose run exists, to the millisecond; which instant the partition
         # read as now is not known here.
-        raise Conflict(f"a run of job {job_id} for this instant exists already; try again")
+        raise Conflict(
+            f"a run of job {team_id(job_id)} for this instant exists already; try again"
+        )
     known = _triggered(call, job_id, key, slot)
     if known is None:
         await asyncio.to_thread(
@@ -80,7 +83,9 @@ async def trigger_run(request: Request) -> Response:
         )
         known = _triggered(call, job_id, key, slot)
     if known is None:
-        raise Unavailable(f"the run a trigger of job {job_id} names is not readable yet")
+        raise Unavailable(
+            f"the run a trigger of job {team_id(job_id)} names is not readable yet"
+        )
     return json_response(run_out(known))
 
 
@@ -94,7 +99,8 @@ def _triggered(call: Call, job_id: str, key: str | None, slot: Millis | None) ->
 
 
 async def get_run(request: Request) -> Response:
-    return run_response(authenticate(request), request.path_params["run_id"])
+    call = authenticate(request)
+    return run_response(call, call.run_id(request.path_params["run_id"]))
 
 
 async def list_runs(request: Request) -> Response:
@@ -112,10 +118,10 @@ async def list_runs(request: Request) -> Response:
 
 async def cancel_run(request: Request) -> Response:
     call = authenticate(request)
-    run_id = request.path_params["run_id"]
+    run_id = call.run_id(request.path_params["run_id"])
     view = run_view(call, run_id)
     if view.state == "succeeded":
-        raise Conflict(f"run {run_id} already succeeded")
+        raise Conflict(f"run {team_id(run_id)} already succeeded")
     if view.state != "cancelled":
         await call.scheduler.execute(CancelRun(run_id=run_id, tenant=call.tenant))
     return run_response(call, run_id)
@@ -123,10 +129,10 @@ async def cancel_run(request: Request) -> Response:
 
 async def replay_run(request: Request) -> Response:
     call = authenticate(request)
-    run_id = request.path_params["run_id"]
+    run_id = call.run_id(request.path_params["run_id"])
     view = run_view(call, run_id)
     if view.state != "dead":
-        raise Conflict(f"run {run_id} is {view.state}; only a dead run can be replayed")
+        raise Conflict(f"run {team_id(run_id)} is {view.state}; only a dead run can be replayed")
     await call.scheduler.execute(ReplayRun(run_id=run_id, tenant=call.tenant))
     return run_response(call, run_id)
 
@@ -148,7 +154,7 @@ async def claim(request: Request) -> Response:
     for lease in leases:
         job = call.scheduler.history.job(call.tenant, lease.job_id)
         if job is None:  # the port promised the read model caught up: it did not
-            raise Unavailable(f"job {lease.job_id} of a granted lease is not readable yet")
+            raise Unavailable(f"job {team_id(lease.job_id)} of a granted lease is not readable yet")
         runs.append(claimed(lease, job.spec))
     return json_response(ClaimOut(runs=runs))
 
@@ -167,7 +173,7 @@ async def _fenced(call: Call, run_id: str, command: HeartbeatRun | CompleteRun) 
 
 async def heartbeat(request: Request) -> Response:
     call = authenticate(request)
-    run_id = request.path_params["run_id"]
+    run_id = call.run_id(request.path_params["run_id"])
     body = await decode(request, HeartbeatIn)
     events = await _fenced(
         call,
@@ -176,13 +182,13 @@ async def heartbeat(request: Request) -> Response:
     )
     beat = next(e for e in events if isinstance(e, Heartbeat))
     return json_response(
-        HeartbeatOut(run_id=run_id, lease_expires_at=to_rfc3339(beat.lease_expires_at))
+        HeartbeatOut(run_id=team_id(run_id), lease_expires_at=to_rfc3339(beat.lease_expires_at))
     )
 
 
 async def complete(request: Request) -> Response:
     call = authenticate(request)
-    run_id = request.path_params["run_id"]
+    run_id = call.run_id(request.path_params["run_id"])
     body = await decode(request, CompleteIn)
     retry_after = body.retry_after_sec
     if retry_after is not None and not 0 <= retry_after <= MAX_RETRY_AFTER_SEC:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -38,6 +39,7 @@ from api.wire import (
 )
 from core.errors import InvalidDefinition
 from core.events import LeaseGranted
+from core.ids import idempotency_key, team_id
 from core.jobs import (
     MAX_ATTEMPTS,
     Backoff,
@@ -118,10 +120,18 @@ def _given(fields: JobFields) -> dict[str, Any]:
     return out
 
 
-def spec_of(fields: JobFields, tenant: str, base: JobSpec | None = None) -> JobSpec:
+def spec_of(
+    fields: JobFields,
+    tenant: str,
+    base: JobSpec | None = None,
+    scope: Callable[[str], str] = lambda job_id: job_id,
+) -> JobSpec:
     """The definition ``fields`` describes, over ``base`` (None: a new job). Validated: raises
-    :class:`InvalidDefinition` naming the first bad field in the API's terms."""
+    :class:`InvalidDefinition` naming the first bad field in the API's terms. ``scope`` gives
+    the log's id of a job the team names (``depends_on``)."""
     given = _given(fields)
+    if "depends_on" in given:
+        given["depends_on"] = tuple(scope(upstream) for upstream in given["depends_on"])
     backoff = given.pop("backoff", None)
     if base is None:
         for required in ("name", "target"):
@@ -151,7 +161,7 @@ def _instant(ms: int | None) -> str | None:
 def job_out(view: JobView) -> JobOut:
     spec = view.spec
     return JobOut(
-        job_id=view.job_id,
+        job_id=team_id(view.job_id),
         tenant=view.tenant,
         name=view.name,
         status=view.status,
@@ -176,15 +186,15 @@ def job_out(view: JobView) -> JobOut:
         overlap_policy=spec.overlap_policy,
         allow_jitter_sec=spec.allow_jitter_sec,
         critical=spec.critical,
-        depends_on=list(spec.depends_on),
+        depends_on=[team_id(upstream) for upstream in spec.depends_on],
         backoff=spec.backoff,
     )
 
 
 def run_out(view: RunView) -> RunOut:
     return RunOut(
-        run_id=view.run_id,
-        job_id=view.job_id,
+        run_id=team_id(view.run_id),
+        job_id=team_id(view.job_id),
         state=view.state,
         attempt=view.attempt,
         trigger=view.trigger,
@@ -211,14 +221,14 @@ def run_out(view: RunView) -> RunOut:
 
 def claimed(lease: LeaseGranted, spec: JobSpec) -> ClaimedRun:
     return ClaimedRun(
-        run_id=lease.run_id,
-        job_id=lease.job_id,
+        run_id=team_id(lease.run_id),
+        job_id=team_id(lease.job_id),
         scheduled_for=to_rfc3339(lease.scheduled_for),
         attempt=lease.attempt,
         fencing_token=lease.fencing_token,
         lease_expires_at=to_rfc3339(lease.lease_expires_at),
         lease_sec=spec.lease_sec,
         payload=spec.payload,
-        idempotency_key=f"{lease.job_id}:{lease.scheduled_for}",
+        idempotency_key=idempotency_key(lease.job_id, lease.scheduled_for),
         timeout_sec=spec.timeout_sec,
     )

@@ -76,13 +76,13 @@ from core.jobs import (
     canonical,
     count_slots,
     first_slot,
+    is_log_job_id,
     jitter_ms,
     last_slots,
     next_slot,
     retry_delay_ms,
     slots_between,
     validate,
-    validate_job_id,
 )
 from core.state import JobState, JobStatus, PartitionState, RunState, RunStatus
 
@@ -199,7 +199,8 @@ _WHEN_FIELDS = ("schedule", "run_at", "interval_sec", "start_at", "timezone")
 
 
 def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
-    validate_job_id(cmd.job_id)
+    if not is_log_job_id(cmd.job_id, cmd.spec.tenant):
+        raise InvalidDefinition("job_id", f"{cmd.job_id!r} is not a job id of {cmd.spec.tenant}")
     spec = canonical(cmd.spec)
     validate(spec)
     job = state.jobs.get(cmd.job_id)

@@ -25,6 +25,7 @@ import msgspec
 from core.clock import Millis
 from core.cron import CronSchedule, next_fire
 from core.errors import InvalidDefinition
+from core.ids import SEPARATOR, team_id
 
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -135,8 +136,16 @@ def canonical(spec: JobSpec) -> JobSpec:
 
 
 def validate_job_id(job_id: str) -> None:
+    """A team's job id."""
     if not JOB_ID.match(job_id):
         raise InvalidDefinition("job_id", "must be 1-64 characters of A-Z a-z 0-9 _ -")
+
+
+def is_log_job_id(job_id: str, tenant: str) -> bool:
+    """Whether ``job_id`` is the log's id of one of ``tenant``'s jobs (:mod:`core.ids`): scoped
+    by that tenant, or a bare id from before ids were scoped."""
+    scope, _, bare = job_id.rpartition(SEPARATOR)
+    return bool(JOB_ID.match(bare)) and scope in ("", tenant)
 
 
 def validate(spec: JobSpec) -> None:
@@ -152,8 +161,10 @@ def validate(spec: JobSpec) -> None:
                 whens[0], "a job with depends_on is triggered by its upstream jobs; give no time"
             )
         for upstream in spec.depends_on:
-            if not JOB_ID.match(upstream):
-                raise InvalidDefinition("depends_on", f"{upstream!r} is not a job id")
+            # The log's id of one of the team's own jobs (core.ids), or a bare id from before
+            # ids were scoped.
+            if not is_log_job_id(upstream, spec.tenant):
+                raise InvalidDefinition("depends_on", f"{team_id(upstream)!r} is not a job id")
         if len(set(spec.depends_on)) != len(spec.depends_on):
             raise InvalidDefinition("depends_on", "lists a job twice")
     elif len(whens) != 1:

@@ -486,6 +486,23 @@ class KafkaMembership:
         with self._lock:
             return frozenset(self._writers)
 
+    def renew(self, partition: int) -> KafkaPartitionWriter:
+        with self._lock:
+            old = self._writers.get(partition)
+        if old is None:
+            raise Fenced(f"partition {partition} is not owned by this member")
+        old.close()
+        # The new producer's init_transactions fences the old one and settles its open
+        # transaction (committed if its commit was under way, aborted otherwise).
+        new = KafkaPartitionWriter.open(self._log, partition, self.group_metadata)
+        new._position = old.command_position()
+        with self._lock:
+            if self._writers.get(partition) is not old:  # revoked meanwhile
+                new.close()
+                raise Fenced(f"partition {partition} is not owned by this member")
+            self._writers[partition] = new
+        return new
+
     def group_metadata(self) -> object:
         """The group generation and member id a transaction's command position is sent with."""
         with self._lock:

@@ -108,6 +108,11 @@ class SingleNodeMembership:
         with self._lock:
             return frozenset(self._writers)
 
+    def renew(self, partition: int) -> PartitionWriter:
+        # The only writer of an in-process log fails only once another member replaced this
+        # one, and then the partition is not owned here any more.
+        return self.writer(partition)
+
     def close(self) -> None:
         with self._lock:
             if self._state == "closed":

@@ -94,6 +94,13 @@ class Membership(Protocol):
 
     def owned(self) -> frozenset[int]: ...
 
+    def renew(self, partition: int) -> PartitionWriter:
+        """Replace the writer of a partition this member still owns after the writer failed
+        for good (closed on an error it could not recover from, such as a transaction whose
+        outcome is unknown): open a new one, which fences the old and settles its open write.
+        Raises ``Fenced`` when the partition is not owned here any more. Called from the
+        thread that polls."""
+
     def close(self) -> None:
         """Leave the group; partitions are revoked first."""
 

@@ -40,8 +40,7 @@ import email.utils
 import logging
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -50,16 +49,22 @@ import aiohttp
 import msgspec
 
 from core import events as ev
-from core.commands import CompleteRun, HeartbeatRun, Outcome
-from core.errors import CronlogError, LeaseLost
+from core.commands import AnyCommand, CompleteRun, HeartbeatRun, Outcome
+from core.errors import CronlogError, LeaseLost, Unavailable
+from core.ids import idempotency_key, team_id
 from core.jobs import HttpTarget, JobSpec, KafkaTarget
 from core.state import RunState, ageing_key
 from node.admission import Admission, RateLimit, Ticket
-from node.runner import Decided, Dispatcher, PartitionRunner, Request
+from node.runner import Dispatcher, PartitionRunner
 
 log = logging.getLogger(__name__)
 
 MAX_ERROR = 500
+# How long past its lease an outcome is still offered to an owner that was unavailable: the
+# lease may have been extended by a heartbeat that was decided but not yet answered.
+COMPLETE_GRACE_S = 2.0
+
+Route = Callable[[AnyCommand], Awaitable[list[ev.AnyEvent]]]
 
 
 def iso(ms: int) -> str:
@@ -70,17 +75,13 @@ def iso(ms: int) -> str:
     )
 
 
-def idempotency_key(job_id: str, scheduled_for: int) -> str:
-    return f"{job_id}:{scheduled_for}"
-
-
 def run_body(lease: ev.LeaseGranted, spec: JobSpec) -> bytes:
     return msgspec.json.encode(
         {
-            "job_id": lease.job_id,
+            "job_id": team_id(lease.job_id),
             "name": spec.name,
             "tenant": lease.tenant,
-            "run_id": lease.run_id,
+            "run_id": team_id(lease.run_id),
             "scheduled_for": iso(lease.scheduled_for),
             "scheduled_for_ms": lease.scheduled_for,
             "attempt": lease.attempt,
@@ -93,7 +94,7 @@ def run_body(lease: ev.LeaseGranted, spec: JobSpec) -> bytes:
 def run_headers(lease: ev.LeaseGranted) -> dict[str, str]:
     return {
         "Idempotency-Key": idempotency_key(lease.job_id, lease.scheduled_for),
-        "X-Cronlog-Run-Id": lease.run_id,
+        "X-Cronlog-Run-Id": team_id(lease.run_id),
         "X-Cronlog-Attempt": str(lease.attempt),
         "X-Cronlog-Fencing-Token": str(lease.fencing_token),
     }
@@ -166,6 +167,8 @@ class Executors(Dispatcher):
         self._producer_factory = producer_factory
         self._producer: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # The node's way to its partitions' owners (set by the node before it starts us).
+        self.route: Route | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -296,7 +299,7 @@ class Executors(Dispatcher):
     async def _run(self, runner: PartitionRunner, lease: ev.LeaseGranted, spec: JobSpec) -> None:
         try:
             call = asyncio.ensure_future(self.call(lease, spec))
-            beat = asyncio.ensure_future(self._heartbeat(runner, lease, spec, call))
+            beat = asyncio.ensure_future(self._heartbeat(lease, spec, call))
             try:
                 result = await call
             except asyncio.CancelledError:
@@ -305,19 +308,7 @@ class Executors(Dispatcher):
                 raise
             finally:
                 beat.cancel()
-            runner.submit(
-                Request(
-                    CompleteRun(
-                        run_id=lease.run_id,
-                        fencing_token=lease.fencing_token,
-                        outcome=result.outcome,
-                        error=result.error,
-                        permanent=result.permanent,
-                        ambiguous=result.ambiguous,
-                        retry_after_ms=result.retry_after_ms,
-                    )
-                )
-            )
+            await self._complete(lease, spec, result)
         except asyncio.CancelledError:
             pass
         except Exception:
@@ -325,12 +316,51 @@ class Executors(Dispatcher):
         finally:
             self.release(lease.tenant)
 
+    async def _ask(self, command: AnyCommand) -> CronlogError | None:
+        """Have the partition's owner decide ``command``, wherever it runs now (the node routes
+        it: a partition that moved while the call ran still hears of it); its refusal, if any."""
+        if self.route is None:
+            raise CronlogError("executors started without a node to route their requests")
+        try:
+            await self.route(command)
+        except CronlogError as err:
+            return err
+        return None
+
+    async def _complete(self, lease: ev.LeaseGranted, spec: JobSpec, result: Result) -> None:
+        """Record the attempt's outcome, asking again while the owner is unavailable, for as long
+        as the lease could still be live. The room is held until then, so a drain waits for
+        outcomes to be durable, not only for calls to end."""
+        command = CompleteRun(
+            run_id=lease.run_id,
+            fencing_token=lease.fencing_token,
+            outcome=result.outcome,
+            error=result.error,
+            permanent=result.permanent,
+            ambiguous=result.ambiguous,
+            retry_after_ms=result.retry_after_ms,
+        )
+        give_up = time.monotonic() + spec.lease_sec + COMPLETE_GRACE_S
+        delay = 0.05
+        while True:
+            refused = await self._ask(command)
+            if not isinstance(refused, Unavailable):
+                if refused is not None:  # the lease ran out, or the run was cancelled
+                    log.info("run %s: outcome not recorded: %s", lease.run_id, refused)
+                return
+            if time.monotonic() + delay > give_up:
+                log.warning(
+                    "run %s: outcome %s not recorded, its partition stayed unavailable: %s",
+                    lease.run_id,
+                    result.outcome,
+                    refused,
+                )
+                return
+            await asyncio.sleep(delay)  # a backoff between attempts, not a wait for an event
+            delay = min(1.0, delay * 2)
+
     async def _heartbeat(
-        self,
-        runner: PartitionRunner,
-        lease: ev.LeaseGranted,
-        spec: JobSpec,
-        call: asyncio.Future[Result],
+        self, lease: ev.LeaseGranted, spec: JobSpec, call: asyncio.Future[Result]
     ) -> bool:
         """Keep the lease alive; cancel ``call`` and return True if it was lost."""
         interval = max(0.2, spec.lease_sec / 3)
@@ -338,16 +368,11 @@ class Executors(Dispatcher):
             await asyncio.sleep(interval)
             if call.done():
                 break
-            answer: Future[Decided | CronlogError] = Future()
-            runner.submit(
-                Request(
-                    HeartbeatRun(run_id=lease.run_id, fencing_token=lease.fencing_token),
-                    reply=answer.set_result,
-                )
+            refused = await self._ask(
+                HeartbeatRun(run_id=lease.run_id, fencing_token=lease.fencing_token)
             )
-            outcome = await asyncio.wrap_future(answer)
-            if isinstance(outcome, LeaseLost):
-                log.info("run %s: %s", lease.run_id, outcome)
+            if isinstance(refused, LeaseLost):
+                log.info("run %s: %s", lease.run_id, refused)
                 call.cancel()
                 return True
         return False
@@ -414,7 +439,7 @@ class Executors(Dispatcher):
 
         self._producer.produce(
             target.topic,
-            key=lease.job_id.encode(),
+            key=team_id(lease.job_id).encode(),
             value=run_body(lease, spec),
             headers=list(run_headers(lease).items()),
             on_delivery=delivered,

@@ -54,6 +54,7 @@ class Gauges:
     executor_in_flight: int = 0
     waiting_for_room: int = 0  # due push runs held back by the node's or their team's room
     waiting_for_rate: int = 0  # ... by their downstream's max_calls_per_sec
+    partitions_not_deciding: int = 0  # owned, but recovering, failing, fenced or without runner
 
 
 class NodeMetrics:
@@ -85,6 +86,18 @@ class NodeMetrics:
         )
         self.leases = Counter(
             "cronlog_leases_granted", "Attempts started (leases granted).", registry=r
+        )
+        self.runner_failures = Counter(
+            "cronlog_partition_runner_failures",
+            "Partition runners that failed and recovered, or ended while their partition was "
+            "still owned and were started again.",
+            registry=r,
+        )
+        self.thread_failures = Counter(
+            "cronlog_thread_failures",
+            "Failures of the node's own threads, which then try again, by thread.",
+            ["thread"],
+            registry=r,
         )
         self.reclaimed = Counter(
             "cronlog_leases_expired",
@@ -203,6 +216,12 @@ class _GaugeCollector:
         ready.add_metric([], 1.0 if g.ready else 0.0)
         owned = GaugeMetricFamily("cronlog_partitions_owned", "Partitions this node decides.")
         owned.add_metric([], g.partitions_owned)
+        dark = GaugeMetricFamily(
+            "cronlog_partitions_not_deciding",
+            "Partitions this node owns but does not decide now (recovering, failing, fenced): "
+            "alert when it stays above 0.",
+        )
+        dark.add_metric([], g.partitions_not_deciding)
         runs = GaugeMetricFamily(
             "cronlog_runs",
             "Live and dead runs of the owned partitions, by state.",
@@ -244,4 +263,4 @@ class _GaugeCollector:
         )
         held.add_metric(["room"], g.waiting_for_room)
         held.add_metric(["rate"], g.waiting_for_rate)
-        return [ready, owned, runs, queue, oldest, jobs, lag, calls, held]
+        return [ready, owned, dark, runs, queue, oldest, jobs, lag, calls, held]

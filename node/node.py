@@ -16,6 +16,15 @@ decides it and replies, once its events are durable, to this node's mailbox
 been decided, and retrying it is safe (requests are idempotent or fenced). Every answer is
 given only once its events are durable in the log and the read model has caught up with them,
 so a client reads its own writes.
+
+**Nothing owned stays dead.** Every thread the node starts catches what goes wrong, says so
+and carries on. A partition runner recovers by itself after a failure (:mod:`node.runner`); the
+membership thread, after each poll, also checks that every partition the node owns has a runner
+that is alive (:meth:`Node._supervise`), starts one where it has none, and renews the writer of
+a partition whose runner was fenced while the group still assigns it to this node (a writer
+that failed on a broker's error, not a new owner: a real new owner's revocation arrives within
+``FENCE_GRACE_S``). Readiness is the same check: ``/readyz`` fails, and the metrics show it,
+while any owned partition is not deciding.
 """
 
 from __future__ import annotations
@@ -66,6 +75,14 @@ log = logging.getLogger(__name__)
 
 READ_YOUR_WRITES_S = 5.0
 FORWARD_TIMEOUT_S = 10.0
+# A local runner answers every request it takes, even when it fails; this bounds the wait
+# should that ever not hold, so no caller waits forever.
+LOCAL_TIMEOUT_S = 60.0
+# A runner fenced while its partition is still assigned here waits this long for the group's
+# revocation before the node takes it for a failed writer and opens a new one.
+FENCE_GRACE_S = 5.0
+RETRY_BACKOFF_S = 0.2  # a thread of the node that failed tries again after this, doubling
+MAX_RETRY_BACKOFF_S = 10.0
 # A command that cannot be decoded still advances the partition's command position.
 _NOTHING = SlotDue(job_id="")
 
@@ -89,14 +106,15 @@ class Node:
         node_id: str = "node-1",
         clock: Clock | None = None,
         executors: Executors | None = None,
+        fence_grace_s: float = FENCE_GRACE_S,
     ) -> None:
         self.node_id = node_id
+        self._fence_grace_s = fence_grace_s
         self._log = log_
         self._data_dir = Path(data_dir)
         self._clock = clock or SystemClock()
         self.executors = executors or Executors(node_id)
         self._runners: dict[int, PartitionRunner] = {}
-        self._stores: dict[int, RocksStateStore] = {}
         self._lock = threading.Lock()
         self._membership: Membership | None = None
         self._poller: threading.Thread | None = None
@@ -107,10 +125,15 @@ class Node:
         self._mail_reader: threading.Thread | None = None
         self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
         self._history = ReadModel.open(self._data_dir)
-        self._history_runner = ReadModelRunner(log_, self._history)
-        self._relay = DependencyRelay(log_, self._history, self.execute)
         self.metrics = NodeMetrics()
+        self._history_runner = ReadModelRunner(
+            log_,
+            self._history,
+            on_failed=lambda p, err: self.metrics.thread_failures.labels("read-model").inc(),
+        )
+        self._relay = DependencyRelay(log_, self._history, self.execute)
         self.metrics.watch(self.gauges)
+        self.executors.route = self._decide
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -150,16 +173,21 @@ class Node:
 
     def _poll(self) -> None:
         assert self._membership is not None
+        failures = 0
         while not self._stopping.is_set():
             try:
                 records = self._membership.poll(0.2)
-            except CronlogError:
+                for record in records:
+                    self._from_log(record.partition, record.offset, record.value)
+                self._supervise()
+                failures = 0
+            except Exception:
                 if self._stopping.is_set():
                     return
-                log.exception("membership poll failed")
-                continue
-            for record in records:
-                self._from_log(record.partition, record.offset, record.value)
+                failures += 1
+                self.metrics.thread_failures.labels("membership").inc()
+                log.exception("%s: membership poll failed (%d in a row)", self.node_id, failures)
+                self._stopping.wait(_backoff(failures))
 
     def _from_log(self, partition: int, offset: int, value: bytes) -> None:
         runner = self._runners.get(partition)
@@ -190,8 +218,20 @@ class Node:
 
     def _read_mailbox(self) -> None:
         assert self._mailbox is not None
+        failures = 0
         while not self._stopping.is_set():
-            for raw in self._mailbox.poll(0.2):
+            try:
+                raws = self._mailbox.poll(0.2)
+                failures = 0
+            except Exception:
+                if self._stopping.is_set():
+                    return
+                failures += 1
+                self.metrics.thread_failures.labels("mailbox").inc()
+                log.exception("%s: mailbox poll failed (%d in a row)", self.node_id, failures)
+                self._stopping.wait(_backoff(failures))
+                continue
+            for raw in raws:
                 try:
                     reply = wire.decode_reply(raw)
                 except msgspec.ValidationError:
@@ -205,27 +245,60 @@ class Node:
     # -- ownership (called from inside Membership.poll) -------------------------------------
 
     def assigned(self, partitions: list[int]) -> None:
-        assert self._membership is not None
         for p in partitions:
-            store = RocksStateStore.open(self._data_dir, p)
-            runner = PartitionRunner(
-                p,
-                self._log,
-                TimedWriter(self._membership.writer(p), self.metrics),
-                store,
-                self._clock,
-                self.executors,
-                on_appended=self._appended,
-                on_recovered=self._relay.recovered,
-            )
-            with self._lock:
-                self._stores[p] = store
-                self._runners[p] = runner
-            runner.start()
+            self._start_runner(p)
         self._assigned.set()
         with self._ownership:
             self._ownership.notify_all()
         log.info("%s owns partitions %s", self.node_id, sorted(self._runners))
+
+    def _start_runner(self, partition: int) -> None:
+        """Start deciding ``partition``: a runner that opens its store and recovers in its own
+        thread, so nothing here can fail on the store."""
+        assert self._membership is not None
+        runner = PartitionRunner(
+            partition,
+            self._log,
+            TimedWriter(self._membership.writer(partition), self.metrics),
+            lambda: RocksStateStore.open(self._data_dir, partition),
+            self._clock,
+            self.executors,
+            on_appended=self._appended,
+            on_recovered=self._relay.recovered,
+            on_failed=self._runner_failed,
+        )
+        with self._lock:
+            self._runners[partition] = runner
+        runner.start()
+
+    def _runner_failed(self, partition: int, err: BaseException) -> None:
+        self.metrics.runner_failures.inc()
+
+    def _supervise(self) -> None:
+        """(On the membership thread, after each poll.) Every owned partition has a live runner:
+        start one where a runner ended while the partition is still assigned here."""
+        assert self._membership is not None
+        for p in sorted(self._membership.owned()):
+            with self._lock:
+                runner = self._runners.get(p)
+            if runner is not None and not runner.ended.is_set():
+                continue
+            if runner is None:
+                log.error("partition %d: owned without a runner; starting one", p)
+            elif runner.fenced:
+                if runner.ended_for() < self._fence_grace_s:
+                    continue  # a new owner's revocation is on its way
+                log.error(
+                    "partition %d: fenced %.1f s ago but still assigned here: its writer failed;"
+                    " opening a new one",
+                    p,
+                    runner.ended_for(),
+                )
+                self._membership.renew(p)
+            else:
+                log.error("partition %d: runner ended while owned; starting a new one", p)
+            self.metrics.runner_failures.inc()
+            self._start_runner(p)
 
     def _appended(self, partition: int, offsets: list[int], events: list[ev.AnyEvent]) -> None:
         self.metrics.appended(partition, offsets, events)
@@ -235,11 +308,8 @@ class Node:
         for p in partitions:
             with self._lock:
                 runner = self._runners.pop(p, None)
-                store = self._stores.pop(p, None)
             if runner is not None:
                 runner.stop()
-            if store is not None:
-                store.close()
         with self._ownership:
             self._ownership.notify_all()
 
@@ -258,8 +328,23 @@ class Node:
         return self._clock.now_ms()
 
     def ready(self) -> bool:
-        runners = list(self._runners.values())
-        return bool(runners) and all(r.caught_up.is_set() and not r.stopped for r in runners)
+        """Owns partitions and decides every one of them (recovered, not failing)."""
+        return bool(self._membership is not None and self._membership.owned()) and not (
+            self.not_deciding()
+        )
+
+    def not_deciding(self) -> list[int]:
+        """Partitions this node owns whose runner is not deciding: recovering, failing, fenced,
+        or missing."""
+        if self._membership is None:
+            return []
+        with self._lock:
+            runners = dict(self._runners)
+        return [
+            p
+            for p in sorted(self._membership.owned())
+            if p not in runners or not runners[p].deciding.is_set()
+        ]
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Block until this node owns partitions and every one has caught up."""
@@ -278,6 +363,7 @@ class Node:
         """The node as it is now, for the metrics' gauges (called at each scrape)."""
         now = self._clock.now_ms()
         g = Gauges(ready=self.ready(), executor_in_flight=self.executors.in_flight)
+        g.partitions_not_deciding = len(self.not_deciding())
         g.waiting_for_room, g.waiting_for_rate = self.executors.waiting
         g.runs = dict.fromkeys((s.value for s in RunStatus), 0)
         g.jobs = dict.fromkeys((s.value for s in JobStatus), 0)
@@ -307,10 +393,18 @@ class Node:
         partition = partition_for(routing_key(command), self._log.num_partitions)
         return await self._execute_on(partition, command)
 
-    async def _execute_on(self, partition: int, command: AnyCommand) -> list[ev.AnyEvent]:
+    async def _decide(self, command: AnyCommand) -> list[ev.AnyEvent]:
+        """``execute`` without waiting for the read model: for the executors' heartbeats and
+        outcomes, which nobody reads back."""
+        partition = partition_for(routing_key(command), self._log.num_partitions)
+        return await self._execute_on(partition, command, visible=False)
+
+    async def _execute_on(
+        self, partition: int, command: AnyCommand, *, visible: bool = True
+    ) -> list[ev.AnyEvent]:
         runner = self._runners.get(partition)
         if runner is None:
-            return await self._forward(partition, command)
+            return await self._forward(partition, command, visible=visible)
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Decided | CronlogError] = loop.create_future()
 
@@ -322,16 +416,28 @@ class Node:
             loop.call_soon_threadsafe(deliver, result)
 
         runner.submit(Request(command, reply=settle))
-        result = await answer
+        try:
+            result = await asyncio.wait_for(answer, LOCAL_TIMEOUT_S)
+        except TimeoutError:
+            log.error("partition %d: no answer in %.0f s", partition, LOCAL_TIMEOUT_S)
+            raise Unavailable(f"partition {partition} did not answer") from None
         if isinstance(result, CronlogError):
             raise result
-        if result.offsets and self._history.position(partition) <= result.offsets[-1]:
-            await asyncio.to_thread(
-                self._history.wait_for, partition, result.offsets[-1], READ_YOUR_WRITES_S
-            )
+        if visible:
+            await self._visible(partition, result.offsets)
         return result.events
 
-    async def _forward(self, partition: int, command: AnyCommand) -> list[ev.AnyEvent]:
+    async def _visible(self, partition: int, offsets: list[int]) -> None:
+        """Wait until the read model holds the events at ``offsets``, so the caller reads its
+        own writes."""
+        if offsets and self._history.position(partition) <= offsets[-1]:
+            await asyncio.to_thread(
+                self._history.wait_for, partition, offsets[-1], READ_YOUR_WRITES_S
+            )
+
+    async def _forward(
+        self, partition: int, command: AnyCommand, *, visible: bool = True
+    ) -> list[ev.AnyEvent]:
         """Ask the partition's owner, wherever it runs, through the log."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[wire.Reply] = loop.create_future()
@@ -358,10 +464,8 @@ class Node:
         err = wire.error_of(reply)
         if err is not None:
             raise err
-        if reply.offsets and self._history.position(partition) <= reply.offsets[-1]:
-            await asyncio.to_thread(
-                self._history.wait_for, partition, reply.offsets[-1], READ_YOUR_WRITES_S
-            )
+        if visible:
+            await self._visible(partition, reply.offsets)
         return reply.events
 
     async def claim(
@@ -386,3 +490,7 @@ class Node:
                 continue
             granted += [e for e in events if isinstance(e, ev.LeaseGranted)]
         return granted
+
+
+def _backoff(failures: int) -> float:
+    return min(MAX_RETRY_BACKOFF_S, RETRY_BACKOFF_S * 2.0 ** (failures - 1))

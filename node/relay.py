@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 from core import events as ev
 from core.commands import AnyCommand, UpstreamSucceeded
@@ -63,12 +64,15 @@ class DependencyRelay:
 
     def recovered(self, partition: int) -> None:
         """Called by a runner once it has caught up: relay recent successes again."""
-        self._loop.call_soon_threadsafe(
-            lambda: self._loop.create_task(self._relay_recent(partition))
-        )
+        self._loop.call_soon_threadsafe(self._task, self._relay_recent(partition))
 
     def _spawn(self, completed: ev.RunCompleted) -> None:
-        self._loop.create_task(self._relay(completed))
+        self._task(self._relay(completed))
+
+    def _task(self, work: Coroutine[Any, Any, None]) -> None:
+        """(On the relay's loop.) Run ``work``; should it fail, say so at once rather than when
+        the task is collected."""
+        self._loop.create_task(work).add_done_callback(_report)
 
     async def _relay_recent(self, partition: int) -> None:
         end = await asyncio.to_thread(self._log.end_offset, "events", partition)
@@ -102,3 +106,8 @@ class DependencyRelay:
                 except CronlogError as err:
                     log.info("relay to %s, attempt %d: %s", job_id, attempt + 1, err)
                     await asyncio.sleep(min(30.0, 0.5 * 2**attempt))  # a backoff, not a wait
+
+
+def _report(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("dependency relay failed", exc_info=task.exception())

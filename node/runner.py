@@ -16,6 +16,15 @@ leased. A failed append means the in-memory state ran ahead of the log: the runn
 every caller "unavailable" and recovers from the store and the log again; a fenced append
 means another node owns the partition now, and the runner stops.
 
+**The runner supervises itself.** Anything else that goes wrong — a bug in a decision, a store
+that cannot be read, a write that failed in a way the loop did not foresee — ends the batch in
+hand (its callers are told "unavailable", the room it reserved is given back), and the runner
+recovers again from its store and the log after a short backoff (doubling up to
+``MAX_RESTART_DELAY_S``). It never stays owned and dead: until it has recovered,
+:attr:`PartitionRunner.deciding` is clear, the node reports it not ready, and the first failure
+of a streak is logged with its traceback. Callers are never trusted: a reply to a caller that
+has gone away (a cancelled future, say) is logged and dropped, never raised into the loop.
+
 A run for a push target starts only with room reserved in the node's executors
 (:class:`Dispatcher`); one refused room waits in the executors' queue, which hands it back
 through :meth:`PartitionRunner.grant` when room frees up, so no timer spins while it waits.
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,7 +45,7 @@ from core.commands import AnyCommand, LeaseDue, SlotDue, StartRun
 from core.decide import decide
 from core.errors import CronlogError, Fenced, Unavailable
 from core.events import AnyEvent
-from core.state import PartitionState, RunState, evolve
+from core.state import PartitionState, RunState, RunStatus, evolve
 from core.timers import TimerKey, all_timers, timers_after
 from core.wheel import TimingWheel
 from eventlog.port import EventLog, PartitionWriter
@@ -48,6 +58,8 @@ MAX_BATCH = 2000  # requests decided per append
 # within milliseconds instead of after the whole herd was decided.
 MAX_TIMERS = 500
 IDLE_WAIT_S = 0.5  # the longest a runner sleeps without looking at the clock again
+RESTART_DELAY_S = 0.1  # the first recovery after a failure; doubles with each failure in a row
+MAX_RESTART_DELAY_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,20 +108,23 @@ class PartitionRunner:
         partition: int,
         log_: EventLog,
         writer: PartitionWriter,
-        store: StateStore,
+        open_store: Callable[[], StateStore],
         clock: Clock,
         dispatcher: Dispatcher,
         on_appended: Callable[[int, list[int], list[AnyEvent]], None] | None = None,
         on_recovered: Callable[[int], None] | None = None,
+        on_failed: Callable[[int, BaseException], None] | None = None,
     ) -> None:
         self.partition = partition
         self._log = log_
         self._writer = writer
-        self._store = store
+        self._open_store = open_store
+        self._store: StateStore | None = None  # opened by the loop, closed when it ends
         self._clock = clock
         self._dispatcher = dispatcher
         self._on_appended = on_appended
         self._on_recovered = on_recovered
+        self._on_failed = on_failed
         self._inbox: deque[Request] = deque()
         self._cv = threading.Condition()
         self._stopped = False
@@ -118,7 +133,15 @@ class PartitionRunner:
         self.wheel: TimingWheel[TimerKey] = TimingWheel(clock.now_ms())
         self._due: deque[TimerKey] = deque()
         self._granted: list[tuple[str, str]] = []  # (tenant, run id) given room by the dispatcher
-        self.caught_up = threading.Event()
+        # Set while the runner decides: recovered, and not failing since. ``caught_up`` is the
+        # same event under the name the node's start-up waits by.
+        self.deciding = threading.Event()
+        self.caught_up = self.deciding
+        self.fenced = False  # the loop ended because another writer owns the partition
+        self.ended = threading.Event()  # the loop's thread has returned
+        self._ended_at: float | None = None  # its time.monotonic()
+        self.failures = 0  # failures since the last batch that went through
+        self.restarts = 0  # recoveries after a failure, over the runner's life
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -141,14 +164,18 @@ class PartitionRunner:
     def stopped(self) -> bool:
         return self._stopped
 
+    @property
+    def alive(self) -> bool:
+        """The loop's thread is running (deciding, or recovering after a failure)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def submit(self, request: Request) -> None:
         with self._cv:
-            if self._stopped:
-                if request.reply is not None:
-                    request.reply(Unavailable(f"partition {self.partition} is not running here"))
+            if not self._stopped:
+                self._inbox.append(request)
+                self._cv.notify()
                 return
-            self._inbox.append(request)
-            self._cv.notify()
+        _reply(request, Unavailable(f"partition {self.partition} is not running here"))
 
     def grant(self, tenant: str, run_id: str) -> bool:
         """Start ``run_id``, which waited for room the dispatcher has now reserved for it.
@@ -160,7 +187,14 @@ class PartitionRunner:
             self._cv.notify()
             return True
 
+    def ended_for(self) -> float:
+        """Seconds since the loop ended (0 while it runs)."""
+        return 0.0 if self._ended_at is None else time.monotonic() - self._ended_at
+
     def _recover(self) -> None:
+        self.deciding.clear()
+        if self._store is None:
+            self._store = self._open_store()
         self.state = catch_up(self._store, self._log, self.partition)
         now = self._clock.now_ms()
         self.wheel = TimingWheel(now)
@@ -168,7 +202,7 @@ class PartitionRunner:
         for key, deadline in all_timers(self.state):
             if not self.wheel.add(key, deadline):
                 self._due.append(key)
-        self.caught_up.set()
+        self.deciding.set()
         if self._on_recovered is not None:
             self._on_recovered(self.partition)
 
@@ -176,23 +210,72 @@ class PartitionRunner:
 
     def _run(self) -> None:
         try:
-            self._recover()
             while not self._stopped:
-                batch = self._wait_for_work()
-                if self._stopped:
-                    break
-                now = self._clock.now_ms()
-                for _, key in self.wheel.advance(now):
-                    self._due.append(key)
-                self._process(batch, now)
-        except Fenced:
-            log.warning("partition %d: fenced, another node owns it now", self.partition)
-        except Exception:
-            log.exception("partition %d: runner failed", self.partition)
+                try:
+                    self._recover()
+                    self._decide_until_stopped()
+                except Fenced:
+                    self.fenced = True
+                    log.warning("partition %d: fenced, another node owns it now", self.partition)
+                    return
+                except Exception as err:
+                    self._failed(err)
         finally:
             with self._cv:
                 self._stopped = True
+            self.deciding.clear()
             self._fail_waiting()
+            self._close_store()
+            self._ended_at = time.monotonic()
+            self.ended.set()
+
+    def _decide_until_stopped(self) -> None:
+        while not self._stopped:
+            batch = self._wait_for_work()
+            if self._stopped:
+                break
+            now = self._clock.now_ms()
+            for _, key in self.wheel.advance(now):
+                self._due.append(key)
+            self._process(batch, now)
+            self.failures = 0
+
+    def _failed(self, err: Exception) -> None:
+        """Count the failure, say so, and wait before recovering again (``stop`` cuts it short)."""
+        self.deciding.clear()
+        self.failures += 1
+        self.restarts += 1
+        delay = min(MAX_RESTART_DELAY_S, RESTART_DELAY_S * 2.0 ** (self.failures - 1))
+        if self.failures == 1:
+            log.exception(
+                "partition %d: runner failed; recovering from its store and the log in %.1f s",
+                self.partition,
+                delay,
+            )
+        else:
+            log.error(
+                "partition %d: runner failed again (%d in a row): %r; recovering in %.1f s",
+                self.partition,
+                self.failures,
+                err,
+                delay,
+            )
+        if self._on_failed is not None:
+            try:
+                self._on_failed(self.partition, err)
+            except Exception:
+                log.exception("partition %d: on_failed failed", self.partition)
+        self._close_store()  # opened afresh: whatever failed may have been the store
+        with self._cv:
+            self._cv.wait_for(lambda: self._stopped, delay)
+
+    def _close_store(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            try:
+                store.close()
+            except Exception:
+                log.exception("partition %d: closing its state store failed", self.partition)
 
     def _wait_for_work(self) -> list[Request]:
         with self._cv:
@@ -231,6 +314,52 @@ class PartitionRunner:
     def _process(self, batch: list[Request], now: int) -> None:
         events: list[AnyEvent] = []
         answers: list[tuple[Request, tuple[int, int] | CronlogError]] = []
+        # Runs that start here (run id -> tenant): each holds a reservation until its lease
+        # is dispatched after the append.
+        starting: dict[str, str] = {}
+        try:
+            through = self._decide_batch(batch, now, events, answers, starting)
+        except BaseException:
+            # The state ran ahead of the log with nothing appended: the supervisor recovers.
+            self._release(starting)
+            _answer_all(batch, Unavailable(f"partition {self.partition} failed; try again"))
+            raise
+        if not events and through is None:
+            _answer(answers, [], [])
+            return
+        try:
+            offsets = self._writer.append([ev.encode(e) for e in events], commands_through=through)
+        except Fenced:
+            self._release(starting)
+            _answer_all(batch, Unavailable(f"partition {self.partition} moved"))
+            raise
+        except Exception as err:
+            log.exception("partition %d: append failed; recovering", self.partition)
+            _answer(answers, [], [], Unavailable(f"partition {self.partition}: {err}"))
+            self._recover_after_append(events, starting)
+            return
+        # Durable: answer, and start what was leased, before the store (which the log can
+        # always rebuild) and the observers.
+        _answer(answers, events, offsets)
+        self._dispatch(events, starting)
+        assert self._store is not None
+        self._store.save(self.state, list(zip(offsets, events, strict=True)))
+        if self._on_appended is not None and events:
+            try:
+                self._on_appended(self.partition, offsets, events)
+            except Exception:  # an observer's failure must not strand the decided batch
+                log.exception("partition %d: on_appended failed", self.partition)
+
+    def _decide_batch(
+        self,
+        batch: list[Request],
+        now: int,
+        events: list[AnyEvent],
+        answers: list[tuple[Request, tuple[int, int] | CronlogError]],
+        starting: dict[str, str],
+    ) -> int | None:
+        """Decide the batch's requests, the runs granted room and the timers due; return the
+        command position the batch moves to, if any."""
         through: int | None = None
         for request in batch:
             start = len(events)
@@ -241,13 +370,15 @@ class PartitionRunner:
                 answers.append((request, err))
             if request.offset is not None:
                 through = request.offset + 1
-        # Runs that start here (run id -> tenant): each holds a reservation until its lease
-        # is dispatched after the append.
-        starting: dict[str, str] = {}
         with self._cv:
             granted, self._granted = self._granted, []
-        for tenant, run_id in granted:
-            self._start(tenant, run_id, now, events, starting)
+        for i, (tenant, run_id) in enumerate(granted):
+            try:
+                self._start(tenant, run_id, now, events, starting)
+            except BaseException:
+                for left, _ in granted[i + 1 :]:
+                    self._dispatcher.release(left)
+                raise
         fired = 0
         while self._due and fired < MAX_TIMERS:
             fired += 1
@@ -262,39 +393,41 @@ class PartitionRunner:
                 self._decide(command, now, events)
             except CronlogError as err:  # a timer's command can lose a race with a request
                 log.debug("partition %d: %s", self.partition, err)
-        offsets: list[int] = []
-        if events or through is not None:
-            try:
-                offsets = self._writer.append(
-                    [ev.encode(e) for e in events], commands_through=through
-                )
-            except Fenced:
-                self._release(starting)
-                self._answer(answers, Unavailable(f"partition {self.partition} moved"))
-                raise
-            except Exception as err:
-                log.exception("partition %d: append failed; recovering", self.partition)
-                self._release(starting)
-                self._answer(answers, Unavailable(f"partition {self.partition}: {err}"))
-                self._recover()
-                return
-            self._store.save(self.state, list(zip(offsets, events, strict=True)))
-            if self._on_appended is not None and events:
-                try:
-                    self._on_appended(self.partition, offsets, events)
-                except Exception:  # an observer's failure must not strand the decided batch
-                    log.exception("partition %d: on_appended failed", self.partition)
-        for request, answer in answers:
-            if request.reply is None:
-                continue
-            if isinstance(answer, CronlogError):
-                request.reply(answer)
-            else:
-                first, end = answer
-                request.reply(Decided(events[first:end], offsets[first:end]))
+        return through
+
+    def _recover_after_append(self, events: list[AnyEvent], starting: dict[str, str]) -> None:
+        """After an append that failed, the log alone says what happened: recover from it, then
+        start the leases it holds after all (the call was never made, so making it now is its
+        first and only attempt) and give back the room of the rest."""
+        try:
+            self._recover()
+        except BaseException:
+            self._release(starting)
+            raise
         for event in events:
             if isinstance(event, ev.LeaseGranted) and event.run_id in starting:
-                self._dispatcher.dispatch(self, event)
+                run = self.state.runs.get(event.run_id)
+                if (
+                    run is not None
+                    and run.status is RunStatus.RUNNING
+                    and run.fencing_token == event.fencing_token
+                ):
+                    self._dispatch_one(event, starting.pop(event.run_id))
+        self._release(starting)
+
+    def _dispatch(self, events: list[AnyEvent], starting: dict[str, str]) -> None:
+        for event in events:
+            if isinstance(event, ev.LeaseGranted) and event.run_id in starting:
+                self._dispatch_one(event, starting[event.run_id])
+
+    def _dispatch_one(self, lease: ev.LeaseGranted, tenant: str) -> None:
+        try:
+            self._dispatcher.dispatch(self, lease)
+        except Exception:
+            # The lease stands and runs out unused; its run is retried (a critical one's
+            # outcome is then unknown). Say so rather than lose the room too.
+            log.exception("partition %d: run %s could not be started", self.partition, lease.run_id)
+            self._dispatcher.release(tenant)
 
     def _start(
         self, tenant: str, run_id: str, now: int, events: list[AnyEvent], starting: dict[str, str]
@@ -306,16 +439,15 @@ class PartitionRunner:
             log.debug("partition %d: %s", self.partition, err)
             self._dispatcher.release(tenant)
             return
+        except BaseException:
+            self._dispatcher.release(tenant)
+            raise
         starting[run_id] = tenant
 
     def _release(self, starting: dict[str, str]) -> None:
         for tenant in starting.values():
             self._dispatcher.release(tenant)
-
-    def _answer(self, answers: Sequence[tuple[Request, object]], err: CronlogError) -> None:
-        for request, _ in answers:
-            if request.reply is not None:
-                request.reply(err)
+        starting.clear()
 
     def _fail_waiting(self) -> None:
         with self._cv:
@@ -324,6 +456,38 @@ class PartitionRunner:
             granted, self._granted = self._granted, []
         for tenant, _ in granted:
             self._dispatcher.release(tenant)
-        for request in waiting:
-            if request.reply is not None:
-                request.reply(Unavailable(f"partition {self.partition} is not running here"))
+        _answer_all(waiting, Unavailable(f"partition {self.partition} is not running here"))
+
+
+def _reply(request: Request, answer: Decided | CronlogError) -> None:
+    """Answer ``request``; a caller that has gone away (its future cancelled, its loop closed)
+    is logged and forgotten, never an error of the runner's."""
+    if request.reply is None:
+        return
+    try:
+        request.reply(answer)
+    except Exception as err:
+        log.debug("an answer to %s had nobody to take it: %r", type(request.command).__name__, err)
+
+
+def _answer(
+    answers: Sequence[tuple[Request, tuple[int, int] | CronlogError]],
+    events: list[AnyEvent],
+    offsets: list[int],
+    not_written: CronlogError | None = None,
+) -> None:
+    """Answer each request: its refusal, its events at their offsets, or ``not_written`` when
+    the append of its events failed."""
+    for request, answer in answers:
+        if isinstance(answer, CronlogError):
+            _reply(request, answer)
+        elif not_written is not None:
+            _reply(request, not_written)
+        else:
+            first, end = answer
+            _reply(request, Decided(events[first:end], offsets[first:end]))
+
+
+def _answer_all(requests: Sequence[Request], err: CronlogError) -> None:
+    for request in requests:
+        _reply(request, err)

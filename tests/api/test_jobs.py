@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from api.translate import job_id_for_key
+from core.ids import log_job_id
 from tests.api.conftest import Api
 
 pytestmark = pytest.mark.anyio
@@ -37,7 +38,7 @@ async def test_create_answers_201_with_the_id_the_next_run_and_the_version(api: 
         "headers": {},
         "max_calls_per_sec": None,
     }
-    spec = api.fake.history.job("team-a", job["job_id"])
+    spec = api.fake.history.job("team-a", log_job_id("team-a", job["job_id"]))
     assert spec is not None and spec.spec.max_attempts == 3  # retries N: N + 1 attempts
     assert spec.spec.tenant == "team-a"  # from the token, never the body
 

@@ -15,6 +15,7 @@ from api.instants import parse_rfc3339
 from core.clock import FakeClock
 from core.commands import TriggerRun
 from core.events import AnyEvent, RunMaterialised
+from core.ids import team_id
 from projections.read_model import ReadModel
 from tests.api.conftest import START, Api, serve
 from tests.api.fakes import FakeScheduler
@@ -314,12 +315,12 @@ async def test_a_slot_decided_by_a_timer_is_waited_for(lagging: Lagging) -> None
 async def test_a_key_used_elsewhere_is_waited_for(lagging: Lagging) -> None:
     lagging.history.lagging = True
     [made] = await lagging.fake.execute(
-        TriggerRun(job_id="rollup", tenant="team-a", idempotency_key="k-1")
+        TriggerRun(job_id="team-a/rollup", tenant="team-a", idempotency_key="k-1")
     )
     assert isinstance(made, RunMaterialised)
     events = len(lagging.fake.events)
     r = await lagging.a.post("/v1/jobs/rollup/runs", headers={"Idempotency-Key": "k-1"})
-    assert (r.status_code, r.json()["run_id"]) == (200, made.run_id)
+    assert (r.status_code, r.json()["run_id"]) == (200, team_id(made.run_id))
     assert lagging.history.waits == 1
     assert len(lagging.fake.events) == events
 
@@ -329,7 +330,9 @@ async def test_a_run_that_never_becomes_readable_is_503(
 ) -> None:
     monkeypatch.setattr(api_runs, "CATCH_UP_S", 0.05)
     lagging.history.lagging, lagging.history.arrives = True, False
-    await lagging.fake.execute(TriggerRun(job_id="rollup", tenant="team-a", idempotency_key="k-1"))
+    await lagging.fake.execute(
+        TriggerRun(job_id="team-a/rollup", tenant="team-a", idempotency_key="k-1")
+    )
     events = len(lagging.fake.events)
     r = await lagging.a.post("/v1/jobs/rollup/runs", headers={"Idempotency-Key": "k-1"})
     assert (r.status_code, r.json()["error"]) == (503, "unavailable")

@@ -43,7 +43,7 @@ async def test_claim_gives_the_lease_and_what_to_do(api: Api) -> None:
         "lease_expires_at": "2026-11-29T08:05:31.500Z",
         "lease_sec": 30.0,
         "payload": {"table": "orders"},
-        "idempotency_key": f"export:{SLOT}",
+        "idempotency_key": f"team-a/export:{SLOT}",  # the log's job id: one team's alone
         "timeout_sec": 120.0,
     }
     view = (await api.a.get(f"/v1/runs/{run['run_id']}")).json()

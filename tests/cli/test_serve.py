@@ -123,7 +123,8 @@ def test_an_acknowledged_job_runs_after_kill_9(data_dir: Path, target: Target) -
     node = Serve(data_dir).start()
     try:
         (call,) = target.wait_for(1, timeout_s=10)
-        assert call.headers["Idempotency-Key"].startswith(f"{job_id}:")
+        assert call.headers["Idempotency-Key"].startswith(f"team-a/{job_id}:")
+        assert call.body["job_id"] == job_id
         assert call.received_at >= run_at - 0.001  # never early
         # The repeat of the same request is the same job, still one run.
         again = httpx.post(f"{node.url}/v1/jobs", json=body, headers=A, timeout=10)

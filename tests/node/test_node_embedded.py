@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,3 +151,62 @@ def test_a_dependent_job_runs_once_every_upstream_succeeded(node: Node, target: 
         by_job["up-a"].received_at, by_job["up-b"].received_at
     )
     assert len(target.wait_for(4, timeout_s=1)) == 3  # and only once
+
+
+def test_calls_that_end_while_a_heartbeat_is_decided_never_stop_a_partition(
+    node: Node, target: Target
+) -> None:
+    # Calls of about a third of their lease end while their heartbeat is being decided: the
+    # executor cancels the heartbeat, and the runner's answer then has nobody to take it. That
+    # once killed the runner, and with it every job of its partition.
+    rng = random.Random(7)
+    target.answer = lambda call: (200, {}, rng.uniform(0.330, 0.345))
+    jobs = [f"beat-{i}" for i in range(20)]
+    for job_id in jobs:
+        asyncio.run(
+            node.execute(
+                PutJob(
+                    job_id=job_id,
+                    spec=spec(target.url, schedule="* * * * * *", lease_sec=1, timeout_sec=5),
+                )
+            )
+        )
+    first = now_ms()
+    calls = target.wait_for(20 * 8, timeout_s=30)
+    assert node.ready() and node.not_deciding() == []
+    assert node.metrics.runner_failures._value.get() == 0
+    # Every job kept firing: each has calls for slots at least 6 s after the first create.
+    last_slot: dict[str, int] = {}
+    for call in calls:
+        job_id = call.body["job_id"]
+        last_slot[job_id] = max(last_slot.get(job_id, 0), call.body["scheduled_for_ms"])
+    assert set(last_slot) == set(jobs)
+    assert min(last_slot.values()) >= first + 6_000
+
+
+def test_a_partition_that_cannot_recover_is_not_ready_until_it_does(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Partition 2's state store cannot be opened (something else sits at its path): the node
+    # owns the partition, says it is not deciding it, and keeps trying until it can.
+    blocker = tmp_path / "node" / "state" / "p2"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a store")
+    log = EmbeddedLog.open(tmp_path / "log", 4)
+    n = Node(log, tmp_path / "node", node_id="n1")
+    n.start()
+    try:
+        assert n.wait_owned(lambda owned: owned == [0, 1, 2, 3], 10)
+        assert not n.wait_ready(2)
+        assert n.not_deciding() == [2]
+        assert n.gauges().partitions_not_deciding == 1
+        assert b"cronlog_partitions_not_deciding 1.0" in n.metrics.render()
+        blocker.unlink()
+        assert n.wait_ready(40)  # the next try after its backoff finds the path free
+        assert n.not_deciding() == []
+        assert n.metrics.runner_failures._value.get() >= 1
+    finally:
+        n.stop()
+        log.close()
+    loud = [r for r in caplog.records if "partition 2: runner failed;" in r.getMessage()]
+    assert len(loud) == 1 and loud[0].exc_info  # once with its traceback; repeats are short

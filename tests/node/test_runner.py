@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
 from core import events as ev
 from core.clock import FakeClock
 from core.commands import PutJob
-from core.errors import CronlogError
-from core.jobs import JobSpec, PullTarget
-from core.state import RunState
+from core.errors import CronlogError, Unavailable
+from core.jobs import HttpTarget, JobSpec, PullTarget
+from core.state import PartitionState, RunState
 from eventlog.memory import MemoryLog
 from node.runner import Decided, Dispatcher, PartitionRunner, Request
-from projections.state_store import MemoryStateStore
+from projections.state_store import MemoryStateStore, StateStore
 
 START = 1_796_000_000_000
 
@@ -50,7 +53,7 @@ def test_a_failing_observer_does_not_strand_the_batch(caplog: pytest.LogCaptureF
         raise RuntimeError("the observer broke")
 
     runner = PartitionRunner(
-        0, log, member.writer(0), MemoryStateStore(0), FakeClock(START), NoExecutors(),
+        0, log, member.writer(0), lambda: MemoryStateStore(0), FakeClock(START), NoExecutors(),
         on_appended=observer,
     )  # fmt: skip
     runner.start()
@@ -68,3 +71,107 @@ def test_a_failing_observer_does_not_strand_the_batch(caplog: pytest.LogCaptureF
         runner.stop()
     assert "on_appended failed" in caplog.text
     assert any(r.levelno == logging.ERROR for r in caplog.records)
+
+
+def started(log: MemoryLog, store: Callable[[], StateStore], **kw: Any) -> PartitionRunner:
+    member = log.join(Owner())
+    member.poll(0)  # takes the partition
+    runner = PartitionRunner(
+        0, log, member.writer(0), store, FakeClock(START), NoExecutors(), **kw
+    )
+    runner.start()
+    return runner
+
+
+def put(runner: PartitionRunner, job_id: str) -> Future[Decided | CronlogError]:
+    answer: Future[Decided | CronlogError] = Future()
+    job = JobSpec(name=job_id, tenant="team-a", target=PullTarget(pool="p"), run_at=START + 60_000)
+    runner.submit(Request(PutJob(job_id=job_id, spec=job), reply=answer.set_result))
+    return answer
+
+
+def test_an_answer_nobody_waits_for_does_not_stop_the_runner() -> None:
+    # An executor's heartbeat whose task was cancelled cancels the future it waited on; the
+    # runner's answer to it must not be an error of the runner's.
+    log = MemoryLog(1)
+    runner = started(log, lambda: MemoryStateStore(0))
+    try:
+        gone: Future[Decided | CronlogError] = Future()
+        assert gone.cancel()
+        job = JobSpec(name="a", tenant="team-a", target=PullTarget(pool="p"), run_at=START + 1)
+        runner.submit(Request(PutJob(job_id="a", spec=job), reply=gone.set_result))
+        after = put(runner, "b").result(timeout=10)
+        assert isinstance(after, Decided)
+        assert runner.deciding.is_set() and runner.restarts == 0
+        assert log.end_offset("events", 0) == 2
+    finally:
+        runner.stop()
+
+
+class FailingOnce(MemoryStateStore):
+    """A store whose first save fails, as a disk error would."""
+
+    saves = 0
+
+    def save(self, state: PartitionState, events: Sequence[tuple[int, ev.AnyEvent]]) -> None:
+        FailingOnce.saves += 1
+        if FailingOnce.saves == 1:
+            raise OSError("disk on fire")
+        super().save(state, events)
+
+
+def test_a_runner_that_fails_recovers_from_its_store_and_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = MemoryLog(1)
+    failures: list[BaseException] = []
+    recovered = threading.Semaphore(0)
+    runner = started(
+        log,
+        lambda: FailingOnce(0),
+        on_failed=lambda p, err: failures.append(err),
+        on_recovered=lambda p: recovered.release(),
+    )
+    try:
+        assert recovered.acquire(timeout=10)
+        first = put(runner, "a").result(timeout=10)
+        # Durable before the store failed: the caller has its answer, and the job survives.
+        assert isinstance(first, Decided)
+        assert recovered.acquire(timeout=10)  # recovered again after the failure
+        assert [type(e) for e in failures] == [OSError]
+        assert "a" in runner.state.jobs
+        second = put(runner, "b").result(timeout=10)
+        assert isinstance(second, Decided)
+        assert set(runner.state.jobs) == {"a", "b"}
+        assert runner.deciding.is_set() and runner.restarts == 1 and runner.alive
+    finally:
+        runner.stop()
+    failed = [r for r in caplog.records if "runner failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelno == logging.ERROR and failed[0].exc_info
+
+
+def test_a_batch_that_fails_is_answered_unavailable_and_nothing_is_appended() -> None:
+    log = MemoryLog(1)
+
+    class Boom(NoExecutors):
+        def reserve(self, runner: PartitionRunner, run: RunState) -> bool:
+            raise RuntimeError("a bug in admission")
+
+    member = log.join(Owner())
+    member.poll(0)
+    clock = FakeClock(START)
+    runner = PartitionRunner(0, log, member.writer(0), lambda: MemoryStateStore(0), clock, Boom())
+    runner.start()
+    try:
+        job = JobSpec(
+            name="now", tenant="team-a", target=HttpTarget(url="http://127.0.0.1:9/x"),
+            run_at=START,
+        )  # fmt: skip
+        answer: Future[Decided | CronlogError] = Future()
+        runner.submit(Request(PutJob(job_id="now", spec=job), reply=answer.set_result))
+        # The put is decided in the same batch as the run's start, which fails: the whole batch
+        # is refused, and the runner recovers to a state with nothing of it.
+        assert isinstance(answer.result(timeout=10), Unavailable)
+        assert log.end_offset("events", 0) == 0
+    finally:
+        runner.stop()

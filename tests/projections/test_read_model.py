@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,6 +28,7 @@ from core.commands import (
 from core.errors import InvalidDefinition
 from core.state import RunStatus
 from eventlog.embedded import EmbeddedLog
+from eventlog.port import Record
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.views import RUN_STATES, Page, RunView
 from tests.core.harness import Sim
@@ -431,7 +433,11 @@ def test_runner_follows_every_partition_and_wait_for_returns_once_caught_up(
     sims = [busy_partition(30 + p, steps=150, partition=p, prefix=f"p{p}") for p in range(3)]
     log = EmbeddedLog.open(tmp_path / "log", 3)
     writers = Writers(log)
-    with ReadModel.open(tmp_path / "rm") as model, ReadModelRunner(log, model) as runner:
+    failed: list[BaseException] = []
+    with (
+        ReadModel.open(tmp_path / "rm") as model,
+        ReadModelRunner(log, model, on_failed=lambda p, e: failed.append(e)),
+    ):
         last: dict[int, int] = {}
         for p, sim in enumerate(sims):
             last[p] = writers.append(p, sim.log)[-1]
@@ -452,7 +458,7 @@ def test_runner_follows_every_partition_and_wait_for_returns_once_caught_up(
         paused = model.job("t1", "p1rollup")
         assert paused is not None and paused.status == "paused" and paused.version == 99
         assert not model.wait_for(2, offset + 10_000, timeout_s=0.05)
-        assert runner.errors == {}
+        assert failed == []
     writers.close()
     log.close()
 
@@ -474,3 +480,37 @@ def test_dependants_follow_registration_update_and_cancel(model: ReadModel) -> N
     sim.do(CancelJob(job_id="load", tenant="t1"))
     feed(model, sim, start=start)
     assert model.dependants("t1", "b") == []
+
+
+def test_a_follower_that_fails_tries_again_and_catches_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim = busy_partition(5, steps=40, partition=0, prefix="p0")
+    log = EmbeddedLog.open(tmp_path / "log", 1)
+    writers = Writers(log)
+    last = writers.append(0, sim.log)[-1]
+    reads = 0
+
+    class Flaky:
+        """The log, whose first two reads fail as a disk or a broker might."""
+
+        num_partitions = 1
+
+        def read_events(self, *args: Any, **kw: Any) -> list[Record]:
+            nonlocal reads
+            reads += 1
+            if reads <= 2:
+                raise OSError("read failed")
+            return log.read_events(*args, **kw)
+
+    failed: list[BaseException] = []
+    with (
+        ReadModel.open(tmp_path / "rm") as model,
+        ReadModelRunner(Flaky(), model, on_failed=lambda p, e: failed.append(e)),  # type: ignore[arg-type]
+    ):
+        assert model.wait_for(0, last, timeout_s=30)
+    assert [type(e) for e in failed] == [OSError, OSError]
+    loud = [r for r in caplog.records if "read model of partition 0 failed" in r.getMessage()]
+    assert len(loud) == 2 and loud[0].exc_info and not loud[1].exc_info
+    writers.close()
+    log.close()

@@ -34,6 +34,7 @@ import msgspec
 from core.clock import Millis
 from core.decide import run_id_of
 from core.events import RunMaterialised, decode
+from core.ids import is_scoped, log_job_id
 from core.jobs import JobSpec, slots_between
 from core.state import JobStatus, PartitionState, evolve
 from eventlog.port import EventLog, partition_for
@@ -138,6 +139,17 @@ def plan(
 
 
 def job_from_log(log: EventLog, job_id: str, tenant: str | None) -> tuple[Job, set[Millis]]:
+    """The job ``job_id`` names: its log id (``team-a/nightly``), or with ``tenant`` the team's
+    id, scoped or from before ids were scoped (:mod:`core.ids`)."""
+    if tenant is None or is_scoped(job_id):
+        return _job_in_log(log, job_id, tenant)
+    try:
+        return _job_in_log(log, log_job_id(tenant, job_id), tenant)
+    except ReplayError:
+        return _job_in_log(log, job_id, tenant)
+
+
+def _job_in_log(log: EventLog, job_id: str, tenant: str | None) -> tuple[Job, set[Millis]]:
     """Fold the job's own events (an event changes only its job and that job's runs)."""
     partition = partition_for(job_id, log.num_partitions)
     state = PartitionState(partition)
