@@ -86,6 +86,7 @@ class History:
     api_runs: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # node -> runs
     health: dict[str, NodeHealth] = field(default_factory=dict)
     unreadable_records: int = 0
+    probes: list[dict[str, Any]] = field(default_factory=list)  # one-shots due across a step
 
 
 @dataclass
@@ -169,16 +170,25 @@ class Job:
 
 @dataclass
 class Fold:
+    tenant: str = ""
     jobs: dict[str, Job] = field(default_factory=dict)
     runs: dict[str, Run] = field(default_factory=dict)
     skips: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     foreign: int = 0
     other_tenants: int = 0
 
+    def resolve(self, ident: str) -> str:
+        """The log's id of a job or run a team names ``ident`` (``docs/events.md``: the log
+        scopes ids by tenant, ``<tenant>/<id>``; logs from before scoping hold bare ids)."""
+        if ident in self.runs or ident in self.jobs:
+            return ident
+        scoped = f"{self.tenant}/{ident}"
+        return scoped if scoped in self.runs or scoped in self.jobs else ident
+
 
 def fold(history: History, report: Report) -> Fold:
     """Every partition's events in offset order, checked as they are folded (5 and 6)."""
-    f = Fold()
+    f = Fold(tenant=history.tenant)
     for partition in sorted(history.events):
         last_token = 0
         for offset, e in history.events[partition]:
@@ -369,16 +379,22 @@ def check(history: History) -> Report:
     in_window = _check_slots(history, f, report)
     _check_outcomes(f, in_window, report)
     deliveries = _check_deliveries(history, f, in_window, report)
+    _unknown_outcomes(f, in_window, deliveries, report)
     _check_timing(history, f, in_window, deliveries, report)
     _check_projections(history, f, in_window, report)
     _check_health(history, report)
+    figures["nodes_exited_by_themselves"] = [
+        {k: r.get(k) for k in ("node", "code", "at", "error")}
+        for r in history.faults
+        if r.get("record") == "exit"
+    ]
     figures["violations"] = sum(report.counts.values())
     return report
 
 
 def _check_creates(history: History, f: Fold, report: Report) -> None:
-    acked = {c["job"] for c in history.creates if c.get("status") in (200, 201)}
-    tried = {c["job"] for c in history.creates}
+    acked = {f.resolve(c["job"]) for c in history.creates if c.get("status") in (200, 201)}
+    tried = {f.resolve(c["job"]) for c in history.creates}
     report.figures["creates_acknowledged"] = len(acked)
     report.figures["creates_not_acknowledged"] = len(tried - acked)
     report.figures["unacknowledged_creates_registered"] = len((tried - acked) & set(f.jobs))
@@ -386,7 +402,7 @@ def _check_creates(history: History, f: Fold, report: Report) -> None:
         report.violate("acknowledged_job_lost", job_id)
     # "Not found" is a definite answer: a client told so believes the job does not exist.
     for c in history.creates:
-        if c.get("status") == 404 and c["job"] in f.jobs:
+        if c.get("status") == 404 and f.resolve(c["job"]) in f.jobs:
             report.violate("create_answered_not_found", f"{c['job']} at {c.get('at')}")
 
 
@@ -475,6 +491,7 @@ class Delivery:
     at: int
     by: str  # "target" or the worker id
     status: int | None = None  # what the target answered (push)
+    answered_at: int | None = None  # when it did
 
 
 def _deliveries(history: History) -> dict[str, list[Delivery]]:
@@ -483,19 +500,30 @@ def _deliveries(history: History) -> dict[str, list[Delivery]]:
     for r in history.calls:
         if r.get("kind") == "call":
             answer = answers.get((r["key"], r["token"]))
-            run_id = f"{r['job']}.{r['slot']}"
+            run_id = _run_of_key(r["key"])
             out[run_id].append(
                 Delivery(
-                    run_id, r["token"], r["at"], "target", answer["status"] if answer else None
+                    run_id,
+                    r["token"],
+                    r["at"],
+                    "target",
+                    answer["status"] if answer else None,
+                    answer["at"] if answer else None,
                 )
             )
     for r in history.work:
         if r.get("kind") == "work":
-            run_id = f"{r['job']}.{r['slot']}"
+            run_id = _run_of_key(r["key"])
             out[run_id].append(Delivery(run_id, r["token"], r["at"], r["worker"]))
     for runs in out.values():
         runs.sort(key=lambda d: d.at)
     return out
+
+
+def _run_of_key(key: str) -> str:
+    """The run an ``Idempotency-Key`` names: ``<job's log id>:<slot>``."""
+    job_id, _, slot = key.rpartition(":")
+    return f"{job_id}.{slot}"
 
 
 def _check_deliveries(
@@ -554,7 +582,7 @@ def _check_deliveries(
     # A completion a worker was told was accepted is in the log, with its token.
     for r in history.work:
         if r.get("kind") == "complete" and r.get("status") == 200:
-            run = f.runs.get(r["run"])
+            run = f.runs.get(f.resolve(r["run"]))
             lease = run.lease(r["token"]) if run is not None else None
             if lease is None or lease.ended_by not in ("succeeded", "failed", "failed_ambiguous"):
                 report.violate(
@@ -565,6 +593,33 @@ def _check_deliveries(
     report.figures["retries_after_a_definite_failure"] = retried
     report.figures["critical_delivered_twice"] = critical_twice
     return deliveries
+
+
+def _unknown_outcomes(
+    f: Fold, in_window: set[str], deliveries: dict[str, list[Delivery]], report: Report
+) -> None:
+    """Why each critical run dead-lettered ``outcome_unknown`` was unknown, as the target and
+    the workers saw its last attempt: the figure to make as small as the design allows."""
+    why: Counter[str] = Counter()
+    for run_id in in_window:
+        run = f.runs[run_id]
+        if not f.jobs[run.job_id].critical or not run.outcomes or not run.leases:
+            continue
+        if run.outcomes[-1] != ("RunDeadLettered", "outcome_unknown"):
+            continue
+        last = run.leases[-1]
+        got = [d for d in deliveries.get(run_id, []) if d.token == last.token]
+        if not got:
+            why["never_delivered"] += 1  # the lease was lost before the call went out
+        elif got[0].by != "target":
+            why["worker_lost_the_lease"] += 1
+        elif got[0].answered_at is None:
+            why["no_answer"] += 1
+        elif got[0].answered_at < last.expires_at:
+            why[f"answered_{got[0].status}_before_the_lease_ran_out"] += 1
+        else:
+            why[f"answered_{got[0].status}_after_the_lease_ran_out"] += 1
+    report.figures["critical_outcome_unknown_why"] = dict(why)
 
 
 def _clock_leads(history: History) -> dict[str, float]:
@@ -617,6 +672,25 @@ def _check_timing(
         kind: _distribution(values) for kind, values in lateness.items() if values
     }
     _recovery(history, f, first_at, report)
+    _probes(history, f, first_at, report)
+
+
+def _probes(history: History, f: Fold, first_at: dict[str, dict[int, int]], report: Report) -> None:
+    """The one-shots due where a skewed clock stepped back: each must fire (2 holds that),
+    and how late they did, the promise being "up to the step late" (docs/reliability.md)."""
+    if not history.probes:
+        return
+    late: list[int] = []
+    for p in history.probes:
+        job_id = f.resolve(p["job"])
+        fired = first_at.get(job_id, {}).get(p["run_at"])
+        if fired is not None:
+            late.append(fired - p["run_at"])
+    report.figures["clock_step_probes"] = {
+        "created": len(history.probes),
+        "fired": len(late),
+        "lateness_ms": _distribution(late) if late else None,
+    }
 
 
 def _distribution(values: list[int]) -> dict[str, int]:
@@ -654,10 +728,16 @@ def _recovery(
         return True
 
     cache: dict[int, bool] = {}
+    strikes = sorted(
+        r["injected_at"]
+        for r in history.faults
+        if r.get("record") == "fault" and "injected_at" in r
+    )
     for fault in history.faults:
         if fault.get("record") != "fault" or "injected_at" not in fault:
             continue
         struck = fault["injected_at"]
+        next_strike = next((t for t in strikes if t > struck), None)
         second = struck - struck % 1000
         streak_start: int | None = None
         streak = 0
@@ -688,6 +768,9 @@ def _recovery(
             "ready_s": _seconds(fault.get("ready_at"), struck),
             "on_time_again_s": _seconds(recovered, struck),
             "worst_lateness_ms": worst,
+            # Else the figure includes the faults that came next.
+            "before_the_next_fault": recovered is not None
+            and (next_strike is None or recovered < next_strike),
         }
         if recovered is not None:
             entry["on_time_again_s"] = max(0.0, entry["on_time_again_s"] or 0.0)
@@ -737,7 +820,8 @@ def _expected_view(run: Run) -> dict[str, Any]:
 
 def _check_projections(history: History, f: Fold, in_window: set[str], report: Report) -> None:
     compared = 0
-    for node, runs in sorted(history.api_runs.items()):
+    for node, team_runs in sorted(history.api_runs.items()):
+        runs = {f.resolve(run_id): view for run_id, view in team_runs.items()}
         for run_id in sorted(in_window):
             run = f.runs[run_id]
             want = _expected_view(run)
@@ -777,7 +861,7 @@ def _check_health(history: History, report: Report) -> None:
         if h.metrics.get("cronlog_node_ready", 1.0) != 1.0:
             report.violate("partition_not_running", f"{node}: cronlog_node_ready is 0")
         for name, value in h.metrics.items():
-            if "not_running" in name and value > 0:
+            if ("not_running" in name or "not_deciding" in name) and value > 0:
                 report.violate("partition_not_running", f"{node}: {name} = {value}")
     report.figures["partitions_owned"] = owned
     if history.health and owned != history.partitions:
@@ -810,16 +894,21 @@ def summary(report: Report) -> str:
         f"accepted {f.get('stale_completion_accepted')}, run materialised twice "
         f"{f.get('run_materialised_twice')}, lease overlaps {f.get('lease_overlaps')}, fired "
         f"early {f.get('fired_early')}",
-        f"critical dead-lettered outcome_unknown {f.get('critical_dead_outcome_unknown')}; "
-        f"partitions owned at the end {f.get('partitions_owned')}, not running "
+        f"critical dead-lettered outcome_unknown {f.get('critical_dead_outcome_unknown')} "
+        f"{f.get('critical_outcome_unknown_why')}",
+        f"partitions owned at the end {f.get('partitions_owned')}, not deciding "
         f"{f.get('dark_partitions')}",
         f"first-delivery lateness {f.get('first_delivery_lateness_ms')}",
+        f"clock-step probes {f.get('clock_step_probes')}; nodes that exited by themselves "
+        f"(started again) {len(f.get('nodes_exited_by_themselves', []))}",
         "recovery (fault -> every-second jobs on time again):",
     ]
     for r in report.recovery:
         lines.append(
             f"  {r['kind']:<18} {r['what']}  ready {r['ready_s']} s, on time again "
-            f"{r['on_time_again_s']} s, worst lateness {r['worst_lateness_ms']} ms"
+            f"{r['on_time_again_s']} s"
+            + ("" if r["before_the_next_fault"] else " (after the next fault too)")
+            + f", worst lateness {r['worst_lateness_ms']} ms"
         )
     for check_name in sorted(report.counts):
         lines.append(f"VIOLATION {check_name}: {report.counts[check_name]}")

@@ -261,6 +261,8 @@ class Chaos:
     log: Recorder
     events_topic: str
     stop: threading.Event = field(default_factory=threading.Event)
+    # Called (old offset, new offset, when) as the skewed node's clock steps back.
+    on_step_back: Callable[[float, float, int], None] | None = None
 
     def note(self, record: dict[str, Any]) -> None:
         self.log.write({**record, "logged_at": now_ms()})
@@ -312,7 +314,7 @@ class Chaos:
         self.stop.wait(p["down_s"])
         node.restart()
         yield {"healed_at": now_ms()}
-        node.wait_ready(READY_TIMEOUT_S)
+        node.wait_ready(READY_TIMEOUT_S, supervised=True)
         yield {"ready_at": now_ms()}
 
     def _node_pause(self, p: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -324,7 +326,7 @@ class Chaos:
         finally:
             node.resume()
         yield {"healed_at": now_ms()}
-        node.wait_ready(READY_TIMEOUT_S)
+        node.wait_ready(READY_TIMEOUT_S, supervised=True)
         yield {"ready_at": now_ms()}
 
     def _restart_all(self, p: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -337,7 +339,7 @@ class Chaos:
             node.restart()
         yield {"healed_at": now_ms()}
         for node in nodes:
-            node.wait_ready(READY_TIMEOUT_S)
+            node.wait_ready(READY_TIMEOUT_S, supervised=True)
         yield {"ready_at": now_ms()}
 
     def _rolling_restart(self, p: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -346,7 +348,7 @@ class Chaos:
             node = self.cluster.nodes[node_id]
             node.stop(grace_s=60.0)
             node.restart()
-            node.wait_ready(READY_TIMEOUT_S)
+            node.wait_ready(READY_TIMEOUT_S, supervised=True)
         yield {"healed_at": now_ms(), "ready_at": now_ms()}
 
     def _broker_leader(self, p: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -401,7 +403,10 @@ class Chaos:
 
     def set_clock(self, offset_s: float) -> None:
         assert self.skewed.clock is not None
+        before = self.skewed.clock.offset_s
         self.skewed.clock.set(offset_s)
+        if offset_s < before and self.on_step_back is not None:
+            self.on_step_back(before, offset_s, now_ms())
         self.note(
             {"record": "clock", "node": self.skewed.node_id, "offset_s": offset_s, "at": now_ms()}
         )

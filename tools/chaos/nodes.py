@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -72,6 +73,10 @@ class NodeProcess:
         self.http = httpx.Client(base_url=self.url, headers=self.config.auth, timeout=30.0)
         self._bootstrap = ""
         self._prefix = ""
+        # Held down on purpose (killed or stopped, not yet started again): a supervisor leaves
+        # such a node alone and restarts one that exited by itself (:meth:`revive`).
+        self.down = False
+        self._lock = threading.RLock()
 
     @property
     def url(self) -> str:
@@ -87,6 +92,11 @@ class NodeProcess:
 
     def start(self, bootstrap: str, prefix: str) -> None:
         """Start the node process (again, after a kill or a stop: same port, same data)."""
+        with self._lock:
+            self._start(bootstrap, prefix)
+            self.down = False
+
+    def _start(self, bootstrap: str, prefix: str) -> None:
         assert not self.alive(), f"{self.node_id} is running"
         self._bootstrap, self._prefix = bootstrap, prefix
         c = self.config
@@ -137,6 +147,16 @@ class NodeProcess:
     def restart(self) -> None:
         self.start(self._bootstrap, self._prefix)
 
+    def revive(self) -> int | None:
+        """Start the node again if it exited by itself (not held down by a fault), as a
+        supervisor would; its exit status if it did."""
+        with self._lock:
+            if self.down or self.process is None or self.process.poll() is None:
+                return None
+            code = self.process.returncode
+            self._start(self._bootstrap, self._prefix)
+            return code
+
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
@@ -146,20 +166,24 @@ class NodeProcess:
         except httpx.TransportError:
             return False
 
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        # Polling the node's HTTP endpoint is the readiness signal another process offers.
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, supervised: bool = False) -> None:
+        """Poll ``/readyz`` until 200 (the readiness signal another process offers). A node that
+        exits meanwhile fails the wait, unless ``supervised`` (a supervisor starts it again)."""
         deadline = time.monotonic() + timeout_s
         while not self.ready():
-            assert self.alive(), f"{self.node_id} exited:\n{self.log_tail()}"
+            assert supervised or self.alive(), f"{self.node_id} exited:\n{self.log_tail()}"
             assert time.monotonic() < deadline, f"{self.node_id} not ready:\n{self.log_tail()}"
             time.sleep(0.1)
 
     def kill(self) -> None:
-        """SIGKILL: no revocation, no leaving the group, nothing flushed."""
-        assert self.process is not None
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
+        """SIGKILL: no revocation, no leaving the group, nothing flushed. The node stays down
+        until started again."""
+        with self._lock:
+            self.down = True
+            assert self.process is not None
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
 
     def pause(self) -> None:
         """SIGSTOP: the process stops where it is, sockets open, believing it owns what it did."""
@@ -171,7 +195,9 @@ class NodeProcess:
         self.process.send_signal(signal.SIGCONT)
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM, as a rolling restart sends it; SIGKILL if the node has not left in time."""
+        """SIGTERM, as a rolling restart sends it; SIGKILL if the node has not left in time.
+        The node stays down until started again."""
+        self.down = True
         if self.process is None or self.process.poll() is not None:
             return
         self.process.send_signal(signal.SIGCONT)  # a paused node cannot act on SIGTERM

@@ -53,6 +53,7 @@ SKEWED = "n3"
 WINDOW_MARGIN_MS = 3000  # slots this close to the pause may not have fired yet: not checked
 SETTLE_TIMEOUT_S = 120.0
 PAUSE_TRIES = 6
+PROBES_PER_STEP = 12  # spread over the partitions, so some land on the skewed node's
 
 
 @dataclass
@@ -122,6 +123,10 @@ class Run:
         self.clock: skew.SkewedClock | None = None
         self.faults_log = Recorder(self.out / "faults.jsonl")
         self.creates = Recorder(self.out / "creates.jsonl")
+        self.probes = Recorder(self.out / "probes.jsonl")
+        self._closing = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, name="supervisor")
+        self._probing: list[threading.Thread] = []
 
     # -- processes ----------------------------------------------------------------------------
 
@@ -215,6 +220,7 @@ class Run:
             self.cluster.add(node_id, self.clock if node_id == SKEWED else None)
         self.cluster.start(*NODES)
         log.info("nodes ready at %.1f s", time.monotonic() - began)
+        self._supervisor.start()
 
         workload = Workload(s.shape, f"http://127.0.0.1:{self.target_port}/hook", self.rng)
         clients = [n.http for n in self.cluster.nodes.values()]
@@ -230,6 +236,9 @@ class Run:
             self.cluster.nodes[SKEWED],
             self.faults_log,
             f"chaos-{s.seed}.events",
+            on_step_back=lambda before, after, at: self._probe_step(
+                workload, clients, before, after, at
+            ),
         )
         faults_began = now_ms()
         until = time.monotonic() + s.duration_s
@@ -285,6 +294,62 @@ class Run:
                     enumerate(jobs),
                 )
             )
+
+    def _supervise(self) -> None:
+        """Start again a node that exited by itself, as a process supervisor would, and say so
+        in the faults log (a finding, not a fault the plan made)."""
+        assert self.cluster is not None
+        while not self._closing.wait(0.5):
+            for node in self.cluster.nodes.values():
+                code = node.revive()
+                if code is None:
+                    continue
+                last = [line for line in node.log_tail(200).splitlines() if "Error" in line]
+                self.faults_log.write(
+                    {
+                        "record": "exit",
+                        "node": node.node_id,
+                        "code": code,
+                        "at": now_ms(),
+                        "error": last[-1][-500:] if last else "",
+                    }
+                )
+                log.warning("%s exited by itself (%s); started again", node.node_id, code)
+
+    def _probe_step(
+        self,
+        workload: Workload,
+        clients: list[httpx.Client],
+        before_s: float,
+        after_s: float,
+        stepped_at: int,
+    ) -> None:
+        """One-shot jobs due where a clock stepped back from ``before_s`` to ``after_s`` has
+        been before: by the node's clock still to come, by its partitions' earlier decisions
+        already past. Each must still fire (``docs/reliability.md``, clock skew)."""
+        number = len(self._probing)
+
+        def probe() -> None:
+            # libfaketime reads the new offset within two seconds.
+            if self._closing.wait(2.2):
+                return
+            created = now_ms()
+            low = created + round(after_s * 1000) + 100  # the node's clock now
+            high = stepped_at + round(before_s * 1000) - 100  # its latest reading before
+            if high - low < 200:
+                return
+            rng = random.Random(self.s.seed * 7919 + 500 + number)
+            jobs = []
+            for i in range(PROBES_PER_STEP):
+                run_at = rng.randint(low, high)
+                body = workload.probe(f"probe-{number:02d}-{i:02d}", run_at)
+                jobs.append(body)
+                self.probes.write({"job": body["job_id"], "run_at": run_at, "at": created})
+            self._create_all(clients, jobs)
+
+        t = threading.Thread(target=probe, name="probe")
+        t.start()
+        self._probing.append(t)
 
     def _burst_episodes(self, the_plan: fl.Plan) -> dict[int, int]:
         """Which episodes a burst of one-shot jobs is created with: episode -> burst number."""
@@ -344,6 +409,7 @@ class Run:
         work, bad_work = read_all(sorted((self.out / "workers").glob("*.jsonl")))
         creates, _ = read(self.out / "creates.jsonl")
         faults_log, _ = read(self.out / "faults.jsonl")
+        probes, _ = read(self.out / "probes.jsonl")
         job_ids = sorted({c["job"] for c in creates})
         history = History(
             tenant=TENANT,
@@ -355,6 +421,7 @@ class Run:
             faults=faults_log,
             window_end_ms=window_end,
             unreadable_records=bad_calls + bad_work,
+            probes=probes,
         )
         for node in self.cluster.nodes.values():
             history.health[node.node_id] = _settled_health(node.url, self.s.partitions)
@@ -380,6 +447,11 @@ class Run:
         (self.out / "api_runs.json").write_text(json.dumps(history.api_runs))
 
     def close(self) -> None:
+        self._closing.set()
+        if self._supervisor.is_alive():
+            self._supervisor.join()
+        for t in self._probing:
+            t.join()
         if self.workers is not None:
             with contextlib.suppress(Exception):
                 self.workers.stop_all(grace_s=5.0)
@@ -401,6 +473,7 @@ class Run:
             self.kafka.stop()
         self.faults_log.close()
         self.creates.close()
+        self.probes.close()
 
 
 def _settled_health(url: str, partitions: int) -> NodeHealth:
@@ -467,6 +540,7 @@ def load_history(out: Path) -> History:
     work, _ = read_all(sorted((out / "workers").glob("*.jsonl")))
     creates, _ = read(out / "creates.jsonl")
     faults_log, _ = read(out / "faults.jsonl")
+    probes, _ = read(out / "probes.jsonl")
     return History(
         tenant=saved["tenant"],
         partitions=saved["partitions"],
@@ -479,6 +553,7 @@ def load_history(out: Path) -> History:
         api_runs=json.loads((out / "api_runs.json").read_text()),
         health={k: NodeHealth(**v) for k, v in saved["health"].items()},
         unreadable_records=saved["unreadable_records"],
+        probes=probes,
     )
 
 

@@ -5,7 +5,7 @@ Only the wall clock (``CLOCK_REALTIME``: ``time.time()``) moves. The monotonic c
 true (``FAKETIME_DONT_FAKE_MONOTONIC``), as it does when NTP steps a real machine's clock:
 timeouts, sleeps and Kafka's own timers are unaffected, and what cronlog reads as "now" is
 wrong by the offset. libfaketime reads the file again at most once a second
-(``FAKETIME_CACHE_DURATION``), so a change takes effect within a second.
+(``FAKETIME_CACHE_DURATION``), so a change takes effect within two seconds.
 
 Debian's libfaketime (0.9.10) breaks Python 3.11's ``time.sleep`` in that mode (an absolute
 monotonic ``clock_nanosleep`` comes back ``EINVAL``), so a small shim compiled from
@@ -104,7 +104,7 @@ def report(tag):
     print(tag, time.time(), mono, slept, waited, looped, flush=True)
 report("before")
 sys.stdin.readline()  # the offset file changes now
-time.sleep(1.5)  # libfaketime looks at the file again after a second
+time.sleep(2.5)  # libfaketime looks at the file again within two seconds
 report("after")
 """
 

@@ -90,6 +90,10 @@ class Workload:
             jobs.append({**body, "run_at": iso(due_ms)})
         return jobs
 
+    def probe(self, job_id: str, run_at_ms: int) -> dict[str, Any]:
+        """A one-shot job due at ``run_at_ms`` (to the millisecond)."""
+        return {**self._body(job_id, "fast", False, self.target_url), "run_at": iso(run_at_ms)}
+
     def _push(self, job_id: str, schedule: str, behaviour: str, critical: bool) -> dict[str, Any]:
         return {**self._body(job_id, behaviour, critical, self.target_url), "schedule": schedule}
 
