@@ -218,9 +218,12 @@ class Run:
         self.clock = skew.SkewedClock(self.out / f"{SKEWED}.faketime")
         for node_id in NODES:
             self.cluster.add(node_id, self.clock if node_id == SKEWED else None)
-        self.cluster.start(*NODES)
-        log.info("nodes ready at %.1f s", time.monotonic() - began)
+        for node in self.cluster.nodes.values():
+            node.start(self.kafka.bootstrap_servers, self.cluster.prefix)
         self._supervisor.start()
+        for node in self.cluster.nodes.values():
+            node.wait_ready(supervised=True)
+        log.info("nodes ready at %.1f s", time.monotonic() - began)
 
         workload = Workload(s.shape, f"http://127.0.0.1:{self.target_port}/hook", self.rng)
         clients = [n.http for n in self.cluster.nodes.values()]
