@@ -3,7 +3,7 @@ harness itself) serve the recording target or run a pull worker.
 
     python -m tools.chaos run --duration 600 --seed 7            # random faults for 10 minutes
     python -m tools.chaos run --duration 240 --seed 7 --sequence issue12    # its four faults
-    python -m tools.chaos run --duration 120 --seed 1 --each-once   # every kind once (CI's form)
+    python -m tools.chaos run --ci                               # CI's bounded form
     python -m tools.chaos check RUN_DIR                          # the checker, offline
 
 A run writes everything to ``--out`` (default ``chaos-runs/seed-N-<time>``); its report is
@@ -49,14 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     run_p.add_argument("--each-once", action="store_true", help="every kind once, shuffled")
     run_p.add_argument(
+        "--ci",
+        action="store_true",
+        help="CI's bounded form (seed 12 unless --seed); the rest of the run's options are ignored",
+    )
+    run_p.add_argument(
         "--combine",
         type=float,
         default=0.35,
         help="chance a fault is combined with another (default 0.35)",
     )
     run_p.add_argument("--drain", type=float, default=25.0, help="seconds without faults")
+    run_p.add_argument("--warmup", type=float, default=8.0, help="seconds before the faults")
     run_p.add_argument("--every-second", type=int, default=Shape.every_second)
     run_p.add_argument("--critical", type=int, default=Shape.every_second_critical)
+    run_p.add_argument("--every-five", type=int, default=Shape.every_five)
+    run_p.add_argument("--pull", type=int, default=Shape.pull)
+    run_p.add_argument("--pull-critical", type=int, default=Shape.pull_critical)
     run_p.add_argument("--bursts", type=int, default=Shape.oneshot_bursts)
     run_p.add_argument("--burst-size", type=int, default=Shape.oneshot_per_burst)
 
@@ -100,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     for chatty in ("kafka", "httpx"):  # the checker's Kafka client; every API call
         logging.getLogger(chatty).setLevel(logging.WARNING)
     from tools.chaos.checker import check, summary
-    from tools.chaos.run import Settings, load_history, run, write_report
+    from tools.chaos.run import CI_SEED, Settings, ci_settings, load_history, run, write_report
 
     if args.command == "check":
         report = check(load_history(args.run_dir))
@@ -127,13 +136,20 @@ def main(argv: list[str] | None = None) -> int:
         mode=mode,
         combine_p=args.combine,
         drain_s=args.drain,
+        warmup_s=args.warmup,
         shape=Shape(
             every_second=args.every_second,
             every_second_critical=args.critical,
+            every_five=args.every_five,
+            pull=args.pull,
+            pull_critical=args.pull_critical,
             oneshot_bursts=args.bursts,
             oneshot_per_burst=args.burst_size,
         ),
     )
+    if args.ci:
+        settings = ci_settings(out.resolve(), args.seed if args.seed is not None else CI_SEED)
+        seed = settings.seed
     print(f"chaos run, seed {seed}, into {out}", flush=True)
     try:
         report = run(settings)

@@ -72,6 +72,33 @@ class Settings:
     node_drain_s: float = 10.0  # serve --drain-sec, for the rolling restart's SIGTERMs
 
 
+CI_SEED = 12
+
+
+def ci_settings(out: Path, seed: int = CI_SEED) -> Settings:
+    """The bounded form CI runs (``tests/chaos/test_chaos.py``; ``python -m tools.chaos run
+    --ci``): every fault kind once, paired where they combine, on a small workload; a few
+    minutes on two cores."""
+    return Settings(
+        seed=seed,
+        duration_s=420.0,  # a bound: every episode of the plan runs, then the drain
+        out=out,
+        mode="each_once",
+        combine_p=1.0,
+        shape=Shape(
+            every_second=12,
+            every_second_critical=3,
+            every_five=3,
+            pull=2,
+            pull_critical=1,
+            oneshot_bursts=2,
+            oneshot_per_burst=30,
+        ),
+        warmup_s=5.0,
+        drain_s=20.0,
+    )
+
+
 def make_plan(s: Settings) -> fl.Plan:
     common: dict[str, Any] = {
         "nodes": list(NODES),
