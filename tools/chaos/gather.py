@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 import httpx
 
 from tools.chaos.checker import NodeHealth
+
+log = logging.getLogger("chaos")
 
 READ_TIMEOUT_S = 180.0
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) ([-+0-9.eEinfNa]+)$")
@@ -53,9 +56,21 @@ class EventReader:
             tp.partition: [] for tp in self._tps
         }
 
+    def _end_offsets(self, attempts: int = 4) -> dict[Any, int]:
+        from kafka.errors import KafkaError
+
+        for attempt in range(attempts):
+            try:
+                return dict(self._consumer.end_offsets(self._tps))
+            except KafkaError as e:  # a leader moving after the faults: ask again, a few times
+                if attempt == attempts - 1:
+                    raise
+                log.warning("events' end offsets not answered (%s); asking again", e)
+        raise AssertionError("unreachable")
+
     def catch_up(self, timeout_s: float = READ_TIMEOUT_S) -> int:
         """Read every committed record up to the end offsets as they are now; how many."""
-        end = self._consumer.end_offsets(self._tps)
+        end = self._end_offsets()
         read = 0
         deadline = time.monotonic() + timeout_s
         while any(self._consumer.position(tp) < end[tp] for tp in self._tps):
