@@ -86,7 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     worker_p.add_argument("--threads", type=int, default=4)
     worker_p.add_argument("--max-seconds", type=float, default=3600.0)
 
+    events_p = sub.add_parser("events", help="(internal) append the events topic to a file")
+    events_p.add_argument("--bootstrap", required=True)
+    events_p.add_argument("--topic", required=True)
+    events_p.add_argument("--out", type=Path, required=True)
+    events_p.add_argument("--start", default="-", help="p:offset,... (- for the beginning)")
+
     args = parser.parse_args(argv)
+    if args.command == "events":
+        from tools.chaos.gather import read_to_file
+
+        start = {}
+        if args.start != "-":
+            for item in args.start.split(","):
+                p, _, offset = item.partition(":")
+                start[int(p)] = int(offset)
+        read_to_file(args.bootstrap, args.topic, start, args.out)
+        return 0
     if args.command == "target":
         from tools.chaos.target import serve
 

@@ -12,13 +12,17 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tools.chaos.checker import NodeHealth
+from tools.chaos.nodes import REPO
 
 log = logging.getLogger("chaos")
 
@@ -26,14 +30,14 @@ READ_TIMEOUT_S = 180.0
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) ([-+0-9.eEinfNa]+)$")
 
 
-class EventReader:
-    """The events topic, read ``read_committed`` from the beginning, and kept up to date by
-    :meth:`catch_up` (the drain waits on it)."""
+class TopicReader:
+    """The events topic, read ``read_committed`` by kafka-python from given offsets to the end
+    offsets as they are when asked. It runs in a process of its own (:func:`read_to_file`):
+    in the harness's process, crowded with the faults' clients, it once stopped answering."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
-        self.topic = topic
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap,
             isolation_level="read_committed",
@@ -51,27 +55,14 @@ class EventReader:
             raise RuntimeError(f"topic {topic} not found")
         self._tps = [TopicPartition(topic, p) for p in sorted(parts)]
         self._consumer.assign(self._tps)
-        self._consumer.seek_to_beginning(*self._tps)
-        self.events: dict[int, list[tuple[int, dict[str, Any] | None]]] = {
-            tp.partition: [] for tp in self._tps
-        }
 
-    def _end_offsets(self, attempts: int = 4) -> dict[Any, int]:
-        from kafka.errors import KafkaError
-
-        for attempt in range(attempts):
-            try:
-                return dict(self._consumer.end_offsets(self._tps))
-            except KafkaError as e:  # a leader moving after the faults: ask again, a few times
-                if attempt == attempts - 1:
-                    raise
-                log.warning("events' end offsets not answered (%s); asking again", e)
-        raise AssertionError("unreachable")
-
-    def catch_up(self, timeout_s: float = READ_TIMEOUT_S) -> int:
-        """Read every committed record up to the end offsets as they are now; how many."""
-        end = self._end_offsets()
-        read = 0
+    def read(
+        self, start: dict[int, int], timeout_s: float = READ_TIMEOUT_S
+    ) -> Iterator[tuple[int, int, bytes | None]]:
+        """(partition, offset, value) from ``start`` (default 0) to the end offsets."""
+        for tp in self._tps:
+            self._consumer.seek(tp, start.get(tp.partition, 0))
+        end = self._consumer.end_offsets(self._tps)
         deadline = time.monotonic() + timeout_s
         while any(self._consumer.position(tp) < end[tp] for tp in self._tps):
             if time.monotonic() >= deadline:
@@ -79,14 +70,80 @@ class EventReader:
                 raise RuntimeError(f"events not read to the end in {timeout_s:.0f} s: {behind}")
             batch = self._consumer.poll(timeout_ms=500, max_records=5000)
             for tp, records in batch.items():
-                out = self.events[tp.partition]
                 for r in records:
-                    out.append((r.offset, _decode(r.value)))
-                read += len(records)
-        return read
+                    yield tp.partition, r.offset, r.value
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def read_to_file(bootstrap: str, topic: str, start: dict[int, int], out: Path) -> int:
+    """Append the events from ``start`` to the end to ``out`` as ``{"p", "o", "e"}`` lines
+    (``e`` the event as JSON, or null for a record that is not one); how many."""
+    reader = TopicReader(bootstrap, topic)
+    n = 0
+    try:
+        with out.open("a") as f:
+            for partition, offset, value in reader.read(start):
+                f.write(json.dumps({"p": partition, "o": offset, "e": _decode(value)}) + "\n")
+                n += 1
+    finally:
+        reader.close()
+    return n
+
+
+class EventReader:
+    """The events topic as read so far, kept up to date by :meth:`catch_up` (the drain waits on
+    it), which has a child process read what is new into ``path``."""
+
+    def __init__(self, bootstrap: str, topic: str, path: Path) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.path = path
+        path.write_text("")
+        self._read_to = 0  # bytes of the file already folded into events
+        self.events: dict[int, list[tuple[int, dict[str, Any] | None]]] = {}
+
+    def catch_up(self, timeout_s: float = READ_TIMEOUT_S, attempts: int = 3) -> int:
+        start = ",".join(f"{p}:{records[-1][0] + 1}" for p, records in self.events.items())
+        command = [
+            sys.executable, "-m", "tools.chaos", "events", "--bootstrap", self.bootstrap,
+            "--topic", self.topic, "--out", str(self.path), "--start", start or "-",
+        ]  # fmt: skip
+        for attempt in range(attempts):
+            try:
+                subprocess.run(
+                    command, cwd=REPO, check=True, timeout=timeout_s + 60, capture_output=True
+                )
+                break
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+                err = getattr(e, "stderr", b"") or b""
+                if attempt == attempts - 1:
+                    raise RuntimeError(f"reading the events failed: {err.decode()[-2000:]}") from e
+                log.warning("reading the events failed; again: %s", err.decode()[-300:])
+                # The child may have appended part of it: fold that in first.
+                self._fold_new()
+                start = ",".join(f"{p}:{r[-1][0] + 1}" for p, r in self.events.items())
+                command[-1] = start or "-"
+        return self._fold_new()
+
+    def _fold_new(self) -> int:
+        n = 0
+        with self.path.open("rb") as f:
+            f.seek(self._read_to)
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break  # cut short: read it again next time
+                self._read_to += len(line)
+                r = json.loads(line)
+                records = self.events.setdefault(r["p"], [])
+                if not records or r["o"] > records[-1][0]:
+                    records.append((r["o"], r["e"]))
+                    n += 1
+        return n
+
+    def close(self) -> None:
+        pass
 
 
 def _decode(value: bytes | None) -> dict[str, Any] | None:

@@ -296,7 +296,9 @@ class Run:
 
         window_end = now_ms() - WINDOW_MARGIN_MS
         pauses = self._pause_all(clients, workload)
-        reader = gather.EventReader(self.kafka.bootstrap_servers, f"chaos-{s.seed}.events")
+        reader = gather.EventReader(
+            self.kafka.bootstrap_servers, f"chaos-{s.seed}.events", self.out / "events.jsonl"
+        )
         try:
             live = self._settle(reader)
             self.workers.stop_all()
@@ -430,7 +432,7 @@ class Run:
             live = gather.live_runs(reader.events)
             if not live or time.monotonic() >= deadline:
                 return live
-            time.sleep(1.0)  # runs end on lease and retry timers: nothing to wait on but the log
+            time.sleep(2.0)  # runs end on lease and retry timers: nothing to wait on but the log
 
     def _history(self, reader: gather.EventReader, window_end: int) -> History:
         assert self.cluster is not None
@@ -462,10 +464,7 @@ class Run:
         return history
 
     def _save(self, history: History) -> None:
-        with (self.out / "events.jsonl").open("w") as f:
-            for partition, events in sorted(history.events.items()):
-                for offset, event in events:
-                    f.write(json.dumps({"p": partition, "o": offset, "e": event}) + "\n")
+        # The events as read are in events.jsonl already (gather.EventReader).
         saved = {
             "window_end_ms": history.window_end_ms,
             "partitions": history.partitions,
@@ -565,7 +564,9 @@ def load_history(out: Path) -> History:
     with (out / "events.jsonl").open() as f:
         for line in f:
             r = json.loads(line)
-            events.setdefault(r["p"], []).append((r["o"], r["e"]))
+            records = events.setdefault(r["p"], [])
+            if not records or r["o"] > records[-1][0]:  # a read tried again may repeat some
+                records.append((r["o"], r["e"]))
     calls, _ = read(out / "target.jsonl")
     work, _ = read_all(sorted((out / "workers").glob("*.jsonl")))
     creates, _ = read(out / "creates.jsonl")
