@@ -58,6 +58,7 @@ ON_TIME_MS = 1000  # "starts each run within a second of its slot"
 RECOVERED_AFTER = 3  # consecutive on-time seconds that count as firing on time again
 EXAMPLES = 20  # violations listed per check; the rest are counted
 EARLY_TOLERANCE_MS = 5
+DARK_AT_END_MS = 10_000  # a partition with a slot never run this close to the end is dark
 # What ended the attempt before a repeated delivery.
 DUPLICATE_CAUSES = {
     "lease_expired": "after_lease_expired",
@@ -411,6 +412,7 @@ def _check_slots(history: History, f: Fold, report: Report) -> set[str]:
     in_window: set[str] = set()
     checked = never = 0
     never_jobs: set[str] = set()
+    dark_at_end: set[int] = set()
     skipped: Counter[str] = Counter()
     by_slot: dict[str, dict[int, Run]] = defaultdict(dict)
     for run in f.runs.values():
@@ -441,6 +443,8 @@ def _check_slots(history: History, f: Fold, report: Report) -> set[str]:
             if outcomes == 0:
                 never += 1
                 never_jobs.add(job.job_id)
+                if slot > history.window_end_ms - DARK_AT_END_MS:
+                    dark_at_end.add(job.partition)
                 report.violate("slot_never_run", f"{job.job_id} slot {slot} (p{job.partition})")
             elif outcomes > 1:
                 report.violate("slot_two_outcomes", f"{job.job_id} slot {slot}")
@@ -448,8 +452,10 @@ def _check_slots(history: History, f: Fold, report: Report) -> set[str]:
     report.figures["slots_never_run"] = never
     report.figures["jobs_with_slots_never_run"] = len(never_jobs)
     report.figures["slots_skipped"] = dict(skipped)
-    dark = sorted({f.jobs[j].partition for j in never_jobs})
-    report.figures["partitions_with_slots_never_run"] = dark
+    report.figures["partitions_with_slots_never_run"] = sorted(
+        {f.jobs[j].partition for j in never_jobs}
+    )
+    report.figures["dark_partitions_at_the_end"] = sorted(dark_at_end)
     return in_window
 
 
@@ -864,12 +870,15 @@ def _check_health(history: History, report: Report) -> None:
             if ("not_running" in name or "not_deciding" in name) and value > 0:
                 report.violate("partition_not_running", f"{node}: {name} = {value}")
     report.figures["partitions_owned"] = owned
+    report.figures["nodes_not_ready"] = sum(not h.ready for h in history.health.values())
+    report.figures["partitions_not_deciding"] = sum(
+        h.metrics.get("cronlog_partitions_not_deciding", 0.0) for h in history.health.values()
+    )
     if history.health and owned != history.partitions:
         report.violate(
             "partition_not_running",
             f"the nodes own {owned:.0f} partitions between them, not {history.partitions}",
         )
-    report.figures["dark_partitions"] = report.counts["partition_not_running"]
 
 
 # -- the summary ---------------------------------------------------------------------------------
@@ -896,8 +905,9 @@ def summary(report: Report) -> str:
         f"early {f.get('fired_early')}",
         f"critical dead-lettered outcome_unknown {f.get('critical_dead_outcome_unknown')} "
         f"{f.get('critical_outcome_unknown_why')}",
-        f"partitions owned at the end {f.get('partitions_owned')}, not deciding "
-        f"{f.get('dark_partitions')}",
+        f"at the end: partitions owned {f.get('partitions_owned')}, not deciding "
+        f"{f.get('partitions_not_deciding')}, nodes not ready {f.get('nodes_not_ready')}, dark "
+        f"partitions (slots never run in the last 10 s) {f.get('dark_partitions_at_the_end')}",
         f"first-delivery lateness {f.get('first_delivery_lateness_ms')}",
         f"clock-step probes {f.get('clock_step_probes')}; nodes that exited by themselves "
         f"(started again) {len(f.get('nodes_exited_by_themselves', []))}",

@@ -141,10 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         kinds = args.faults.split(",")
         mode = "each_once" if args.each_once else "random"
+    if args.pull <= 0:  # no pull jobs, no workers to kill
+        kinds = [k for k in kinds if k != "worker_kill"]
     unknown = [k for k in kinds if k not in fl.KINDS]
     if unknown:
         parser.error(f"unknown fault kinds {unknown}; kinds: {', '.join(fl.KINDS)}")
     settings = Settings(
+        workers=2 if args.pull > 0 else 0,
         seed=seed,
         duration_s=args.duration,
         out=out.resolve(),

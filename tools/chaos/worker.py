@@ -31,7 +31,9 @@ import httpx
 from tools.chaos.behaviour import answer
 from tools.chaos.records import Recorder
 
-CLAIM_IDLE_S = 0.1  # a claim that found nothing: ask again after this long
+# A claim that found nothing: ask again after this long. An empty claim is dear: the node asks
+# every partition it does not own through the log.
+CLAIM_IDLE_S = 1.0
 RETRY_S = 0.2  # a node that did not answer: try the next one after this long
 COMPLETE_TRIES = 3
 
