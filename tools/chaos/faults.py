@@ -402,7 +402,7 @@ class Chaos:
         yield {"healed_at": now_ms(), "ready_at": now_ms()}
 
     def set_clock(self, offset_s: float) -> None:
-        assert self.skewed.clock is not None
+        assert self.skewed.clock is not None, "a plan with clock faults preloads libfaketime"
         before = self.skewed.clock.offset_s
         self.skewed.clock.set(offset_s)
         if offset_s < before and self.on_step_back is not None:

@@ -226,7 +226,11 @@ class Run:
             )
         )
         log.info("plan: %s", json.dumps(the_plan.describe()))
-        skew.check(work_dir=self.out)
+        # libfaketime costs the node it is preloaded into: under it n3 dispatched its calls
+        # seconds late (its offset at zero), so only a plan with clock faults preloads it.
+        skewing = any(f.kind.startswith("clock_") for e in the_plan.episodes for f in e.faults)
+        if skewing:
+            skew.check(work_dir=self.out)
         began = time.monotonic()
         self.kafka = broker.start(3, self.out / "kafka")
         log.info("3 brokers ready in %.1f s", time.monotonic() - began)
@@ -242,7 +246,7 @@ class Run:
         self.cluster = Cluster(
             self.kafka.bootstrap_servers, self.out, config, prefix=f"chaos-{s.seed}"
         )
-        self.clock = skew.SkewedClock(self.out / f"{SKEWED}.faketime")
+        self.clock = skew.SkewedClock(self.out / f"{SKEWED}.faketime") if skewing else None
         for node_id in NODES:
             self.cluster.add(node_id, self.clock if node_id == SKEWED else None)
         for node in self.cluster.nodes.values():
