@@ -6,7 +6,8 @@ caught up with the command's events by the time ``execute`` returns). Every ``/v
 for the tenant of its bearer token, and passes that tenant to every command and query: another
 tenant's job or run is simply not found.
 
-The scheduler and the tokens reach handlers through Starlette's lifespan state.
+The scheduler, the tokens, the tenants' limits and the request buckets reach handlers through
+Starlette's lifespan state.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from starlette.routing import Route
 
 from api import openapi
 from api.auth import Tokens
-from api.edge import json_response
+from api.edge import edge_state, json_response
 from api.errors import EXCEPTION_HANDLERS, unauthorized
 from api.jobs import (
     create_job,
@@ -36,6 +37,8 @@ from api.jobs import (
     preview_schedule,
     put_job,
 )
+from api.limits import Limits
+from api.quota import JobQuota
 from api.runs import (
     cancel_run,
     claim,
@@ -48,6 +51,7 @@ from api.runs import (
 )
 from api.scheduler import Scheduler, Unavailable
 from api.wire import Health
+from core.egress import EgressPolicy
 
 # -- service -----------------------------------------------------------------------------------
 
@@ -109,18 +113,39 @@ def _metrics_endpoint(metrics: Metrics, token: str) -> Endpoint:
     return serve_metrics
 
 
+def _by_method(handlers: dict[str, Endpoint]) -> Endpoint:
+    async def endpoint(request: Request) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method
+        return await handlers[method](request)
+
+    return endpoint
+
+
 def create_app(
     scheduler: Scheduler,
     tokens: Mapping[str, str],
     *,
     metrics: Metrics | None = None,
     metrics_token: str | None = None,
+    limits: Limits | None = None,
+    clock: Callable[[], float] | None = None,
+    egress: EgressPolicy | None = None,
 ) -> Starlette:
     """The API over ``scheduler``; ``tokens`` maps each bearer token to its tenant.
 
     With ``metrics``, ``GET /metrics`` serves them to requests bearing ``metrics_token``.
+    ``limits`` are the tenants' (default: :class:`~api.limits.TenantLimits` for every one);
+    ``clock`` gives the request buckets seconds on a monotonic scale (default: the real one).
+    ``egress`` is the operator's policy a job's target must pass to be registered (the node's
+    executors apply it again at each call); by default, the public internet only.
     """
-    state = {"scheduler": scheduler, "tokens": Tokens(tokens)}
+    state = {
+        "scheduler": scheduler,
+        "tokens": Tokens(tokens),
+        "quota": JobQuota(),
+        **edge_state(limits, clock),
+        "egress": egress if egress is not None else EgressPolicy(),
+    }
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -136,8 +161,15 @@ def create_app(
     async def openapi_json(request: Request) -> Response:
         return Response(document, media_type="application/json")
 
-    # One route per (method, path): the router answers 405 for a path known under other methods.
-    routes = [Route(path, endpoint, methods=[method]) for method, path, endpoint in table]
+    # One route per path, taking each of its methods: the router answers any other with 405 and
+    # an Allow header that lists them all.
+    by_path: dict[str, dict[str, Endpoint]] = {}
+    for method, path, endpoint in table:
+        by_path.setdefault(path, {})[method] = endpoint
+    routes = [
+        Route(path, _by_method(handlers), methods=list(handlers))
+        for path, handlers in by_path.items()
+    ]
     return Starlette(
         routes=[*routes, Route("/openapi.json", openapi_json, methods=["GET"])],
         exception_handlers=EXCEPTION_HANDLERS,

@@ -2,11 +2,20 @@
 parameters and the ``If-Match`` header, and answer with JSON from the read model.
 
 A handler starts with :func:`authenticate`, which resolves the bearer token to the tenant the
-whole request speaks for; everything after it passes that tenant on.
+whole request speaks for and spends one of the token's requests (429 with ``Retry-After`` when
+it has none left); everything after it passes that tenant, and its limits, on.
+
+Numbers in query parameters and headers are ASCII digits only (``str.isdigit`` takes "²"), of a
+bounded length; a body is read only as ``application/json``.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -15,15 +24,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.auth import Tokens
-from api.errors import bad_request, too_large, unauthorized
+from api.errors import ApiError, bad_request, too_large, unauthorized
+from api.limits import Limits, TenantLimits
+from api.rate import RequestRates
 from api.scheduler import Scheduler
 from api.translate import job_out, run_out
-from core.errors import NotFound
+from core.errors import InvalidDefinition, NotFound
 from core.ids import log_job_id, team_id
+from projections.read_model import MAX_LIMIT
 from projections.views import JobView, RunView
 
 MAX_BODY_BYTES = 1 << 20
-MAX_PAGE = 200
+_NUMBER = re.compile(r"[0-9]{1,18}")  # fits an int64 and stays far from int()'s digit limit
+_IF_MATCH = re.compile(r'(?:W/)?"?([0-9]{1,18})"?')  # 3, "3" or W/"3"
 
 T = TypeVar("T")
 C = TypeVar("C", bound=str)
@@ -31,10 +44,11 @@ C = TypeVar("C", bound=str)
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One authenticated request: the port, and the tenant it speaks for."""
+    """One authenticated request: the port, the tenant it speaks for, and that tenant's limits."""
 
     scheduler: Scheduler
     tenant: str
+    limits: TenantLimits
 
     def job_id(self, job_id: str) -> str:
         """The log's id of the team's job ``job_id`` (:mod:`core.ids`): scoped by the tenant,
@@ -60,15 +74,41 @@ class Call:
 
 def authenticate(request: Request) -> Call:
     tokens: Tokens = request.state.tokens
-    tenant = tokens.tenant_of(request.headers.get("authorization"))
-    if tenant is None:
+    authorization = request.headers.get("authorization")
+    tenant = tokens.tenant_of(authorization)
+    if tenant is None or authorization is None:
         raise unauthorized()
-    return Call(request.state.scheduler, tenant)
+    limits: TenantLimits = request.state.limits.of(tenant)
+    rates: RequestRates = request.state.rates
+    clock: Callable[[], float] = request.state.clock
+    token = authorization.partition(" ")[2].strip()
+    wait = rates.take(token, limits.requests_per_sec, limits.request_burst, clock())
+    if wait > 0:
+        raise rate_limited(wait, limits.requests_per_sec)
+    return Call(request.state.scheduler, tenant, limits)
+
+
+def rate_limited(wait_s: float, per_sec: float) -> ApiError:
+    return ApiError(
+        429,
+        "rate_limited",
+        f"this token may make {per_sec:g} requests a second; try again in {wait_s:.2f} s",
+        headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+    )
+
+
+def edge_state(limits: Limits | None, clock: Callable[[], float] | None) -> dict[str, Any]:
+    """What the edge keeps in the app's lifespan state besides the scheduler and tokens."""
+    return {
+        "limits": limits or Limits(),
+        "rates": RequestRates(),
+        "clock": clock or time.monotonic,
+    }
 
 
 async def read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+    if len(declared) > 18 or (_NUMBER.fullmatch(declared) and int(declared) > MAX_BODY_BYTES):
         raise too_large(MAX_BODY_BYTES)
     chunks: list[bytes] = []
     size = 0
@@ -80,22 +120,98 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
+_json = msgspec.json.Decoder()
 
 
-def decoder_of(type_: type[T]) -> msgspec.json.Decoder[T]:
-    decoder = _decoders.get(type_)
-    if decoder is None:
-        decoder = _decoders[type_] = msgspec.json.Decoder(type_)
-    return decoder
+def _as_type(value: Any, type_: type[T]) -> T:
+    """``value`` (decoded JSON) as ``type_``. JSON Schema counts ``3.0`` as an integer, as the
+    document's ``"type": "integer"`` then promises: a float with no fraction is read as an int
+    wherever it stands, except inside a job's payload, which is kept exactly as sent."""
+    payload = value.pop("payload", msgspec.UNSET) if isinstance(value, dict) else msgspec.UNSET
+    value = _integral_floats_as_ints(value)
+    if payload is not msgspec.UNSET:
+        value["payload"] = payload
+    return msgspec.convert(value, type_)
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            slots: list[tuple[Any, Any]] = list(item.items())
+        elif isinstance(item, list):
+            slots = list(enumerate(item))
+        else:
+            continue
+        for key, child in slots:
+            if isinstance(child, float) and child.is_integer():
+                item[key] = int(child)
+            elif isinstance(child, dict | list):
+                stack.append(child)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 async def decode(request: Request, type_: type[T], *, empty_ok: bool = False) -> T:
-    """The body as ``type_``; msgspec's errors become 400s naming the field (``api/errors.py``)."""
+    """The body as ``type_``; msgspec's errors become 400s naming the field (``api/errors.py``).
+
+    A body must say it is JSON (415 otherwise); one that nests too deeply for the decoder, or
+    holds bytes that are not UTF-8, is a 400 naming the field."""
     body = await read_body(request)
     if empty_ok and not body.strip():
         body = b"{}"
-    return decoder_of(type_).decode(body)
+    elif body:
+        _check_json_content_type(request)
+    try:
+        return _as_type(_json.decode(body), type_)
+    except RecursionError:
+        # Of the request bodies, only a job's payload takes JSON of any shape.
+        field = "payload" if "payload" in getattr(type_, "__struct_fields__", ()) else None
+        raise ApiError(
+            400, "malformed", "the JSON nests too deeply to be read", field=field
+        ) from None
+    except UnicodeDecodeError as e:
+        raise ApiError(
+            400, "malformed", f"the body is not UTF-8: {e.reason}", field=not_utf8_at(body)
+        ) from None
+
+
+def _check_json_content_type(request: Request) -> None:
+    given = request.headers.get("content-type", "")
+    media = given.partition(";")[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"the body must be application/json, not {given[:100]!r}",
+            field="Content-Type",
+        )
+
+
+def not_utf8_at(body: bytes) -> str | None:
+    """Where in a JSON body the first bytes that are not UTF-8 are: ``a.b[2]`` (the value of
+    that field, or a key in it), or None if it cannot be told. Only called for a body already
+    refused, so the cost of a second reading is paid by the sender of a bad one."""
+    try:
+        document = json.loads(body.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if any("\udc80" <= c <= "\udcff" for c in value):
+                return path or None
+        elif isinstance(value, dict):
+            for key, child in reversed(list(value.items())):
+                if any("\udc80" <= c <= "\udcff" for c in key):
+                    return path or None
+                stack.append((f"{path}.{key}" if path else key, child))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", child) for i, child in reversed(list(enumerate(value))))
+    return None
 
 
 _encoder = msgspec.json.Encoder()
@@ -109,9 +225,15 @@ def query_int(request: Request, default: int, maximum: int, name: str = "limit")
     text = request.query_params.get(name)
     if text is None:
         return default
-    if not text.isdigit() or not 1 <= int(text) <= maximum:
+    if not _NUMBER.fullmatch(text) or not 1 <= int(text) <= maximum:
         raise bad_request(name, f"must be an integer between 1 and {maximum}")
     return int(text)
+
+
+def page_size(call: Call, request: Request, default: int) -> int:
+    """``limit`` as the documented bound allows it (400 beyond), served as at most the tenant's
+    ``max_page_size`` items: a larger page is cut, and its cursor goes on from there."""
+    return min(query_int(request, default, MAX_LIMIT), call.limits.max_page_size)
 
 
 def query_choice(request: Request, name: str, allowed: tuple[C, ...]) -> C | None:
@@ -129,12 +251,13 @@ def expected_version(request: Request, in_body: int | None = None) -> int | None
     header = request.headers.get("if-match")
     from_header = None
     if header is not None:
-        text = header.strip().removeprefix("W/").strip('"')
-        if not text.isdigit():
+        match = _IF_MATCH.fullmatch(header.strip())
+        if match is None:
             raise bad_request("If-Match", "must be the job's version, an integer")
-        from_header = int(text)
+        from_header = int(match.group(1))
     if from_header is not None and in_body is not None and from_header != in_body:
-        raise bad_request("version", "If-Match and the body's version disagree")
+        # Both are well-formed; only together are they wrong, which no schema can say.
+        raise InvalidDefinition("version", "If-Match and the body's version disagree")
     return from_header if from_header is not None else in_body
 
 

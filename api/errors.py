@@ -1,23 +1,33 @@
 """The one place where errors become HTTP statuses. Every error body is JSON
 ``{"error", "message", "field"?}``; a lost lease also says whether the run was ``cancelled``.
 
-=============================================  ======  ===============
+=============================================  ======  =========================
 raised                                         status  ``error``
-=============================================  ======  ===============
-body is not JSON                               400     ``malformed``
-unknown field, wrong type, missing field       400     ``bad_request``
-``InvalidDefinition``                          422     ``invalid``
+=============================================  ======  =========================
+body is not JSON, not UTF-8, nested too deep   400     ``malformed``
+unknown field, wrong type, missing field,      400     ``bad_request``
+value out of its documented range or pattern,
+bad query parameter or ``If-Match``
+``InvalidDefinition``: the body fits the       422     ``invalid``
+schema, a rule beyond it refuses it
 no or unknown bearer token                     401     ``unauthorized``
+the tenant has all the jobs it may have        403     ``quota_exceeded``
 ``NotFound`` (or another tenant's id)          404     ``not_found``
+a method the path does not take                405     ``method_not_allowed``
 ``LeaseLost``                                  409     ``lease_lost``
 ``Conflict``                                   409     ``conflict``
 body over 1 MiB                                413     ``too_large``
+a body that is not ``application/json``        415     ``unsupported_media_type``
+the token spent its requests (``Retry-After``) 429     ``rate_limited``
 ``Unavailable``, ``Fenced``, any other error   503     ``unavailable``
 of the ``CronlogError`` tree (a node's own)
-=============================================  ======  ===============
+=============================================  ======  =========================
 
-Every refusal is raised before a command is sent, or is the core's own refusal, which decided
-nothing: bad input changes nothing.
+400 and 422 split where ``/openapi.json`` does: a body or parameter that the document says is
+wrong is a 400; a 422 is a definition the document cannot describe as wrong (a cron expression
+that never fires, an unknown timezone, two ways of saying when). Every refusal is raised before
+a command is sent, or is the core's own refusal, which decided nothing: bad input changes
+nothing.
 """
 
 from __future__ import annotations
@@ -29,8 +39,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from api.instants import RFC3339
 from api.scheduler import Unavailable
 from core.errors import Conflict, CronlogError, Fenced, InvalidDefinition, LeaseLost, NotFound
+from core.jobs import JOB_ID, POOL
 
 
 class ErrorBody(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -79,6 +91,13 @@ def too_large(limit: int) -> ApiError:
 # msgspec's messages end with " - at `$.a.b[2]`"; the named fields are quoted with backticks.
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _NAMED = re.compile(r"^Object (?:contains unknown|missing required) field `(?P<name>[^`]+)`")
+_REGEX = re.compile(r"^Expected `str` matching regex '(?P<pattern>.*)'$")
+# What the wire format's patterns mean, in words a client can act on.
+_PATTERNS = {
+    RFC3339: "an RFC 3339 instant with Z or an offset, e.g. 2026-11-29T09:00:00Z",
+    JOB_ID.pattern: "1-64 characters of A-Z a-z 0-9 _ -",
+    POOL.pattern: "1-128 characters of A-Z a-z 0-9 _ . -",
+}
 
 
 def from_decode_error(exc: msgspec.DecodeError) -> ApiError:
@@ -92,6 +111,11 @@ def from_decode_error(exc: msgspec.DecodeError) -> ApiError:
     named = _NAMED.match(message)
     if named:
         path = f"{path}.{named.group('name')}" if path else named.group("name")
+    regex = _REGEX.match(message)
+    if regex:
+        pattern = regex.group("pattern").replace("\\\\", "\\")  # msgspec shows it as repr()
+        if pattern in _PATTERNS:
+            message = f"must be {_PATTERNS[pattern]}"
     return bad_request(path or None, message)
 
 

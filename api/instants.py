@@ -4,6 +4,8 @@ Out: always UTC with milliseconds, ``2026-11-29T09:00:00.000Z``.
 In: RFC 3339 with ``Z`` or an offset, ``2026-11-29T10:00:00+01:00``; a time without one is
 refused, because "09:00" alone is a different instant in every timezone. Digits past the
 millisecond are dropped (toward the past, so an instant never moves later than it was written).
+Instants from 1970 to the end of year 9999 (UTC) are accepted; every instant cronlog shows lies
+in that range, so it can always be written back out.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import datetime as dt
 import re
 from zoneinfo import ZoneInfo
 
-from core.clock import Millis
+from core.clock import MAX_INSTANT, Millis
 from core.errors import InvalidDefinition
 
-_RFC3339 = re.compile(
-    r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})$"
+# ASCII digits only: ``\d`` would take any script's digits.
+RFC3339 = (
+    r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]{1,9}))?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
 )
+_RFC3339 = re.compile(RFC3339)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
@@ -50,4 +55,9 @@ def parse_rfc3339(text: str, field: str) -> Millis:
     except ValueError as e:
         raise InvalidDefinition(field, f"{text!r} is not a valid instant: {e}") from None
     delta = at - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+    ms = (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+    if not 0 <= ms <= MAX_INSTANT:
+        raise InvalidDefinition(
+            field, f"{text!r} is not between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z"
+        )
+    return ms

@@ -10,7 +10,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.edge import (
-    MAX_PAGE,
     Call,
     authenticate,
     decode,
@@ -18,14 +17,18 @@ from api.edge import (
     job_response,
     job_view,
     json_response,
+    page_size,
     query_choice,
     query_int,
 )
 from api.instants import parse_rfc3339, to_local, to_rfc3339
+from api.quota import JobQuota, check_definition
 from api.scheduler import Unavailable
 from api.translate import job_id_for_key, job_out, random_job_id, run_out, spec_of
 from api.wire import (
+    MAX_PREVIEW,
     FireTime,
+    JobDefinition,
     JobFields,
     JobPage,
     JobPatch,
@@ -36,16 +39,24 @@ from api.wire import (
 )
 from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
 from core.cron import CronSchedule
+from core.egress import EgressPolicy
 from core.errors import Conflict, InvalidDefinition
 from core.events import AnyEvent, JobRegistered, JobUpdated
 from core.ids import team_id
 from core.jobs import JobSpec, next_slot, validate_job_id
 from projections.views import JOB_STATUSES, JobView
 
-MAX_PREVIEW = 100
 CATCH_UP_S = 5.0  # how long an upsert that decided nothing waits to read the job it names
 
 # -- jobs --------------------------------------------------------------------------------------
+
+
+def within_egress(request: Request, spec: JobSpec) -> JobSpec:
+    """``spec``, if its target is within the operator's egress policy (else a 422 naming
+    ``target``): a refused target is never written to the log."""
+    policy: EgressPolicy = request.state.egress
+    policy.check_target(spec.tenant, spec.target)
+    return spec
 
 
 async def create_job(request: Request) -> Response:
@@ -60,9 +71,13 @@ async def create_job(request: Request) -> Response:
         job_id = call.job_id(job_id_for_key(call.tenant, body.idempotency_key))
     else:
         job_id = call.job_id(random_job_id())
-    spec = spec_of(body, call.tenant, scope=call.job_id)
-    # create_only: a repeat with the same body changes nothing, another body is a conflict
-    events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
+    spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
+    existing = call.scheduler.history.job(call.tenant, job_id)
+    check_definition(call, job_id, spec, existing.spec if existing else None)
+    quota: JobQuota = request.state.quota
+    with quota.admit(call, job_id):
+        # create_only: a repeat with the same body changes nothing, another body is a conflict
+        events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
     return await _upserted(call, job_id, events)
 
 
@@ -70,12 +85,16 @@ async def put_job(request: Request) -> Response:
     call = authenticate(request)
     validate_job_id(request.path_params["job_id"])
     job_id = call.job_id(request.path_params["job_id"])
-    body = await decode(request, JobFields)
-    spec = spec_of(body, call.tenant, scope=call.job_id)
+    body = await decode(request, JobDefinition)
+    spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
     expected = expected_version(request)
-    events = await call.scheduler.execute(
-        PutJob(job_id=job_id, spec=spec, expected_version=expected)
-    )
+    existing = call.scheduler.history.job(call.tenant, job_id)
+    check_definition(call, job_id, spec, existing.spec if existing else None)
+    quota: JobQuota = request.state.quota
+    with quota.admit(call, job_id):
+        events = await call.scheduler.execute(
+            PutJob(job_id=job_id, spec=spec, expected_version=expected)
+        )
     return await _upserted(call, job_id, events)
 
 
@@ -107,7 +126,7 @@ async def list_jobs(request: Request) -> Response:
     page = call.scheduler.history.jobs(
         call.tenant,
         query_choice(request, "status", JOB_STATUSES),
-        query_int(request, 50, MAX_PAGE),
+        page_size(call, request, 50),
         request.query_params.get("cursor"),
     )
     return json_response(
@@ -130,7 +149,10 @@ async def patch_job(request: Request) -> Response:
             f"job {team_id(job_id)} is at version {view.version}, not {expected}"
         )
     if _changes_definition(body):
-        spec = spec_of(body, call.tenant, base=view.spec, scope=call.job_id)
+        spec = within_egress(
+            request, spec_of(body, call.tenant, base=view.spec, scope=call.job_id)
+        )
+        check_definition(call, job_id, spec, view.spec)
         # The merge read view.spec: writing it back is conditional on nothing having changed since.
         events = await call.scheduler.execute(
             PutJob(job_id=job_id, spec=spec, expected_version=view.version)
@@ -162,7 +184,7 @@ async def job_runs(request: Request) -> Response:
     job_id = call.job_id(request.path_params["job_id"])
     job_view(call, job_id)
     page = call.scheduler.history.runs_of(
-        call.tenant, job_id, query_int(request, 20, MAX_PAGE), request.query_params.get("cursor")
+        call.tenant, job_id, page_size(call, request, 20), request.query_params.get("cursor")
     )
     return json_response(
         RunPage(runs=[run_out(v) for v in page.items], next_cursor=page.next_cursor)
@@ -214,8 +236,6 @@ async def preview_job(request: Request) -> Response:
 async def preview_schedule(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, SchedulePreviewIn)
-    if not 1 <= body.n <= MAX_PREVIEW:
-        raise InvalidDefinition("n", f"must be between 1 and {MAX_PREVIEW}")
     schedule = CronSchedule.parse(body.schedule, body.timezone)
     after = call.scheduler.now_ms() if body.after is None else parse_rfc3339(body.after, "after")
     fires = schedule.preview(after, body.n)

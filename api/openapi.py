@@ -1,167 +1,208 @@
-"""``/openapi.json``: the schemas come from the wire structs (``msgspec.json.schema_components``),
-the paths from the table below. :func:`document` refuses a route the table does not describe,
-so the document cannot silently fall behind the routes."""
+"""``/openapi.json``, the API's contract: the schemas come from the wire structs
+(``msgspec.json.schema_components``: bounds, patterns and required fields included), the paths
+from the table below. :func:`document` refuses a route the table does not describe, so the
+document cannot silently fall behind the routes.
+
+Every status a route can answer is listed with it. The split the error table in
+``api/errors.py`` states holds here too: a request the document says is wrong is a 400, and a
+422 is reserved for what a schema cannot say (a cron expression that never fires, an unknown
+timezone, an opaque cursor this listing never gave out). ``tests/contract`` holds the service
+to this document with schemathesis.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from api import wire
 from api.errors import ErrorBody
+from core.jobs import JOB_ID
+from projections.read_model import MAX_LIMIT
+from projections.views import JOB_STATUSES, RUN_STATES
 
 REF = "#/components/schemas/{name}"
 UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})  # probes; every other path needs a token
+RUN_ID = r"^[A-Za-z0-9_-]{1,64}\.[0-9]{1,18}$"  # <job_id>.<scheduled_for ms>
+IF_MATCH = r'^(W/)?"?[0-9]{1,18}"?$'
 
-# (method, path) -> summary, request body, success status, response body (``str``: plain
-# text), error statuses, query parameters
-Operation = tuple[str, type | None, int, type | None, tuple[int, ...], tuple[str, ...]]
-_BAD = (400, 401, 413, 422)
+_QUERY: dict[str, dict[str, Any]] = {
+    "limit": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": MAX_LIMIT,
+        "description": "items a page holds at most (served as at most the tenant's page size)",
+    },
+    "cursor": {"type": "string", "description": "the next_cursor of the page before"},
+    "status": {"enum": list(JOB_STATUSES)},
+    "state": {"enum": list(RUN_STATES), "default": "dead"},
+    "n": {"type": "integer", "minimum": 1, "maximum": wire.MAX_PREVIEW, "default": 10},
+}
+_HEADERS: dict[str, dict[str, Any]] = {
+    "If-Match": {"type": "string", "pattern": IF_MATCH, "description": "the job's version"},
+    "Idempotency-Key": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": wire.MAX_IDEMPOTENCY_KEY,
+        "description": "names the run this trigger makes; a repeat answers that run",
+    },
+}
+_RETRY_AFTER = {
+    "Retry-After": {"description": "seconds to wait", "schema": {"type": "string"}},
+}
+_DESCRIPTIONS = {
+    200: "OK",
+    201: "Created",
+    400: "The request does not match this document; field names the part",
+    401: "No bearer token, or not one this service knows",
+    403: "The tenant has all the jobs it may have",
+    404: "Not found (or another tenant's)",
+    409: "Conflicts with the current state (a version, a run's state, a lost lease)",
+    413: "The body is over 1 MiB",
+    415: "The body is not application/json",
+    422: "Well-formed, but refused by a rule this document cannot state; field names it",
+    429: "This token has spent its requests for now",
+    503: "The owning partition cannot decide now; nothing was decided",
+}
+
+
+@dataclass(frozen=True)
+class Operation:
+    summary: str
+    ok: tuple[int, ...] = (200,)
+    response: type | None = None  # ``str``: plain text
+    request: type | None = None
+    body_required: bool = True
+    errors: tuple[int, ...] = ()  # besides those every operation of its kind answers
+    query: tuple[str, ...] = ()
+    headers: tuple[str, ...] = ()
+
+
+_DEFINE = (403, 409, 422, 503)
 OPERATIONS: dict[tuple[str, str], Operation] = {
-    ("POST", "/v1/jobs"): (
-        "Create a job (201; a repeat with the same idempotency_key: 200, the same job)",
+    ("POST", "/v1/jobs"): Operation(
+        "Create a job (201); a repeat with the same job_id or idempotency_key and body answers"
+        " the same job (200)",
+        (200, 201),
+        wire.JobOut,
         wire.NewJob,
-        201,
-        wire.JobOut,
-        (*_BAD, 409, 503),
-        (),
+        errors=_DEFINE,
     ),
-    ("GET", "/v1/jobs"): (
+    ("GET", "/v1/jobs"): Operation(
         "List the tenant's jobs",
-        None,
-        200,
-        wire.JobPage,
-        (400, 401),
-        ("status", "limit", "cursor"),
+        response=wire.JobPage,
+        errors=(422,),
+        query=("status", "limit", "cursor"),
     ),
-    ("PUT", "/v1/jobs/{job_id}"): (
+    ("PUT", "/v1/jobs/{job_id}"): Operation(
         "Create (201) or replace (200) a job; the same body again changes nothing",
-        wire.JobFields,
-        200,
+        (200, 201),
         wire.JobOut,
-        (*_BAD, 404, 409, 503),
-        (),
+        wire.JobDefinition,
+        errors=(*_DEFINE, 404),
+        headers=("If-Match",),
     ),
-    ("GET", "/v1/jobs/{job_id}"): ("Read a job", None, 200, wire.JobOut, (401, 404), ()),
-    ("PATCH", "/v1/jobs/{job_id}"): (
+    ("GET", "/v1/jobs/{job_id}"): Operation("Read a job", response=wire.JobOut, errors=(404,)),
+    ("PATCH", "/v1/jobs/{job_id}"): Operation(
         "Change some fields, pause or resume; If-Match or version makes it conditional",
-        wire.JobPatch,
-        200,
-        wire.JobOut,
-        (*_BAD, 404, 409, 503),
-        (),
+        response=wire.JobOut,
+        request=wire.JobPatch,
+        errors=(404, 409, 422, 503),
+        headers=("If-Match",),
     ),
-    ("DELETE", "/v1/jobs/{job_id}"): (
-        "Cancel a job and its live runs",
-        None,
-        200,
-        wire.JobOut,
-        (401, 404, 409, 503),
-        (),
+    ("DELETE", "/v1/jobs/{job_id}"): Operation(
+        "Cancel a job and its live runs (the job and its history stay readable)",
+        response=wire.JobOut,
+        errors=(404, 409, 503),
+        headers=("If-Match",),
     ),
-    ("GET", "/v1/jobs/{job_id}/runs"): (
+    ("GET", "/v1/jobs/{job_id}/runs"): Operation(
         "A job's runs, newest slot first",
-        None,
-        200,
-        wire.RunPage,
-        (400, 401, 404),
-        ("limit", "cursor"),
+        response=wire.RunPage,
+        errors=(404, 422),
+        query=("limit", "cursor"),
     ),
-    ("POST", "/v1/jobs/{job_id}/runs"): (
-        (
-            "Trigger a run now or of a past slot (201); a slot that has a run, or a repeated"
-            " Idempotency-Key header, answers that run (200)"
-        ),
+    ("POST", "/v1/jobs/{job_id}/runs"): Operation(
+        "Trigger a run now or of a past slot (201); a slot that has a run, or a repeated"
+        " Idempotency-Key header, answers that run (200)",
+        (200, 201),
+        wire.RunOut,
         wire.TriggerIn,
-        201,
-        wire.RunOut,
-        (*_BAD, 404, 409, 503),
-        (),
+        body_required=False,
+        errors=(404, 409, 422, 503),
+        headers=("Idempotency-Key",),
     ),
-    ("GET", "/v1/jobs/{job_id}/preview"): (
-        "The job's next fire times",
-        None,
-        200,
-        wire.PreviewOut,
-        (400, 401, 404),
-        ("n",),
+    ("GET", "/v1/jobs/{job_id}/preview"): Operation(
+        "The job's next fire times", response=wire.PreviewOut, errors=(404,), query=("n",)
     ),
-    ("POST", "/v1/schedules/preview"): (
-        "The next fire times of a cron expression in a timezone",
-        wire.SchedulePreviewIn,
-        200,
-        wire.PreviewOut,
-        _BAD,
-        (),
+    ("POST", "/v1/schedules/preview"): Operation(
+        "The next fire times of a cron expression in a timezone (fewer near the end of 9999)",
+        response=wire.PreviewOut,
+        request=wire.SchedulePreviewIn,
+        errors=(422,),
     ),
-    ("GET", "/v1/runs"): (
+    ("GET", "/v1/runs"): Operation(
         "Runs in one state (default: dead, the dead-letter list)",
-        None,
-        200,
-        wire.RunPage,
-        (400, 401),
-        ("state", "limit", "cursor"),
+        response=wire.RunPage,
+        errors=(422,),
+        query=("state", "limit", "cursor"),
     ),
-    ("GET", "/v1/runs/{run_id}"): ("Read a run", None, 200, wire.RunOut, (401, 404), ()),
-    ("POST", "/v1/runs/{run_id}/cancel"): (
+    ("GET", "/v1/runs/{run_id}"): Operation("Read a run", response=wire.RunOut, errors=(404,)),
+    ("POST", "/v1/runs/{run_id}/cancel"): Operation(
         "Cancel a run (a running one learns it at its next heartbeat)",
-        None,
-        200,
-        wire.RunOut,
-        (401, 404, 409, 503),
-        (),
+        response=wire.RunOut,
+        errors=(404, 409, 503),
     ),
-    ("POST", "/v1/runs/{run_id}/replay"): (
+    ("POST", "/v1/runs/{run_id}/replay"): Operation(
         "Requeue a dead run with a fresh attempt budget",
-        None,
-        200,
-        wire.RunOut,
-        (401, 404, 409, 503),
-        (),
+        response=wire.RunOut,
+        errors=(404, 409, 503),
     ),
-    ("POST", "/v1/runs/{run_id}/heartbeat"): (
+    ("POST", "/v1/runs/{run_id}/heartbeat"): Operation(
         "Extend the lease; 409 when it was lost (cancelled says whether the run was cancelled)",
-        wire.HeartbeatIn,
-        200,
-        wire.HeartbeatOut,
-        (*_BAD, 404, 409, 503),
-        (),
+        response=wire.HeartbeatOut,
+        request=wire.HeartbeatIn,
+        errors=(404, 409, 503),
     ),
-    ("POST", "/v1/runs/{run_id}/complete"): (
+    ("POST", "/v1/runs/{run_id}/complete"): Operation(
         "Report the attempt's outcome; 409 unless the fencing token holds the live lease",
-        wire.CompleteIn,
-        200,
-        wire.RunOut,
-        (*_BAD, 404, 409, 503),
-        (),
+        response=wire.RunOut,
+        request=wire.CompleteIn,
+        errors=(404, 409, 503),
     ),
-    ("POST", "/v1/workers/claim"): (
+    ("POST", "/v1/workers/claim"): Operation(
         "Lease up to limit ready runs of a pull pool",
-        wire.ClaimIn,
-        200,
-        wire.ClaimOut,
-        (*_BAD, 503),
-        (),
+        response=wire.ClaimOut,
+        request=wire.ClaimIn,
+        errors=(503,),
     ),
-    ("GET", "/metrics"): (
+    ("GET", "/metrics"): Operation(
         "Prometheus metrics of this node (text exposition format); its own bearer token",
-        None,
-        200,
-        str,
-        (401,),
-        (),
+        response=str,
     ),
-    ("GET", "/healthz"): ("The process is up", None, 200, wire.Health, (), ()),
-    ("GET", "/readyz"): (
-        "The node owns its partitions and has caught up",
-        None,
-        200,
-        wire.Health,
-        (503,),
-        (),
+    ("GET", "/healthz"): Operation("The process is up", response=wire.Health),
+    ("GET", "/readyz"): Operation(
+        "The node owns its partitions and has caught up", response=wire.Health, errors=(503,)
     ),
+}
+
+_EXAMPLE_JOB = {
+    "name": "nightly-report",
+    "schedule": "0 9 * * 1-5",
+    "timezone": "Europe/London",
+    "target": "pull://reports",
+    "payload": {"report": "daily"},
+    "retries": 3,
+}
+_EXAMPLES: dict[type, dict[str, Any]] = {
+    wire.NewJob: _EXAMPLE_JOB,
+    wire.JobDefinition: _EXAMPLE_JOB,
+    wire.JobPatch: {"status": "paused"},
+    wire.SchedulePreviewIn: {"schedule": "30 1 * * *", "timezone": "America/New_York", "n": 5},
+    wire.ClaimIn: {"pool": "reports", "worker_id": "worker-1", "limit": 10},
 }
 
 
@@ -170,30 +211,70 @@ def _ref(type_: type) -> dict[str, str]:
 
 
 def _json_content(type_: type) -> dict[str, Any]:
-    return {"application/json": {"schema": _ref(type_)}}
+    content: dict[str, Any] = {"schema": _ref(type_)}
+    if type_ in _EXAMPLES:
+        content["example"] = _EXAMPLES[type_]
+    return {"application/json": content}
 
 
-def _operation(path: str, op: Operation) -> dict[str, Any]:
-    summary, request, status, response, errors, query = op
+def _statuses(path: str, op: Operation) -> list[int]:
+    """Every status the route answers: its own, and those of every route of its kind."""
+    codes = set(op.errors)
+    if path not in UNAUTHENTICATED:
+        codes.add(401)
+        if path.startswith("/v1/"):
+            codes.add(429)  # only tenants' tokens have request buckets
+    if op.request is not None:
+        codes |= {400, 413, 415}
+    if op.query or op.headers:
+        codes.add(400)
+    return sorted(codes)
+
+
+def _parameters(path: str, op: Operation) -> list[dict[str, Any]]:
     parameters: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "pattern": RUN_ID if name == "run_id" else JOB_ID.pattern},
+        }
         for name in re.findall(r"{(\w+)}", path)
     ]
     parameters += [
-        {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
-        for name in query
+        {"name": name, "in": "query", "required": False, "schema": _QUERY[name]}
+        for name in op.query
     ]
-    out: dict[str, Any] = {"summary": summary, "parameters": parameters}
-    if request is not None:
-        out["requestBody"] = {"required": True, "content": _json_content(request)}
+    parameters += [
+        {"name": name, "in": "header", "required": False, "schema": _HEADERS[name]}
+        for name in op.headers
+    ]
+    return parameters
+
+
+def _operation(path: str, op: Operation) -> dict[str, Any]:
+    out: dict[str, Any] = {"summary": op.summary, "parameters": _parameters(path, op)}
+    if op.request is not None:
+        out["requestBody"] = {"required": op.body_required, "content": _json_content(op.request)}
     responses: dict[str, Any] = {}
-    if response is str:
-        text = {"text/plain": {"schema": {"type": "string"}}}
-        responses[str(status)] = {"description": "OK", "content": text}
-    elif response is not None:
-        responses[str(status)] = {"description": "OK", "content": _json_content(response)}
-    for code in errors:
-        responses[str(code)] = {"description": "Error", "content": _json_content(ErrorBody)}
+    for code in op.ok:
+        if op.response is str:
+            content = {"text/plain": {"schema": {"type": "string"}}}
+        else:
+            content = {} if op.response is None else _json_content(op.response)
+        responses[str(code)] = {"description": _DESCRIPTIONS[code], "content": content}
+    for code in _statuses(path, op):
+        response: dict[str, Any] = {
+            "description": _DESCRIPTIONS[code],
+            "content": _json_content(ErrorBody),
+        }
+        if code in (429, 503):
+            response["headers"] = _RETRY_AFTER
+        if code == 401:
+            response["headers"] = {
+                "WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}
+            }
+        responses[str(code)] = response
     out["responses"] = responses
     if path not in UNAUTHENTICATED:
         out["security"] = [{"bearer": []}]

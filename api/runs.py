@@ -10,13 +10,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.edge import (
-    MAX_PAGE,
     Call,
     authenticate,
     decode,
     json_response,
+    page_size,
     query_choice,
-    query_int,
     run_response,
     run_view,
 )
@@ -24,17 +23,24 @@ from api.errors import ApiError, bad_request
 from api.instants import parse_rfc3339, to_rfc3339
 from api.scheduler import Unavailable
 from api.translate import claimed, run_out
-from api.wire import ClaimIn, ClaimOut, CompleteIn, HeartbeatIn, HeartbeatOut, RunPage, TriggerIn
+from api.wire import (
+    MAX_ERROR_CHARS,
+    ClaimIn,
+    ClaimOut,
+    CompleteIn,
+    HeartbeatIn,
+    HeartbeatOut,
+    RunPage,
+    TriggerIn,
+)
 from core.clock import Millis
 from core.commands import CancelRun, CompleteRun, HeartbeatRun, Outcome, ReplayRun, TriggerRun
-from core.decide import MAX_CLAIM, run_id_of
-from core.errors import Conflict, InvalidDefinition, LeaseLost
+from core.decide import run_id_of
+from core.errors import Conflict, LeaseLost
 from core.events import Heartbeat, RunMaterialised
 from core.ids import team_id
-from core.jobs import POOL
 from projections.views import RUN_STATES, RunView
 
-MAX_RETRY_AFTER_SEC = 7 * 86_400
 CATCH_UP_S = 5.0  # how long a trigger that decided nothing waits for the run it names
 
 # -- runs --------------------------------------------------------------------------------------
@@ -108,7 +114,7 @@ async def list_runs(request: Request) -> Response:
     page = call.scheduler.history.runs(
         call.tenant,
         query_choice(request, "state", RUN_STATES) or "dead",
-        query_int(request, 50, MAX_PAGE),
+        page_size(call, request, 50),
         request.query_params.get("cursor"),
     )
     return json_response(
@@ -143,12 +149,6 @@ async def replay_run(request: Request) -> Response:
 async def claim(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, ClaimIn)
-    if not POOL.match(body.pool):
-        raise InvalidDefinition("pool", "must be 1-128 characters of A-Z a-z 0-9 _ . -")
-    if not 1 <= len(body.worker_id) <= 128:
-        raise InvalidDefinition("worker_id", "must be 1-128 characters")
-    if not 1 <= body.limit <= MAX_CLAIM:
-        raise InvalidDefinition("limit", f"must be between 1 and {MAX_CLAIM}")
     leases = await call.scheduler.claim(call.tenant, body.pool, body.worker_id, body.limit)
     runs = []
     for lease in leases:
@@ -191,8 +191,6 @@ async def complete(request: Request) -> Response:
     run_id = call.run_id(request.path_params["run_id"])
     body = await decode(request, CompleteIn)
     retry_after = body.retry_after_sec
-    if retry_after is not None and not 0 <= retry_after <= MAX_RETRY_AFTER_SEC:
-        raise InvalidDefinition("retry_after_sec", f"must be between 0 and {MAX_RETRY_AFTER_SEC}")
     await _fenced(
         call,
         run_id,
@@ -200,7 +198,7 @@ async def complete(request: Request) -> Response:
             run_id=run_id,
             fencing_token=body.fencing_token,
             outcome=Outcome(body.status),
-            error=body.error,
+            error=body.error[:MAX_ERROR_CHARS],
             permanent=body.permanent,
             ambiguous=body.ambiguous,
             retry_after_ms=None if retry_after is None else round(retry_after * 1000),

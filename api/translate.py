@@ -35,6 +35,7 @@ from api.wire import (
     KafkaTargetIn,
     PullTargetIn,
     RunOut,
+    SecretRefIn,
     TargetIn,
 )
 from core.errors import InvalidDefinition
@@ -47,6 +48,7 @@ from core.jobs import (
     JobSpec,
     KafkaTarget,
     PullTarget,
+    SecretRef,
     Target,
     validate,
 )
@@ -75,10 +77,31 @@ def job_id_for_key(tenant: str, key: str) -> str:
     return "j_" + _b32(digest)[:32]
 
 
+def _header_value(name: str, value: str | SecretRefIn) -> str | SecretRef:
+    if isinstance(value, str):
+        return value
+    field = f"target.headers.{name}"
+    if value.from_env is not UNSET:
+        # The node's environment holds the operator's own secrets and is shared by every team:
+        # a team naming a variable could have any of them sent to a URL of its choosing.
+        raise InvalidDefinition(
+            field,
+            "from_env is not offered (the node's environment is shared by every team); ask the"
+            " operator to put the secret in the team's secrets directory and use from_file",
+        )
+    if value.from_file is UNSET:
+        raise InvalidDefinition(field, 'a secret reference is {"from_file": "<name>"}')
+    return SecretRef(from_file=value.from_file)
+
+
 def target_of(value: TargetIn) -> Target:
     match value:
         case HttpTargetIn(url=url, headers=headers, max_calls_per_sec=rate):
-            return HttpTarget(url=url, headers=headers, max_calls_per_sec=rate)
+            return HttpTarget(
+                url=url,
+                headers={name: _header_value(name, v) for name, v in headers.items()},
+                max_calls_per_sec=rate,
+            )
         case KafkaTargetIn(topic=topic):
             return KafkaTarget(topic=topic)
         case PullTargetIn(pool=pool):

@@ -6,43 +6,90 @@ serves a full definition (POST, PUT: unset means the default) and a partial one 
 means unchanged). Instants are RFC 3339 strings here and int milliseconds everywhere else
 (``api/instants.py`` converts).
 
-These structs are also the source of ``/openapi.json``'s schemas.
+These structs are also the source of ``/openapi.json``'s schemas, bounds and patterns included:
+the decoder refuses what the document says is out of range (400), so the two cannot disagree.
+The core checks the same bounds again (``core.jobs.validate``), from the same constants.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
-from core.jobs import Backoff, MisfirePolicy, OverlapPolicy, Target
+from api.instants import RFC3339
+from core.decide import MAX_CLAIM
+from core.jobs import (
+    DAY_MS,
+    JOB_ID,
+    MAX_ATTEMPTS,
+    MAX_CALLS_PER_SEC,
+    MAX_CATCH_UP,
+    MAX_DEPENDS_ON,
+    MAX_NAME_CHARS,
+    MAX_PRIORITY,
+    POOL,
+    Backoff,
+    MisfirePolicy,
+    OverlapPolicy,
+    Target,
+)
+
+DAY_SEC = DAY_MS // 1000
+INT64_MAX = 2**63 - 1  # versions and fencing tokens: the read model stores them as msgpack ints
+MAX_RETRY_AFTER_SEC = 7 * DAY_SEC
+MAX_PREVIEW = 100
+MAX_IDEMPOTENCY_KEY = 256
+MAX_ERROR_CHARS = 8192  # of a worker's error text, the run keeps this much
+
+JobId = Annotated[str, Meta(pattern=JOB_ID.pattern)]
+Instant = Annotated[str, Meta(pattern=RFC3339, examples=["2026-11-29T09:00:00Z"])]
+Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+Schedule = Annotated[str, Meta(min_length=1, max_length=256, examples=["0 9 * * 1-5"])]
+Timezone = Annotated[str, Meta(min_length=1, max_length=64, examples=["Europe/London"])]
+Seconds = Annotated[float, Meta(ge=0, le=DAY_SEC)]
+PositiveSeconds = Annotated[float, Meta(gt=0, le=DAY_SEC)]
 
 # -- requests ----------------------------------------------------------------------------------
 
 
+class SecretRefIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A header value the node reads from its secrets directory at each call
+    (``{"from_file": "name"}``), so the credential is never written into the log."""
+
+    from_file: str | UnsetType = UNSET
+    from_env: str | UnsetType = UNSET  # refused with a reason: see api/translate.py
+
+
 class HttpTargetIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="http"):
-    url: str
-    headers: dict[str, str] = {}
-    max_calls_per_sec: float | None = None  # the team's calls to the URL's origin share it
+    url: Annotated[str, Meta(min_length=1, max_length=2048)]
+    headers: dict[str, str | SecretRefIn] = {}
+    # the team's calls to the URL's origin share it
+    max_calls_per_sec: Annotated[float, Meta(ge=0.01, le=MAX_CALLS_PER_SEC)] | None = None
 
 
 class KafkaTargetIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="kafka"):
-    topic: str
+    topic: Annotated[str, Meta(min_length=1, max_length=249)]
 
 
 class PullTargetIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="pull"):
-    pool: str
+    pool: Annotated[str, Meta(pattern=POOL.pattern)]
 
 
 # "https://svc/hook", "kafka://topic", "pull://pool", or the object forms
-TargetIn = str | HttpTargetIn | KafkaTargetIn | PullTargetIn
+TargetIn = (
+    Annotated[str, Meta(min_length=1, max_length=2048, examples=["pull://reports"])]
+    | HttpTargetIn
+    | KafkaTargetIn
+    | PullTargetIn
+)
 
 
 class BackoffIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    base_sec: float | UnsetType = UNSET
-    factor: float | UnsetType = UNSET
-    cap_sec: float | UnsetType = UNSET
+    base_sec: PositiveSeconds | UnsetType = UNSET
+    factor: Annotated[float, Meta(ge=1, le=10)] | UnsetType = UNSET
+    cap_sec: Annotated[float, Meta(gt=0, le=7 * DAY_SEC)] | UnsetType = UNSET
     jitter: bool | UnsetType = UNSET
 
 
@@ -50,34 +97,43 @@ class JobFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     """A job's definition as clients write it. Exactly one of ``schedule``, ``run_at`` and
     ``interval_sec`` (none with ``depends_on``); ``retries`` N allows N + 1 attempts."""
 
-    name: str | UnsetType = UNSET
-    schedule: str | UnsetType | None = UNSET
-    run_at: str | UnsetType | None = UNSET
-    interval_sec: float | UnsetType | None = UNSET
-    start_at: str | UnsetType | None = UNSET
-    timezone: str | UnsetType = UNSET
+    name: Name | UnsetType = UNSET
+    schedule: Schedule | UnsetType | None = UNSET
+    run_at: Instant | UnsetType | None = UNSET
+    interval_sec: Annotated[float, Meta(ge=1, le=366 * DAY_SEC)] | UnsetType | None = UNSET
+    start_at: Instant | UnsetType | None = UNSET
+    timezone: Timezone | UnsetType = UNSET
     payload: Any = UNSET
     target: TargetIn | UnsetType = UNSET
-    retries: int | UnsetType = UNSET
-    timeout_sec: float | UnsetType = UNSET
-    lease_sec: float | UnsetType = UNSET
-    priority: int | UnsetType = UNSET
+    retries: Annotated[int, Meta(ge=0, le=MAX_ATTEMPTS - 1)] | UnsetType = UNSET
+    timeout_sec: PositiveSeconds | UnsetType = UNSET
+    lease_sec: Annotated[float, Meta(ge=1, le=3600)] | UnsetType = UNSET
+    priority: Annotated[int, Meta(ge=0, le=MAX_PRIORITY)] | UnsetType = UNSET
     misfire_policy: MisfirePolicy | UnsetType = UNSET
-    misfire_grace_sec: float | UnsetType = UNSET
-    catch_up_limit: int | UnsetType = UNSET
+    misfire_grace_sec: Seconds | UnsetType = UNSET
+    catch_up_limit: Annotated[int, Meta(ge=1, le=MAX_CATCH_UP)] | UnsetType = UNSET
     overlap_policy: OverlapPolicy | UnsetType = UNSET
-    allow_jitter_sec: float | UnsetType = UNSET
+    allow_jitter_sec: Seconds | UnsetType = UNSET
     critical: bool | UnsetType = UNSET
-    depends_on: list[str] | UnsetType = UNSET
+    depends_on: Annotated[list[JobId], Meta(max_length=MAX_DEPENDS_ON)] | UnsetType = UNSET
     backoff: BackoffIn | UnsetType = UNSET
 
 
-class NewJob(JobFields, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """POST /v1/jobs: give ``job_id`` to choose the id, or ``idempotency_key`` to make retries of
-    the request land on the same job, or neither for a fresh id."""
+class JobDefinition(JobFields, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """PUT /v1/jobs/{job_id}: a whole definition, so ``name`` and ``target`` are required."""
 
-    job_id: str | UnsetType = UNSET
-    idempotency_key: str | UnsetType = UNSET
+    name: Name
+    target: TargetIn
+
+
+class NewJob(JobDefinition, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """POST /v1/jobs: give ``job_id`` to choose the id, or ``idempotency_key`` to make retries of
+    the request land on the same job, or neither for a fresh id (not both)."""
+
+    job_id: JobId | UnsetType = UNSET
+    idempotency_key: (
+        Annotated[str, Meta(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | UnsetType
+    ) = UNSET
 
 
 class JobPatch(JobFields, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -85,37 +141,41 @@ class JobPatch(JobFields, frozen=True, forbid_unknown_fields=True, kw_only=True)
     ``version`` (or ``If-Match``) makes the change conditional."""
 
     status: Literal["active", "paused"] | UnsetType = UNSET
-    version: int | UnsetType = UNSET
+    version: Annotated[int, Meta(ge=1, le=INT64_MAX)] | UnsetType = UNSET
 
 
 class TriggerIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    scheduled_for: str | None = None  # the slot to run (a backfill); absent: now
+    scheduled_for: Instant | None = None  # the slot to run (a backfill); absent: now
 
 
 class SchedulePreviewIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    schedule: str
-    timezone: str = "UTC"
-    n: int = 10
-    after: str | None = None  # preview from this instant; absent: now
+    schedule: Schedule
+    timezone: Timezone = "UTC"
+    n: Annotated[int, Meta(ge=1, le=MAX_PREVIEW)] = 10
+    after: Instant | None = None  # preview from this instant; absent: now
 
 
 class ClaimIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    pool: str
-    worker_id: str
-    limit: int = 1
+    pool: Annotated[str, Meta(pattern=POOL.pattern)]
+    worker_id: Annotated[str, Meta(min_length=1, max_length=128)]
+    limit: Annotated[int, Meta(ge=1, le=MAX_CLAIM)] = 1
+
+
+FencingToken = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 
 
 class HeartbeatIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    fencing_token: int
+    fencing_token: FencingToken
 
 
 class CompleteIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    fencing_token: int
+    fencing_token: FencingToken
     status: Literal["succeeded", "failed"]
-    error: str = ""
+    error: str = ""  # kept up to MAX_ERROR_CHARS characters
     permanent: bool = False  # retrying cannot help: dead-letter it now
     ambiguous: bool = False  # the attempt may have taken effect (e.g. timed out after sending)
-    retry_after_sec: float | None = None  # the target's own "not before"
+    # the target's own "not before"
+    retry_after_sec: Annotated[float, Meta(ge=0, le=MAX_RETRY_AFTER_SEC)] | None = None
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -232,6 +292,7 @@ class Health(msgspec.Struct, kw_only=True):
 
 REQUEST_TYPES: tuple[type, ...] = (
     NewJob,
+    JobDefinition,
     JobFields,
     JobPatch,
     TriggerIn,

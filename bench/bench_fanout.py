@@ -33,6 +33,7 @@ from typing import Any
 
 from bench.bench_herd import now_ms, percentile
 from core.commands import PutJob
+from core.egress import EgressPolicy
 from core.jobs import Backoff, HttpTarget, JobSpec
 from eventlog.embedded import EmbeddedLog
 from node.executors import Executors
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "bench",
                 max_in_flight=args.max_calls,
                 max_in_flight_per_tenant=args.max_calls_per_team,
+                egress=EgressPolicy.build(allow=["127.0.0.0/8"]),  # the target runs on loopback
             )
             node = Node(log, Path(tmp) / "node", node_id="bench", executors=executors)
             node.start()

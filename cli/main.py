@@ -1,7 +1,9 @@
 """The ``cronlog`` command: run a node, or talk to one.
 
     cronlog serve [--data-dir DIR] [--host 127.0.0.1] [--port 8080] [--partitions 8]
+    cronlog serve --allow-targets 127.0.0.0/8               # let jobs call this machine
     cronlog serve --kafka HOST:PORT [--node-id ID]          # join a cluster
+    cronlog serve --limits FILE                             # tenants' quotas and rates
     cronlog jobs create --name N (--schedule CRON | --run-at TIME | --every SEC) --target URL
     cronlog jobs list | get ID | pause ID | resume ID | cancel ID
     cronlog runs JOB_ID [--limit N]
@@ -23,10 +25,13 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from api.limits import Limits
+    from core.egress import EgressPolicy
     from eventlog.port import EventLog
     from node.node import Node
 
@@ -102,6 +107,78 @@ def main(argv: list[str] | None = None) -> int:
         help="on SIGTERM, how long calls in flight may take to finish before they are abandoned"
         " (default 30)",
     )
+    serve.add_argument(
+        "--limits",
+        type=Path,
+        metavar="FILE",
+        help="the tenants' quotas and request rates: a TOML file with [defaults] and"
+        " [tenants.NAME] tables (see docs/security.md); without it every tenant gets the"
+        " built-in defaults",
+    )
+    serve.add_argument(
+        "--skip-log-check",
+        action="store_true",
+        help="start without reading the whole embedded log first (every read still checks"
+        " what it reads; the full check takes about 0.6 s per million records)",
+    )
+    egress = serve.add_argument_group(
+        "egress policy", "where jobs' targets may call (docs/security.md)"
+    )
+    egress.add_argument(
+        "--allow-targets",
+        action="append",
+        default=[],
+        metavar="LIST",
+        help="addresses, CIDR ranges, host names or *.patterns (each with an optional :PORT)"
+        " that targets may reach beyond the public internet, e.g. 127.0.0.0/8 or"
+        " 10.1.0.0/16,*.svc.internal; by default loopback, private and link-local ranges are"
+        " refused",
+    )
+    egress.add_argument(
+        "--deny-targets",
+        action="append",
+        default=[],
+        metavar="LIST",
+        help="entries as for --allow-targets that targets may never reach (before any allow);"
+        " cloud metadata and this node's own API are always refused",
+    )
+    egress.add_argument(
+        "--allow-topics",
+        action="append",
+        default=[],
+        metavar="TEAM=PREFIX,...",
+        help="kafka:// topics a team may produce to, by prefix (TEAM * is every team; {tenant}"
+        " in PREFIX is the team's name; PREFIX * is any topic); none by default, and never the"
+        " cluster's own topics or Kafka's __ ones",
+    )
+    egress.add_argument(
+        "--egress-config",
+        type=Path,
+        metavar="FILE",
+        help="the same settings in a TOML file (allow_targets, deny_targets, allow_topics,"
+        " error_excerpt_bytes); the command line's entries are added to the file's",
+    )
+    egress.add_argument(
+        "--error-excerpt-bytes",
+        type=int,
+        metavar="N",
+        help="how much of a failing target's answer a team reads in run.error (default 200,"
+        " at most 1024; 0 shows the status only)",
+    )
+    egress.add_argument(
+        "--secrets-dir",
+        type=Path,
+        metavar="DIR",
+        help='where header secret references ({"from_file": NAME}) are read:'
+        " DIR/TEAM/NAME (default: the data directory's secrets/)",
+    )
+    egress.add_argument(
+        "--target-kafka-config",
+        type=Path,
+        metavar="FILE",
+        help="librdkafka settings for the producer of kafka:// targets only (default:"
+        " --kafka-config); give it credentials whose ACLs deny the cluster's own topics",
+    )
     serve.add_argument("--log-level", default="info")
 
     client = argparse.ArgumentParser(add_help=False)
@@ -150,21 +227,61 @@ def main(argv: list[str] | None = None) -> int:
 # -- serve ---------------------------------------------------------------------------------------
 
 
+EXIT_FAILED = 1  # could not start, or stopped on an error
+EXIT_LOG_DAMAGED = 3  # the log is damaged: the node refused to start, or stopped
+
+DAMAGED_HINT = "the node will not run on a damaged log; see docs/operations.md, 'A damaged log'"
+
+
 def serve_command(args: argparse.Namespace) -> int:
+    """``cronlog serve``; a failure to start (or a damaged log) is one line on stderr, not a
+    traceback (``--log-level debug`` logs the traceback too)."""
+    from core.errors import CronlogError, LogCorrupted
+
+    log = logging.getLogger("cronlog")
+    try:
+        return _serve(args)
+    except LogCorrupted as e:
+        log.debug("the log is damaged", exc_info=True)
+        print(f"cronlog: {e}\ncronlog: {DAMAGED_HINT}", file=sys.stderr, flush=True)
+        return EXIT_LOG_DAMAGED
+    except (CronlogError, OSError, ValueError) as e:
+        log.debug("cannot start", exc_info=True)
+        print(f"cronlog: cannot start: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except Exception as e:  # rocksdict raises bare Exceptions with RocksDB's status text
+        log.debug("cannot start", exc_info=True)
+        print(f"cronlog: cannot start: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+
+
+def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
-    from node.executors import Executors
+    from eventlog.embedded import EmbeddedLog
+    from node.executors import DEFAULT_ERROR_EXCERPT, Executors
     from node.node import Node
+    from node.secrets import Secrets
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Everything the node writes (the log, the stores, tokens, and the files RocksDB makes on
+    # its own) is its owner's alone, whatever umask the node was started with.
+    os.umask(0o077)
     data_dir: Path = args.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(data_dir)
     tokens = load_tokens(data_dir)
+    limits = load_limits(args.limits)
 
     kafka_config = read_kafka_config(args.kafka_config) if args.kafka_config else {}
+    target_kafka_config = target_producer_config(args.target_kafka_config, kafka_config)
+    egress, excerpt = load_egress(args)
+    secrets_dir = args.secrets_dir or data_dir / "secrets"
+    if args.secrets_dir is None and not secrets_dir.exists():
+        secrets_dir.mkdir()
+        secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
     log_: EventLog
     if args.kafka:
         from confluent_kafka import KafkaException
@@ -185,9 +302,13 @@ def serve_command(args: argparse.Namespace) -> int:
             sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")
         target_kafka = args.target_kafka or args.kafka
     else:
-        from eventlog.embedded import EmbeddedLog
-
         log_ = EmbeddedLog.open(data_dir / "log", _stored_partitions(data_dir, args.partitions))
+        if not args.skip_log_check:
+            try:
+                _check_log(log_)
+            except BaseException:
+                log_.close()
+                raise
         target_kafka = args.target_kafka
     node = Node(
         log_,
@@ -198,19 +319,42 @@ def serve_command(args: argparse.Namespace) -> int:
             max_in_flight=args.max_calls,
             max_in_flight_per_tenant=args.max_calls_per_team,
             kafka_bootstrap=target_kafka,
-            kafka_config=kafka_config,
+            kafka_config=target_kafka_config,
+            egress=egress,
+            secrets=Secrets(secrets_dir),
+            error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
         ),
     )
-    app = create_app(node, tokens, metrics=node.metrics, metrics_token=load_metrics_token(data_dir))
+    app = create_app(
+        node,
+        tokens,
+        metrics=node.metrics,
+        metrics_token=load_metrics_token(data_dir),
+        limits=limits,
+        egress=egress,
+    )
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on"
     )
     server = uvicorn.Server(config)
+    damaged: list[BaseException] = []
+    if isinstance(log_, EmbeddedLog):
+        # A read that finds damage later stops the node: nothing is served from a damaged log.
+        threading.Thread(
+            target=_stop_on_damage, args=(log_, server, damaged), name="log-watch", daemon=True
+        ).start()
     node.start()
     # Let allocation bursts (a midnight herd) run between collections, and once recovery has
     # loaded what lives as long as the node, keep the collector off it.
     gc.set_threshold(50_000, 20, 20)
     threading.Thread(target=_freeze_when_ready, args=(node,), daemon=True).start()
+    print(f"cronlog: {egress.describe()}", flush=True)
+    if args.kafka and target_kafka == args.kafka and args.target_kafka_config is None:
+        print(
+            "cronlog: kafka:// targets are produced with the cluster's own credentials; give"
+            " them their own (--target-kafka-config) whose ACLs deny the cluster's topics",
+            flush=True,
+        )
     print(
         f"cronlog {args.node_id} serving on http://{args.host}:{args.port} "
         f"({'kafka ' + args.kafka if args.kafka else 'embedded log in ' + str(data_dir)})",
@@ -223,9 +367,42 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         server.run()
     finally:
-        node.stop(drain_s=args.drain_sec)
+        # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
+        node.stop(drain_s=0 if damaged else args.drain_sec)
         log_.close()
+    if damaged:
+        raise damaged[0]
     return 0
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) readable by its owner only; an existing one that
+    others can read is used as it is, with a warning (it is the operator's to change)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        logging.getLogger("cronlog").warning(
+            "data directory %s is readable by others (mode %o); chmod 700 it", path, mode
+        )
+
+
+def _check_log(log_: Any) -> None:
+    """Read the whole embedded log once before serving anything from it (``--skip-log-check``
+    skips this; reads still check what they read)."""
+    started = time.monotonic()
+    records = log_.verify()
+    logging.getLogger("cronlog").info(
+        "checked the event log: %d records in %.2f s", records, time.monotonic() - started
+    )
+
+
+def _stop_on_damage(log_: Any, server: Any, damaged: list[BaseException]) -> None:
+    """Wait for a read to find the log damaged; then stop serving (``serve`` exits 3)."""
+    damage = log_.wait_damaged()
+    if damage is None:
+        return
+    damaged.append(damage)
+    server.should_exit = True
 
 
 def load_tokens(data_dir: Path) -> dict[str, str]:
@@ -243,10 +420,27 @@ def load_tokens(data_dir: Path) -> dict[str, str]:
     return read_tokens_file(path)
 
 
+def load_limits(path: Path | None) -> Limits:
+    """The tenants' limits from ``--limits``, or the built-in defaults; a file that cannot be
+    used stops the start with one line that says why."""
+    from api.limits import Limits, LimitsError, read_limits
+
+    if path is None:
+        return Limits()
+    try:
+        return read_limits(path)
+    except LimitsError as e:
+        sys.exit(f"cronlog: {e}")
+
+
 def read_kafka_config(path: Path) -> dict[str, str]:
     """``key=value`` lines (blank lines and ``#`` comments ignored), as librdkafka settings."""
     settings: dict[str, str] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        sys.exit(f"cronlog: cannot read {path}: {e.strerror or e}")
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -255,6 +449,39 @@ def read_kafka_config(path: Path) -> dict[str, str]:
             sys.exit(f"cronlog: {path}:{n}: expected key=value")
         settings[key.strip()] = value.strip()
     return settings
+
+
+def target_producer_config(path: Path | None, cluster: dict[str, str]) -> dict[str, str]:
+    """The settings of the producer for ``kafka://`` targets: its own file's when given, none of
+    the cluster's (whose credentials may write the cluster's own topics); else the cluster's."""
+    return read_kafka_config(path) if path is not None else cluster
+
+
+def load_egress(args: argparse.Namespace) -> tuple[EgressPolicy, int | None]:
+    """The node's egress policy from ``--egress-config`` and the command line, and the error
+    excerpt size if one was set; a bad entry ends the command with a message naming it."""
+    from node.egress import policy_from, read_config
+    from node.executors import MAX_ERROR_EXCERPT
+
+    try:
+        config = read_config(args.egress_config) if args.egress_config else {}
+        policy = policy_from(
+            config,
+            allow=args.allow_targets,
+            deny=args.deny_targets,
+            topics=args.allow_topics,
+            api_port=args.port,
+            kafka_bootstrap=[args.kafka] if args.kafka else [],
+            topic_prefix=args.topic_prefix,
+        )
+    except (OSError, ValueError) as e:
+        sys.exit(f"cronlog: egress policy: {e}")
+    excerpt = args.error_excerpt_bytes
+    if excerpt is None:
+        excerpt = config.get("error_excerpt_bytes")
+    if excerpt is not None and not 0 <= excerpt <= MAX_ERROR_EXCERPT:
+        sys.exit(f"cronlog: --error-excerpt-bytes must be between 0 and {MAX_ERROR_EXCERPT}")
+    return policy, excerpt
 
 
 def load_metrics_token(data_dir: Path) -> str:
@@ -291,7 +518,10 @@ def _stored_partitions(data_dir: Path, requested: int) -> int:
     """The partition count is the log's for life: the first start records it."""
     marker = data_dir / "partitions"
     if marker.exists():
-        return int(marker.read_text().strip())
+        text = marker.read_text().strip()
+        if not text.isascii() or not text.isdigit():
+            raise ValueError(f"{marker} should hold the log's partition count, not {text[:20]!r}")
+        return int(text)
     marker.write_text(f"{requested}\n")
     return requested
 

@@ -11,6 +11,10 @@ from typing import Protocol
 
 Millis = int
 
+# The last instant cronlog speaks of, 9999-12-31T23:59:59.999Z (the end of RFC 3339's years):
+# an instant given later is refused, and a job whose next slot would be later has none.
+MAX_INSTANT: Millis = 253_402_300_799_999
+
 
 class Clock(Protocol):
     def now_ms(self) -> Millis: ...

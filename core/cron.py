@@ -472,7 +472,10 @@ class CronSchedule:
         fires: list[int] = []
         at = after_ms
         while len(fires) < limit:
-            at = self.next_after(at)
+            try:
+                at = self.next_after(at)
+            except OverflowError:  # none before the end of year 9999
+                break
             if at > until_ms:
                 break
             fires.append(at)
@@ -510,13 +513,9 @@ class CronSchedule:
             wanted *= 2
 
     def preview(self, after_ms: int, n: int) -> list[int]:
-        """The next ``n`` fire instants after ``after_ms``, ascending."""
-        fires: list[int] = []
-        at = after_ms
-        for _ in range(n):
-            at = self.next_after(at)
-            fires.append(at)
-        return fires
+        """The next ``n`` fire instants after ``after_ms``, ascending (fewer near the end of
+        year 9999)."""
+        return self.fires_between(after_ms, 1 << 62, n)
 
     def suppressed_between(self, after_ms: int, until_ms: int) -> list[int]:
         """Instants in ``(after_ms, until_ms]`` where the wall clock matches but we do not fire.

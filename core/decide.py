@@ -569,16 +569,18 @@ def _claim(state: PartitionState, cmd: ClaimRuns, now: Millis) -> list[AnyEvent]
         return []
     events: list[AnyEvent] = []
     set_aside = []
+    granted: set[str] = set()
     while heap and len(events) < cmd.limit:
         entry = heapq.heappop(heap)
-        if not state.is_ready_entry_live(entry):
-            continue  # stale: tidy the derived index
+        if not state.is_ready_entry_live(entry, cmd.pool) or entry[2] in granted:
+            continue  # stale (or a second entry of a run leased here): tidy the derived index
         run = state.runs[entry[2]]
         set_aside.append(entry)  # kept: the LeaseGranted makes it stale when folded
         if run.available_at > now or (cmd.tenant is not None and run.tenant != cmd.tenant):
             continue
         token = state.last_token + len(events) + 1
         events.append(_granted(state.jobs[run.job_id], run, token, cmd.worker_id, now))
+        granted.add(run.run_id)
     for entry in set_aside:
         heapq.heappush(heap, entry)
     return events

@@ -35,3 +35,36 @@ class Fenced(CronlogError):
 class Unavailable(CronlogError):
     """The owning partition cannot decide right now (failover, catching up, a failed write):
     nothing was decided; try again."""
+
+
+class LogCorrupted(CronlogError):
+    """The log, cronlog's source of truth, holds damage: a checksum that does not match, a
+    missing offset, a record the log did not write. Nothing may be decided or served from it;
+    the message names the stream, the partition, the offset and, where known, the file."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        stream: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+        file: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.partition = partition
+        self.offset = offset
+        self.file = file
+
+
+class StoreDamaged(CronlogError):
+    """A store derived from the log (a partition's state store, the read model) cannot be
+    read back as it was written. It is set aside and rebuilt from the log."""
+
+
+class EgressDenied(InvalidDefinition):
+    """A target outside the operator's egress policy (``core/egress.py``)."""
+
+    def __init__(self, reason: str, field: str = "target") -> None:
+        super().__init__(field, f"egress policy: {reason}")

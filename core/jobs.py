@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from core.clock import Millis
+from core.clock import MAX_INSTANT, Millis
 from core.cron import CronSchedule, next_fire
 from core.errors import InvalidDefinition
 from core.ids import SEPARATOR, team_id
@@ -31,12 +31,46 @@ JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 POOL = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+# Matched whole (fullmatch): "$" would let a trailing newline through.
+SECRET_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
+# RFC 9110's token: the characters a header name may hold.
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# Printable ASCII and tab, not starting or ending with white space (which parsers strip).
+HEADER_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?")
 
 MAX_PAYLOAD_BYTES = 64 * 1024
+# Arrays and objects inside one another: deeper JSON would overrun the recursion limit of the
+# threads that encode it again (the runner, the read model), long after the API said yes.
+MAX_PAYLOAD_DEPTH = 64
+MAX_NAME_CHARS = 200
+MAX_DEPENDS_ON = 1000  # the most any tenant may be allowed (api/limits.py sets each one's)
 MAX_ATTEMPTS = 100
 MAX_CATCH_UP = 1000
 MAX_PRIORITY = 9
 MAX_CALLS_PER_SEC = 100_000
+MAX_HEADERS = 32
+MAX_HEADER_NAME = 128
+MAX_HEADER_VALUE = 4096
+MAX_HEADERS_BYTES = 16 * 1024
+# Headers that frame the message or the connection, or that cronlog sets itself on every call:
+# a job never sets them.
+RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "trailer",
+        "expect",
+        "content-type",
+        "content-encoding",
+        "idempotency-key",
+    }
+)
+RESERVED_HEADER_PREFIXES = ("proxy-", "x-cronlog-")
 DAY_MS = 86_400_000
 
 
@@ -57,9 +91,16 @@ class OverlapPolicy(enum.StrEnum):
     CANCEL_OTHER = "cancel_other"  # cancel the live run, start the new one
 
 
+class SecretRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """A header value kept out of the log: the executor reads the team's secret ``from_file``
+    from the node's secrets directory (``<secrets>/<tenant>/<name>``) at each call."""
+
+    from_file: str
+
+
 class HttpTarget(msgspec.Struct, frozen=True, tag="http", gc=False):
     url: str
-    headers: dict[str, str] = {}
+    headers: dict[str, str | SecretRef] = {}
     # What the downstream tolerates: the team's calls to this URL's origin share the rate.
     max_calls_per_sec: float | None = None
 
@@ -150,8 +191,8 @@ def is_log_job_id(job_id: str, tenant: str) -> bool:
 
 def validate(spec: JobSpec) -> None:
     """Raise :class:`InvalidDefinition` naming the first bad field; return if ``spec`` is sound."""
-    if not spec.name.strip() or len(spec.name) > 200:
-        raise InvalidDefinition("name", "must be 1-200 characters and not blank")
+    if not spec.name.strip() or len(spec.name) > MAX_NAME_CHARS:
+        raise InvalidDefinition("name", f"must be 1-{MAX_NAME_CHARS} characters and not blank")
     if not TENANT.match(spec.tenant):
         raise InvalidDefinition("tenant", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
     whens = [f for f in ("schedule", "run_at", "interval_sec") if getattr(spec, f) is not None]
@@ -160,6 +201,8 @@ def validate(spec: JobSpec) -> None:
             raise InvalidDefinition(
                 whens[0], "a job with depends_on is triggered by its upstream jobs; give no time"
             )
+        if len(spec.depends_on) > MAX_DEPENDS_ON:
+            raise InvalidDefinition("depends_on", f"must list at most {MAX_DEPENDS_ON} jobs")
         for upstream in spec.depends_on:
             # The log's id of one of the team's own jobs (core.ids), or a bare id from before
             # ids were scoped.
@@ -175,8 +218,9 @@ def validate(spec: JobSpec) -> None:
         )
     # CronSchedule.parse raises InvalidDefinition naming "schedule" or "timezone".
     CronSchedule.parse(spec.schedule or "0 0 * * *", spec.timezone)
-    if spec.run_at is not None and spec.run_at < 0:
-        raise InvalidDefinition("run_at", "must be an instant after 1970")
+    for name, at in (("run_at", spec.run_at), ("start_at", spec.start_at)):
+        if at is not None and not 0 <= at <= MAX_INSTANT:
+            raise InvalidDefinition(name, "must be an instant from 1970 to the end of year 9999")
     if spec.interval_sec is not None:
         _positive("interval_sec", spec.interval_sec, upper=366 * 86400)
         if spec.interval_sec < 1:
@@ -184,8 +228,19 @@ def validate(spec: JobSpec) -> None:
     if spec.start_at is not None and spec.interval_sec is None:
         raise InvalidDefinition("start_at", "only an interval job takes start_at")
     _validate_target(spec.target)
-    if len(msgspec.json.encode(spec.payload)) > MAX_PAYLOAD_BYTES:
+    if _depth(spec.payload) > MAX_PAYLOAD_DEPTH:
+        raise InvalidDefinition("payload", f"must nest at most {MAX_PAYLOAD_DEPTH} levels deep")
+    payload_bytes = len(msgspec.json.encode(spec.payload))
+    if payload_bytes > MAX_PAYLOAD_BYTES:
         raise InvalidDefinition("payload", f"must encode to at most {MAX_PAYLOAD_BYTES} bytes")
+    if isinstance(spec.target, HttpTarget):
+        headers_bytes = validate_headers(spec.target.headers)
+        if payload_bytes + headers_bytes > MAX_PAYLOAD_BYTES:
+            raise InvalidDefinition(
+                "target.headers",
+                f"the headers ({headers_bytes} bytes) and the payload ({payload_bytes} bytes)"
+                f" together must be at most {MAX_PAYLOAD_BYTES} bytes",
+            )
     if not 1 <= spec.max_attempts <= MAX_ATTEMPTS:
         raise InvalidDefinition("max_attempts", f"must be between 1 and {MAX_ATTEMPTS}")
     _positive("backoff.base_sec", spec.backoff.base_sec, upper=DAY_MS / 1000)
@@ -206,6 +261,23 @@ def validate(spec: JobSpec) -> None:
         raise InvalidDefinition("allow_jitter_sec", "must be between 0 and 86400")
 
 
+def _depth(value: Any) -> int:
+    """How deeply arrays and objects nest in ``value`` (a scalar: 0), without recursing."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list | tuple):
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > MAX_PAYLOAD_DEPTH:
+            break  # enough to refuse it
+        stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
 def _validate_target(target: Target) -> None:
     match target:
         case HttpTarget(url=url, max_calls_per_sec=rate):
@@ -223,6 +295,56 @@ def _validate_target(target: Target) -> None:
                 raise InvalidDefinition("target", f"{pool!r} is not a valid pool name")
 
 
+def validate_headers(headers: dict[str, str | SecretRef]) -> int:
+    """Raise :class:`InvalidDefinition` naming the first bad header; return the bytes the
+    headers take (names and values as written; a secret reference counts its name)."""
+    if len(headers) > MAX_HEADERS:
+        raise InvalidDefinition("target.headers", f"at most {MAX_HEADERS} headers")
+    seen: set[str] = set()
+    size = 0
+    for name, value in headers.items():
+        if not 1 <= len(name) <= MAX_HEADER_NAME or not HEADER_NAME.fullmatch(name):
+            raise InvalidDefinition(
+                "target.headers",
+                f"{name[:MAX_HEADER_NAME]!r} is not a header name (1-{MAX_HEADER_NAME}"
+                " characters of A-Z a-z 0-9 and !#$%&'*+-.^_`|~)",
+            )
+        field = f"target.headers.{name}"
+        lower = name.lower()
+        if lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIXES):
+            raise InvalidDefinition(
+                field, "cronlog sets this header itself, or it frames the connection"
+            )
+        if lower in seen:
+            raise InvalidDefinition(field, "the header is named twice")
+        seen.add(lower)
+        if isinstance(value, SecretRef):
+            if not SECRET_NAME.fullmatch(value.from_file):
+                raise InvalidDefinition(
+                    field, "from_file must name a secret: 1-128 characters of A-Z a-z 0-9 _ . -"
+                )
+            size += len(name) + len(value.from_file)
+            continue
+        check_header_value(field, value)
+        size += len(name) + len(value)
+    if size > MAX_HEADERS_BYTES:
+        raise InvalidDefinition("target.headers", f"must total at most {MAX_HEADERS_BYTES} bytes")
+    return size
+
+
+def check_header_value(field: str, value: str) -> None:
+    """Raise :class:`InvalidDefinition` unless ``value`` can be sent as a header's value as it
+    is: no line breaks or other control characters, which would let it forge headers."""
+    if len(value) > MAX_HEADER_VALUE:
+        raise InvalidDefinition(field, f"a header value is at most {MAX_HEADER_VALUE} characters")
+    if not HEADER_VALUE.fullmatch(value):
+        raise InvalidDefinition(
+            field,
+            "a header value is printable ASCII (tabs inside it too), with no line breaks or"
+            " other control characters and no white space at either end",
+        )
+
+
 # -- when does a job fire ---------------------------------------------------------------------
 
 
@@ -237,8 +359,16 @@ def first_slot(spec: JobSpec, registered_at: Millis) -> Millis | None:
             return anchor
         return next_slot(spec, registered_at - 1, anchor)
     if spec.schedule is not None:
-        return next_fire(spec.schedule, spec.timezone, registered_at)
+        return _next_fire(spec, registered_at)
     return None
+
+
+def _next_fire(spec: JobSpec, after: Millis) -> Millis | None:
+    assert spec.schedule is not None
+    try:
+        return next_fire(spec.schedule, spec.timezone, after)
+    except OverflowError:  # no fire before the end of year 9999
+        return None
 
 
 def next_slot(spec: JobSpec, after: Millis, anchor: Millis) -> Millis | None:
@@ -247,9 +377,10 @@ def next_slot(spec: JobSpec, after: Millis, anchor: Millis) -> Millis | None:
         every = round(spec.interval_sec * 1000)
         if after < anchor:
             return anchor
-        return anchor + ((after - anchor) // every + 1) * every
+        slot = anchor + ((after - anchor) // every + 1) * every
+        return slot if slot <= MAX_INSTANT else None
     if spec.schedule is not None:
-        return next_fire(spec.schedule, spec.timezone, after)
+        return _next_fire(spec, after)
     return None  # one-shot and dependency-triggered jobs have no next slot
 
 

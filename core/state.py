@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+from typing import assert_never
 
 import msgspec
 
@@ -142,9 +143,16 @@ class PartitionState:
         job = self.jobs.get(run.job_id)
         return job.spec.pool if job is not None else None
 
-    def is_ready_entry_live(self, entry: tuple[int, int, str, int]) -> bool:
+    def is_ready_entry_live(self, entry: tuple[int, int, str, int], pool: str) -> bool:
+        """Whether a ``ready`` entry of ``pool`` still names a pending run of that pool (a job
+        moved to another pool leaves its runs' old entries behind)."""
         run = self.runs.get(entry[2])
-        return run is not None and run.status is RunStatus.PENDING and run.attempt == entry[3]
+        return (
+            run is not None
+            and run.status is RunStatus.PENDING
+            and run.attempt == entry[3]
+            and self.pool_of(run) == pool
+        )
 
 
 def ageing_key(run: RunState) -> int:
@@ -195,7 +203,13 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 job.spec.start_at != event.spec.start_at
             ):
                 job.anchor = event.next_slot if event.next_slot is not None else event.at
+            moved = job.spec.target != event.spec.target
             job.spec, job.version, job.next_slot = event.spec, event.version, event.next_slot
+            if moved:  # pending runs wait where the new target says: a pool, or the executors
+                for run_id in job.live:
+                    run = state.runs[run_id]
+                    if run.status is RunStatus.PENDING:
+                        _index(state, run)
         case JobPaused():
             job = state.jobs[event.job_id]
             job.status, job.version = JobStatus.PAUSED, event.version
@@ -296,6 +310,8 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             job.upstream[event.upstream_job_id] = max(
                 event.scheduled_for, job.upstream.get(event.upstream_job_id, event.scheduled_for)
             )
+        case _:
+            assert_never(event)  # a new event must be folded here, or replay would drop it
     return state
 
 

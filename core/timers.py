@@ -15,6 +15,7 @@ state, which is how a new owner fills its wheel after catching up the log.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import assert_never
 
 from core.clock import Millis
 from core.events import (
@@ -31,10 +32,12 @@ from core.events import (
     RunCancelled,
     RunCompleted,
     RunDeadLettered,
+    RunFailed,
     RunMaterialised,
     RunReleased,
     RunReplayed,
     RunSkipped,
+    UpstreamRecorded,
 )
 from core.jobs import PullTarget
 from core.state import JobStatus, PartitionState, RunState, RunStatus
@@ -65,7 +68,13 @@ def _ready_timer(state: PartitionState, run: RunState) -> list[TimerChange]:
 def timers_after(state: PartitionState, event: AnyEvent) -> list[TimerChange]:
     """The timer changes ``event`` calls for; ``state`` has already folded it."""
     match event:
-        case JobRegistered() | JobUpdated() | JobResumed() | RunSkipped():
+        case JobUpdated():
+            # A new target may move its pending runs between the executors and a pool.
+            changes = [_slot_timer(state, event.job_id)]
+            for run_id in state.jobs[event.job_id].live:
+                changes += _ready_timer(state, state.runs[run_id])
+            return changes
+        case JobRegistered() | JobResumed() | RunSkipped():
             return [_slot_timer(state, event.job_id)]
         case JobPaused() | JobCancelled():
             return [(("slot", event.job_id), None)]
@@ -89,7 +98,14 @@ def timers_after(state: PartitionState, event: AnyEvent) -> list[TimerChange]:
             if event.was_running:  # keep the lease timer: it clears the cancelled run
                 return [(("ready", event.run_id), None)]
             return [(("ready", event.run_id), None), (("lease", event.run_id), None)]
-    return []
+        case RunFailed():
+            # The attempt ended: its lease is gone (a retry or dead letter follows as its own
+            # event). Left armed, the timer would fire for a run that holds no lease.
+            return [(("lease", event.run_id), None)]
+        case UpstreamRecorded():
+            return []
+        case _:
+            assert_never(event)
 
 
 def all_timers(state: PartitionState) -> Iterator[tuple[TimerKey, Millis]]:

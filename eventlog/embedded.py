@@ -7,9 +7,11 @@ Layout (raw mode, three column families)::
     meta       b"num_partitions"            -> u32
                b"epoch"   + partition:u32   -> u64   writer epoch, bumped on every takeover
                b"through" + partition:u32   -> u64   next command offset to process
+               b"end" + stream:u8 + partition:u32 -> u64   records in the stream-partition
 
 A record is ``0x00 value`` or ``0x01 len(key):u32 key value``. Big-endian keys make RocksDB's
-byte order the (partition, offset) order, so a read is one seek and a forward scan.
+byte order the (partition, offset) order, so a read is one seek and a forward scan. Offsets
+are contiguous from 0 in every stream-partition: the committer gives each record the next one.
 
 **Group commit.** A synced write costs a WAL fsync (~0.3 ms), so callers never write
 themselves. ``submit``, ``append`` and takeovers queue a pending write and wait; one committer
@@ -31,6 +33,18 @@ position they carry land together or not at all.
 opener), so the current epochs live in memory and every change is also stored. A takeover bumps
 every partition's epoch in one batch; an append whose writer epoch is stale raises ``Fenced``.
 
+**Integrity.** The log is the source of truth, so it never hands out what it cannot vouch for.
+Every read verifies RocksDB's block checksums, and checks that the offsets it returns are the
+contiguous ones it asked for, up to the published end, and that every record is framed as the
+log frames them. At open, each stream-partition's last record must be where the ``end`` meta
+key (written in the same batch as the records) says; :meth:`EmbeddedLog.verify` reads every
+record once (``cronlog serve`` runs it before it starts deciding). Any failure is a
+:class:`core.errors.LogCorrupted` naming the stream, the partition, the offset and, where
+RocksDB says which, the file; the first one also puts the log in a failed state: every later
+read and write raises the same error, and :meth:`EmbeddedLog.wait_damaged` wakes, so the node
+that owns the log stops rather than serve from it. What the records *mean* is the readers'
+business: a record that is not an event is reported by ``projections.decoding``.
+
 **Closing.** rocksdict keeps the ``LOCK`` while any column-family handle, iterator or snapshot
 is alive, even after ``close()``. Iterators live only inside a read; ``close`` waits for
 in-flight reads, drops the handles, then closes the database.
@@ -38,6 +52,7 @@ in-flight reads, drops the handles, then closes the database.
 
 from __future__ import annotations
 
+import re
 import struct
 import threading
 import time
@@ -50,17 +65,18 @@ from rocksdict import (
     DBRecoveryMode,
     Options,
     Rdict,
-    ReadOptions,
     WriteBatch,
     WriteOptions,
 )
 
-from core.errors import CronlogError, Fenced
+from core.errors import CronlogError, Fenced, LogCorrupted
 from eventlog.mailbox import LocalPostOffice
 from eventlog.memory import ChangeSignal, SingleProcessLog
 from eventlog.port import PartitionWriter, Record
+from eventlog.rocks import checked_reads, is_damage, iterator_error
 
 STREAMS = ("commands", "events")
+_STREAM_ID = {"commands": b"c", "events": b"e"}
 _META = "meta"
 _KEY = struct.Struct(">IQ")
 _U32 = struct.Struct(">I")
@@ -68,6 +84,7 @@ _U64 = struct.Struct(">Q")
 _NUM_PARTITIONS = b"num_partitions"
 _EPOCH = b"epoch"
 _THROUGH = b"through"
+_END = b"end"
 _MAX_OFFSET = 2**64 - 1
 
 
@@ -77,11 +94,61 @@ def _encode(value: bytes, key: bytes | None) -> bytes:
     return b"\x01" + _U32.pack(len(key)) + key + value
 
 
-def _decode(partition: int, offset: int, stored: bytes) -> Record:
-    if stored[0] == 0:
+def _unframe(path: Path, stream: str, partition: int, offset: int, stored: bytes) -> Record:
+    """The record the log framed as ``stored``, or LogCorrupted if it is not one."""
+    if stored[:1] == b"\x00":
         return Record(partition, offset, stored[1:])
-    (key_len,) = _U32.unpack_from(stored, 1)
-    return Record(partition, offset, stored[5 + key_len :], stored[5 : 5 + key_len])
+    if stored[:1] == b"\x01" and len(stored) >= 5:
+        (key_len,) = _U32.unpack_from(stored, 1)
+        if 5 + key_len <= len(stored):
+            return Record(partition, offset, stored[5 + key_len :], stored[5 : 5 + key_len])
+    raise LogCorrupted(
+        f"event log {path} is damaged: {stream} partition {partition} at offset {offset}: "
+        f"the record is not framed as the log frames records ({len(stored)} bytes, "
+        f"starting {stored[:8].hex() or 'nothing'})",
+        stream=stream,
+        partition=partition,
+        offset=offset,
+    )
+
+
+def _end_key(stream: str, partition: int) -> bytes:
+    return _END + _STREAM_ID[stream] + _U32.pack(partition)
+
+
+# RocksDB names the file in its messages: "... in /data/log/000009.sst offset 13099 ...",
+# "The file /data/log/MANIFEST-000005 may be corrupted".
+_FILE = re.compile(r"(\S*/(?:\d+\.(?:sst|log|blob)|MANIFEST-\d+))\b")
+
+
+def _rocksdb_damage(
+    path: Path, exc: Exception, stream: str | None, partition: int | None, offset: int | None
+) -> LogCorrupted:
+    """LogCorrupted from RocksDB's own report (its checksum messages name the file)."""
+    found = _FILE.search(str(exc))
+    file = found.group(1) if found else None
+    where = "" if stream is None else f"{stream} partition {partition}"
+    if offset is not None:
+        where += f" at offset {offset}"
+    if file is not None:
+        where += f" (file {file})" if where else f"file {file}"
+    return LogCorrupted(
+        f"event log {path} is damaged: {where + ': ' if where else ''}{exc}",
+        stream=stream,
+        partition=partition,
+        offset=offset,
+        file=file,
+    )
+
+
+def _copy(damage: LogCorrupted) -> LogCorrupted:
+    return LogCorrupted(
+        str(damage),
+        stream=damage.stream,
+        partition=damage.partition,
+        offset=damage.offset,
+        file=damage.file,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +222,8 @@ class EmbeddedLog(SingleProcessLog):
         self._path = Path(path)
         self._num_partitions = num_partitions
         self._post_office = LocalPostOffice()
+        self._damage: LogCorrupted | None = None
+        self._damage_seen = threading.Event()
         self._db = self._open_db(self._path)
         self._cf = {name: self._db.get_column_family_handle(name) for name in (*STREAMS, _META)}
         self._tables = {name: self._db.get_column_family(name) for name in (*STREAMS, _META)}
@@ -164,7 +233,7 @@ class EmbeddedLog(SingleProcessLog):
         try:
             self._check_num_partitions()
             # Owned by the committer; readers see ``_visible``, published after each fsync.
-            self._next = {s: [self._scan_end(s, p) for p in self._partitions()] for s in STREAMS}
+            self._next = {s: [self._checked_end(s, p) for p in self._partitions()] for s in STREAMS}
             self._epochs = [self._meta_u64(_EPOCH, p) for p in self._partitions()]
             self._positions = [self._meta_u64(_THROUGH, p) for p in self._partitions()]
         except BaseException:
@@ -196,6 +265,46 @@ class EmbeddedLog(SingleProcessLog):
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def damage(self) -> LogCorrupted | None:
+        """The first damage any read found (None while the log is sound)."""
+        return self._known_damage()
+
+    def wait_damaged(self, timeout_s: float | None = None) -> LogCorrupted | None:
+        """Block until a read finds the log damaged, the log is closed, or ``timeout_s``
+        passes; the damage, or None."""
+        self._damage_seen.wait(timeout_s)
+        return self._known_damage()
+
+    def verify(self) -> int:
+        """Read every record of every stream-partition once, checking what a read checks
+        (checksums, contiguous offsets, framing) without handing records out; returns how many
+        there are. Raises LogCorrupted, and the log fails as on any read that finds damage.
+
+        RocksDB reads every block: a million records of ~250 bytes (34 MB) took 0.63 s on the
+        2-core machine the benchmarks ran on."""
+        total = 0
+        for stream in STREAMS:
+            for partition in self._partitions():
+                with self._signal.cond:
+                    known = self._known_damage()
+                    if known is not None:
+                        raise known
+                    if self._signal.closed:
+                        raise CronlogError(f"event log {self._path} is closed")
+                    end = self._visible[stream][partition]
+                    self._readers += 1
+                try:
+                    total += self._check(stream, partition, end)
+                except LogCorrupted as found:
+                    raise self._damaged(found) from None
+                finally:
+                    with self._signal.cond:
+                        self._readers -= 1
+                        if not self._readers:
+                            self._signal.cond.notify_all()
+        return total
 
     @property
     def synced_batches(self) -> int:
@@ -239,6 +348,7 @@ class EmbeddedLog(SingleProcessLog):
             while self._readers:
                 self._signal.cond.wait()
         self._release_db()
+        self._damage_seen.set()  # wakes wait_damaged: nothing more will be read
 
     def __enter__(self) -> EmbeddedLog:
         return self
@@ -256,6 +366,8 @@ class EmbeddedLog(SingleProcessLog):
         options.create_missing_column_families(True)
         # The default, stated: recover the WAL up to the first torn record, a consistent prefix.
         options.set_wal_recovery_mode(DBRecoveryMode.point_in_time())
+        # RocksDB's default, stated: refuse to open on damage it notices (missing files, ...).
+        options.set_paranoid_checks(True)
         families = {name: Options(raw_mode=True) for name in (*STREAMS, _META)}
         try:
             return Rdict(str(path), options=options, column_families=families)
@@ -265,6 +377,8 @@ class EmbeddedLog(SingleProcessLog):
                     f"event log {path} is already open (by another process, or another "
                     f"EmbeddedLog in this one); the embedded log has a single owner: {exc}"
                 ) from exc
+            if is_damage(exc):
+                raise _rocksdb_damage(path, exc, None, None, None) from exc
             raise
 
     def _release_db(self) -> None:
@@ -286,23 +400,72 @@ class EmbeddedLog(SingleProcessLog):
                 f"num_partitions={self._num_partitions} (the count is fixed when a log is created)"
             )
 
-    def _scan_end(self, stream: str, partition: int) -> int:
-        """The offset after the last stored record of a stream-partition (0 when empty)."""
-        it = self._tables[stream].iter()
+    def _scan_end(self, stream: str, partition: int, recorded: int | None = None) -> int:
+        """The offset after the last stored record of a stream-partition (0 when empty).
+        ``recorded``: the end the log recorded, which names the record that cannot be read."""
+        it = self._tables[stream].iter(checked_reads())
         it.seek_for_prev(_KEY.pack(partition, _MAX_OFFSET))
-        if not it.valid():
+        last = it.key() if it.valid() else None
+        error = iterator_error(it)
+        del it  # a live iterator keeps the LOCK, and a traceback would keep it alive
+        if error is not None:
+            last_written = None if not recorded else recorded - 1
+            raise _rocksdb_damage(self._path, error, stream, partition, last_written)
+        if last is None:
             return 0
-        found, offset = _KEY.unpack(it.key())
+        found, offset = _KEY.unpack(last)
         return offset + 1 if found == partition else 0
+
+    def _checked_end(self, stream: str, partition: int) -> int:
+        """The scanned end, which must be the end recorded with the last batch.
+
+        A log written before the ``end`` keys existed has none yet: its scanned end is taken
+        (and recorded with its next write)."""
+        stored = self._tables[_META].get(_end_key(stream, partition))
+        recorded = None if stored is None else int(_U64.unpack(stored)[0])
+        end = self._scan_end(stream, partition, recorded)
+        if recorded is not None and recorded != end:
+            expected = recorded
+            raise LogCorrupted(
+                f"event log {self._path} is damaged: {stream} partition {partition} ends at "
+                f"offset {end}, but {expected} records were written to it "
+                + (
+                    f"(offsets {end}..{expected - 1} are missing)"
+                    if end < expected
+                    else f"(offsets {expected}..{end - 1} were never written by the log)"
+                ),
+                stream=stream,
+                partition=partition,
+                offset=min(end, expected),
+            )
+        return end
 
     def _meta_u64(self, prefix: bytes, partition: int) -> int:
         stored = self._tables[_META].get(prefix + _U32.pack(partition))
         return 0 if stored is None else int(_U64.unpack(stored)[0])
 
+    def _damaged(self, damage: LogCorrupted) -> LogCorrupted:
+        """Record the first damage found: from now on the log refuses reads and writes.
+        Returns a fresh copy of it to raise."""
+        with self._signal.cond:
+            first = self._damage is None
+            if first:
+                self._damage = _copy(damage)  # no traceback: it would keep frames alive
+            self._signal.changed()
+        if first:  # the owner (serve) reports it, once, and stops
+            self._damage_seen.set()
+        return self._known_damage() or damage
+
+    def _known_damage(self) -> LogCorrupted | None:
+        return None if self._damage is None else _copy(self._damage)
+
     # -- writing: callers queue, the committer batches ----------------------------------
 
     def _commit(self, op: _Submit | _Append | _TakeOver) -> list[int]:
         pending = _Pending(op)
+        damage = self._known_damage()
+        if damage is not None:
+            raise damage
         with self._queue_cond:
             if self._stopping:
                 raise CronlogError(f"event log {self._path} is closed")
@@ -381,6 +544,10 @@ class EmbeddedLog(SingleProcessLog):
                     pending.offsets = list(epochs)
                     owner, took_over = member, True
             accepted.append(pending)
+        for stream, ends in next_offsets.items():
+            for partition, end in enumerate(ends):
+                if end != self._next[stream][partition]:
+                    wb.put(_end_key(stream, partition), _U64.pack(end), self._cf[_META])
         try:
             if not wb.is_empty():
                 self._db.write(wb, self._sync)
@@ -421,6 +588,9 @@ class EmbeddedLog(SingleProcessLog):
             while True:
                 if self._signal.closed:
                     raise CronlogError(f"event log {self._path} is closed")
+                known = self._known_damage()
+                if known is not None:
+                    raise known
                 end = self._visible[stream][partition]
                 if end > from_offset:
                     break
@@ -431,6 +601,8 @@ class EmbeddedLog(SingleProcessLog):
             self._readers += 1
         try:
             return self._scan(stream, partition, from_offset, end, max_records)
+        except LogCorrupted as found:
+            raise self._damaged(found) from None
         finally:
             with self._signal.cond:
                 self._readers -= 1
@@ -440,17 +612,96 @@ class EmbeddedLog(SingleProcessLog):
     def _scan(
         self, stream: str, partition: int, from_offset: int, end: int, max_records: int
     ) -> list[Record]:
-        """Records in [from_offset, end): end is published only after its batch was synced."""
-        read_options = ReadOptions()
+        """Records in [from_offset, end): end is published only after its batch was synced.
+
+        Every offset in the range is there (offsets are contiguous), so anything short of
+        ``min(end - from_offset, max_records)`` records, in order, is damage."""
+        read_options = checked_reads()
         read_options.set_iterate_upper_bound(_KEY.pack(partition, end))
         it: Any = self._tables[stream].iter(read_options)
         it.seek(_KEY.pack(partition, from_offset))
         records: list[Record] = []
+        expected = from_offset
+        problem: LogCorrupted | None = None
         while it.valid() and len(records) < max_records:
-            _, offset = _KEY.unpack(it.key())
-            records.append(_decode(partition, offset, it.value()))
+            key = it.key()
+            found, offset = _KEY.unpack(key) if len(key) == _KEY.size else (-1, -1)
+            if found != partition or offset != expected:
+                problem = LogCorrupted(
+                    f"event log {self._path} is damaged: {stream} partition {partition} has no "
+                    f"record at offset {expected} (the next key is {key.hex()})",
+                    stream=stream,
+                    partition=partition,
+                    offset=expected,
+                )
+                break
+            try:
+                records.append(_unframe(self._path, stream, partition, offset, it.value()))
+            except LogCorrupted as bad:
+                problem = bad
+                break
+            expected += 1
             it.next()
+        error = iterator_error(it)
+        del it  # before raising: a traceback would keep the iterator, and so the LOCK
+        if problem is not None:
+            raise problem
+        if error is not None:
+            raise _rocksdb_damage(self._path, error, stream, partition, expected)
+        if len(records) < max_records and expected < end:
+            raise LogCorrupted(
+                f"event log {self._path} is damaged: {stream} partition {partition} ends at "
+                f"offset {expected}, but it holds records up to {end - 1} "
+                f"(offsets {expected}..{end - 1} are missing)",
+                stream=stream,
+                partition=partition,
+                offset=expected,
+            )
         return records
+
+    def _check(self, stream: str, partition: int, end: int) -> int:
+        """:meth:`_scan`'s checks over ``[0, end)``, one iterator, no records made."""
+        read_options = checked_reads()
+        read_options.set_iterate_upper_bound(_KEY.pack(partition, end))
+        it: Any = self._tables[stream].iter(read_options)
+        it.seek(_KEY.pack(partition, 0))
+        expected = 0
+        problem: LogCorrupted | None = None
+        while it.valid():
+            key, value = it.key(), it.value()
+            if key != _KEY.pack(partition, expected):
+                problem = LogCorrupted(
+                    f"event log {self._path} is damaged: {stream} partition {partition} has no "
+                    f"record at offset {expected} (the next key is {key.hex()})",
+                    stream=stream,
+                    partition=partition,
+                    offset=expected,
+                )
+                break
+            if value[:1] != b"\x00":  # the common frame; anything else is checked in full
+                try:
+                    _unframe(self._path, stream, partition, expected, value)
+                except LogCorrupted as bad:
+                    problem = bad
+                    break
+            expected += 1
+            it.next()
+        error = iterator_error(it)
+        del it  # before raising: a traceback would keep the iterator, and so the LOCK
+        if problem is not None:
+            raise problem
+        if error is not None:
+            raise _rocksdb_damage(self._path, error, stream, partition, expected)
+        if expected < end:
+            raise LogCorrupted(
+                f"event log {self._path} is damaged: {stream} partition {partition} ends at "
+                f"offset {expected}, but it holds records up to {end - 1} "
+                f"(offsets {expected}..{end - 1} are missing)",
+                stream=stream,
+                partition=partition,
+                offset=expected,
+            )
+        return expected
 
     # -- checks ---------------------------------------------------------------------------
 

@@ -12,13 +12,25 @@ How an answer is classified:
 2xx                                          succeeded
 408, 429, 5xx (``Retry-After`` honoured)     failed, transient: retried with backoff
 other 4xx                                    failed, permanent: dead-lettered at once
-no connection could be made                  failed, transient (the target never saw it)
-timeout, 504, connection lost mid-call       failed, transient and **ambiguous**: it may have
+the request could not be sent ("unreachable")  failed, transient (the target never saw it)
+timeout, 504, connection lost after sending  failed, transient and **ambiguous**: it may have
                                              taken effect, so a critical job dead-letters
+refused by the egress policy                 failed, permanent ("egress policy: ...")
+a secret the headers name is missing         failed, permanent (names the secret)
 ===========================================  =============================================
 
+What a team reads in ``run.error`` is bounded: the status and at most ``error_excerpt_bytes``
+of the answer's body (200 unless the operator says otherwise; 0: none), control characters
+made spaces. A call that could not be made says "unreachable", whatever the reason (refused,
+no route, timed out connecting, no such name), so a team learns nothing of ports it may not
+reach; the node's log keeps the details for the operator.
+
+Where a call may go is the operator's egress policy (``core/egress.py``), applied here on the
+address actually connected to (``node/egress.py``).
+
 A Kafka-topic target gets the same body produced to the topic (key: the job id, headers as
-above); it succeeded once the broker acknowledged it (``acks=all``).
+above); it succeeded once the broker acknowledged it (``acks=all``). The topic must be one the
+egress policy grants the team, and never one of the cluster's own.
 
 While a call runs, the executor heartbeats the lease every third of its length. A heartbeat
 refused because the run was cancelled, or its lease lost, abandons the call at once.
@@ -36,10 +48,13 @@ all of them.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import email.utils
+import functools
 import logging
 import threading
 import time
+import unicodedata
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -47,19 +62,30 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
+from aiohttp.abc import AbstractResolver
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
+from yarl import URL
 
 from core import events as ev
 from core.commands import AnyCommand, CompleteRun, HeartbeatRun, Outcome
-from core.errors import CronlogError, LeaseLost, Unavailable
+from core.egress import EgressPolicy, parse_host
+from core.errors import CronlogError, InvalidDefinition, LeaseLost, Unavailable
 from core.ids import idempotency_key, team_id
-from core.jobs import HttpTarget, JobSpec, KafkaTarget
+from core.jobs import HttpTarget, JobSpec, KafkaTarget, validate_headers
 from core.state import RunState, ageing_key
 from node.admission import Admission, RateLimit, Ticket
+from node.egress import PolicyResolver, guarded_socket, refusal_in
 from node.runner import Dispatcher, PartitionRunner
+from node.secrets import Secrets, SecretUnavailable
 
 log = logging.getLogger(__name__)
 
 MAX_ERROR = 500
+DEFAULT_ERROR_EXCERPT = 200
+MAX_ERROR_EXCERPT = 1024  # every failed attempt's error is kept in the log for good
+UNREACHABLE = "unreachable"
 # How long past its lease an outcome is still offered to an owner that was unavailable: the
 # lease may have been extended by a heartbeat that was decided but not yet answered.
 COMPLETE_GRACE_S = 2.0
@@ -115,6 +141,21 @@ def retry_after_ms(value: str | None, now: datetime | None = None) -> int | None
     return max(0, int(delta.total_seconds() * 1000))
 
 
+def excerpt(body: bytes, limit: int) -> str:
+    """At most ``limit`` bytes of an answer's body as text a team may read: control and format
+    characters (line breaks, escapes, bidirectional overrides) become spaces, runs of white
+    space one space."""
+    if limit <= 0:
+        return ""
+    text = body[:limit].decode("utf-8", "replace")
+    text = "".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in text)
+    return " ".join(text.split())
+
+
+def refused(reason: str) -> Result:
+    return Result(Outcome.FAILED, f"egress policy: {reason}"[:MAX_ERROR], permanent=True)
+
+
 class Result(msgspec.Struct, frozen=True):
     outcome: Outcome
     error: str = ""
@@ -127,7 +168,7 @@ def classify(status: int, retry_after: str | None = None, text: str = "") -> Res
     """An HTTP answer as an attempt's outcome (the table in the module docstring)."""
     if 200 <= status < 300:
         return Result(Outcome.SUCCEEDED)
-    error = f"HTTP {status}: {text}"[:MAX_ERROR].strip()
+    error = (f"HTTP {status}: {text}" if text else f"HTTP {status}")[:MAX_ERROR].strip()
     if status in (408, 429) or status >= 500:
         return Result(
             Outcome.FAILED,
@@ -150,8 +191,23 @@ class Executors(Dispatcher):
         kafka_bootstrap: str | None = None,
         kafka_config: dict[str, str] | None = None,
         producer_factory: Callable[[str], Any] | None = None,
+        egress: EgressPolicy | None = None,
+        secrets: Secrets | None = None,
+        error_excerpt_bytes: int = DEFAULT_ERROR_EXCERPT,
+        resolver: AbstractResolver | None = None,
     ) -> None:
+        """``egress``: where calls may go (default: the public internet only). ``secrets``:
+        where header secret references are read. ``resolver``: what host names are resolved
+        with before the policy filters them (default: the system's)."""
+        if not 0 <= error_excerpt_bytes <= MAX_ERROR_EXCERPT:
+            raise ValueError(f"error_excerpt_bytes must be between 0 and {MAX_ERROR_EXCERPT}")
         self.worker_id = f"{node_id}/executor"
+        self.egress = egress if egress is not None else EgressPolicy()
+        self._secrets = secrets if secrets is not None else Secrets(None)
+        self._excerpt_bytes = error_excerpt_bytes
+        self._resolver = resolver
+        # The policy is fixed for the node's life, and jobs call the same URLs again and again.
+        self._destinations = functools.lru_cache(maxsize=4096)(self._destination)
         self._max = max_in_flight
         self._admission = Admission(max_in_flight, max_in_flight_per_tenant)
         self._wake: asyncio.TimerHandle | None = None  # the loop's look at throttled runs
@@ -177,9 +233,18 @@ class Executors(Dispatcher):
     async def _open(self) -> None:
         # aiohttp rather than httpx here: on a 2-core machine a node made 3.5 times the calls
         # per second with it (bench/bench_fanout.py; docs/architecture.md).
-        # The pool holds as many connections as the node has room for calls.
-        connector = aiohttp.TCPConnector(limit=self._max, limit_per_host=0)
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        # The pool holds as many connections as the node has room for calls. Host names are
+        # resolved, checked and connected to by address (node/egress.py); no proxy from the
+        # environment is used (trust_env stays off), so the address checked is the peer.
+        connector = _Connector(
+            limit=self._max,
+            limit_per_host=0,
+            resolver=PolicyResolver(self.egress, self._resolver),
+            socket_factory=guarded_socket(self.egress),
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, trust_env=False
+        )
 
     def stop(self) -> None:
         """Abandon calls in flight: their leases run out and the runs are retried elsewhere."""
@@ -383,7 +448,7 @@ class Executors(Dispatcher):
         target = spec.target
         try:
             if isinstance(target, HttpTarget):
-                return await asyncio.wait_for(self._http(target, lease, spec), spec.timeout_sec)
+                return await self._http(target, lease, spec)  # it keeps the timeout itself
             if isinstance(target, KafkaTarget):
                 return await asyncio.wait_for(self._kafka(target, lease, spec), spec.timeout_sec)
         except TimeoutError:
@@ -392,31 +457,98 @@ class Executors(Dispatcher):
 
     async def _http(self, target: HttpTarget, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
         assert self._session is not None
-        headers = {**target.headers, **run_headers(lease), "Content-Type": "application/json"}
+        # The URL aiohttp is given is this object, so the host checked is the host it connects
+        # to; a host name is checked, address by address, by the connector's resolver.
+        url, reason = self._destinations(target.url)
+        if reason is not None:
+            log.info("run %s: egress policy: %s", lease.run_id, reason)
+            return refused(reason)
         try:
-            async with self._session.post(
-                target.url,
-                data=run_body(lease, spec),
-                headers=headers,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=spec.timeout_sec),
-            ) as response:
-                if 200 <= response.status < 300:
-                    async for _ in response.content.iter_chunked(1 << 16):
-                        pass  # drained unread, so the connection serves the next call
-                    return Result(Outcome.SUCCEEDED)
-                text = (await response.content.read(MAX_ERROR)).decode("utf-8", "replace")
-                return classify(response.status, response.headers.get("Retry-After"), text)
-        except aiohttp.ClientConnectorError as err:  # never connected: the target saw nothing
-            return Result(Outcome.FAILED, f"cannot connect: {err}"[:MAX_ERROR])
-        except TimeoutError as err:
-            return Result(Outcome.FAILED, f"timed out: {err}"[:MAX_ERROR], ambiguous=True)
-        except aiohttp.ClientError as err:  # e.g. the connection dropped mid-call
-            return Result(
-                Outcome.FAILED, f"{type(err).__name__}: {err}"[:MAX_ERROR], ambiguous=True
-            )
+            headers = self._headers(target, lease)
+        except (SecretUnavailable, InvalidDefinition) as err:
+            return Result(Outcome.FAILED, str(err)[:MAX_ERROR], permanent=True)
+        progress = _Progress()
+        token = _progress.set(progress)
+        try:
+            async with asyncio.timeout(spec.timeout_sec):
+                async with self._session.post(
+                    url,
+                    data=run_body(lease, spec),
+                    headers=headers,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=spec.timeout_sec),
+                ) as response:
+                    if 200 <= response.status < 300:
+                        async for _ in response.content.iter_chunked(1 << 16):
+                            pass  # drained unread, so the connection serves the next call
+                        return Result(Outcome.SUCCEEDED)
+                    body = b""
+                    if self._excerpt_bytes:
+                        body = await response.content.read(self._excerpt_bytes)
+                    return classify(
+                        response.status,
+                        response.headers.get("Retry-After"),
+                        excerpt(body, self._excerpt_bytes),
+                    )
+        except (TimeoutError, aiohttp.ClientError) as err:
+            return self._failed(lease, spec, err, connected=progress.connected)
+        finally:
+            _progress.reset(token)
+
+    def _destination(self, text: str) -> tuple[URL, str | None]:
+        """The URL to call for ``text``, and why the policy refuses it if it does. A host
+        written as an address is decided here (aiohttp connects to those without asking the
+        resolver), and called as the address decided (``127.1`` as ``127.0.0.1``)."""
+        url = URL(text)
+        host, port = url.raw_host or "", url.port or 0
+        try:
+            parsed = parse_host(host)
+        except ValueError as err:
+            return url, str(err)
+        if isinstance(parsed, str):
+            return url, None
+        reason = self.egress.check_address(parsed, port)
+        if reason is None and host != str(parsed):
+            url = url.with_host(str(parsed))
+        return url, reason
+
+    def _failed(
+        self, lease: ev.LeaseGranted, spec: JobSpec, err: BaseException, *, connected: bool
+    ) -> Result:
+        """A call that got no answer: refused by the policy, never connected (the target saw
+        nothing), or lost once connected (the request went out: it may have taken effect)."""
+        refusal = refusal_in(err)
+        if refusal is not None:
+            log.info("run %s: egress policy: %s", lease.run_id, refusal)
+            return refused(str(refusal))
+        log.debug("run %s: call failed (connected: %s): %r", lease.run_id, connected, err)
+        if not connected:
+            # Refused, timed out connecting, no route, no such name: all alike to the team.
+            return Result(Outcome.FAILED, UNREACHABLE)
+        if isinstance(err, TimeoutError):
+            return Result(Outcome.FAILED, f"timed out after {spec.timeout_sec} s", ambiguous=True)
+        return Result(
+            Outcome.FAILED, "the connection failed after the request was sent", ambiguous=True
+        )
+
+    def _headers(self, target: HttpTarget, lease: ev.LeaseGranted) -> dict[str, str]:
+        """The target's headers with its secrets read, then the run's own."""
+        validate_headers(target.headers)  # a job stored before these checks existed
+        headers: dict[str, str] = {}
+        for name, value in target.headers.items():
+            if isinstance(value, str):
+                headers[name] = value
+            else:
+                headers[name] = self._secrets.read(lease.tenant, value.from_file)
+        headers.update(run_headers(lease))
+        headers["Content-Type"] = "application/json"
+        return headers
 
     async def _kafka(self, target: KafkaTarget, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
+        reason = self.egress.check_topic(lease.tenant, target.topic)
+        if reason is not None:
+            log.info("run %s: egress policy: %s", lease.run_id, reason)
+            return refused(reason)
         if self._kafka_bootstrap is None:
             return Result(
                 Outcome.FAILED,
@@ -456,6 +588,33 @@ class Executors(Dispatcher):
     async def _poll_producer(self, done: asyncio.Future[str | None]) -> None:
         while not done.done():
             await asyncio.to_thread(self._producer.poll, 0.1)
+
+
+class _Progress:
+    """How far one call got: once connected, the request goes out at once, so a call that
+    fails after this may have reached the target."""
+
+    __slots__ = ("connected",)
+
+    def __init__(self) -> None:
+        self.connected = False
+
+
+# The call the current task is making. aiohttp connects in the task that makes the request, so
+# the connector below can tell the call it has a connection. (A TraceConfig could too, but
+# tracing costs every call about a tenth of its CPU time.)
+_progress: contextvars.ContextVar[_Progress] = contextvars.ContextVar("progress")
+
+
+class _Connector(aiohttp.TCPConnector):
+    async def connect(
+        self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
+    ) -> Connection:
+        connection = await super().connect(req, traces, timeout)
+        progress = _progress.get(None)
+        if progress is not None:
+            progress.connected = True
+        return connection
 
 
 def _default_producer(bootstrap: str, config: dict[str, str]) -> Any:

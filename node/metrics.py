@@ -25,7 +25,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
@@ -33,6 +33,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from core import events as ev
 from eventlog.port import PartitionWriter
+from projections.decoding import ForeignRecord
 
 # Scheduling delay: the target is "within a second of the slot", aiming for milliseconds.
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -131,6 +132,16 @@ class NodeMetrics:
         self.appended_events = Counter(
             "cronlog_log_appended_events", "Events this node appended to the log.", registry=r
         )
+        self.foreign_records = Counter(
+            "cronlog_foreign_records",
+            "Records of the events stream that are not events, passed over, by the reader that "
+            "met them (recovery, read_model, relay); each reader counts a record once per "
+            "process. Something other than cronlog can write to the events stream.",
+            ["reader"],
+            registry=r,
+        )
+        for reader in ("recovery", "read_model", "relay"):  # shown at 0 before the first one
+            self.foreign_records.labels(reader)
 
     def watch(self, gauges: Callable[[], Gauges]) -> None:
         """Read the gauges from ``gauges()`` at every scrape."""
@@ -169,10 +180,25 @@ class NodeMetrics:
                     tally[self.cancelled, event.reason.value] += 1
                 case ev.RunReplayed():
                     tally[self.replayed, ""] += 1
+                case (
+                    ev.JobRegistered()
+                    | ev.JobUpdated()
+                    | ev.JobPaused()
+                    | ev.JobResumed()
+                    | ev.JobCancelled()
+                    | ev.RunReleased()
+                    | ev.Heartbeat()
+                    | ev.UpstreamRecorded()
+                ):
+                    pass  # counted nowhere: the gauges show jobs as they are
                 case _:
-                    pass
+                    assert_never(event)
         for (counter, label), count in tally.items():
             (counter.labels(label) if label else counter).inc(count)
+
+    def foreign(self, record: ForeignRecord) -> None:
+        """Count a foreign record one of the node's readers passed over."""
+        self.foreign_records.labels(record.reader).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -59,7 +59,7 @@ from core.commands import (
     UpstreamSucceeded,
 )
 from core.decide import job_id_of_run
-from core.errors import CronlogError, Unavailable
+from core.errors import CronlogError, LogCorrupted, Unavailable
 from core.jobs import MAX_PRIORITY
 from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, partition_for
@@ -68,6 +68,7 @@ from node.executors import Executors
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.runner import Decided, PartitionRunner, Request
+from projections.decoding import EventDecoder
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
 
@@ -126,12 +127,17 @@ class Node:
         self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
         self._history = ReadModel.open(self._data_dir)
         self.metrics = NodeMetrics()
+        # One decoder per reader of the events stream, so each foreign record is counted once.
+        self._recovery_decoder = EventDecoder("recovery", self.metrics.foreign)
         self._history_runner = ReadModelRunner(
             log_,
             self._history,
             on_failed=lambda p, err: self.metrics.thread_failures.labels("read-model").inc(),
+            decoder=EventDecoder("read_model", self.metrics.foreign),
         )
-        self._relay = DependencyRelay(log_, self._history, self.execute)
+        self._relay = DependencyRelay(
+            log_, self._history, self.execute, EventDecoder("relay", self.metrics.foreign)
+        )
         self.metrics.watch(self.gauges)
         self.executors.route = self._decide
 
@@ -181,6 +187,9 @@ class Node:
                     self._from_log(record.partition, record.offset, record.value)
                 self._supervise()
                 failures = 0
+            except LogCorrupted as damage:  # the log failed itself: polling it again cannot help
+                log.error("%s: stopped polling the log: %s", self.node_id, damage)
+                return
             except Exception:
                 if self._stopping.is_set():
                     return
@@ -266,6 +275,7 @@ class Node:
             on_appended=self._appended,
             on_recovered=self._relay.recovered,
             on_failed=self._runner_failed,
+            decoder=self._recovery_decoder,
         )
         with self._lock:
             self._runners[partition] = runner

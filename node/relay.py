@@ -9,7 +9,8 @@ Delivery is at least once. A request that fails is retried with backoff; a node 
 between the append and the send loses nothing either, because a new owner, once it has
 recovered a partition, relays again the successes among that partition's most recent events.
 Repeats are harmless: the dependant's partition ignores a success at or before the slot it last
-triggered for, and records the same success twice as once.
+triggered for, and records the same success twice as once. Rereading recent events passes over
+records that are not events, reporting each once (``projections.decoding``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from core import events as ev
 from core.commands import AnyCommand, UpstreamSucceeded
 from core.errors import CronlogError, NotFound
 from eventlog.port import EventLog
+from projections.decoding import EventDecoder
 from projections.read_model import ReadModel
 
 log = logging.getLogger(__name__)
@@ -38,10 +40,12 @@ class DependencyRelay:
         log_: EventLog,
         history: ReadModel,
         execute: Callable[[AnyCommand], Awaitable[list[ev.AnyEvent]]],
+        decoder: EventDecoder | None = None,
     ) -> None:
         self._log = log_
         self._history = history
         self._execute = execute
+        self._decoder = decoder or EventDecoder("relay")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="relay", daemon=True)
 
@@ -50,9 +54,17 @@ class DependencyRelay:
 
     def stop(self) -> None:
         if self._thread.is_alive():
+            # Relays still retrying are dropped: a new owner relays recent successes again.
+            asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop).result(10)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
         self._loop.close()
+
+    async def _cancel_all(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def appended(
         self, partition: int, offsets: Sequence[int], events: Sequence[ev.AnyEvent]
@@ -82,7 +94,7 @@ class DependencyRelay:
             if not records:
                 break
             for record in records:
-                event = ev.decode(record.value)
+                event = self._decoder.decode(record)
                 if isinstance(event, ev.RunCompleted):
                     await self._relay(event)
             offset = records[-1].offset + 1

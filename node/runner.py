@@ -41,14 +41,13 @@ from dataclasses import dataclass
 
 from core import events as ev
 from core.clock import Clock
-from core.commands import AnyCommand, LeaseDue, SlotDue, StartRun
-from core.decide import decide
-from core.errors import CronlogError, Fenced, Unavailable
+from core.commands import AnyCommand, StartRun
+from core.errors import CronlogError, Fenced, LogCorrupted, Unavailable
 from core.events import AnyEvent
-from core.state import PartitionState, RunState, RunStatus, evolve
-from core.timers import TimerKey, all_timers, timers_after
-from core.wheel import TimingWheel
+from core.partition import Partition
+from core.state import PartitionState, RunState, RunStatus
 from eventlog.port import EventLog, PartitionWriter
+from projections.decoding import EventDecoder
 from projections.state_store import StateStore, catch_up
 
 log = logging.getLogger(__name__)
@@ -114,6 +113,7 @@ class PartitionRunner:
         on_appended: Callable[[int, list[int], list[AnyEvent]], None] | None = None,
         on_recovered: Callable[[int], None] | None = None,
         on_failed: Callable[[int, BaseException], None] | None = None,
+        decoder: EventDecoder | None = None,
     ) -> None:
         self.partition = partition
         self._log = log_
@@ -125,13 +125,13 @@ class PartitionRunner:
         self._on_appended = on_appended
         self._on_recovered = on_recovered
         self._on_failed = on_failed
+        self._decoder = decoder
         self._inbox: deque[Request] = deque()
         self._cv = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
-        self.state = PartitionState(partition)
-        self.wheel: TimingWheel[TimerKey] = TimingWheel(clock.now_ms())
-        self._due: deque[TimerKey] = deque()
+        # The partition's pure core: its state and timers (replaced by every recovery).
+        self.core = Partition(partition, clock.now_ms())
         self._granted: list[tuple[str, str]] = []  # (tenant, run id) given room by the dispatcher
         # Set while the runner decides: recovered, and not failing since. ``caught_up`` is the
         # same event under the name the node's start-up waits by.
@@ -187,6 +187,11 @@ class PartitionRunner:
             self._cv.notify()
             return True
 
+    @property
+    def state(self) -> PartitionState:
+        """The partition's state as last decided (read by the node's gauges and executors)."""
+        return self.core.state
+
     def ended_for(self) -> float:
         """Seconds since the loop ended (0 while it runs)."""
         return 0.0 if self._ended_at is None else time.monotonic() - self._ended_at
@@ -195,13 +200,8 @@ class PartitionRunner:
         self.deciding.clear()
         if self._store is None:
             self._store = self._open_store()
-        self.state = catch_up(self._store, self._log, self.partition)
-        now = self._clock.now_ms()
-        self.wheel = TimingWheel(now)
-        self._due.clear()
-        for key, deadline in all_timers(self.state):
-            if not self.wheel.add(key, deadline):
-                self._due.append(key)
+        state = catch_up(self._store, self._log, self.partition, decoder=self._decoder)
+        self.core = Partition(self.partition, self._clock.now_ms(), state)
         self.deciding.set()
         if self._on_recovered is not None:
             self._on_recovered(self.partition)
@@ -217,6 +217,9 @@ class PartitionRunner:
                 except Fenced:
                     self.fenced = True
                     log.warning("partition %d: fenced, another node owns it now", self.partition)
+                    return
+                except LogCorrupted as damage:  # the log failed itself: recovering cannot help
+                    log.error("partition %d: runner stopped: %s", self.partition, damage)
                     return
                 except Exception as err:
                     self._failed(err)
@@ -238,9 +241,8 @@ class PartitionRunner:
             # keeps its later time, and a timer armed by the earlier clock would be "already
             # due" to the wheel, decided too early to do anything, and lost; so until the clock
             # catches up, the partition decides at the wheel's time.
-            now = max(self._clock.now_ms(), self.wheel.now_ms)
-            for _, key in self.wheel.advance(now):
-                self._due.append(key)
+            now = max(self._clock.now_ms(), self.core.wheel.now_ms)
+            self.core.advance(now)
             self._process(batch, now)
             self.failures = 0
 
@@ -283,8 +285,13 @@ class PartitionRunner:
 
     def _wait_for_work(self) -> list[Request]:
         with self._cv:
-            if not self._inbox and not self._due and not self._stopped and not self._granted:
-                deadline = self.wheel.next_deadline()
+            if (
+                not self._inbox
+                and not self.core.has_due()
+                and not self._stopped
+                and not self._granted
+            ):
+                deadline = self.core.next_deadline()
                 wait = IDLE_WAIT_S
                 if deadline is not None:
                     wait = min(wait, max(0.0, (deadline - self._clock.now_ms()) / 1000))
@@ -295,17 +302,8 @@ class PartitionRunner:
                 batch.append(self._inbox.popleft())
             return batch
 
-    def _decide(self, command: AnyCommand, now: int, out: list[AnyEvent]) -> list[AnyEvent]:
-        decided = decide(self.state, command, now)
-        for event in decided:
-            evolve(self.state, event)
-            out.append(event)
-            for key, deadline in timers_after(self.state, event):
-                if deadline is None:
-                    self.wheel.cancel(key)
-                elif not self.wheel.add(key, deadline):
-                    self._due.append(key)
-        return decided
+    def _decide(self, command: AnyCommand, now: int, out: list[AnyEvent]) -> None:
+        out.extend(self.core.handle(command, now))
 
     def _start_if_room(
         self, run_id: str, now: int, events: list[AnyEvent], starting: dict[str, str]
@@ -325,6 +323,8 @@ class PartitionRunner:
             through = self._decide_batch(batch, now, events, answers, starting)
         except BaseException:
             # The state ran ahead of the log with nothing appended: the supervisor recovers.
+            # Not deciding from here on, before any caller hears of the failure.
+            self.deciding.clear()
             self._release(starting)
             _answer_all(batch, Unavailable(f"partition {self.partition} failed; try again"))
             raise
@@ -334,10 +334,12 @@ class PartitionRunner:
         try:
             offsets = self._writer.append([ev.encode(e) for e in events], commands_through=through)
         except Fenced:
+            self.deciding.clear()
             self._release(starting)
             _answer_all(batch, Unavailable(f"partition {self.partition} moved"))
             raise
         except Exception as err:
+            self.deciding.clear()
             log.exception("partition %d: append failed; recovering", self.partition)
             _answer(answers, [], [], Unavailable(f"partition {self.partition}: {err}"))
             self._recover_after_append(events, starting)
@@ -383,20 +385,14 @@ class PartitionRunner:
                 for left, _ in granted[i + 1 :]:
                     self._dispatcher.release(left)
                 raise
-        fired = 0
-        while self._due and fired < MAX_TIMERS:
-            fired += 1
-            kind, ident = self._due.popleft()
-            if kind == "ready":
-                self._start_if_room(ident, now, events, starting)
-                continue
-            command: AnyCommand = (
-                SlotDue(job_id=ident) if kind == "slot" else LeaseDue(run_id=ident)
-            )
-            try:
-                self._decide(command, now, events)
-            except CronlogError as err:  # a timer's command can lose a race with a request
-                log.debug("partition %d: %s", self.partition, err)
+        for _ in range(MAX_TIMERS):
+            key = self.core.next_due()
+            if key is None:
+                break
+            if key[0] == "ready":
+                self._start_if_room(key[1], now, events, starting)
+            else:
+                events += self.core.fire(key, now)
         return through
 
     def _recover_after_append(self, events: list[AnyEvent], starting: dict[str, str]) -> None:

@@ -23,8 +23,11 @@ newest first)::
     jk/<job_id>/<idempotency_key>             -> run_id   the run a keyed manual trigger made
     rs/<tenant>/<state>/<inv(scheduled_for)><run_id>  -> ""  runs by state (the dead letters)
     c/<tenant>/<state>                        -> u64  runs by state, kept incrementally
+    cj/<tenant>                               -> u64  jobs not cancelled (the jobs quota)
     sk/<job_id>/<inv(offset)>                 -> msgpack SkipView, newest first
     m/pos/<partition:u32>                     -> u64  next event offset of the partition
+    m/job-counts                              -> ""   the cj/ counters are kept (a model
+                                                      written before them counts once on open)
 
 A slot materialised again (a manual trigger after its run ended, once the partition state has
 forgotten it) keeps its one record: it shows the new materialisation's state and trigger, and
@@ -38,6 +41,18 @@ A query and a batch's write exclude each other (a lock held only for the ``write
 the query's reads), so an index and the records it points at always agree. Not a RocksDB
 snapshot: in rocksdict 0.3.29 a snapshot's ``get`` honours it but its ``iter``/``items`` see
 later writes. There is no in-memory adapter: tests open the model in a temporary directory.
+
+**Records and damage.** Records of the events stream that are not events are reported through
+an ``EventDecoder`` (``projections.decoding``) and passed over: the partition's position moves
+past them. The model is derived, so damage to it is repaired by rebuilding, never served: a
+RocksDB checksum that fails, a value that does not decode, an index pointing at nothing raise
+:class:`core.errors.StoreDamaged`. :meth:`ReadModel.open` sets a model RocksDB will not open
+aside (renamed ``read_model.damaged-<time>``, kept for whoever looks into why) and starts an
+empty one; damage found later, by a fold or a query, sets it aside the same way
+(:meth:`ReadModel.set_aside`), the query answering ``Unavailable``, and
+:class:`ReadModelRunner` folds every partition again from offset 0. Until it has caught up,
+history shows what it has folded so far, as on a node's first start; the lag metric says how
+far it is.
 """
 
 from __future__ import annotations
@@ -45,6 +60,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import logging
 import struct
 import threading
@@ -52,14 +68,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar, assert_never
 
 import msgspec
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from core.errors import CronlogError, InvalidDefinition
+from core.errors import CronlogError, InvalidDefinition, LogCorrupted, StoreDamaged, Unavailable
 from core.events import (
     AnyEvent,
+    Heartbeat,
     JobCancelled,
     JobPaused,
     JobRegistered,
@@ -77,10 +94,13 @@ from core.events import (
     RunReplayed,
     RunSkipped,
     Trigger,
-    decode,
+    UpstreamRecorded,
 )
 from core.ids import is_scoped
 from eventlog.port import EventLog, Record
+from eventlog.rocks import checked_reads, is_damage, iterator_error
+from projections.aside import set_aside
+from projections.decoding import EventDecoder
 from projections.views import (
     JOB_STATUSES,
     RUN_STATES,
@@ -100,6 +120,7 @@ RETRY_S = 0.2  # a follower that failed reads again after this, doubling with ea
 MAX_RETRY_S = 10.0
 
 MAX_LIMIT = 1000
+MAX_SET_ASIDE = 3  # rebuilds one runner starts; more means something other than the disk is wrong
 LIVE_STATES = frozenset({"blocked", "pending", "running", "failed", "retrying"})
 LEASE_EXPIRED = "lease expired"
 
@@ -107,6 +128,7 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _TOP = 2**64 - 1
 _POSITION = b"m/pos/"
+_JOB_COUNTS = b"m/job-counts"
 _UNSCOPED = b"m/unscoped"  # present once a job id from before ids were scoped was folded in
 
 _encoder = msgspec.msgpack.Encoder()
@@ -172,6 +194,30 @@ def _check_limit(limit: int) -> None:
         raise InvalidDefinition("limit", f"must be between 1 and {MAX_LIMIT}")
 
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _query(
+    method: Callable[Concatenate[ReadModel, P], T],
+) -> Callable[Concatenate[ReadModel, P], T]:
+    """A query that finds the model damaged sets it aside and answers Unavailable."""
+
+    @functools.wraps(method)
+    def query(model: ReadModel, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        generation = model.generation
+        try:
+            with model._reading():
+                return method(model, *args, **kwargs)
+        except StoreDamaged as damage:
+            model.set_aside(damage, generation)
+            raise Unavailable(
+                "the history store was damaged and is being rebuilt from the log; try again"
+            ) from None
+
+    return query
+
+
 @dataclass
 class _Pending:
     """A batch being staged: decoded records it changed, raw keys, counters, positions."""
@@ -190,11 +236,8 @@ class ReadModel:
     """
 
     def __init__(self, path: str | Path) -> None:
+        """Open (creating) the model at ``path``; StoreDamaged if it cannot be read back."""
         self._path = Path(path)
-        self._path.mkdir(parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        self._db = Rdict(str(self._path), options=options)
         self._write_options = WriteOptions()
         self._write_options.sync = False  # the log re-supplies a lost tail: see the docstring
         self._write_lock = threading.RLock()  # one writer: staging and committing a batch
@@ -202,14 +245,89 @@ class ReadModel:
         self._pending: _Pending | None = None
         self._positions: dict[int, int] = {}
         self._moved = threading.Condition()
-        for key, value in self._scan(_POSITION):
-            self._positions[_U32.unpack(key)[0]] = _U64.unpack(value)[0]
-        self._unscoped = self._db.get(_UNSCOPED) is not None
+        self._generation = 0  # grows each time the model is set aside and started again
+        self.set_asides = 0
+        self._db = self._open_db()
+        try:
+            self._positions = self._stored_positions()
+            with self._reading():
+                self._unscoped = self._db.get(_UNSCOPED) is not None
+                if self._db.get(_JOB_COUNTS) is None:
+                    self._count_jobs_once()
+        except StoreDamaged:
+            self._db.close()
+            raise
 
     @classmethod
     def open(cls, data_dir: str | Path) -> ReadModel:
-        """The read model of a node's data directory: ``<data>/read_model``."""
-        return cls(Path(data_dir) / "read_model")
+        """The read model of a node's data directory: ``<data>/read_model``. One that cannot
+        be read back is set aside and an empty one started (the runner refills it)."""
+        path = Path(data_dir) / "read_model"
+        try:
+            return cls(path)
+        except StoreDamaged as damage:
+            aside = set_aside(path)
+            log.error("%s; set aside as %s, rebuilding it from the log", damage, aside)
+            model = cls(path)
+            model.set_asides = 1
+            return model
+
+    @property
+    def generation(self) -> int:
+        """Grows each time the model is set aside: a fold read before must not land after."""
+        return self._generation
+
+    def set_aside(self, damage: StoreDamaged, generation: int | None = None) -> bool:
+        """Rename the damaged model's files aside and start empty; every partition's position
+        goes back to 0, so the runner folds the log again. A no-op (False) when ``generation``
+        is given and the model was set aside since (by whoever found the damage first)."""
+        with self._write_lock, self._db_lock:
+            if generation is not None and generation != self._generation:
+                return False
+            self._db.close()
+            aside = set_aside(self._path)
+            self._db = self._open_db()
+            self._count_jobs_once()  # none yet: says the counters are kept from here on
+            self._generation += 1
+            self.set_asides += 1
+            self._unscoped = False
+            with self._moved:
+                self._positions = {}
+                self._moved.notify_all()
+        log.error("%s; set aside as %s, rebuilding it from the log", damage, aside)
+        return True
+
+    def _open_db(self) -> Rdict:
+        self._path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.set_paranoid_checks(True)
+        try:
+            return Rdict(str(self._path), options=options)
+        except Exception as exc:
+            if is_damage(exc):
+                raise StoreDamaged(f"read model {self._path}: {exc}") from exc
+            raise
+
+    def _stored_positions(self) -> dict[int, int]:
+        with self._reading():
+            return {
+                _U32.unpack(key)[0]: _U64.unpack(value)[0] for key, value in self._scan(_POSITION)
+            }
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Turn what a damaged model raises into StoreDamaged."""
+        try:
+            yield
+        except StoreDamaged:
+            raise
+        except (msgspec.DecodeError, msgspec.ValidationError, struct.error) as exc:
+            raise StoreDamaged(f"read model {self._path}: {exc}") from exc
+        except Exception as exc:
+            if is_damage(exc):
+                raise StoreDamaged(f"read model {self._path}: {exc}") from exc
+            raise
 
     def close(self) -> None:
         with self._write_lock, self._db_lock:
@@ -282,11 +400,29 @@ class ReadModel:
             finally:
                 self._pending = None
 
-    def process_records(self, partition: int, records: Sequence[Record]) -> int:
-        """Fold in records read from ``partition``'s event stream, as one batch."""
+    def process_records(
+        self,
+        partition: int,
+        records: Sequence[Record],
+        decoder: EventDecoder | None = None,
+        *,
+        generation: int | None = None,
+    ) -> int:
+        """Fold in records read from ``partition``'s event stream, as one batch; foreign
+        records are reported through ``decoder`` and passed over. Records read before the
+        model was set aside (``generation`` is older) are dropped: returns 0."""
+        decoder = decoder or EventDecoder("read_model")
         with self.batch():
+            if generation is not None and generation != self._generation:
+                return 0
+            pending = self._pending
+            assert pending is not None
             for record in records:
-                self.process(decode(record.value), partition, record.offset)
+                event = decoder.decode(record)
+                if event is not None:
+                    self.process(event, partition, record.offset)
+                elif record.offset >= pending.positions.get(partition, self.position(partition)):
+                    pending.positions[partition] = record.offset + 1
         return len(records)
 
     def process(self, event: AnyEvent, partition: int, offset: int) -> None:
@@ -296,7 +432,8 @@ class ReadModel:
             assert pending is not None
             if offset < pending.positions.get(partition, self.position(partition)):
                 return
-            self._apply(pending, event, partition, offset)
+            with self._reading():
+                self._apply(pending, event, partition, offset)
             pending.positions[partition] = offset + 1
 
     def _commit(self, pending: _Pending) -> None:
@@ -317,7 +454,7 @@ class ReadModel:
         for partition, position in pending.positions.items():
             wb.put(_POSITION + _U32.pack(partition), _U64.pack(position))
         if not wb.is_empty():
-            with self._db_lock:
+            with self._db_lock, self._reading():
                 self._db.write(wb, self._write_options)
         with self._moved:
             self._positions.update(pending.positions)
@@ -350,6 +487,7 @@ class ReadModel:
                     ),
                     fresh=True,
                 )
+                self._count_key(p, f"cj/{event.tenant}".encode(), 1)
                 _depend(p, event.tenant, event.job_id, event.spec.depends_on, b"")
             case JobUpdated():
                 job = self._job(p, event.job_id)
@@ -363,6 +501,8 @@ class ReadModel:
             case JobPaused() | JobResumed() | JobCancelled():
                 job = self._job(p, event.job_id)
                 if job is not None:
+                    if isinstance(event, JobCancelled) and job.base != "cancelled":
+                        self._count_key(p, f"cj/{job.view.tenant}".encode(), -1)
                     job.view.version, job.view.updated_at = event.version, event.at
                     if isinstance(event, JobPaused):
                         job.base = "paused"
@@ -451,8 +591,10 @@ class ReadModel:
                     run.attempt, run.available_at = event.attempt, event.available_at
                     run.finished_at, run.dead_reason, run.error = None, None, ""
                     self._move(p, run, "pending")
-            case _:  # Heartbeat, UpstreamRecorded: nothing the history shows
-                pass
+            case Heartbeat() | UpstreamRecorded():
+                pass  # nothing the history shows
+            case _:
+                assert_never(event)  # a new event must be shown here, or history misses it
 
     def _materialise(self, p: _Pending, event: RunMaterialised) -> None:
         run = RunView(
@@ -523,7 +665,9 @@ class ReadModel:
             self._put_job(p, job)
 
     def _count(self, p: _Pending, tenant: str, state: str, delta: int) -> None:
-        key = f"c/{tenant}/{state}".encode()
+        self._count_key(p, f"c/{tenant}/{state}".encode(), delta)
+
+    def _count_key(self, p: _Pending, key: bytes, delta: int) -> None:
         if key not in p.counts:
             stored = self._db.get(key)
             p.counts[key] = 0 if stored is None else _U64.unpack(stored)[0]
@@ -555,6 +699,7 @@ class ReadModel:
 
     # -- queries ----------------------------------------------------------------------------
 
+    @_query
     def job(self, tenant: str, job_id: str) -> JobView | None:
         with self._db_lock:
             stored = self._db.get(b"j/" + job_id.encode())
@@ -563,6 +708,7 @@ class ReadModel:
         view = _job_decoder.decode(stored).view
         return view if view.tenant == tenant else None
 
+    @_query
     def jobs(
         self,
         tenant: str,
@@ -581,6 +727,7 @@ class ReadModel:
         items = [_job_decoder.decode(v).view for v in found]
         return Page(items=items, next_cursor=_next_cursor(keys, limit))
 
+    @_query
     def run(self, tenant: str, run_id: str) -> RunView | None:
         with self._db_lock:
             stored = self._db.get(b"r/" + run_id.encode())
@@ -589,11 +736,13 @@ class ReadModel:
         run = _run_decoder.decode(stored)
         return run if run.tenant == tenant else None
 
+    @_query
     def dependants(self, tenant: str, upstream_job_id: str) -> list[str]:
         """The live jobs of ``tenant`` whose ``depends_on`` names ``upstream_job_id``."""
         with self._db_lock:
             return [key.decode() for key, _ in self._scan(f"dp/{tenant}/{upstream_job_id}/")]
 
+    @_query
     def run_by_key(self, tenant: str, job_id: str, idempotency_key: str) -> RunView | None:
         """The run a manual trigger of ``job_id`` with ``idempotency_key`` made (the latest, if
         the key was used again after the partition forgot it); None if none is known."""
@@ -605,6 +754,7 @@ class ReadModel:
         run = _run_decoder.decode(stored)
         return run if run.tenant == tenant else None
 
+    @_query
     def runs_of(
         self, tenant: str, job_id: str, limit: int = 20, cursor: str | None = None
     ) -> Page[RunView]:
@@ -614,6 +764,7 @@ class ReadModel:
             return Page(items=[])
         return self._run_page(f"jr/{job_id}/".encode(), limit, cursor)
 
+    @_query
     def runs(
         self, tenant: str, state: RunStateName, limit: int = 20, cursor: str | None = None
     ) -> Page[RunView]:
@@ -630,6 +781,7 @@ class ReadModel:
         items = [_run_decoder.decode(v) for v in found]
         return Page(items=items, next_cursor=_next_cursor(keys, limit))
 
+    @_query
     def counts(self, tenant: str) -> dict[str, int]:
         """A tenant's runs by state (every state, zeros included)."""
         with self._db_lock:
@@ -637,6 +789,28 @@ class ReadModel:
         found = {k.decode(): _U64.unpack(v)[0] for k, v in stored}
         return {state: found.get(state, 0) for state in RUN_STATES}
 
+    @_query
+    def job_count(self, tenant: str) -> int:
+        """How many of ``tenant``'s jobs are not cancelled (active, paused or finished)."""
+        with self._db_lock:
+            stored = self._db.get(f"cj/{tenant}".encode())
+        return 0 if stored is None else int(_U64.unpack(stored)[0])
+
+    def _count_jobs_once(self) -> None:
+        """Fill the ``cj/`` counters of a model written before they were kept, from the
+        jobs-by-status index, in one batch with the marker that says they are kept."""
+        counts: dict[str, int] = {}
+        for key, _ in self._scan(b"tjs/"):
+            tenant, status, _job_id = key.decode().split("/", 2)
+            if status != "cancelled":
+                counts[tenant] = counts.get(tenant, 0) + 1
+        wb = WriteBatch(raw_mode=True)
+        for tenant, count in counts.items():
+            wb.put(f"cj/{tenant}".encode(), _U64.pack(count))
+        wb.put(_JOB_COUNTS, b"")
+        self._db.write(wb, self._write_options)
+
+    @_query
     def skipped(self, tenant: str, job_id: str, limit: int = 50) -> list[SkipView]:
         """Slots of a job that did not run, most recent record first."""
         _check_limit(limit)
@@ -648,9 +822,8 @@ class ReadModel:
 
     def dump(self) -> list[tuple[bytes, bytes]]:
         """Every stored key and value in key order (for tests and tools)."""
-        with self._db_lock:
-            items: Any = self._db.items()
-            return [(bytes(k), bytes(v)) for k, v in items]
+        with self._db_lock, self._reading():
+            return [(bytes(k), bytes(v)) for k, v in self._scan(b"")]
 
     # -- scanning ---------------------------------------------------------------------------
 
@@ -658,7 +831,7 @@ class ReadModel:
         """A record an index points at: written in the same batch, so it is there."""
         value = self._db.get(key)
         if value is None:
-            raise CronlogError(f"read model {self._path}: index points at missing {key!r}")
+            raise StoreDamaged(f"read model {self._path}: an index points at missing {key!r}")
         return bytes(value)
 
     def _page_keys(self, prefix: bytes, limit: int, cursor: str | None) -> list[bytes]:
@@ -676,11 +849,13 @@ class ReadModel:
     def _scan(
         self, prefix: bytes | str, start: bytes | None = b"", limit: int | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
-        """(key after ``prefix``, value) from ``start`` (a suffix) on, in key order."""
+        """(key after ``prefix``, value) from ``start`` (a suffix) on, in key order; every
+        block's checksum verified (StoreDamaged where one fails)."""
         if isinstance(prefix, str):
             prefix = prefix.encode()
-        options = ReadOptions()
-        options.set_iterate_upper_bound(prefix[:-1] + bytes([prefix[-1] + 1]))
+        options = checked_reads()
+        if prefix:
+            options.set_iterate_upper_bound(prefix[:-1] + bytes([prefix[-1] + 1]))
         it: Any = self._db.iter(options)
         it.seek(prefix + (start or b""))
         n = 0
@@ -688,7 +863,10 @@ class ReadModel:
             yield it.key()[len(prefix) :], it.value()
             n += 1
             it.next()
-        del it
+        error = iterator_error(it)
+        del it  # a live iterator keeps the model's LOCK
+        if error is not None:
+            raise StoreDamaged(f"read model {self._path}: {error}")
 
 
 def _next_cursor(keys: list[bytes], limit: int) -> str | None:
@@ -708,28 +886,35 @@ class ReadModelRunner:
     ``run_once()`` folds in everything there is now and returns how many events it read.
     ``start()`` runs one thread per partition, each blocking in ``read_events(..., timeout_s)``
     from the model's position, so an event is queryable moments after it is committed;
-    ``stop()`` ends them (within ``poll_s``). A thread whose read or fold fails says so (the
-    first failure of a streak with its traceback), tells ``on_failed``, and tries again from
-    the model's position after a backoff: it never stops following while the runner runs.
+    ``stop()`` ends them (within ``poll_s``). Records that are not events go through ``decoder``
+    (reported once, passed over). A model found damaged while folding is set aside and folded
+    again from offset 0 (up to ``MAX_SET_ASIDE`` times). A thread whose read or fold fails
+    otherwise says so (the first failure of a streak with its traceback), tells ``on_failed``,
+    and tries again from the model's position after a backoff: it never stops following while
+    the runner runs, unless the log itself is damaged (``LogCorrupted``: the log has failed and
+    the node that owns it stops).
     """
 
     def __init__(
         self,
-        log: EventLog,
+        log_: EventLog,
         model: ReadModel,
         batch_size: int = 1000,
         poll_s: float = 0.2,
         on_failed: Callable[[int, BaseException], None] | None = None,
+        decoder: EventDecoder | None = None,
     ) -> None:
-        self._log = log
+        self._log = log_
         self._model = model
         self._batch_size = batch_size
         self._poll_s = poll_s
         self._on_failed = on_failed
+        self._decoder = decoder or EventDecoder("read_model")
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def run_once(self) -> int:
+        """Fold in everything there is now; returns how many records were read."""
         total = 0
         for partition in range(self._log.num_partitions):
             while True:
@@ -738,7 +923,7 @@ class ReadModelRunner:
                 )
                 if not records:
                     break
-                total += self._model.process_records(partition, records)
+                total += self._model.process_records(partition, records, self._decoder)
         return total
 
     def start(self) -> None:
@@ -766,15 +951,28 @@ class ReadModelRunner:
         self.stop()
 
     def _follow(self, partition: int) -> None:
+        model = self._model
         failures = 0
         while not self._stopping.is_set():
             try:
+                generation = model.generation
                 records = self._log.read_events(
-                    partition, self._model.position(partition), self._batch_size, self._poll_s
+                    partition, model.position(partition), self._batch_size, self._poll_s
                 )
                 if records:
-                    self._model.process_records(partition, records)
+                    try:
+                        model.process_records(
+                            partition, records, self._decoder, generation=generation
+                        )
+                    except StoreDamaged as damage:
+                        if model.set_asides >= MAX_SET_ASIDE:
+                            raise
+                        model.set_aside(damage, generation)
                 failures = 0
+            except LogCorrupted as damage:  # the log failed itself: reading again cannot help
+                if not self._stopping.is_set():
+                    log.error("read model of partition %d stopped: %s", partition, damage)
+                return
             except Exception as exc:
                 if self._stopping.is_set():
                     return

@@ -20,11 +20,15 @@ from starlette.types import Receive, Scope, Send
 from api.app import create_app
 from api.instants import parse_rfc3339
 from core.clock import FakeClock
+from core.egress import EgressPolicy
 from projections.read_model import ReadModel
 from tests.api.fakes import FakeScheduler
 
 START = parse_rfc3339("2026-11-29T08:00:00Z", "start")
 TOKENS = {"token-of-team-a": "team-a", "token-of-team-b": "team-b"}
+# The default policy with every team granted every topic of its Kafka (never the cluster's
+# own): these tests are about the API; tests/api/test_egress.py is about the policy.
+ANY_TOPIC = EgressPolicy.build(topics=["*=*"])
 
 
 @pytest.fixture
@@ -73,7 +77,7 @@ class Api:
 
 @pytest.fixture
 async def api(fake: FakeScheduler) -> AsyncIterator[Api]:
-    async with serve(fake) as transport:
+    async with serve(fake, egress=ANY_TOPIC) as transport:
         clients = [
             httpx.AsyncClient(
                 transport=transport,

@@ -1,14 +1,14 @@
 """An in-process :class:`api.scheduler.Scheduler`: the reference the API tests run against.
 
-No canned answers: four partitions, each a :class:`core.state.PartitionState` that commands are
-routed to with ``eventlog.port.partition_for``, decided by ``core.decide.decide`` at the time of
-a :class:`core.clock.FakeClock`, folded with ``core.state.evolve``. Every event goes through the
-event codec (as it would through the log) into the real :class:`projections.read_model.ReadModel`
-before ``execute`` returns, so the API reads its own writes exactly as the port promises.
+No canned answers: four :class:`core.partition.Partition` objects (the one the node's runner
+drives) that commands are routed to with ``eventlog.port.partition_for``, decided at the time
+of a :class:`core.clock.FakeClock`. Every event goes through the event codec (as it would
+through the log) into the real :class:`projections.read_model.ReadModel` before ``execute``
+returns, so the API reads its own writes exactly as the port promises.
 
-Timers are a dict per partition kept by ``core.timers.timers_after``; :meth:`advance` moves the
-clock and decides every slot and lease timer that came due. There are no push executors: runs
-of HTTP and Kafka targets stay pending, which is all the API tests need.
+:meth:`advance` moves the clock and decides every slot and lease timer that came due, each at
+its own deadline. There are no push executors: runs of HTTP and Kafka targets stay pending,
+which is all the API tests need.
 """
 
 from __future__ import annotations
@@ -22,20 +22,17 @@ from core.commands import (
     ClaimRuns,
     CompleteRun,
     HeartbeatRun,
-    LeaseDue,
     PauseJob,
     PutJob,
     ReplayRun,
     ResumeJob,
-    SlotDue,
     StartRun,
     TriggerRun,
     UpstreamSucceeded,
 )
-from core.decide import decide, job_id_of_run
+from core.decide import job_id_of_run
 from core.events import AnyEvent, LeaseGranted, decode, encode
-from core.state import PartitionState, evolve
-from core.timers import TimerKey, timers_after
+from core.partition import Partition
 from eventlog.port import partition_for
 from projections.read_model import ReadModel
 
@@ -54,8 +51,7 @@ def routing_key(command: AnyCommand) -> str:
 class FakeScheduler:
     def __init__(self, history: ReadModel, clock: FakeClock) -> None:
         self.clock = clock
-        self.partitions = [PartitionState(p) for p in range(PARTITIONS)]
-        self.timers: list[dict[TimerKey, Millis]] = [{} for _ in range(PARTITIONS)]
+        self.partitions = [Partition(p, clock.now_ms()) for p in range(PARTITIONS)]
         self.events: list[AnyEvent] = []  # everything decided, in order (the log)
         self.offsets = [0] * PARTITIONS
         self.available = True  # False: every command raises Unavailable
@@ -97,37 +93,40 @@ class FakeScheduler:
         (as a node that never falls behind would); the clock then rests at the end."""
         until = self.clock.now_ms() + ms
         while True:
-            due = [
-                (deadline, p, key)
-                for p, timers in enumerate(self.timers)
-                for key, deadline in timers.items()
-                if deadline <= until and key[0] != "ready"
+            deadlines = [
+                (deadline, p)
+                for p, partition in enumerate(self.partitions)
+                if (deadline := partition.next_deadline()) is not None and deadline <= until
             ]
-            if not due:
+            if not deadlines:
                 break
-            deadline, p, key = min(due)
+            deadline, p = min(deadlines)
             self.clock.set(max(deadline, self.clock.now_ms()))
-            del self.timers[p][key]  # the decision's events re-arm it if still needed
-            kind, ident = key
-            self._decide(p, SlotDue(job_id=ident) if kind == "slot" else LeaseDue(run_id=ident))
+            self.partitions[p].advance(self.clock.now_ms())
+            self._fire(p)
         self.clock.set(until)
+        for p, partition in enumerate(self.partitions):
+            partition.advance(until)
+            self._fire(p)
+
+    def _fire(self, p: int) -> None:
+        partition = self.partitions[p]
+        while (key := partition.next_due()) is not None:
+            if key[0] != "ready":  # no push executors here
+                self._record(p, partition.fire(key, self.clock.now_ms()))
 
     def _check_available(self) -> None:
         if not self.available:
             raise Unavailable("no owner for the partition (a test said so)")
 
     def _decide(self, p: int, command: AnyCommand) -> list[AnyEvent]:
-        state = self.partitions[p]
-        events = decide(state, command, self.clock.now_ms())
+        events = self.partitions[p].handle(command, self.clock.now_ms())
+        self._record(p, events)  # timers that came due wait for advance(), as before a node looks
+        return events
+
+    def _record(self, p: int, events: list[AnyEvent]) -> None:
         for event in events:
             event = decode(encode(event))  # as the log stores and replays it
-            evolve(state, event)
-            for key, deadline in timers_after(state, event):
-                if deadline is None:
-                    self.timers[p].pop(key, None)
-                else:
-                    self.timers[p][key] = deadline
             self._history.process(event, p, self.offsets[p])
             self.offsets[p] += 1
             self.events.append(event)
-        return events

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.instants import parse_rfc3339, to_rfc3339
+from core.clock import MAX_INSTANT
 from core.errors import InvalidDefinition
 
 
@@ -29,6 +30,25 @@ def test_refuses_what_is_not_an_instant(text: str) -> None:
     assert e.value.field == "run_at"
 
 
-@given(st.integers(min_value=-62_135_596_800_000, max_value=253_402_300_799_999))
+@pytest.mark.parametrize(
+    "text",
+    [
+        "9999-12-31T23:59:59-23:59",  # year 10000 in UTC: could not be written back out
+        "0001-01-01T00:00:00+23:59",  # year 0 in UTC
+        "1969-12-31T23:59:59.999Z",
+        "\uff12\uff10\uff12\uff16-11-29T09:00:00Z",  # fullwidth digits
+    ],
+)
+def test_refuses_instants_outside_1970_to_9999(text: str) -> None:
+    with pytest.raises(InvalidDefinition) as e:
+        parse_rfc3339(text, "after")
+    assert e.value.field == "after"
+
+
+def test_the_last_instant_is_accepted() -> None:
+    assert parse_rfc3339("9999-12-31T23:59:59.999Z", "f") == MAX_INSTANT
+
+
+@given(st.integers(min_value=0, max_value=MAX_INSTANT))
 def test_round_trip(ms: int) -> None:
     assert parse_rfc3339(to_rfc3339(ms), "f") == ms

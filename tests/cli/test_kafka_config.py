@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from cli.main import read_kafka_config
+from cli.main import read_kafka_config, target_producer_config
 from eventlog.kafka import KafkaLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,3 +80,16 @@ def test_every_client_gets_the_settings(kafka_bootstrap: str, tmp_path: Path) ->
         member.close()
     finally:
         log.close()
+
+
+def test_kafka_targets_can_have_credentials_of_their_own(tmp_path: Path) -> None:
+    cluster = {"sasl.username": "cronlog", "sasl.password": "writes-the-events-topic"}
+    own = tmp_path / "targets.properties"
+    own.write_text("sasl.username=cronlog-targets\nsasl.password=team-topics-only\n")
+    assert target_producer_config(own, cluster) == {
+        "sasl.username": "cronlog-targets",
+        "sasl.password": "team-topics-only",
+    }
+    assert target_producer_config(None, cluster) == cluster
+    with pytest.raises(SystemExit, match=r"cannot read .*missing.properties"):
+        target_producer_config(tmp_path / "missing.properties", cluster)

@@ -59,6 +59,8 @@ class Serve:
                 str(self.port),
                 "--partitions",
                 "4",
+                "--allow-targets",  # the tests' targets run on loopback
+                "127.0.0.0/8",
                 "--log-level",
                 "warning",
             ],

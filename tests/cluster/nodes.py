@@ -6,8 +6,10 @@ the tests speak as ``team-a``. Job ids are picked per partition with :func:`job_
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+from core.ids import log_job_id
 from eventlog.port import partition_for
 from tools.chaos import nodes
 from tools.chaos.nodes import NodeConfig, NodeProcess
@@ -21,11 +23,12 @@ CONFIG = NodeConfig(partitions=PARTITIONS, replication_factor=1, min_insync_repl
 AUTH = CONFIG.auth
 
 
-def job_ids(prefix: str, partition: int, count: int) -> list[str]:
-    """``count`` job ids that hash to ``partition``."""
+def job_ids(prefix: str, partition: int, count: int, tenant: str = "team-a") -> list[str]:
+    """``count`` ids of ``tenant``'s jobs that live on ``partition`` (routing is by the log's
+    id, which includes the tenant: core.ids)."""
     ids: list[str] = []
     for i in range(10_000):
-        if partition_for(f"{prefix}-{i}", PARTITIONS) == partition:
+        if partition_for(log_job_id(tenant, f"{prefix}-{i}"), PARTITIONS) == partition:
             ids.append(f"{prefix}-{i}")
             if len(ids) == count:
                 return ids
@@ -33,5 +36,6 @@ def job_ids(prefix: str, partition: int, count: int) -> list[str]:
 
 
 class Cluster(nodes.Cluster):
-    def __init__(self, bootstrap: str, base_dir: Path) -> None:
-        super().__init__(bootstrap, base_dir, CONFIG)
+    def __init__(self, bootstrap: str, base_dir: Path, serve_args: tuple[str, ...] = ()) -> None:
+        # serve_args: more `cronlog serve` options for every node
+        super().__init__(bootstrap, base_dir, dataclasses.replace(CONFIG, serve_args=serve_args))

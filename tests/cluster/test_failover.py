@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from core.ids import idempotency_key, log_job_id
 from eventlog.kafka import KafkaLog
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.views import RunView
@@ -92,9 +93,9 @@ class Audit:
         self.runner = ReadModelRunner(self.log, self.model)
 
     def runs(self, job_id: str) -> list[RunView]:
-        return sorted(
-            self.model.runs_of("team-a", job_id, limit=1000).items, key=lambda r: r.scheduled_for
-        )
+        """Team-a's job ``job_id``'s runs, as the log holds them (under the log's id)."""
+        runs = self.model.runs_of("team-a", log_job_id("team-a", job_id), limit=1000).items
+        return sorted(runs, key=lambda r: r.scheduled_for)
 
     def settle(self, jobs: list[str], timeout_s: float) -> None:
         """Catch up with the log until no run of ``jobs`` is live any more."""
@@ -164,7 +165,9 @@ def test_the_survivor_takes_over_and_every_acknowledged_slot_fires(
     try:
         audit.settle(jobs, timeout_s=30)
         runs = {job_id: audit.runs(job_id) for job_id in jobs}
-        skips = {job_id: audit.model.skipped("team-a", job_id) for job_id in jobs}
+        skips = {
+            job_id: audit.model.skipped("team-a", log_job_id("team-a", job_id)) for job_id in jobs
+        }
     finally:
         audit.close()
 
@@ -188,7 +191,7 @@ def test_the_survivor_takes_over_and_every_acknowledged_slot_fires(
         if slots[-1] < window_end_ms - 1500:
             problems.append(f"{job_id}: stopped at {slots[-1]}, the window ends {window_end_ms}")
         for run in job_runs:
-            key = f"{job_id}:{run.scheduled_for}"
+            key = idempotency_key(log_job_id("team-a", job_id), run.scheduled_for)
             delivered = calls.get(key, [])
             tokens = [int(c.headers["X-Cronlog-Fencing-Token"]) for c in delivered]
             if len(set(tokens)) != len(tokens):

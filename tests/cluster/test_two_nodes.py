@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from core.ids import idempotency_key, log_job_id
 from tests.cluster.hold import HoldingTarget
 from tests.cluster.nodes import PARTITIONS, Cluster, NodeProcess, iso, job_ids, now_ms
 from tests.node.targets import Target
@@ -78,7 +79,7 @@ def test_a_job_on_the_other_nodes_partition_is_forwarded_and_fires_on_time(
     assert len(calls) == PARTITIONS and len(target.calls) == PARTITIONS
     workers = set()
     for job_id, slot in slots.items():
-        call = calls[f"{job_id}:{slot}"]
+        call = calls[idempotency_key(log_job_id("team-a", job_id), slot)]
         late_ms = call.received_at * 1000 - slot
         assert 0 <= late_ms < 1000, (job_id, late_ms)
         assert call.headers["X-Cronlog-Run-Id"] == f"{job_id}.{slot}"

@@ -488,3 +488,28 @@ def test_a_repeated_upstream_success_does_not_trigger_again() -> None:
     assert len(sim.of_type(ev.RunMaterialised)) == 1
     sim.do(UpstreamSucceeded(job_id="load", upstream_job_id="a", scheduled_for=T0 + MIN))
     assert [r.scheduled_for for r in sim.of_type(ev.RunMaterialised)] == [T0, T0 + MIN]
+
+
+def test_pending_runs_follow_their_job_to_a_new_target() -> None:
+    # A run waits where its job's target says. Moving the job from an HTTP target to a pool
+    # must hand its pending run to the pool's workers (before, its executor start stayed armed
+    # and the executors, finding a pull target, dead-lettered it), and back again.
+    sim = Sim(T0)
+    put(sim, "j", schedule=None, run_at=T0 + 2 * MIN)
+    put(sim, "j", schedule=None, run_at=T0 + 2 * MIN, overlap_policy="allow")
+    sim.do(TriggerRun(job_id="j", tenant="team-a", idempotency_key="k"))
+    [run_id] = list(sim.state.runs)
+    sim.ready.clear()  # the executors have not looked yet
+    put(sim, "j", schedule=None, run_at=T0 + 2 * MIN, target=PullTarget(pool="p"))
+    assert ("ready", run_id) not in sim.partition.wheel
+    sim.advance(SEC)
+    assert not sim.ready  # nothing for the executors
+    [lease] = sim.do(ClaimRuns(tenant="team-a", pool="p", worker_id="w"))
+    assert isinstance(lease, ev.LeaseGranted) and lease.run_id == run_id
+    # ... and a pool's pending run moves to the executors when its job goes to HTTP.
+    put(sim, "q", schedule=None, run_at=T0 + 9 * MIN, target=PullTarget(pool="p"))
+    [made] = sim.do(TriggerRun(job_id="q", tenant="team-a", idempotency_key="k"))
+    put(sim, "q", schedule=None, run_at=T0 + 9 * MIN)
+    sim.advance(SEC)
+    assert made.run_id in sim.ready
+    assert sim.do(ClaimRuns(tenant="team-a", pool="p", worker_id="w")) == []

@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from core.egress import EgressPolicy
+
+# The egress policy a node needs to call these targets: loopback is refused unless allowed.
+LOOPBACK_ALLOWED = EgressPolicy.build(allow=["127.0.0.0/8"])
+
 
 @dataclass
 class Call:

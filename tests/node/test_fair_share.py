@@ -19,7 +19,7 @@ from core.jobs import HttpTarget
 from eventlog.embedded import EmbeddedLog
 from node.executors import Executors
 from node.node import Node
-from tests.node.targets import Call, Target
+from tests.node.targets import LOOPBACK_ALLOWED, Call, Target
 from tests.node.test_node_embedded import now_ms, spec
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,12 @@ def gate() -> Iterator[Gate]:
 
 def start_node(tmp_path: Path, **limits: int) -> tuple[Node, EmbeddedLog]:
     log = EmbeddedLog.open(tmp_path / "log", 4)
-    node = Node(log, tmp_path / "node", node_id="n1", executors=Executors("n1", **limits))
+    node = Node(
+        log,
+        tmp_path / "node",
+        node_id="n1",
+        executors=Executors("n1", egress=LOOPBACK_ALLOWED, **limits),
+    )
     node.start()
     assert node.wait_ready(10)
     return node, log

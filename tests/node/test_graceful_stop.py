@@ -11,8 +11,9 @@ import pytest
 from core import events as ev
 from core.commands import PutJob
 from eventlog.embedded import EmbeddedLog
+from node.executors import Executors
 from node.node import Node
-from tests.node.targets import Target
+from tests.node.targets import LOOPBACK_ALLOWED, Target
 from tests.node.test_node_embedded import now_ms, spec
 from tests.node.test_node_embedded import target as target  # the fixture
 
@@ -35,7 +36,9 @@ def test_a_stopping_node_finishes_its_calls_and_starts_no_more(
 ) -> None:
     target.answer = lambda call: (200, {}, 1.0)  # every call takes a second
     log = EmbeddedLog.open(tmp_path / "log", PARTITIONS)
-    node = Node(log, tmp_path / "node", node_id="n1")
+    node = Node(
+        log, tmp_path / "node", node_id="n1", executors=Executors("n1", egress=LOOPBACK_ALLOWED)
+    )
     node.start()
     assert node.wait_ready(10)
     first_slot = now_ms() + 200
@@ -51,7 +54,9 @@ def test_a_stopping_node_finishes_its_calls_and_starts_no_more(
     assert events_of(log, f"later.{later_slot}") == ["RunMaterialised"]  # never started here
 
     # The partition's next owner (here the same node, restarted) starts what was left.
-    again = Node(log, tmp_path / "node", node_id="n1")
+    again = Node(
+        log, tmp_path / "node", node_id="n1", executors=Executors("n1", egress=LOOPBACK_ALLOWED)
+    )
     again.start()
     try:
         assert again.wait_ready(10)

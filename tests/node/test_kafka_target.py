@@ -13,6 +13,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from core.commands import PutJob
+from core.egress import EgressPolicy
 from core.jobs import JobSpec, KafkaTarget
 from eventlog.embedded import EmbeddedLog
 from node.executors import Executors
@@ -31,7 +32,11 @@ def test_a_run_is_produced_to_the_job_topic(kafka_bootstrap: str, tmp_path: Path
         log,
         tmp_path / "node",
         node_id="n1",
-        executors=Executors("n1", kafka_bootstrap=kafka_bootstrap),
+        executors=Executors(
+            "n1",
+            kafka_bootstrap=kafka_bootstrap,
+            egress=EgressPolicy.build(topics=["*={tenant}."]),  # team-a.jobs.* for team-a
+        ),
     )
     node.start()
     consumer = Consumer(

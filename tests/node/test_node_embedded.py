@@ -16,8 +16,9 @@ from core.errors import Unavailable
 from core.jobs import Backoff, HttpTarget, JobSpec
 from eventlog.embedded import EmbeddedLog
 from node import node as node_module
+from node.executors import Executors
 from node.node import Node
-from tests.node.targets import Target
+from tests.node.targets import LOOPBACK_ALLOWED, Target
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,12 @@ def target() -> Iterator[Target]:
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
     log = EmbeddedLog.open(tmp_path / "log", 4)
-    n = Node(log, tmp_path / "node", node_id="n1")
+    n = Node(
+        log,
+        tmp_path / "node",
+        node_id="n1",
+        executors=Executors("n1", egress=LOOPBACK_ALLOWED),
+    )
     n.start()
     assert n.wait_ready(10)
     yield n

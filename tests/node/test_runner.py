@@ -113,11 +113,17 @@ class FailingOnce(MemoryStateStore):
 
     saves = 0
 
-    def save(self, state: PartitionState, events: Sequence[tuple[int, ev.AnyEvent]]) -> None:
+    def save(
+        self,
+        state: PartitionState,
+        events: Sequence[tuple[int, ev.AnyEvent]],
+        *,
+        through: int | None = None,
+    ) -> None:
         FailingOnce.saves += 1
         if FailingOnce.saves == 1:
             raise OSError("disk on fire")
-        super().save(state, events)
+        super().save(state, events, through=through)
 
 
 def test_a_runner_that_fails_recovers_from_its_store_and_the_log(

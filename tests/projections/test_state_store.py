@@ -7,6 +7,7 @@ only a disk has (reopening, wiping, catching up from an event log).
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 from collections.abc import Callable, Iterator
@@ -15,19 +16,24 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rocksdict import Options, Rdict
 
 from core import events as ev
+from core.commands import PutJob
+from core.errors import StoreDamaged
 from core.state import PartitionState, evolve
 from eventlog.embedded import EmbeddedLog
 from eventlog.memory import MemoryLog
 from eventlog.port import Record
+from projections.decoding import EventDecoder, ForeignRecord
 from projections.state_store import (
     MemoryStateStore,
     RocksStateStore,
     StateStore,
     catch_up,
 )
-from tests.projections.histories import Writers, busy_partition
+from tests import corruption
+from tests.projections.histories import Writers, _spec, busy_partition
 
 StoreFactory = Callable[[int], StateStore]
 
@@ -73,9 +79,9 @@ def save_in_batches(
 def ready_entries(state: PartitionState) -> dict[str, list[tuple[int, int, str, int]]]:
     """The ready index without stale entries, in claim order."""
     return {
-        pool: sorted(e for e in heap if state.is_ready_entry_live(e))
+        pool: sorted({e for e in heap if state.is_ready_entry_live(e, pool)})
         for pool, heap in state.ready.items()
-        if any(state.is_ready_entry_live(e) for e in heap)
+        if any(state.is_ready_entry_live(e, pool) for e in heap)
     }
 
 
@@ -272,3 +278,113 @@ def test_a_batch_lost_with_its_offset_is_read_again(tmp_path: Path) -> None:
     # The next batch "never reached disk": the state moved on, the store did not.
     assert catch_up(store, log, 0).snapshot() == sim.state.snapshot()
     log.close()
+
+
+# -- records that are not events ------------------------------------------------------------------
+
+
+def test_catch_up_passes_over_foreign_records_reports_each_and_moves_past_them() -> None:
+    """A record another producer put in the events stream (issue: a kafka:// target named the
+    topic) neither stops recovery nor is skipped unnoticed."""
+    sim = busy_partition(5, steps=150)
+    half = len(sim.log) // 2
+    log = MemoryLog(1, gaps=True)
+    writers = Writers(log)
+    writers.append(0, sim.log[:half], chunk=40)
+    [middle] = writers.append(0, [b'{"job_id": "x", "payload": {"a": 1}}'])
+    writers.append(0, sim.log[half:], chunk=40)
+    [tail] = writers.append(0, [b"\x00not json at all"])
+    seen: list[ForeignRecord] = []
+    store = MemoryStateStore(0)
+
+    state = catch_up(store, log, 0, batch_size=64, decoder=EventDecoder("recovery", seen.append))
+
+    assert state.snapshot() == sim.state.snapshot()
+    assert [(f.partition, f.offset) for f in seen] == [(0, middle), (0, tail)]
+    assert store.load()[1] == tail + 1  # the next recovery starts after the foreign tail
+    again: list[ForeignRecord] = []
+    catch_up(store, log, 0, decoder=EventDecoder("recovery", again.append))
+    assert again == []
+    writers.close()
+    log.close()
+
+
+# -- damage ---------------------------------------------------------------------------------------
+
+
+def _store_on_disk(tmp_path: Path, seed: int = 9) -> tuple[MemoryLog, PartitionState]:
+    """A partition's log and its state store, caught up and closed: a busy history and a few
+    hundred more jobs, enough for SST files of several blocks."""
+    sim = busy_partition(seed, steps=400, cancel_jobs=False)
+    for i in range(300):
+        spec = _spec(f"bulk-{i}", "t1", schedule="0 3 * * *", payload={"note": f"job {i} " * 20})
+        sim.do(PutJob(job_id=f"bulk-{i}", spec=spec))
+    log = MemoryLog(1)
+    Writers(log).append(0, sim.log)
+    with RocksStateStore.open(tmp_path / "node", 0) as store:
+        catch_up(store, log, 0)
+    return log, sim.state
+
+
+def _aside(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "node" / "state").glob("p0.damaged-*"))
+
+
+def test_a_flipped_block_in_a_state_store_is_found_set_aside_and_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A damaged store killed the partition's runner with a KeyError, and readiness never came."""
+    log, expected = _store_on_disk(tmp_path)
+    path = tmp_path / "node" / "state" / "p0"
+    damaged = corruption.damage(path)
+    with RocksStateStore.open(tmp_path / "node", 0) as store:
+        with pytest.raises(StoreDamaged, match="checksum"):
+            store.load()
+        with caplog.at_level(logging.ERROR, logger="projections.state_store"):
+            state = catch_up(store, log, 0)
+        assert state.snapshot() == expected.snapshot()
+        assert store.load()[0].snapshot() == expected.snapshot()
+    [aside] = _aside(tmp_path)
+    assert (aside / damaged.name).exists()  # kept for whoever looks into why, not deleted
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "state store of partition 0" in line and f"set aside as {aside}" in line
+    assert "rebuilding it from the log" in line
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(lambda db, k: db.__delitem__(b"o" + k), id="a job without its order key"),
+        pytest.param(lambda db, k: db.__setitem__(k, b"\xc1not msgpack"), id="undecodable job"),
+        pytest.param(lambda db, k: db.__delitem__(b"m/offset"), id="no offset"),
+        pytest.param(lambda db, k: db.__setitem__(b"m/token", b"\x01"), id="short token"),
+        pytest.param(lambda db, k: db.__setitem__(b"x/odd", b""), id="a key it never writes"),
+    ],
+)
+def test_a_store_that_does_not_read_back_as_written_is_damaged(
+    tmp_path: Path, tamper: Callable[[Rdict, bytes], None]
+) -> None:
+    log, expected = _store_on_disk(tmp_path)
+    db = Rdict(str(tmp_path / "node" / "state" / "p0"), options=Options(raw_mode=True))
+    job_key = next(bytes(k) for k, _ in db.items() if bytes(k).startswith(b"j/"))
+    tamper(db, job_key)
+    db.close()
+    with RocksStateStore.open(tmp_path / "node", 0) as store:
+        with pytest.raises(StoreDamaged, match="state store of partition 0"):
+            store.load()
+        assert catch_up(store, log, 0).snapshot() == expected.snapshot()
+    assert len(_aside(tmp_path)) == 1
+
+
+def test_a_store_rocksdb_will_not_open_is_set_aside_on_open(tmp_path: Path) -> None:
+    log, expected = _store_on_disk(tmp_path)
+    path = tmp_path / "node" / "state" / "p0"
+    [manifest] = path.glob("MANIFEST-*")
+    corruption.flip(manifest, size=min(4096, manifest.stat().st_size // 2), at=0.25)
+    with pytest.raises(StoreDamaged):
+        RocksStateStore(path, 0)  # the tools' way in: it says so, and moves nothing
+    assert _aside(tmp_path) == []
+    with RocksStateStore.open(tmp_path / "node", 0) as store:  # the node's way in
+        assert store.load()[1] == 0 and not store.load()[0].jobs
+        assert catch_up(store, log, 0).snapshot() == expected.snapshot()
+    assert len(_aside(tmp_path)) == 1

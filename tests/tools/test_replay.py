@@ -190,6 +190,7 @@ def test_verify_names_a_run_missing_from_the_store(
     run_key = next(k for k, _ in stored if k.startswith(f"r/{HOURLY}.".encode()))
     db = Rdict(str(data_dir.path / "node" / "state" / f"p{p}"), options=Options(raw_mode=True))
     del db[run_key]
+    del db[b"o" + run_key]  # the run and its order key, as a store that never saw it
     db.close()
     code, out, _ = run(capsys, data_dir.args("verify"))
     assert code == 1
@@ -466,3 +467,107 @@ def test_dump_follow_prints_events_appended_while_it_runs(data_dir: DataDir) -> 
     assert printed == len(data_dir.logs[1]) + 3
     assert [line["event"] for line in lines[-3:]] == [json.loads(v) for v in more]
     assert [line["offset"] for line in lines] == list(range(printed))
+
+
+# -- records that are not events ------------------------------------------------------------------
+
+FOREIGN = b'{"job_id": "hourly", "payload": "a kafka:// target named the events topic"}'
+
+
+@dataclass
+class ForeignDir:
+    data: DataDir
+    partition: int
+    offset: int  # of the record that is not an event
+
+
+@pytest.fixture
+def foreign_dir(tmp_path: Path) -> ForeignDir:
+    """A data directory whose hourly partition holds a foreign record between the busy history
+    and the hourly job's, its stores caught up as a node leaves them."""
+    path = tmp_path / "data"
+    path.mkdir()
+    (path / "partitions").write_text(f"{PARTITIONS}\n")
+    p = partition_for(HOURLY, PARTITIONS)
+    logs = {q: busy_partition(seed=q + 7, steps=150, partition=q).log for q in range(PARTITIONS)}
+    with EmbeddedLog.open(path / "log", PARTITIONS) as log:
+        writers = Writers(log)
+        for q, values in logs.items():
+            writers.append(q, values, chunk=37)
+        [offset] = writers.append(p, [FOREIGN])
+        writers.append(p, hourly_history().log, chunk=37)
+        writers.close()
+        for q in range(PARTITIONS):
+            with RocksStateStore.open(path / "node", q) as store:
+                catch_up(store, log, q, batch_size=50)
+        with ReadModel.open(path / "node") as model:
+            ReadModelRunner(log, model).run_once()
+    logs[p] += hourly_history().log
+    return ForeignDir(DataDir(path, logs), p, offset)
+
+
+def test_verify_names_a_foreign_record_and_exits_4_when_the_stores_match(
+    foreign_dir: ForeignDir, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, foreign_dir.data.args("verify"))
+    assert code == 4, out
+    p, offset = foreign_dir.partition, foreign_dir.offset
+    assert f"partition {p}: OK (" in out and "1 FOREIGN records passed over" in out
+    assert f"FOREIGN partition {p} offset {offset}: not an event ({len(FOREIGN)} bytes" in out
+    assert f"partition {1 - p}: OK (" in out
+    assert f"FOREIGN: 1 records that are not events in partitions {p}" in out
+
+
+def test_verify_still_names_a_difference_first(
+    foreign_dir: ForeignDir, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = foreign_dir.partition
+    _tamper_job(foreign_dir.data.path / "node" / "state" / f"p{p}", HOURLY)
+    code, out, _ = run(capsys, foreign_dir.data.args("verify"))
+    assert code == 1 and f"jobs differ: {HOURLY}" in out
+    assert f"FOREIGN partition {p} offset {foreign_dir.offset}" in out
+
+
+def test_dump_shows_where_a_foreign_record_is_and_goes_on(
+    foreign_dir: ForeignDir, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p, offset = foreign_dir.partition, foreign_dir.offset
+    code, out, _ = run(capsys, foreign_dir.data.args("dump", "--partition", str(p)))
+    assert code == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line["offset"] for line in lines] == list(range(len(foreign_dir.data.logs[p]) + 1))
+    foreign = lines[offset]
+    assert set(foreign) == {"partition", "offset", "foreign"}  # never the record's contents
+    assert foreign["foreign"]["bytes"] == len(FOREIGN) and foreign["foreign"]["reason"]
+    events = [line["event"] for line in lines if "event" in line]
+    assert events == [json.loads(v) for v in foreign_dir.data.logs[p]]
+
+    code, out, _ = run(capsys, foreign_dir.data.args("dump", "--job", HOURLY))
+    assert code == 0
+    assert [json.loads(line)["event"] for line in out.splitlines()] == [
+        json.loads(v) for v in hourly_history().log
+    ]
+
+
+def test_rebuild_stats_and_backfill_pass_over_a_foreign_record(
+    foreign_dir: ForeignDir, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = foreign_dir.data
+    stores = data.store_dumps()
+    code, out, _ = run(capsys, data.args("rebuild"))
+    assert code == 0, out
+    assert "passed over 1 records that are not events" in out
+    assert data.store_dumps() == stores
+
+    code, out, _ = run(capsys, data.args("stats", "--json"))
+    rows = {row["partition"]: row for row in map(json.loads, out.splitlines())}
+    assert code == 0 and rows[foreign_dir.partition]["events_by_type"]["(foreign)"] == 1
+    assert rows[foreign_dir.partition]["state_lag"] == 0
+
+    now = FakeClock(T0 + 7 * HOUR)
+    code, out, _ = run(
+        capsys,
+        data.args("backfill", HOURLY, "--from", str(T0), "--to", str(T0 + 6 * HOUR)),
+        clock=now,
+    )
+    assert code == 0 and "7 slots, 2 to trigger, 5 present, 0 in the future" in out

@@ -49,6 +49,9 @@ class NodeConfig:
     token: str = "token-a"  # the bearer token the harness speaks with
     drain_sec: float | None = None  # serve's --drain-sec; None: its default
     log_level: str = "info"
+    # The recording targets run on loopback, which the egress policy refuses unless told.
+    allow_targets: str | None = "127.0.0.0/8"
+    serve_args: tuple[str, ...] = ()  # more `cronlog serve` options
 
     @property
     def auth(self) -> dict[str, str]:
@@ -126,6 +129,9 @@ class NodeProcess:
         ]
         if c.drain_sec is not None:
             command += ["--drain-sec", str(c.drain_sec)]
+        if c.allow_targets is not None:
+            command += ["--allow-targets", c.allow_targets]
+        command += c.serve_args
         env = {
             **os.environ,
             "CRONLOG_TOKENS": c.tokens,

@@ -33,12 +33,12 @@ import msgspec
 
 from core.clock import Millis
 from core.decide import run_id_of
-from core.events import RunMaterialised, decode
+from core.events import RunMaterialised
 from core.ids import is_scoped, log_job_id
 from core.jobs import JobSpec, slots_between
 from core.state import JobStatus, PartitionState, evolve
 from eventlog.port import EventLog, partition_for
-from tools.replay.records import events, head
+from tools.replay.records import decoded, tool_decoder
 from tools.replay.source import ReplayError
 
 DEFAULT_MAX = 1000
@@ -154,10 +154,9 @@ def _job_in_log(log: EventLog, job_id: str, tenant: str | None) -> tuple[Job, se
     partition = partition_for(job_id, log.num_partitions)
     state = PartitionState(partition)
     present: set[Millis] = set()
-    for record in events(log, partition):
-        if head(record).job_id != job_id:
+    for _, event in decoded(log, partition, tool_decoder([])):
+        if event is None or event.job_id != job_id:
             continue
-        event = decode(record.value)
         if isinstance(event, RunMaterialised):
             present.add(event.scheduled_for)
         evolve(state, event)

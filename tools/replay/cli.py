@@ -10,7 +10,10 @@ Every command reads ``--data-dir`` (the embedded data directory of a stopped nod
 ``--kafka HOST:PORT --topic-prefix P --partitions N``. See ``docs/replay.md``.
 
 Exit status: 0 done; 1 ``verify`` found a difference or a backfill trigger was refused; 2 the
-tool refused to run (bad arguments, a node running on the directory, a range too large).
+tool refused to run (bad arguments, a node running on the directory, a range too large); 3 the
+log is damaged (the message names the stream, partition, offset and file; nothing was
+changed); 4 ``verify``: the stores match, but the log holds records that are not events (each
+is listed and reported on stderr).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from core.clock import Clock, Millis, SystemClock
-from core.errors import CronlogError
+from core.errors import CronlogError, LogCorrupted
 from eventlog.port import EventLog
 from tools.replay import backfill, dump, rebuild, stats, verify
 from tools.replay.source import Layout, ReplayError, add_source_arguments, open_log
@@ -81,6 +84,9 @@ def main(
     args = parser().parse_args(argv)
     try:
         return _run(args, clock or SystemClock(), transport)
+    except LogCorrupted as exc:
+        print(f"replay: {exc}", file=sys.stderr)
+        return 3
     except ReplayError as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return 2
@@ -124,6 +130,15 @@ def _run(args: argparse.Namespace, clock: Clock, transport: httpx.BaseTransport 
             if different:
                 print(f"DIFFERENT: partitions {', '.join(map(str, different))}")
                 return 1
+            foreign = [c for c in checks if c.foreign]
+            if foreign:
+                print(
+                    f"FOREIGN: {sum(len(c.foreign) for c in foreign)} records that are not "
+                    f"events in partitions {', '.join(str(c.partition) for c in foreign)}; the "
+                    "stores match a replay that passes over them. Find out what wrote them "
+                    "(docs/operations.md)."
+                )
+                return 4
             print(f"OK: {len(checks)} partitions match a replay from offset 0")
             return 0
         if args.command == "rebuild":

@@ -1,8 +1,12 @@
 """``dump``: the events stream as JSON lines, the view an audit consumer has.
 
 Each line is ``{"partition": P, "offset": O, "event": {...}}`` with the event exactly as stored,
-unknown fields included. Partitions are printed one after another, each in offset order;
-``--follow`` then keeps polling every selected partition for new events until interrupted.
+unknown fields included. A record that is not an event (``projections.decoding``) is shown as
+``{"partition": P, "offset": O, "foreign": {"bytes": N, "reason": "..."}}`` — where it is and
+why it is not an event, never its contents, which whoever wrote it chose — and reported on
+stderr; ``--job`` leaves foreign records out (they belong to no job). Partitions are printed
+one after another, each in offset order; ``--follow`` then keeps polling every selected
+partition for new events until interrupted.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ from typing import TextIO
 
 import msgspec
 
+from core.events import AnyEvent
 from eventlog.port import EventLog, Record
-from tools.replay.records import BATCH, events, head
+from projections.decoding import EventDecoder
+from tools.replay.records import BATCH, events
 
 FOLLOW_POLL_S = 0.5
 
@@ -27,6 +33,16 @@ def line(record: Record) -> str:
     ).decode()
 
 
+def foreign_line(record: Record, reason: str) -> str:
+    return _encoder.encode(
+        {
+            "partition": record.partition,
+            "offset": record.offset,
+            "foreign": {"bytes": len(record.value), "reason": reason},
+        }
+    ).decode()
+
+
 def dump(
     log: EventLog,
     partitions: list[int],
@@ -36,13 +52,21 @@ def dump(
     out: TextIO | None = None,
     keep_following: Callable[[], bool] = lambda: True,
 ) -> int:
-    """Print the selected events; returns how many were printed."""
+    """Print the selected records; returns how many lines were printed."""
     out = out or sys.stdout
+    reasons: dict[tuple[int, int], str] = {}
+    decoder = EventDecoder("dump", lambda f: reasons.__setitem__((f.partition, f.offset), f.reason))
     printed = 0
 
     def show(record: Record) -> None:
         nonlocal printed
-        if job_id is None or head(record).job_id == job_id:
+        event: AnyEvent | None = decoder.decode(record)
+        if event is None:
+            if job_id is None:
+                reason = reasons.get((record.partition, record.offset), "not an event")
+                out.write(foreign_line(record, reason) + "\n")
+                printed += 1
+        elif job_id is None or event.job_id == job_id:
             out.write(line(record) + "\n")
             printed += 1
 

@@ -1,39 +1,31 @@
-"""Reading a partition's events stream in order, and the few fields the tools filter on.
+"""Reading a partition's events stream in order, decoded the way the node's readers decode it.
 
-The tools decode only what they need (``type``, ``job_id``) with a lenient struct, so an event
-type or field this build does not know is still counted and printed (``docs/events.md``, rule 3
-and 4); folding into a state uses the real codec.
+Every tool decodes with a :class:`projections.decoding.EventDecoder` (:func:`tool_decoder`), so
+a record that is not an event is treated alike everywhere: reported once on stderr (partition,
+offset, size, why), gathered for the tool's summary (``verify`` lists them, ``rebuild`` and
+``stats`` count them), and passed over.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-import msgspec
-
+from core.events import AnyEvent
 from eventlog.port import EventLog, Record
+from projections.decoding import EventDecoder, ForeignRecord
 
 BATCH = 1000
 
 
-class Head(msgspec.Struct):
-    """The fields every event has that the tools look at."""
-
-    type: str
-    job_id: str = ""
-
-
-_head_decoder = msgspec.json.Decoder(Head)
-
-
-def head(record: Record) -> Head:
-    return _head_decoder.decode(record.value)
+def tool_decoder(found: list[ForeignRecord]) -> EventDecoder:
+    """A decoder for one run of a tool, appending every foreign record to ``found``."""
+    return EventDecoder("replay", found.append)
 
 
 def events(
     log: EventLog, partition: int, from_offset: int = 0, until: int | None = None
 ) -> Iterator[Record]:
-    """``partition``'s events from ``from_offset`` up to ``until`` (exclusive), or to the end
+    """``partition``'s records from ``from_offset`` up to ``until`` (exclusive), or to the end
     the log has now when ``until`` is None."""
     end = log.end_offset("events", partition) if until is None else until
     offset = from_offset
@@ -46,3 +38,15 @@ def events(
                 return
             yield record
         offset = records[-1].offset + 1
+
+
+def decoded(
+    log: EventLog,
+    partition: int,
+    decoder: EventDecoder,
+    from_offset: int = 0,
+    until: int | None = None,
+) -> Iterator[tuple[Record, AnyEvent | None]]:
+    """Each record with its event, or with None for a foreign record (reported once)."""
+    for record in events(log, partition, from_offset, until):
+        yield record, decoder.decode(record)

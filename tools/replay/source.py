@@ -23,6 +23,7 @@ from typing import cast
 
 from core.errors import CronlogError
 from eventlog.port import EventLog
+from eventlog.rocks import is_damage
 
 
 class ReplayError(CronlogError):
@@ -132,5 +133,7 @@ def check_unused(path: Path, what: str) -> None:
             raise ReplayError(
                 f"{what} {path} is in use: a node is running on this data directory; stop it first"
             ) from exc
+        if is_damage(exc):
+            return  # not in use, only damaged: the command that reads it says so
         raise
     db.close()

@@ -1,7 +1,9 @@
 """``stats``: what each partition holds and how far the derived stores are behind it.
 
-Per partition: the end offsets of the events and commands streams, events per type, and, where
-the data directory has them, the state store's offset and the read model's position. A store's
+Per partition: the end offsets of the events and commands streams, events per type (records
+that are not events counted as ``(foreign)``), and, where the data directory has them, the
+state store's offset and the read model's position (``damaged`` for a store that cannot be read
+back). A store's
 lag is the log's end minus its next offset (offsets need not be contiguous, so on Kafka this is
 an upper bound on the events behind, not their count).
 """
@@ -15,11 +17,15 @@ from typing import TextIO
 
 import msgspec
 
+from core.errors import StoreDamaged
 from eventlog.port import EventLog
+from projections.decoding import EventDecoder
 from projections.read_model import ReadModel
 from projections.state_store import RocksStateStore
-from tools.replay.records import events, head
+from tools.replay.records import decoded
 from tools.replay.source import Layout, check_unused
+
+FOREIGN = "(foreign)"
 
 
 @dataclass
@@ -30,6 +36,7 @@ class PartitionStats:
     by_type: dict[str, int] = field(default_factory=dict)
     state_offset: int | None = None  # None: no state store in this data directory
     read_model_position: int | None = None  # None: no read model in this data directory
+    damaged: list[str] = field(default_factory=list)  # stores that cannot be read back
 
     @property
     def state_lag(self) -> int | None:
@@ -44,22 +51,33 @@ class PartitionStats:
 
 def collect(log: EventLog, layout: Layout | None) -> list[PartitionStats]:
     found = []
+    decoder = EventDecoder("stats")
     for partition in range(log.num_partitions):
         stats = PartitionStats(
             partition, log.end_offset("events", partition), log.end_offset("commands", partition)
         )
-        counts = Counter(head(r).type for r in events(log, partition, 0, stats.events_end))
+        counts = Counter(
+            FOREIGN if event is None else type(event).__name__
+            for _, event in decoded(log, partition, decoder, 0, stats.events_end)
+        )
         stats.by_type = dict(sorted(counts.items()))
         if layout is not None and layout.state_dir(partition).is_dir():
             check_unused(layout.state_dir(partition), "state store")
-            with RocksStateStore(layout.state_dir(partition), partition) as store:
-                stats.state_offset = store.load()[1]
+            try:
+                with RocksStateStore(layout.state_dir(partition), partition) as store:
+                    stats.state_offset = store.load()[1]
+            except StoreDamaged as damage:
+                stats.damaged.append(f"state store: {damage}")
         found.append(stats)
     if layout is not None and layout.read_model_dir.is_dir():
         check_unused(layout.read_model_dir, "read model")
-        with ReadModel(layout.read_model_dir) as model:
+        try:
+            with ReadModel(layout.read_model_dir) as model:
+                for stats in found:
+                    stats.read_model_position = model.position(stats.partition)
+        except StoreDamaged as damage:
             for stats in found:
-                stats.read_model_position = model.position(stats.partition)
+                stats.damaged.append(f"read model: {damage}")
     return found
 
 
@@ -78,6 +96,7 @@ def report(found: list[PartitionStats], as_json: bool, out: TextIO | None = None
                         "state_lag": stats.state_lag,
                         "read_model_position": stats.read_model_position,
                         "read_model_lag": stats.read_model_lag,
+                        "damaged": stats.damaged,
                     }
                 ).decode()
                 + "\n"
@@ -96,6 +115,8 @@ def report(found: list[PartitionStats], as_json: bool, out: TextIO | None = None
             f"partition {stats.partition}: events end {stats.events_end}, commands end "
             f"{stats.commands_end}, state store at {state}, read model at {model}\n"
         )
+        for damage in stats.damaged:
+            out.write(f"  DAMAGED {damage}\n")
         for kind, count in stats.by_type.items():
             out.write(f"  {kind:<18} {count}\n")
     total: Counter[str] = Counter()

@@ -4,18 +4,24 @@ For every partition the events stream is folded through ``evolve`` into a fresh 
 end the log had when the check began. The node's state store is loaded and the events after its
 stored offset are folded into it in memory, up to the same end (what ``catch_up`` would do,
 without writing the store). The two snapshots must be byte-identical; when they are not, the
-report names the jobs and runs that differ, or says only their order does.
+report names the jobs and runs that differ, or says only their order does. A store that cannot
+be read back (``StoreDamaged``) is a difference too, named as such.
+
+Records of the events stream that are not events are passed over by both folds, as by every
+reader of the node, and listed under their partition: the stores can still match, but the log
+holds something cronlog did not write, which an operator wants to hear about (exit status 4).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.events import decode
+from core.errors import StoreDamaged
 from core.state import PartitionState, evolve
 from eventlog.port import EventLog
+from projections.decoding import EventDecoder, ForeignRecord
 from projections.state_store import RocksStateStore
-from tools.replay.records import events
+from tools.replay.records import decoded
 from tools.replay.source import Layout, check_unused
 
 SHOWN = 20  # differing ids listed per kind; the rest are counted
@@ -28,6 +34,7 @@ class PartitionCheck:
     events: int = 0
     problems: list[str] = field(default_factory=list)
     store_missing: bool = False  # this node keeps no store of the partition (Kafka: not owned)
+    foreign: list[ForeignRecord] = field(default_factory=list)  # records that are not events
 
     @property
     def ok(self) -> bool:
@@ -35,38 +42,57 @@ class PartitionCheck:
 
     def describe(self) -> str:
         head = f"partition {self.partition}: "
+        counted = f"{self.events} events"
+        if self.foreign:
+            counted += f", {len(self.foreign)} FOREIGN records passed over"
         if self.store_missing:
-            return head + f"NO STORE here ({self.events} events, end offset {self.end})"
-        if self.ok:
-            return head + f"OK ({self.events} events, end offset {self.end})"
-        return head + "DIFFERENT\n" + "\n".join(f"  {p}" for p in self.problems)
+            line = head + f"NO STORE here ({counted}, end offset {self.end})"
+        elif self.ok:
+            line = head + f"OK ({counted}, end offset {self.end})"
+        else:
+            line = head + "DIFFERENT\n" + "\n".join(f"  {p}" for p in self.problems)
+            if self.foreign:
+                line += f"\n  ({counted})"
+        shown = [f"  FOREIGN {f.describe()}" for f in self.foreign[:SHOWN]]
+        if len(self.foreign) > SHOWN:
+            shown.append(f"  ... and {len(self.foreign) - SHOWN} more foreign records")
+        return "\n".join([line, *shown])
 
 
-def replay_partition(log: EventLog, partition: int, end: int) -> tuple[PartitionState, int]:
+def replay_partition(
+    log: EventLog, partition: int, end: int, decoder: EventDecoder
+) -> tuple[PartitionState, int]:
     state = PartitionState(partition)
     count = 0
-    for record in events(log, partition, 0, end):
-        evolve(state, decode(record.value))
-        count += 1
+    for _, event in decoded(log, partition, decoder, 0, end):
+        if event is not None:
+            evolve(state, event)
+            count += 1
     return state, count
 
 
 def verify_partition(log: EventLog, layout: Layout, partition: int) -> PartitionCheck:
     end = log.end_offset("events", partition)
     check = PartitionCheck(partition, end)
-    replayed, check.events = replay_partition(log, partition, end)
+    decoder = EventDecoder("verify", check.foreign.append)
+    replayed, check.events = replay_partition(log, partition, end, decoder)
     path = layout.state_dir(partition)
     if not path.is_dir():
         check.store_missing = True
         return check
     check_unused(path, "state store")
-    with RocksStateStore(path, partition) as store:
-        stored, offset = store.load()
+    try:
+        with RocksStateStore(path, partition) as store:
+            stored, offset = store.load()
+    except StoreDamaged as damage:
+        check.problems.append(f"the state store is damaged: {damage}")
+        return check
     if offset > end:
         check.problems.append(f"state store is at offset {offset}, past the log's end {end}")
         return check
-    for record in events(log, partition, offset, end):
-        evolve(stored, decode(record.value))
+    for _, event in decoded(log, partition, decoder, offset, end):
+        if event is not None:
+            evolve(stored, event)
     if stored.snapshot() != replayed.snapshot():
         check.problems = differences(stored, replayed)
     return check
