@@ -13,9 +13,9 @@ from core.ids import log_job_id
 from eventlog.port import partition_for
 from tools.chaos import nodes
 from tools.chaos.nodes import NodeConfig, NodeProcess
-from tools.chaos.procs import iso, now_ms
+from tools.chaos.procs import free_port, iso, now_ms
 
-__all__ = ["AUTH", "PARTITIONS", "Cluster", "NodeProcess", "iso", "job_ids", "now_ms"]
+__all__ = ["AUTH", "PARTITIONS", "Cluster", "NodeProcess", "free_port", "iso", "job_ids", "now_ms"]
 
 PARTITIONS = 4
 # One broker in tests; a cluster of three given by KAFKA_BOOTSTRAP_SERVERS works too.
