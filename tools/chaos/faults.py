@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -188,12 +189,15 @@ def plan(
 
 
 class Workers:
-    """The pull worker processes, by index; a killed one is replaced by a new incarnation."""
+    """The pull worker processes, by index; a killed one is replaced by a new incarnation.
+    ``start(worker_id)`` starts one and gives its process and the file it records to."""
 
-    def __init__(self, start: Callable[[str], Any], count: int) -> None:
+    def __init__(
+        self, start: Callable[[str], tuple[subprocess.Popen[bytes], Path]], count: int
+    ) -> None:
         self._start = start
         self.incarnation = [0] * count
-        self.procs: list[Any] = [None] * count
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
         self.records: list[Path] = []
 
     def worker_id(self, index: int) -> str:
@@ -219,17 +223,17 @@ class Workers:
                 continue
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
-            except Exception:
+            except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
 
-
-def _record_path(workers: Workers, index: int) -> Path:
-    wid = workers.worker_id(index)
-    for path in reversed(workers.records):
-        if path.stem == wid:
-            return path
-    raise KeyError(wid)
+    def record(self, index: int) -> Path:
+        """The record of worker ``index``'s current incarnation."""
+        wid = self.worker_id(index)
+        for path in reversed(self.records):
+            if path.stem == wid:
+                return path
+        raise KeyError(wid)
 
 
 def in_hand(path: Path) -> list[str]:
@@ -371,12 +375,13 @@ class Chaos:
 
     def _worker_kill(self, p: dict[str, Any]) -> Iterator[dict[str, Any]]:
         index = p["worker"]
-        record = _record_path(self.workers, index)
+        record = self.workers.record(index)
         deadline = time.monotonic() + 10
         held: list[str] = []
         while not (held := in_hand(record)) and time.monotonic() < deadline:
             self.stop.wait(0.05)  # the worker's record is a file: no event to wait on
         proc = self.workers.procs[index]
+        assert proc is not None
         proc.kill()
         proc.wait()
         yield {"injected_at": now_ms(), "worker_id": record.stem, "runs_in_hand": held}
