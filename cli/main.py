@@ -100,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
         " when room is short, teams take turns either way)",
     )
     serve.add_argument(
+        "--executor-processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="make the calls to HTTP and Kafka targets in N processes of their own, so they"
+        " run on other cores than the partitions and the API (default 0: in the node's process)",
+    )
+    serve.add_argument(
         "--drain-sec",
         type=float,
         default=30.0,
@@ -323,6 +331,7 @@ def _serve(args: argparse.Namespace) -> int:
             egress=egress,
             secrets=Secrets(secrets_dir),
             error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
+            processes=args.executor_processes,
         ),
     )
     app = create_app(

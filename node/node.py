@@ -65,6 +65,7 @@ from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, partition_for
 from node import wire
 from node.executors import Executors
+from node.handoff import handoff_to
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.runner import Decided, PartitionRunner, Request
@@ -140,6 +141,9 @@ class Node:
         )
         self.metrics.watch(self.gauges)
         self.executors.route = self._decide
+        self.executors.on_process_failed = self.metrics.thread_failures.labels(
+            "executor-process"
+        ).inc
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -422,8 +426,10 @@ class Node:
             if not answer.done():
                 answer.set_result(result)
 
+        handoff = handoff_to(loop)
+
         def settle(result: Decided | CronlogError) -> None:
-            loop.call_soon_threadsafe(deliver, result)
+            handoff.post(deliver, result)
 
         runner.submit(Request(command, reply=settle))
         try:
@@ -463,8 +469,10 @@ class Node:
             if not answer.done():
                 answer.set_result(reply)
 
+        handoff = handoff_to(loop)
+
         def deliver_from_thread(reply: wire.Reply) -> None:
-            loop.call_soon_threadsafe(deliver, reply)
+            handoff.post(deliver, reply)
 
         with self._lock:
             self._waiting[request_id] = deliver_from_thread
