@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from zoneinfo import ZoneInfo
 
 from msgspec import UNSET
@@ -9,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.edge import (
+    Call,
     authenticate,
     decode,
     expected_version,
@@ -22,6 +24,7 @@ from api.edge import (
 )
 from api.instants import parse_rfc3339, to_local, to_rfc3339
 from api.quota import JobQuota, check_definition
+from api.scheduler import Unavailable
 from api.translate import job_id_for_key, job_out, random_job_id, run_out, spec_of
 from api.wire import (
     MAX_PREVIEW,
@@ -40,10 +43,12 @@ from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
 from core.cron import CronSchedule
 from core.egress import EgressPolicy
 from core.errors import Conflict, InvalidDefinition
-from core.events import JobRegistered, JobUpdated
+from core.events import AnyEvent, JobRegistered, JobUpdated
 from core.ids import team_id
 from core.jobs import JobSpec, next_slot, validate_job_id
 from projections.views import JOB_STATUSES, JobView
+
+CATCH_UP_S = 5.0  # how long an upsert that decided nothing waits to read the job it names
 
 # -- jobs --------------------------------------------------------------------------------------
 
@@ -75,8 +80,7 @@ async def create_job(request: Request) -> Response:
     with quota.admit(call, job_id):
         # create_only: a repeat with the same body changes nothing, another body is a conflict
         events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
-    created = any(isinstance(e, JobRegistered) for e in events)
-    return job_response(call, job_id, 201 if created else 200)
+    return await _upserted(call, job_id, events)
 
 
 async def put_job(request: Request) -> Response:
@@ -93,7 +97,24 @@ async def put_job(request: Request) -> Response:
         events = await call.scheduler.execute(
             PutJob(job_id=job_id, spec=spec, expected_version=expected)
         )
+    return await _upserted(call, job_id, events)
+
+
+async def _upserted(call: Call, job_id: str, events: list[AnyEvent]) -> Response:
+    """201 with the job a create or upsert registered, 200 with the one it found as given.
+
+    A request that decided nothing found the job as an earlier request left it, perhaps one
+    whose answer was lost, decided through another node: this node's read model may not have
+    folded it yet. It is waited for briefly; "not found" would be false, so unavailable it is.
+    """
     created = any(isinstance(e, JobRegistered) for e in events)
+    history = call.scheduler.history
+    if not events and history.job(call.tenant, job_id) is None:
+        await asyncio.to_thread(
+            history.wait_until, lambda: history.job(call.tenant, job_id) is not None, CATCH_UP_S
+        )
+        if history.job(call.tenant, job_id) is None:
+            raise Unavailable(f"job {team_id(job_id)} exists but is not readable yet; try again")
     return job_response(call, job_id, 201 if created else 200)
 
 

@@ -181,15 +181,15 @@ def _not_cancelled(job: JobState) -> None:
         raise Conflict(f"job {job.job_id} is cancelled")
 
 
-def _live_lease(run: RunState, token: int, now: Millis) -> None:
+def _live_lease(run: RunState, token: int) -> None:
+    """The lease of ``token`` is live until the partition decides it expired (``LeaseExpired``),
+    not at the instant it could: until then no other lease of the run exists, so the holder's
+    heartbeat or outcome is still the truth. (A stalled log or a busy partition can hold the
+    expiry back; refusing an outcome then would turn a success into a retry, or into
+    ``outcome_unknown`` for a critical job.)"""
     if run.status is RunStatus.CANCELLED and run.fencing_token == token:
         raise LeaseLost(f"run {run.run_id} was cancelled: stop working on it")
-    if (
-        run.status is not RunStatus.RUNNING
-        or run.fencing_token != token
-        or run.lease_expires_at is None
-        or run.lease_expires_at <= now
-    ):
+    if run.status is not RunStatus.RUNNING or run.fencing_token != token:
         raise LeaseLost(f"fencing token {token} does not hold the lease on run {run.run_id}")
 
 
@@ -608,7 +608,7 @@ def _heartbeat(state: PartitionState, cmd: HeartbeatRun, now: Millis) -> list[An
         raise LeaseLost(
             f"fencing token {cmd.fencing_token} does not hold the lease on run {cmd.run_id}"
         )
-    _live_lease(run, cmd.fencing_token, now)
+    _live_lease(run, cmd.fencing_token)
     lease_ms = round(state.jobs[run.job_id].spec.lease_sec * 1000)
     return [Heartbeat(**_ids(run, now), lease_expires_at=now + lease_ms)]
 
@@ -619,7 +619,7 @@ def _complete(state: PartitionState, cmd: CompleteRun, now: Millis) -> list[AnyE
         raise LeaseLost(
             f"fencing token {cmd.fencing_token} does not hold the lease on run {cmd.run_id}"
         )
-    _live_lease(run, cmd.fencing_token, now)
+    _live_lease(run, cmd.fencing_token)
     ids = _ids(run, now)
     if cmd.outcome is Outcome.SUCCEEDED:
         done: list[AnyEvent] = [RunCompleted(**ids, started_at=run.started_at or now)]

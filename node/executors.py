@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from aiohttp.abc import AbstractResolver
 
 from core import events as ev
-from core.commands import AnyCommand, CompleteRun, HeartbeatRun
+from core.commands import AnyCommand, CompleteRun, HeartbeatRun, Outcome
 from core.egress import EgressPolicy
 from core.errors import CronlogError, LeaseLost, Unavailable
 from core.jobs import HttpTarget, JobSpec
@@ -262,6 +262,15 @@ class Executors(Dispatcher):
 
     async def _run(self, runner: PartitionRunner, lease: ev.LeaseGranted, spec: JobSpec) -> None:
         try:
+            if time.time() * 1000 >= lease.lease_expires_at:
+                # The node stood still between granting the lease and calling (a pause, a
+                # stop): the run may be someone else's by now. Make no call, and say so: the
+                # target saw nothing, so even a critical run may be tried again (if the expiry
+                # was decided first, this is refused and the expiry stands).
+                log.warning("run %s: its lease ran out before the call started", lease.run_id)
+                result = Result(Outcome.FAILED, "not called: the lease ran out before the call")
+                await self._complete(lease, spec, result)
+                return
             call = self._start_call(lease, spec)
             # Most calls end long before a third of their lease: the heartbeat starts only for
             # those still running then, so a herd does not pay a task per call for it.

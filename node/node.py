@@ -447,9 +447,15 @@ class Node:
         """Wait until the read model holds the events at ``offsets``, so the caller reads its
         own writes."""
         if offsets and self._history.position(partition) <= offsets[-1]:
-            await asyncio.to_thread(
+            caught_up = await asyncio.to_thread(
                 self._history.wait_for, partition, offsets[-1], READ_YOUR_WRITES_S
             )
+            if not caught_up:
+                # The write is durable, but an answer read from the read model now would not
+                # show it (a create would say "not found"): the caller must try again.
+                raise Unavailable(
+                    f"partition {partition}: decided, but not yet readable; try again"
+                )
 
     async def _forward(
         self, partition: int, command: AnyCommand, *, visible: bool = True

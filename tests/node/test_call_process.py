@@ -10,11 +10,15 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from core.commands import CancelRun, PutJob
+from core import events as ev
+from core.commands import AnyCommand, CancelRun, CompleteRun, PutJob
+from core.events import Trigger
 from core.jobs import Backoff, HttpTarget, JobSpec
+from core.state import JobState, RunState, RunStatus
 from eventlog.embedded import EmbeddedLog
 from node.executors import Executors
 from node.node import Node
@@ -125,3 +129,44 @@ def test_a_cancelled_run_abandons_its_call_in_the_process(node: Node, target: Ta
     while any(p.pending for p in processes._processes) or node.executors.in_flight:
         assert time.monotonic() < deadline, "the cancelled call was never abandoned"
         time.sleep(0.05)
+
+
+def test_a_lease_that_ran_out_before_its_call_is_reported_not_called(target: Target) -> None:
+    # The node stood still (a pause, a stop) between granting the lease and calling: no call,
+    # and a plain failure rather than an unknown outcome, since the target saw nothing.
+    spec = once(target.url, 1_000, critical=True)
+    lease = ev.LeaseGranted(
+        at=1_000, job_id="j", tenant="team-a", run_id="j.1000", scheduled_for=1_000,
+        attempt=1, fencing_token=3, worker_id="n1/executor", lease_expires_at=now_ms() - 1,
+        lateness_ms=0,
+    )  # fmt: skip
+    asked: list[AnyCommand] = []
+
+    async def route(command: AnyCommand) -> list[ev.AnyEvent]:
+        asked.append(command)
+        return []
+
+    executors = Executors("n1", egress=LOOPBACK_ALLOWED)
+    executors.route = route
+    executors.start()
+    try:
+        job = JobState(job_id="j", spec=spec, version=1, registered_at=0, next_slot=None, anchor=0)
+        runner = SimpleNamespace(state=SimpleNamespace(jobs={"j": job}))
+        run = RunState(
+            run_id="j.1000", job_id="j", tenant="team-a", scheduled_for=1_000,
+            available_at=1_000, priority=0, trigger=Trigger.SCHEDULE, status=RunStatus.RUNNING,
+        )  # fmt: skip
+        assert executors.reserve(runner, run)  # type: ignore[arg-type]
+        executors.dispatch(runner, lease)  # type: ignore[arg-type]
+        assert executors.wait_idle(10)
+        deadline = time.monotonic() + 10
+        while not asked:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        executors.stop()
+    [complete] = asked
+    assert isinstance(complete, CompleteRun)
+    assert complete.fencing_token == 3 and not complete.ambiguous
+    assert complete.error.startswith("not called")
+    assert target.calls == []
