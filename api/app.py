@@ -18,12 +18,16 @@ from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, request_response
+from starlette.types import Receive, Scope, Send
 
-from api import events_stream, openapi
+from api import events_stream, openapi, ui
 from api.auth import Tokens
+from api.changes import preview_change
+from api.dead_letters import replay_dead_runs
 from api.edge import edge_state, json_response
 from api.errors import EXCEPTION_HANDLERS, unauthorized
 from api.held import Held
@@ -52,6 +56,8 @@ from api.runs import (
     trigger_run,
 )
 from api.scheduler import Scheduler, Unavailable
+from api.stats import team_stats
+from api.team import get_team
 from api.wire import Health
 from core.egress import EgressPolicy
 
@@ -93,6 +99,11 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
     ("GET", "/v1/events", events_stream.events),
     ("GET", "/healthz", healthz),
     ("GET", "/readyz", readyz),
+    # what the status UI asks beyond the above (any client may)
+    ("POST", "/v1/jobs/{job_id}/preview", preview_change),
+    ("POST", "/v1/runs/replay", replay_dead_runs),
+    ("GET", "/v1/stats", team_stats),
+    ("GET", "/v1/team", get_team),
 ]
 
 
@@ -118,11 +129,27 @@ def _metrics_endpoint(metrics: Metrics, token: str) -> Endpoint:
 
 
 def _by_method(handlers: dict[str, Endpoint]) -> Endpoint:
+    allowed = ", ".join(sorted({*handlers, *(("HEAD",) if "GET" in handlers else ())}))
+
     async def endpoint(request: Request) -> Response:
         method = "GET" if request.method == "HEAD" else request.method
-        return await handlers[method](request)
+        handler = handlers.get(method)
+        if handler is None:
+            raise HTTPException(405, headers={"Allow": allowed})
+        return await handler(request)
 
     return endpoint
+
+
+class _AnyMethod:
+    """An ASGI app, not a function, so the router hands it every method (a function endpoint
+    would be given GET alone) and :func:`_by_method` answers those the path lacks."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._app = request_response(endpoint)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
 
 
 def create_app(
@@ -175,12 +202,18 @@ def create_app(
     by_path: dict[str, dict[str, Endpoint]] = {}
     for method, path, endpoint in table:
         by_path.setdefault(path, {})[method] = endpoint
+    # Each route takes every method and answers 405 itself for those its path lacks, so a path
+    # is matched by its shape alone; a literal segment comes before a template where paths
+    # overlap, so /v1/runs/replay is never read as the run "replay" (GET is 405, not 404).
     routes = [
-        Route(path, _by_method(handlers), methods=list(handlers))
-        for path, handlers in by_path.items()
+        Route(path, _AnyMethod(_by_method(handlers)))
+        for path, handlers in sorted(
+            by_path.items(), key=lambda item: [s.startswith("{") for s in item[0].split("/")]
+        )
     ]
     return Starlette(
-        routes=[*routes, Route("/openapi.json", openapi_json, methods=["GET"])],
+        # the status UI and the docs page: static files, not API (api/ui.py)
+        routes=[*routes, Route("/openapi.json", openapi_json, methods=["GET"]), *ui.routes()],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

@@ -230,6 +230,13 @@ def query_int(request: Request, default: int, maximum: int, name: str = "limit")
     return int(text)
 
 
+def query_text(request: Request, name: str, max_chars: int) -> str | None:
+    text = request.query_params.get(name)
+    if text is not None and len(text) > max_chars:
+        raise bad_request(name, f"must be at most {max_chars} characters")
+    return text or None
+
+
 def page_size(call: Call, request: Request, default: int) -> int:
     """``limit`` as the documented bound allows it (400 beyond), served as at most the tenant's
     ``max_page_size`` items: a larger page is cut, and its cursor goes on from there."""
@@ -278,7 +285,8 @@ def run_view(call: Call, run_id: str) -> RunView:
 
 
 def job_response(call: Call, job_id: str, status: int = 200) -> Response:
-    return json_response(job_out(job_view(call, job_id)), status)
+    newest = call.scheduler.history.latest_run(call.tenant, job_id)
+    return json_response(job_out(job_view(call, job_id), newest), status)
 
 
 def run_response(call: Call, run_id: str, status: int = 200) -> Response:

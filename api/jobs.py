@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from zoneinfo import ZoneInfo
 
 from msgspec import UNSET
@@ -19,10 +20,12 @@ from api.edge import (
     page_size,
     query_choice,
     query_int,
+    query_text,
 )
 from api.errors import bad_request
 from api.instants import parse_rfc3339, to_local, to_rfc3339
 from api.quota import JobQuota, check_definition
+from api.scheduler import Unavailable
 from api.translate import (
     check_five_fields,
     job_id_for_key,
@@ -33,6 +36,7 @@ from api.translate import (
 )
 from api.wire import (
     MAX_PREVIEW,
+    MAX_SEARCH_CHARS,
     MAX_SLOTS,
     FireTime,
     JobDefinition,
@@ -51,10 +55,12 @@ from core.cron import CronSchedule, split_seconds, with_seconds
 from core.decide import run_id_of
 from core.egress import EgressPolicy
 from core.errors import Conflict, InvalidDefinition
-from core.events import JobRegistered, JobUpdated
+from core.events import AnyEvent, JobRegistered, JobUpdated
 from core.ids import team_id
 from core.jobs import JobSpec, next_slot, slots_between, validate_job_id
 from projections.views import JOB_STATUSES, JobView
+
+CATCH_UP_S = 5.0  # how long an upsert that decided nothing waits to read the job it names
 
 # -- jobs --------------------------------------------------------------------------------------
 
@@ -110,8 +116,7 @@ async def create_job(request: Request) -> Response:
     with quota.admit(call, job_id):
         # create_only: a repeat with the same body changes nothing, another body is a conflict
         events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
-    created = any(isinstance(e, JobRegistered) for e in events)
-    return job_response(call, job_id, 201 if created else 200)
+    return await _upserted(call, job_id, events)
 
 
 async def put_job(request: Request) -> Response:
@@ -129,7 +134,24 @@ async def put_job(request: Request) -> Response:
         events = await call.scheduler.execute(
             PutJob(job_id=job_id, spec=spec, expected_version=expected)
         )
+    return await _upserted(call, job_id, events)
+
+
+async def _upserted(call: Call, job_id: str, events: list[AnyEvent]) -> Response:
+    """201 with the job a create or upsert registered, 200 with the one it found as given.
+
+    A request that decided nothing found the job as an earlier request left it, perhaps one
+    whose answer was lost, decided through another node: this node's read model may not have
+    folded it yet. It is waited for briefly; "not found" would be false, so unavailable it is.
+    """
     created = any(isinstance(e, JobRegistered) for e in events)
+    history = call.scheduler.history
+    if not events and history.job(call.tenant, job_id) is None:
+        await asyncio.to_thread(
+            history.wait_until, lambda: history.job(call.tenant, job_id) is not None, CATCH_UP_S
+        )
+        if history.job(call.tenant, job_id) is None:
+            raise Unavailable(f"job {team_id(job_id)} exists but is not readable yet; try again")
     return job_response(call, job_id, 201 if created else 200)
 
 
@@ -140,15 +162,16 @@ async def get_job(request: Request) -> Response:
 
 async def list_jobs(request: Request) -> Response:
     call = authenticate(request)
-    page = call.scheduler.history.jobs(
+    history = call.scheduler.history
+    page = history.jobs(
         call.tenant,
         query_choice(request, "status", JOB_STATUSES),
         page_size(call, request, 50),
         request.query_params.get("cursor"),
+        search=query_text(request, "q", MAX_SEARCH_CHARS),
     )
-    return json_response(
-        JobPage(jobs=[job_out(v) for v in page.items], next_cursor=page.next_cursor)
-    )
+    jobs = [job_out(v, history.latest_run(call.tenant, v.job_id)) for v in page.items]
+    return json_response(JobPage(jobs=jobs, next_cursor=page.next_cursor))
 
 
 def _changes_definition(body: JobPatch) -> bool:
@@ -210,7 +233,7 @@ async def job_runs(request: Request) -> Response:
 # -- schedules ---------------------------------------------------------------------------------
 
 
-def _fire_times(view: JobView, after: int, n: int) -> list[int]:
+def fire_times(view: JobView, after: int, n: int) -> list[int]:
     """The next ``n`` slots of a job after ``after`` (fewer for a one-shot, none once over)."""
     spec = view.spec
     if view.status in ("cancelled", "finished"):
@@ -270,7 +293,7 @@ def _required(request: Request, name: str) -> str:
     return value
 
 
-def _preview(timezone: str, fires: list[int]) -> list[FireTime]:
+def fire_list(timezone: str, fires: list[int]) -> list[FireTime]:
     zone = ZoneInfo(timezone)  # validated with the schedule it belongs to
     return [FireTime(at=to_rfc3339(ms), local=to_local(ms, zone)) for ms in fires]
 
@@ -280,7 +303,7 @@ async def preview_job(request: Request) -> Response:
     view = job_view(call, call.job_id(request.path_params["job_id"]))
     n = query_int(request, 10, MAX_PREVIEW, "n")
     spec: JobSpec = view.spec
-    fires = _fire_times(view, call.scheduler.now_ms(), n)
+    fires = fire_times(view, call.scheduler.now_ms(), n)
     schedule, seconds = (None, None) if spec.schedule is None else split_seconds(spec.schedule)
     return json_response(
         PreviewOut(
@@ -288,7 +311,7 @@ async def preview_job(request: Request) -> Response:
             schedule=schedule,
             seconds=seconds,
             timezone=spec.timezone,
-            fires=_preview(spec.timezone, fires),
+            fires=fire_list(spec.timezone, fires),
         )
     )
 
@@ -306,6 +329,6 @@ async def preview_schedule(request: Request) -> Response:
             schedule=five,
             seconds=seconds,
             timezone=body.timezone,
-            fires=_preview(body.timezone, fires),
+            fires=fire_list(body.timezone, fires),
         )
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from api import events_stream, wire
+from api import changes, dead_letters, events_stream, field_docs, stats, team, wire
 from api.errors import ErrorBody
 from api.instants import RFC3339
 from core.jobs import JOB_ID, TENANT
@@ -38,9 +38,38 @@ _QUERY: dict[str, dict[str, Any]] = {
         "description": "items a page holds at most (served as at most the tenant's page size)",
     },
     "cursor": {"type": "string", "description": "the next_cursor of the page before"},
-    "status": {"enum": list(JOB_STATUSES)},
-    "state": {"enum": list(RUN_STATES), "default": "dead"},
-    "n": {"type": "integer", "minimum": 1, "maximum": wire.MAX_PREVIEW, "default": 10},
+    "status": {"enum": list(JOB_STATUSES), "description": "only jobs with this status"},
+    "state": {
+        "enum": list(RUN_STATES),
+        "default": "dead",
+        "description": "only runs in this state (dead: the dead letters)",
+    },
+    "n": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": wire.MAX_PREVIEW,
+        "default": 10,
+        "description": "how many fire times to list",
+    },
+    "q": {
+        "type": "string",
+        "maxLength": wire.MAX_SEARCH_CHARS,
+        "description": "only jobs whose name or id holds this text, in any case",
+    },
+    "window_min": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": stats.MAX_WINDOW_MIN,
+        "default": stats.DEFAULT_WINDOW_MIN,
+        "description": "the window: this many minutes up to the end of the current one",
+    },
+    "step_min": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": stats.MAX_STEP_MIN,
+        "description": "minutes a point adds up (default: the window in 120 points at most;"
+        f" at most {stats.MAX_POINTS} points)",
+    },
     # GET /v1/events (api/events_stream.py)
     "follow": {
         "type": "boolean",
@@ -102,6 +131,10 @@ _HEADERS: dict[str, dict[str, Any]] = {
         "description": "the id of the last event received: resume after it (empty: none)",
     },
 }
+_PATH_PARAMETERS = {
+    "job_id": "the job's id, as the team names it",
+    "run_id": "the run's id: <job id>.<slot in ms since the epoch>",
+}
 _RETRY_AFTER = {
     "Retry-After": {"description": "seconds to wait", "schema": {"type": "string"}},
 }
@@ -146,10 +179,11 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=_DEFINE,
     ),
     ("GET", "/v1/jobs"): Operation(
-        "List the tenant's jobs",
+        "List the tenant's jobs, each with the run of its newest slot; q finds those whose"
+        " name or id holds it",
         response=wire.JobPage,
         errors=(422,),
-        query=("status", "limit", "cursor"),
+        query=("status", "q", "limit", "cursor"),
     ),
     ("PUT", "/v1/jobs/{job_id}"): Operation(
         "Create (201) or replace (200) a job; the same body again changes nothing",
@@ -258,6 +292,33 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/readyz"): Operation(
         "The node owns its partitions and has caught up", response=wire.Health, errors=(503,)
     ),
+    # -- what the status UI asks beyond the above (any client may) --
+    ("POST", "/v1/jobs/{job_id}/preview"): Operation(
+        "What a change would do to the job's next fire times, before it is made: the times"
+        " before and after it, and the slots it would add and drop (nothing is written)",
+        response=changes.ChangePreviewOut,
+        request=wire.JobFields,
+        errors=(404, 422),
+        query=("n",),
+    ),
+    ("POST", "/v1/runs/replay"): Operation(
+        "Requeue the dead runs a filter names, up to limit (dry_run: only count them); go on"
+        " from next_cursor while it is not null",
+        response=dead_letters.ReplayOut,
+        request=dead_letters.ReplayFilterIn,
+        errors=(422,),
+    ),
+    ("GET", "/v1/stats"): Operation(
+        "The team's scheduling delay (p50, p99) and runs by outcome, a point per step_min over"
+        " the last window_min minutes, and its runs by state now",
+        response=stats.StatsOut,
+        errors=(422,),
+        query=("window_min", "step_min"),
+    ),
+    ("GET", "/v1/team"): Operation(
+        "The team this token speaks for: its name, its jobs (not cancelled) and its limits",
+        response=team.TeamOut,
+    ),
 }
 
 _EXAMPLE_JOB = {
@@ -342,6 +403,7 @@ def _parameters(path: str, op: Operation) -> list[dict[str, Any]]:
             "name": name,
             "in": "path",
             "required": True,
+            "description": _PATH_PARAMETERS[name],
             "schema": {"type": "string", "pattern": RUN_ID if name == "run_id" else JOB_ID.pattern},
         }
         for name in re.findall(r"{(\w+)}", path)
@@ -351,12 +413,19 @@ def _parameters(path: str, op: Operation) -> list[dict[str, Any]]:
             "name": _QUERY_NAMES.get(name, name),
             "in": "query",
             "required": name in _REQUIRED,
+            "description": _QUERY[name].get("description", ""),
             "schema": _QUERY[name],
         }
         for name in op.query
     ]
     parameters += [
-        {"name": name, "in": "header", "required": False, "schema": _HEADERS[name]}
+        {
+            "name": name,
+            "in": "header",
+            "required": False,
+            "description": _HEADERS[name].get("description", ""),
+            "schema": _HEADERS[name],
+        }
         for name in op.headers
     ]
     return parameters
@@ -401,9 +470,18 @@ def document(routes: list[tuple[str, str]]) -> bytes:
     paths: dict[str, dict[str, Any]] = {}
     for method, path in routes:
         paths.setdefault(path, {})[method.lower()] = _operation(path, OPERATIONS[method, path])
+    bodies = {t for op in OPERATIONS.values() for t in (op.request, op.response) if t}
+    bodies.discard(str)
     _, schemas = msgspec.json.schema_components(
-        (*wire.REQUEST_TYPES, *wire.RESPONSE_TYPES, ErrorBody), ref_template=REF
+        (
+            *wire.REQUEST_TYPES,
+            *wire.RESPONSE_TYPES,
+            *sorted(bodies - {*wire.REQUEST_TYPES, *wire.RESPONSE_TYPES}, key=str),
+            ErrorBody,
+        ),
+        ref_template=REF,
     )
+    field_docs.describe(schemas)
     return msgspec.json.encode(
         {
             "openapi": "3.1.0",

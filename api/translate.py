@@ -38,6 +38,7 @@ from api.wire import (
     KafkaTargetIn,
     PullTargetIn,
     RunOut,
+    RunSummary,
     SecretRefIn,
     TargetIn,
 )
@@ -210,7 +211,8 @@ def _fire(view: JobView) -> int | None:
     return view.next_slot + jitter_ms(view.job_id, view.next_slot, view.spec.allow_jitter_sec)
 
 
-def job_out(view: JobView) -> JobOut:
+def job_out(view: JobView, last_run: RunView | None = None) -> JobOut:
+    """``view`` as the API shows it; ``last_run``: the run of its newest slot, if asked."""
     spec = view.spec
     schedule, seconds = (None, None) if spec.schedule is None else split_seconds(spec.schedule)
     return JobOut(
@@ -244,6 +246,21 @@ def job_out(view: JobView) -> JobOut:
         critical=spec.critical,
         depends_on=[team_id(upstream) for upstream in spec.depends_on],
         backoff=spec.backoff,
+        last_run=None if last_run is None else run_summary(last_run),
+    )
+
+
+def run_summary(view: RunView) -> RunSummary:
+    return RunSummary(
+        run_id=team_id(view.run_id),
+        state=view.state,
+        trigger=view.trigger,
+        scheduled_for=to_rfc3339(view.scheduled_for),
+        started_at=_instant(view.started_at),
+        finished_at=_instant(view.finished_at),
+        lateness_ms=view.lateness_ms,
+        error=view.error,
+        dead_reason=view.dead_reason,
     )
 
 
@@ -264,6 +281,7 @@ def run_out(view: RunView) -> RunOut:
         attempts=[
             AttemptOut(
                 attempt=a.attempt,
+                fencing_token=a.fencing_token,
                 worker_id=a.worker_id,
                 started_at=to_rfc3339(a.started_at),
                 finished_at=_instant(a.finished_at),

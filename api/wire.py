@@ -44,6 +44,7 @@ MAX_SLOTS = 1000  # of a job's slots listed at once (GET /v1/jobs/{job_id}/slots
 MAX_IDEMPOTENCY_KEY = 256
 MAX_ERROR_CHARS = 8192  # of a worker's error text, the run keeps this much
 MAX_CLAIM_WAIT_SEC = 30.0  # the longest a claim long-polls (``wait_sec``)
+MAX_SEARCH_CHARS = 200  # GET /v1/jobs?q=
 
 JobId = Annotated[str, Meta(pattern=JOB_ID.pattern)]
 Instant = Annotated[str, Meta(pattern=RFC3339, examples=["2026-11-29T09:00:00Z"])]
@@ -231,6 +232,7 @@ class JobOut(msgspec.Struct, kw_only=True):
     critical: bool
     depends_on: list[str]
     backoff: Backoff
+    last_run: RunSummary | None = None
 
 
 class JobPage(msgspec.Struct, kw_only=True):
@@ -240,6 +242,7 @@ class JobPage(msgspec.Struct, kw_only=True):
 
 class AttemptOut(msgspec.Struct, kw_only=True):
     attempt: int
+    fencing_token: int
     worker_id: str
     started_at: str
     finished_at: str | None
@@ -247,12 +250,15 @@ class AttemptOut(msgspec.Struct, kw_only=True):
     error: str
 
 
+RunState = Literal[
+    "blocked", "pending", "running", "succeeded", "failed", "retrying", "dead", "cancelled"
+]
+
+
 class RunOut(msgspec.Struct, kw_only=True):
     run_id: str
     job_id: str
-    state: Literal[
-        "blocked", "pending", "running", "succeeded", "failed", "retrying", "dead", "cancelled"
-    ]
+    state: RunState
     attempt: int
     trigger: str
     scheduled_for: str
@@ -263,6 +269,18 @@ class RunOut(msgspec.Struct, kw_only=True):
     error: str
     dead_reason: str | None
     attempts: list[AttemptOut]
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    run_id: str
+    state: RunState
+    trigger: str
+    scheduled_for: str
+    started_at: str | None
+    finished_at: str | None
+    lateness_ms: int | None
+    error: str
+    dead_reason: str | None
 
 
 class RunPage(msgspec.Struct, kw_only=True):

@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 max_in_flight=args.max_calls,
                 max_in_flight_per_tenant=args.max_calls_per_team,
                 egress=EgressPolicy.build(allow=["127.0.0.0/8"]),  # the target runs on loopback
+                processes=args.processes,
             )
             node = Node(log, Path(tmp) / "node", node_id="bench", executors=executors)
             node.start()
@@ -179,6 +180,7 @@ def main() -> None:
     parser.add_argument("--max-calls", type=int, default=128)
     parser.add_argument("--max-calls-per-team", type=int)
     parser.add_argument("--hold-ms", type=float, default=50.0)
+    parser.add_argument("--processes", type=int, default=0, help="executor processes")
     args = parser.parse_args()
     figures = run(args)
     record = {
@@ -191,6 +193,7 @@ def main() -> None:
         "max_calls": args.max_calls,
         "max_calls_per_team": args.max_calls_per_team,
         "hold_ms": args.hold_ms,
+        "executor_processes": args.processes,
         "figures": figures,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

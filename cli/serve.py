@@ -91,6 +91,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         " when room is short, teams take turns either way)",
     )
     serve.add_argument(
+        "--executor-processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="make the calls to HTTP and Kafka targets in N processes of their own, so they"
+        " run on other cores than the partitions and the API (default 0: in the node's process)",
+    )
+    serve.add_argument(
         "--drain-sec",
         type=float,
         default=30.0,
@@ -270,6 +278,7 @@ def _serve(args: argparse.Namespace) -> int:
             egress=egress,
             secrets=Secrets(secrets_dir),
             error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
+            processes=args.executor_processes,
         ),
     )
     app = create_app(
@@ -303,6 +312,11 @@ def _serve(args: argparse.Namespace) -> int:
             " them their own (--target-kafka-config) whose ACLs deny the cluster's topics",
             flush=True,
         )
+    print(
+        f"cronlog: status UI at http://{args.host}:{args.port}/ui/ (sign in with a team's token),"
+        f" API reference at http://{args.host}:{args.port}/docs",
+        flush=True,
+    )
     print(
         f"cronlog {args.node_id} serving on http://{args.host}:{args.port} "
         f"({'kafka ' + args.kafka if args.kafka else 'embedded log in ' + str(data_dir)})",

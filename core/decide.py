@@ -182,21 +182,32 @@ def _not_cancelled(job: JobState) -> None:
         raise Conflict(f"job {job.job_id} is cancelled")
 
 
-def _live_lease(run: RunState, token: int, now: Millis) -> None:
+def _live_lease(run: RunState, token: int) -> None:
+    """The lease of ``token`` is live until the partition decides it expired (``LeaseExpired``),
+    not at the instant it could: until then no other lease of the run exists, so the holder's
+    heartbeat or outcome is still the truth. (A stalled log or a busy partition can hold the
+    expiry back; refusing an outcome then would turn a success into a retry, or into
+    ``outcome_unknown`` for a critical job.)"""
     if run.status is RunStatus.CANCELLED and run.fencing_token == token:
         raise LeaseLost(f"run {run.run_id} was cancelled: stop working on it")
-    if (
-        run.status is not RunStatus.RUNNING
-        or run.fencing_token != token
-        or run.lease_expires_at is None
-        or run.lease_expires_at <= now
-    ):
+    if run.status is not RunStatus.RUNNING or run.fencing_token != token:
         raise LeaseLost(f"fencing token {token} does not hold the lease on run {run.run_id}")
 
 
 # -- jobs --------------------------------------------------------------------------------------
 
 _WHEN_FIELDS = ("schedule", "run_at", "interval_sec", "start_at", "end_at", "timezone")
+
+
+def next_slot_after_update(
+    old: JobSpec, new: JobSpec, next_slot: Millis | None, now: Millis
+) -> Millis | None:
+    """The next slot of a job whose definition changes from ``old`` to ``new`` at ``now``: a
+    change of when it fires starts it afresh, any other change keeps the slot it had. (The API's
+    preview of a change asks this too, so what it shows is what an update decides.)"""
+    if any(getattr(new, f) != getattr(old, f) for f in _WHEN_FIELDS):
+        return first_slot(new, now)
+    return next_slot
 
 
 def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
@@ -225,9 +236,7 @@ def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
     if cmd.create_only:
         raise Conflict(f"job {cmd.job_id} exists with another definition")
     _check_version(job, cmd.expected_version)
-    slot = job.next_slot
-    if any(getattr(spec, f) != getattr(job.spec, f) for f in _WHEN_FIELDS):
-        slot = first_slot(spec, now)
+    slot = next_slot_after_update(job.spec, spec, job.next_slot, now)
     return [
         JobUpdated(
             at=now,
@@ -602,7 +611,7 @@ def _heartbeat(state: PartitionState, cmd: HeartbeatRun, now: Millis) -> list[An
         raise LeaseLost(
             f"fencing token {cmd.fencing_token} does not hold the lease on run {cmd.run_id}"
         )
-    _live_lease(run, cmd.fencing_token, now)
+    _live_lease(run, cmd.fencing_token)
     lease_ms = round(state.jobs[run.job_id].spec.lease_sec * 1000)
     return [Heartbeat(**_ids(run, now), lease_expires_at=now + lease_ms)]
 
@@ -613,7 +622,7 @@ def _complete(state: PartitionState, cmd: CompleteRun, now: Millis) -> list[AnyE
         raise LeaseLost(
             f"fencing token {cmd.fencing_token} does not hold the lease on run {cmd.run_id}"
         )
-    _live_lease(run, cmd.fencing_token, now)
+    _live_lease(run, cmd.fencing_token)
     ids = _ids(run, now)
     if cmd.outcome is Outcome.SUCCEEDED:
         done: list[AnyEvent] = [RunCompleted(**ids, started_at=run.started_at or now)]

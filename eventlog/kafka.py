@@ -75,6 +75,11 @@ _LEADERSHIP_SETTLING = frozenset(
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
+        # Local errors librdkafka does not flag retriable, though they pass: no metadata yet
+        # for a topic another node has just created, a broker gone with the request in flight.
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._DESTROY_BROKER,
+        KafkaError._TRANSPORT,
     }
 )
 REPLY_RETENTION_MS = 3_600_000  # replies are ephemeral: a node reads them within seconds

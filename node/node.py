@@ -65,6 +65,7 @@ from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
 from node import wire
 from node.executors import Executors
+from node.handoff import handoff_to
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.runner import Decided, PartitionRunner, Request
@@ -143,6 +144,9 @@ class Node:
         )
         self.metrics.watch(self.gauges)
         self.executors.route = self._decide
+        self.executors.on_process_failed = self.metrics.thread_failures.labels(
+            "executor-process"
+        ).inc
         self._wakeups = Wakeups(self._clock.now_ms)
         self._history.observe(self._wakeups)
 
@@ -463,8 +467,10 @@ class Node:
             if not answer.done():
                 answer.set_result(result)
 
+        handoff = handoff_to(loop)
+
         def settle(result: Decided | CronlogError) -> None:
-            loop.call_soon_threadsafe(deliver, result)
+            handoff.post(deliver, result)
 
         runner.submit(Request(command, reply=settle))
         try:
@@ -482,9 +488,15 @@ class Node:
         """Wait until the read model holds the events at ``offsets``, so the caller reads its
         own writes."""
         if offsets and self._history.position(partition) <= offsets[-1]:
-            await asyncio.to_thread(
+            caught_up = await asyncio.to_thread(
                 self._history.wait_for, partition, offsets[-1], READ_YOUR_WRITES_S
             )
+            if not caught_up:
+                # The write is durable, but an answer read from the read model now would not
+                # show it (a create would say "not found"): the caller must try again.
+                raise Unavailable(
+                    f"partition {partition}: decided, but not yet readable; try again"
+                )
 
     async def _forward(
         self, partition: int, command: AnyCommand, *, visible: bool = True
@@ -498,8 +510,10 @@ class Node:
             if not answer.done():
                 answer.set_result(reply)
 
+        handoff = handoff_to(loop)
+
         def deliver_from_thread(reply: wire.Reply) -> None:
-            loop.call_soon_threadsafe(deliver, reply)
+            handoff.post(deliver, reply)
 
         with self._lock:
             self._waiting[request_id] = deliver_from_thread

@@ -25,6 +25,7 @@ from core import events as ev
 from core.commands import AnyCommand, UpstreamSucceeded
 from core.errors import CronlogError, NotFound
 from eventlog.port import EventLog
+from node.handoff import Handoff
 from projections.decoding import EventDecoder
 from projections.read_model import ReadModel
 
@@ -48,6 +49,7 @@ class DependencyRelay:
         self._decoder = decoder or EventDecoder("relay")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="relay", daemon=True)
+        self._handoff = Handoff(self._loop)
 
     def start(self) -> None:
         self._thread.start()
@@ -69,17 +71,20 @@ class DependencyRelay:
     def appended(
         self, partition: int, offsets: Sequence[int], events: Sequence[ev.AnyEvent]
     ) -> None:
-        """Called by a runner after an append is durable."""
-        for event in events:
-            if isinstance(event, ev.RunCompleted):
-                self._loop.call_soon_threadsafe(self._spawn, event)
+        """Called by a runner after an append is durable: one hand-off per batch."""
+        completed = [e for e in events if isinstance(e, ev.RunCompleted)]
+        if completed:
+            self._handoff.post(self._spawn, completed)
 
     def recovered(self, partition: int) -> None:
         """Called by a runner once it has caught up: relay recent successes again."""
-        self._loop.call_soon_threadsafe(self._task, self._relay_recent(partition))
+        self._handoff.post(self._spawn_recent, partition)
 
-    def _spawn(self, completed: ev.RunCompleted) -> None:
-        self._task(self._relay(completed))
+    def _spawn(self, completed: list[ev.RunCompleted]) -> None:
+        self._task(self._relay_all(completed))
+
+    def _spawn_recent(self, partition: int) -> None:
+        self._task(self._relay_recent(partition))
 
     def _task(self, work: Coroutine[Any, Any, None]) -> None:
         """(On the relay's loop.) Run ``work``; should it fail, say so at once rather than when
@@ -93,16 +98,30 @@ class DependencyRelay:
             records = await asyncio.to_thread(self._log.read_events, partition, offset, 1000)
             if not records:
                 break
-            for record in records:
-                event = self._decoder.decode(record)
-                if isinstance(event, ev.RunCompleted):
-                    await self._relay(event)
+            decoded = (self._decoder.decode(record) for record in records)
+            await self._relay_all([e for e in decoded if isinstance(e, ev.RunCompleted)])
             offset = records[-1].offset + 1
 
-    async def _relay(self, completed: ev.RunCompleted) -> None:
-        dependants = await asyncio.to_thread(
-            self._history.dependants, completed.tenant, completed.job_id
-        )
+    async def _relay_all(self, completed: list[ev.RunCompleted]) -> None:
+        """Look the dependants of a batch's successes up in one go (most jobs have none), then
+        relay to each on its own, retrying."""
+        if not completed:
+            return
+        found = await asyncio.to_thread(self._dependants_of, completed)
+        for event, dependants in found:
+            self._task(self._relay(event, dependants))
+
+    def _dependants_of(
+        self, completed: list[ev.RunCompleted]
+    ) -> list[tuple[ev.RunCompleted, list[str]]]:
+        found = []
+        for event in completed:
+            dependants = self._history.dependants(event.tenant, event.job_id)
+            if dependants:
+                found.append((event, dependants))
+        return found
+
+    async def _relay(self, completed: ev.RunCompleted, dependants: list[str]) -> None:
         for job_id in dependants:
             command = UpstreamSucceeded(
                 job_id=job_id,

@@ -237,7 +237,11 @@ class PartitionRunner:
             batch = self._wait_for_work()
             if self._stopped:
                 break
-            now = self._clock.now_ms()
+            # A partition's time never goes back. After the wall clock steps back, the wheel
+            # keeps its later time, and a timer armed by the earlier clock would be "already
+            # due" to the wheel, decided too early to do anything, and lost; so until the clock
+            # catches up, the partition decides at the wheel's time.
+            now = max(self._clock.now_ms(), self.core.wheel.now_ms)
             self.core.advance(now)
             self._process(batch, now)
             self.failures = 0

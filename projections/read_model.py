@@ -25,6 +25,8 @@ newest first)::
     c/<tenant>/<state>                        -> u64  runs by state, kept incrementally
     cj/<tenant>                               -> u64  jobs not cancelled (the jobs quota)
     sk/<job_id>/<inv(offset)>                 -> msgpack SkipView, newest first
+    tf/<tenant>/<minute:u64>                  -> msgpack figures.Minute (projections/figures.py)
+    tfp/<tenant>                              -> u64  figures before this minute are deleted
     m/pos/<partition:u32>                     -> u64  next event offset of the partition
     m/job-counts                              -> ""   the cj/ counters are kept (a model
                                                       written before them counts once on open)
@@ -96,11 +98,12 @@ from core.events import (
     Trigger,
     UpstreamRecorded,
 )
-from core.ids import is_scoped
+from core.ids import is_scoped, team_id
 from eventlog.port import EventLog, Record
 from eventlog.rocks import checked_reads, is_damage, iterator_error
 from projections.aside import set_aside
 from projections.decoding import EventDecoder
+from projections.figures import HOUR_MS, RETENTION_MS, Minute, minute_of, observe
 from projections.views import (
     JOB_STATUSES,
     RUN_STATES,
@@ -120,6 +123,7 @@ RETRY_S = 0.2  # a follower that failed reads again after this, doubling with ea
 MAX_RETRY_S = 10.0
 
 MAX_LIMIT = 1000
+MAX_SEARCH_SCAN = 10_000  # jobs one page of a search looks at
 MAX_SET_ASIDE = 3  # rebuilds one runner starts; more means something other than the disk is wrong
 LIVE_STATES = frozenset({"blocked", "pending", "running", "failed", "retrying"})
 LEASE_EXPIRED = "lease expired"
@@ -134,6 +138,7 @@ _UNSCOPED = b"m/unscoped"  # present once a job id from before ids were scoped w
 _encoder = msgspec.msgpack.Encoder()
 _run_decoder = msgspec.msgpack.Decoder(RunView)
 _skip_decoder = msgspec.msgpack.Decoder(SkipView)
+_minute_decoder = msgspec.msgpack.Decoder(Minute)
 
 
 def _depend(
@@ -243,6 +248,8 @@ class _Pending:
     counts: dict[bytes, int] = field(default_factory=dict)
     raw: dict[bytes, bytes | None] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
+    minutes: dict[bytes, Minute] = field(default_factory=dict)  # a team's figures by minute
+    deleted_ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
     ready: list[ReadyRun] = field(default_factory=list)
 
 
@@ -473,6 +480,10 @@ class ReadModel:
                 wb.delete(key)
             else:
                 wb.put(key, value)
+        for key, minute in pending.minutes.items():
+            wb.put(key, _encoder.encode(minute))
+        for begin, end in pending.deleted_ranges:
+            wb.delete_range(begin, end)
         for partition, position in pending.positions.items():
             wb.put(_POSITION + _U32.pack(partition), _U64.pack(position))
         if not wb.is_empty():
@@ -491,6 +502,7 @@ class ReadModel:
     # -- folding one event ------------------------------------------------------------------
 
     def _apply(self, p: _Pending, event: AnyEvent, partition: int, offset: int) -> None:
+        self._tally(p, event)
         match event:
             case JobRegistered():
                 if not is_scoped(event.job_id):
@@ -627,6 +639,37 @@ class ReadModel:
             case _:
                 assert_never(event)  # a new event must be shown here, or history misses it
 
+    def _tally(self, p: _Pending, event: AnyEvent) -> None:
+        """Count ``event`` into its team's figures of its minute (before the run it names is
+        changed: whether a lease is the run's first start is read from the run as it was)."""
+        first_scheduled_start = False
+        if isinstance(event, LeaseGranted):
+            run = self._run(p, event.run_id)
+            first_scheduled_start = (
+                run is not None and run.started_at is None and run.trigger == Trigger.SCHEDULE
+            )
+        at = minute_of(event.at)
+        prefix = f"tf/{event.tenant}/".encode()
+        key = prefix + _U64.pack(at)
+        minute = p.minutes.get(key)
+        if minute is None:
+            stored = self._db.get(key)
+            minute = Minute() if stored is None else _minute_decoder.decode(stored)
+            if stored is None:
+                self._forget_old_figures(p, event.tenant, prefix, at)
+        if observe(minute, event, first_scheduled_start=first_scheduled_start):
+            p.minutes[key] = minute
+
+    def _forget_old_figures(self, p: _Pending, tenant: str, prefix: bytes, at: int) -> None:
+        """Delete the team's figures older than the retention, once an hour at most."""
+        cutoff = max(0, at - at % HOUR_MS - RETENTION_MS)
+        marker = f"tfp/{tenant}".encode()
+        done = p.raw[marker] if marker in p.raw else self._db.get(marker)
+        if done is not None and _U64.unpack(bytes(done))[0] >= cutoff:
+            return
+        p.deleted_ranges.append((prefix + _U64.pack(0), prefix + _U64.pack(cutoff)))
+        p.raw[marker] = _U64.pack(cutoff)
+
     def _materialise(self, p: _Pending, event: RunMaterialised) -> None:
         run = RunView(
             run_id=event.run_id,
@@ -751,17 +794,75 @@ class ReadModel:
         status: JobStatusName | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        search: str | None = None,
     ) -> Page[JobView]:
-        """A tenant's jobs by job id, all of them or those with ``status``."""
+        """A tenant's jobs by job id, all of them or those with ``status``. With ``search``,
+        only those whose name or team's id holds it (any case); such a page looks at up to
+        :data:`MAX_SEARCH_SCAN` jobs, so it may hold fewer than ``limit`` and still have a
+        ``next_cursor``."""
         _check_limit(limit)
         if status is not None and status not in JOB_STATUSES:
             raise InvalidDefinition("status", f"must be one of {', '.join(JOB_STATUSES)}")
         prefix = (f"tj/{tenant}/" if status is None else f"tjs/{tenant}/{status}/").encode()
+        if search:
+            return self._search_jobs(prefix, limit, cursor, search.casefold())
         with self._db_lock:
             keys = self._page_keys(prefix, limit, cursor)
             found = [self._indexed(b"j/" + k) for k in keys[:limit]]
         items = [_job_decoder.decode(v).view for v in found]
         return Page(items=items, next_cursor=_next_cursor(keys, limit))
+
+    def _search_jobs(
+        self, prefix: bytes, limit: int, cursor: str | None, needle: str
+    ) -> Page[JobView]:
+        after = None if cursor is None else _decode_cursor(cursor)
+        items: list[JobView] = []
+        last: bytes | None = None
+        scanned = 0
+        with self._db_lock:
+            for suffix, _ in self._scan(prefix, after):
+                if suffix == after:
+                    continue
+                if len(items) == limit or scanned == MAX_SEARCH_SCAN:
+                    # More keys follow: the next page goes on after the last one looked at.
+                    return Page(items=items, next_cursor=_encode_cursor(last or b""))
+                scanned += 1
+                last = suffix
+                view = _job_decoder.decode(self._indexed(b"j/" + suffix)).view
+                if needle in view.name.casefold() or needle in team_id(view.job_id).casefold():
+                    items.append(view)
+        return Page(items=items)
+
+    @_query
+    def latest_run(self, tenant: str, job_id: str) -> RunView | None:
+        """The run of the job's newest slot (whatever its state), or None before its first."""
+        with self._db_lock:
+            newest = next(iter(self._scan(f"jr/{job_id}/", limit=1)), None)
+            stored = None if newest is None else self._indexed(b"r/" + newest[0][8:])
+        if stored is None:
+            return None
+        run = _run_decoder.decode(stored)
+        return run if run.tenant == tenant else None
+
+    @_query
+    def run_keys(
+        self, tenant: str, state: RunStateName, cursor: str | None, limit: int
+    ) -> list[tuple[str, int, str]]:
+        """Up to ``limit`` of a tenant's runs in ``state`` after ``cursor``, newest slot first,
+        from the index alone: (the cursor after it, its slot, its run id). For filters that
+        look at many runs and read few."""
+        _check_limit(limit)
+        after = None if cursor is None else _decode_cursor(cursor)
+        out: list[tuple[str, int, str]] = []
+        with self._db_lock:
+            for suffix, _ in self._scan(f"rs/{tenant}/{state}/", after, limit=limit + 1):
+                if suffix == after:
+                    continue
+                slot = _TOP - _U64.unpack(suffix[:8])[0]
+                out.append((_encode_cursor(suffix), slot, suffix[8:].decode()))
+                if len(out) == limit:
+                    break
+        return out
 
     @_query
     def run(self, tenant: str, run_id: str) -> RunView | None:
@@ -855,6 +956,23 @@ class ReadModel:
         with self._db_lock:
             stored = list(self._scan(f"sk/{job_id}/", limit=limit))
         return [_skip_decoder.decode(v) for _, v in stored]
+
+    @_query
+    def minutes(self, tenant: str, since: int, until: int) -> list[tuple[int, Minute]]:
+        """The team's figures of the minutes in ``[since, until)``, oldest first (minutes with
+        nothing to count are not stored, so not listed). Figures are kept for
+        :data:`~projections.figures.RETENTION_MS`: a window reaches back that far at most."""
+        since = max(since, until - RETENTION_MS - HOUR_MS)
+        prefix = f"tf/{tenant}/".encode()
+        start = _U64.pack(minute_of(max(0, since)))
+        out: list[tuple[int, Minute]] = []
+        with self._db_lock:
+            for suffix, value in self._scan(prefix, start):
+                at = _U64.unpack(suffix)[0]
+                if at >= until:
+                    break
+                out.append((at, _minute_decoder.decode(value)))
+        return out
 
     def dump(self) -> list[tuple[bytes, bytes]]:
         """Every stored key and value in key order (for tests and tools)."""

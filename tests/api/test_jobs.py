@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from api import jobs as api_jobs
 from api.translate import job_id_for_key
 from core.ids import log_job_id
+from projections.read_model import ReadModel
 from tests.api.conftest import Api
 
 pytestmark = pytest.mark.anyio
@@ -256,3 +259,38 @@ async def test_preview_of_an_interval_job(api: Api) -> None:
         "2026-11-29T08:02:00.000Z",
         "2026-11-29T08:03:00.000Z",
     ]
+
+
+async def test_a_repeated_create_the_read_model_has_not_caught_up_with_is_unavailable(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first try was decided, but its answer was lost (the client saw a 503) and the read
+    # model of the node asked next has not folded the registration yet. The repeat decides
+    # nothing (the same definition exists); answering it from that read model said 404.
+    monkeypatch.setattr(api_jobs, "CATCH_UP_S", 0.2, raising=False)
+    body = {**REPORT, "job_id": "again"}
+    behind = api.fake.history
+    with ReadModel(tmp_path / "elsewhere") as elsewhere:
+        api.fake._history = elsewhere  # the first try's answer came from another node
+        assert (await api.a.post("/v1/jobs", json=body)).status_code == 201
+    api.fake._history = behind
+    assert behind.job("team-a", log_job_id("team-a", "again")) is None
+    repeat = await api.a.post("/v1/jobs", json=body)
+    assert repeat.status_code == 503, repeat.text
+    for p, offset, event in caught_up(api):  # the read model catches up
+        behind.process(event, p, offset)
+    again = await api.a.post("/v1/jobs", json=body)
+    assert again.status_code == 200 and again.json()["job_id"] == "again"
+
+
+def caught_up(api: Api) -> list[tuple[int, int, Any]]:
+    """Every event the fake decided, with its partition and offset, as a read model reads them."""
+    from eventlog.port import partition_for
+
+    offsets: dict[int, int] = {}
+    out = []
+    for event in api.fake.events:
+        p = partition_for(event.job_id, 4)
+        out.append((p, offsets.get(p, 0), event))
+        offsets[p] = offsets.get(p, 0) + 1
+    return out

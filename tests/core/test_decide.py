@@ -513,3 +513,34 @@ def test_pending_runs_follow_their_job_to_a_new_target() -> None:
     sim.advance(SEC)
     assert made.run_id in sim.ready
     assert sim.do(ClaimRuns(tenant="team-a", pool="p", worker_id="w")) == []
+
+
+def test_an_outcome_after_the_lease_deadline_counts_until_the_expiry_is_decided() -> None:
+    # The log stalled past the lease's deadline, so the partition has not decided the expiry
+    # yet: no other lease exists, and the holder's outcome is the truth (for a critical job,
+    # refusing it would dead-letter a success as outcome_unknown).
+    sim = Sim(T0)
+    put(sim, "pay", schedule=None, run_at=T0 + SEC, critical=True, lease_sec=5)
+    sim.advance(SEC)
+    [lease] = start_ready(sim)
+    late = lease.lease_expires_at + 3 * SEC
+    sim.clock.set(late)  # no timer has run: the expiry is still undecided
+    [done] = sim.do(
+        CompleteRun(
+            run_id=lease.run_id, fencing_token=lease.fencing_token, outcome=Outcome.SUCCEEDED
+        )
+    )
+    assert isinstance(done, ev.RunCompleted)
+    assert not sim.of_type(ev.LeaseExpired) and not sim.of_type(ev.RunDeadLettered)
+    # Once the expiry is decided, the old token is refused as before.
+    put(sim, "pay2", schedule=None, run_at=late + SEC, critical=True, lease_sec=5)
+    sim.advance(SEC)
+    [second] = start_ready(sim)
+    sim.advance(6 * SEC)
+    assert sim.of_type(ev.LeaseExpired)
+    with pytest.raises(LeaseLost):
+        sim.do(
+            CompleteRun(
+                run_id=second.run_id, fencing_token=second.fencing_token, outcome=Outcome.SUCCEEDED
+            )
+        )

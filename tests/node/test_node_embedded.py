@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from core.commands import CancelRun, PauseJob, PutJob, ReplayRun, ResumeJob
+from core.errors import Unavailable
 from core.jobs import Backoff, HttpTarget, JobSpec
 from eventlog.embedded import EmbeddedLog
+from node import node as node_module
 from node.executors import Executors
 from node.node import Node
 from tests.node.targets import LOOPBACK_ALLOWED, Target
@@ -216,3 +218,17 @@ def test_a_partition_that_cannot_recover_is_not_ready_until_it_does(
         log.close()
     loud = [r for r in caplog.records if "partition 2: runner failed;" in r.getMessage()]
     assert len(loud) == 1 and loud[0].exc_info  # once with its traceback; repeats are short
+
+
+def test_a_write_the_read_model_has_not_caught_up_with_is_unavailable_not_missing(
+    node: Node, target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The API answers a write from the read model. One that is behind (a node that has just
+    # started and is catching up) once made a create answer 404 for the job it had just
+    # registered; the caller must hear "unavailable, try again" instead.
+    monkeypatch.setattr(node_module, "READ_YOUR_WRITES_S", 0.2)
+    node._history_runner.stop()  # the read model stops following the log
+    with pytest.raises(Unavailable):
+        asyncio.run(node.execute(PutJob(job_id="behind", spec=spec(target.url, run_at=now_ms()))))
+    assert node.history.job("team-a", "behind") is None  # it is behind...
+    assert any("behind" in r.state.jobs for r in node._runners.values())  # ...the log is not

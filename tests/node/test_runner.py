@@ -181,3 +181,50 @@ def test_a_batch_that_fails_is_answered_unavailable_and_nothing_is_appended() ->
         assert log.end_offset("events", 0) == 0
     finally:
         runner.stop()
+
+
+class WallClock:
+    """A wall clock that, like a real one, can be stepped back (NTP, an operator)."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now = now_ms
+
+    def now_ms(self) -> int:
+        return self.now
+
+
+def test_a_wall_clock_stepped_back_loses_no_timer() -> None:
+    # The wheel keeps the latest time it was advanced to. A timer armed while the wall clock
+    # read earlier than that was "already due" to the wheel, so it fired at once, decided nothing
+    # (not due by the clock) and was gone: a job created then never fired.
+    log = MemoryLog(1)
+    member = log.join(Owner())
+    member.poll(0)
+    clock = WallClock(START)
+    runner = PartitionRunner(
+        0, log, member.writer(0), lambda: MemoryStateStore(0), clock, NoExecutors()
+    )
+    runner.start()
+
+    def once(job_id: str, run_at: int) -> Decided | CronlogError:
+        answer: Future[Decided | CronlogError] = Future()
+        job = JobSpec(name=job_id, tenant="team-a", target=PullTarget(pool="p"), run_at=run_at)
+        runner.submit(Request(PutJob(job_id=job_id, spec=job), reply=answer.set_result))
+        return answer.result(timeout=10)
+
+    try:
+        once("first", START + 10_000)
+        clock.now = START + 10_500
+        once("far", START + 3_600_000)  # its batch advanced the wheel: "first" fired
+        clock.now = START + 5_000  # the wall clock steps back 5.5 s
+        assert isinstance(once("late", START + 8_000), Decided)  # due in 3 s by this clock
+        clock.now = START + 20_000
+        once("later", START + 3_600_000)  # the wheel's due timers are decided in this batch
+        materialised = [
+            e.job_id
+            for e in (ev.decode(r.value) for r in log.read_events(0, 0, 100))
+            if isinstance(e, ev.RunMaterialised)
+        ]
+        assert materialised == ["first", "late"]
+    finally:
+        runner.stop()

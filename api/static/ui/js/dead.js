@@ -1,0 +1,96 @@
+// #/dead: the dead-letter list, replay of one run, and replay of every run a filter names
+// (counted first with a dry run, then replayed on confirmation).
+
+import { get, post } from "./api.js";
+import { ago, badge, h, replace, utc } from "./dom.js";
+import { act, errorText } from "./ui.js";
+
+const PAGE = 50;
+const REASONS = [["", "any reason"], ["attempts_exhausted", "attempts exhausted"], ["permanent_failure", "permanent failure"], ["outcome_unknown", "outcome unknown"]];
+
+export function deadView() {
+  let pages = 1;
+  const body = h("tbody");
+  const more = h("div", { class: "more" });
+  const f = {
+    job_id: h("input", { name: "job_id", type: "text", placeholder: "any job", "data-testid": "filter-job", spellcheck: "false" }),
+    reason: h("select", { name: "reason", "data-testid": "filter-reason" }, REASONS.map(([v, l]) => h("option", { value: v }, l))),
+    after: h("input", { name: "scheduled_after", type: "datetime-local" }),
+    before: h("input", { name: "scheduled_before", type: "datetime-local" }),
+  };
+  const outcome = h("p", { class: "muted", "data-testid": "filter-outcome" });
+  const filter = () => {
+    const out = { limit: 1000 };
+    if (f.job_id.value.trim()) out.job_id = f.job_id.value.trim();
+    if (f.reason.value) out.reason = f.reason.value;
+    if (f.after.value) out.scheduled_after = new Date(f.after.value).toISOString();
+    if (f.before.value) out.scheduled_before = new Date(f.before.value).toISOString();
+    return out;
+  };
+  const count = async (e) => {
+    try {
+      const out = await post("/v1/runs/replay", { ...filter(), dry_run: true });
+      replace(outcome, `${out.matched} dead run${out.matched === 1 ? "" : "s"} match${out.next_cursor ? " (more beyond the first 1,000 looked at)" : ""}.`);
+      return out;
+    } catch (err) {
+      replace(outcome, h("span", { class: "error" }, errorText(err)));
+      return null;
+    }
+  };
+  const replayAll = async (e) => {
+    const dry = await count(e);
+    if (!dry || !dry.matched) return;
+    if (!confirm(`Replay ${dry.matched} dead run${dry.matched === 1 ? "" : "s"}? Each gets a fresh budget of attempts.`)) return;
+    await act(e.target, () => post("/v1/runs/replay", filter()), (out) => {
+      replace(outcome, `Replayed ${out.replayed.length}` + (out.refused.length ? `; ${out.refused.length} were no longer dead` : "") + ".");
+      return `Replayed ${out.replayed.length} run${out.replayed.length === 1 ? "" : "s"}`;
+    });
+  };
+  const el = h("div", { class: "page" },
+    h("div", { class: "page-head" }, h("h1", {}, "Dead letters")),
+    h("p", { class: "muted" }, "Runs that failed for good: their attempts ran out, the target said retrying cannot help, or a critical run's outcome is unknown. A replay requeues a run with a fresh budget of attempts."),
+    h("div", { class: "card filter" },
+      h("h3", {}, "Replay by filter"),
+      h("div", { class: "row" },
+        h("label", {}, "Job", f.job_id), h("label", {}, "Reason", f.reason),
+        h("label", {}, "Slot from", f.after), h("label", {}, "Slot before", f.before)),
+      h("div", { class: "form-actions" },
+        h("button", { class: "ghost", "data-testid": "filter-count", onclick: count }, "Count"),
+        h("button", { class: "primary", "data-testid": "filter-replay", onclick: replayAll }, "Replay matching")),
+      outcome),
+    h("div", { class: "card table-card" },
+      h("table", { class: "grid", "data-testid": "dead" },
+        h("thead", {}, h("tr", {}, ["Run", "Slot", "Reason", "Attempts", "Error", "Died", ""].map((t) => h("th", { scope: "col" }, t)))),
+        body)),
+    more);
+
+  return {
+    el,
+    async refresh() {
+      const runs = [];
+      let cursor = null;
+      for (let i = 0; i < pages; i++) {
+        const page = await get("/v1/runs", { state: "dead", limit: PAGE, cursor });
+        runs.push(...page.runs);
+        cursor = page.next_cursor;
+        if (!cursor) break;
+      }
+      replace(body, runs.length ? runs.map(row) : h("tr", {}, h("td", { colspan: 7, class: "empty" }, "No dead letters. ")));
+      replace(more, cursor ? h("button", { class: "ghost", onclick: () => { pages += 1; this.refresh(); } }, "Show more") : "");
+    },
+  };
+}
+
+function row(run) {
+  const rid = encodeURIComponent(run.run_id);
+  return h("tr", { "data-run": run.run_id },
+    h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(run.job_id)}` }, run.job_id), h("div", { class: "sub mono" }, run.run_id)),
+    h("td", { class: "mono" }, utc(run.scheduled_for)),
+    h("td", {}, badge(run.dead_reason || "dead")),
+    h("td", {}, String(run.attempts.length)),
+    h("td", { class: "error-cell" }, run.error),
+    h("td", {}, ago(run.finished_at)),
+    h("td", { class: "actions" }, h("button", { class: "small", "data-testid": "replay", onclick: (e) =>
+      act(e.target, () => post(`/v1/runs/${rid}/replay`), `Replayed ${run.run_id}`) }, "Replay")));
+}
+

@@ -1,0 +1,125 @@
+// Building the page without markup strings: every element is made with createElement and
+// every value goes in as text (textContent) or as an attribute through setAttribute, so a job
+// named "<img onerror=...>" is shown as those characters and never parsed as HTML. There is no
+// innerHTML anywhere in the UI; the Content-Security-Policy forbids inline script besides.
+
+const SAFE_URL = /^(#|\/(?!\/))/; // links stay inside this UI or this origin
+
+export function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name.startsWith("on") && typeof value === "function") {
+      el.addEventListener(name.slice(2).toLowerCase(), value);
+    } else if (name === "class") {
+      el.className = value;
+    } else if (name === "href" || name === "src") {
+      if (!SAFE_URL.test(String(value))) throw new Error(`refusing the URL ${value}`);
+      el.setAttribute(name, value);
+    } else if (name === "value") {
+      el.value = value;
+    } else if (name === "checked" || name === "disabled" || name === "selected") {
+      el[name] = Boolean(value);
+    } else if (/^(data-[a-z-]+|aria-[a-z]+|role|title|type|name|id|for|placeholder|min|max|step|list|rows|autocomplete|colspan|scope|inputmode|spellcheck|required|lang|tabindex)$/.test(name)) {
+      el.setAttribute(name, value === true ? "" : String(value));
+    } else {
+      throw new Error(`attribute ${name} is not one the UI sets`);
+    }
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+export function replace(el, ...children) {
+  el.replaceChildren();
+  append(el, children);
+  return el;
+}
+
+// -- formats -------------------------------------------------------------------------------------
+
+export function utc(iso) {
+  return iso ? iso.replace("T", " ").replace(/\.\d{3}Z$/, "Z").replace(/:00Z$/, "Z") : "—";
+}
+
+export function local(isoWithOffset) {
+  // "2026-11-29T10:00:00+01:00" -> "2026-11-29 10:00 +01:00"
+  if (!isoWithOffset) return "—";
+  const m = /^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})(:\d{2})?(.*)$/.exec(isoWithOffset);
+  return m ? `${m[1]} ${m[2]}${m[3] && m[3] !== ":00" ? m[3] : ""} ${m[4] || ""}`.trim() : isoWithOffset;
+}
+
+// An instant as the wall clock of ``timeZone`` reads it, with the offset: "2026-11-29 10:00 GMT+1".
+export function inZone(iso, timeZone) {
+  if (!iso) return "—";
+  try {
+    const parts = new Intl.DateTimeFormat("en-GB", {
+      timeZone, year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit",
+      minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "shortOffset",
+    }).formatToParts(new Date(iso));
+    const p = Object.fromEntries(parts.map((x) => [x.type, x.value]));
+    const secs = p.second === "00" ? "" : `:${p.second}`;
+    return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}${secs} ${p.timeZoneName}`;
+  } catch {
+    return utc(iso);
+  }
+}
+
+export function browserTime(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  return d.toLocaleString(undefined, {
+    year: "numeric", month: "short", day: "numeric",
+    hour: "2-digit", minute: "2-digit", second: "2-digit",
+  });
+}
+
+export function ago(iso, now = Date.now()) {
+  if (!iso) return "";
+  const s = Math.round((new Date(iso).getTime() - now) / 1000);
+  const a = Math.abs(s);
+  const text = a < 60 ? `${a}s` : a < 3600 ? `${Math.round(a / 60)}m` : a < 86400
+    ? `${Math.round(a / 3600)}h` : `${Math.round(a / 86400)}d`;
+  return s >= 0 ? `in ${text}` : `${text} ago`;
+}
+
+export function ms(value) {
+  if (value === null || value === undefined) return "—";
+  if (value < 1000) return `${Math.round(value)} ms`;
+  if (value < 60000) return `${(value / 1000).toFixed(value < 10000 ? 2 : 1)} s`;
+  return `${(value / 60000).toFixed(1)} min`;
+}
+
+export function when(job) {
+  if (job.schedule) return job.schedule;
+  if (job.interval_sec) return `every ${seconds(job.interval_sec)}`;
+  if (job.run_at) return `once at ${utc(job.run_at)}`;
+  if (job.depends_on && job.depends_on.length) return `after ${job.depends_on.join(", ")}`;
+  return "—";
+}
+
+export function seconds(s) {
+  if (s % 86400 === 0) return `${s / 86400}d`;
+  if (s % 3600 === 0) return `${s / 3600}h`;
+  if (s % 60 === 0) return `${s / 60}m`;
+  return `${s}s`;
+}
+
+export function target(t) {
+  if (!t) return "—";
+  if (t.type === "http") return t.url;
+  if (t.type === "kafka") return `kafka://${t.topic}`;
+  if (t.type === "pull") return `pull://${t.pool}`;
+  return JSON.stringify(t);
+}
+
+export function badge(state) {
+  return h("span", { class: `badge badge-${state}`, "data-state": state }, state.replace("_", " "));
+}

@@ -1,0 +1,120 @@
+// #/jobs: the team's jobs with their schedule, next fire time (the job's own timezone and
+// UTC), state and newest run; search, a status filter, run now, pause and resume.
+
+import { get, patch, post } from "./api.js";
+import { ago, badge, h, inZone, ms, replace, target, utc, when } from "./dom.js";
+import { act, go } from "./ui.js";
+
+const STATUSES = ["", "active", "paused", "finished", "cancelled"];
+const PAGE = 50;
+
+export function jobsView() {
+  const state = { q: "", status: "", pages: 1 };
+  const tiles = h("section", { class: "tiles", "data-testid": "tiles" });
+  const body = h("tbody");
+  const more = h("div", { class: "more" });
+  const search = h("input", {
+    type: "search", placeholder: "Find a job by name or id", "data-testid": "search",
+    "aria-label": "search",
+  });
+  let typing = null;
+  search.addEventListener("input", () => {
+    clearTimeout(typing);
+    typing = setTimeout(() => { state.q = search.value.trim(); state.pages = 1; view.refresh(); }, 250);
+  });
+  const status = h("select", { "data-testid": "status-filter", "aria-label": "status" },
+    STATUSES.map((s) => h("option", { value: s }, s || "every status")));
+  status.addEventListener("change", () => { state.status = status.value; state.pages = 1; view.refresh(); });
+
+  const el = h("div", { class: "page" },
+    h("div", { class: "page-head" },
+      h("h1", {}, "Jobs"),
+      h("div", { class: "spacer" }),
+      h("button", { class: "primary", onclick: () => go("#/new"), "data-testid": "new-job" }, "New job")),
+    tiles,
+    h("div", { class: "toolbar" }, search, status),
+    h("div", { class: "card table-card" },
+      h("table", { class: "grid", "data-testid": "jobs" },
+        h("thead", {}, h("tr", {},
+          ["Job", "Schedule", "Next fire", "State", "Newest run", ""].map((t) => h("th", { scope: "col" }, t)))),
+        body)),
+    more);
+
+  async function loadJobs() {
+    const jobs = [];
+    let cursor = null;
+    for (let i = 0; i < state.pages; i++) {
+      const page = await get("/v1/jobs", { q: state.q, status: state.status, limit: PAGE, cursor });
+      jobs.push(...page.jobs);
+      cursor = page.next_cursor;
+      if (!cursor) break;
+    }
+    return { jobs, cursor };
+  }
+
+  const view = {
+    el,
+    async refresh() {
+      const [{ jobs, cursor }, stats, team] = await Promise.all([
+        loadJobs(), get("/v1/stats", { window_min: 60 }), get("/v1/team"),
+      ]);
+      renderTiles(tiles, team, stats);
+      replace(body, jobs.length ? jobs.map(row) :
+        h("tr", {}, h("td", { colspan: 6, class: "empty" },
+          state.q || state.status ? "No job matches." : "No jobs yet: create one with New job.")));
+      replace(more, cursor ? h("button", { class: "ghost", onclick: () => { state.pages += 1; view.refresh(); } }, "Show more") : "");
+    },
+    failed(err) { replace(more, h("p", { class: "error" }, String(err.message || err))); },
+  };
+  return view;
+}
+
+function renderTiles(tiles, team, stats) {
+  const states = stats.runs_by_state;
+  const t = stats.total;
+  replace(tiles,
+    tile("Jobs", team.jobs, `of ${team.limits.max_jobs.toLocaleString()} allowed`),
+    tile("Running now", states.running, `${states.pending + states.retrying} waiting to start`),
+    tile("Dead letters", states.dead, states.dead ? "waiting for a replay" : "none", states.dead ? "warn" : null, "#/dead"),
+    tile("Delay p50 / p99", t.started ? `${ms(t.delay_p50_ms)} / ${ms(t.delay_p99_ms)}` : "—", `${t.started} scheduled starts, last hour`, null, "#/stats"),
+    tile("Last hour", `${t.succeeded} ok`, `${t.failed} failed attempts, ${t.dead} dead`, t.dead ? "warn" : null, "#/stats"));
+}
+
+function tile(label, value, note, kind, href) {
+  const inner = [h("div", { class: "tile-label" }, label), h("div", { class: "tile-value" }, value), h("div", { class: "tile-note" }, note)];
+  return href ? h("a", { class: `tile ${kind || ""}`, href }, inner) : h("div", { class: `tile ${kind || ""}` }, inner);
+}
+
+function row(job) {
+  const id = encodeURIComponent(job.job_id);
+  const next = job.status === "paused" ? null : job.next_run_at; // a paused job's slot waits
+  const last = job.last_run;
+  const pauseOrResume = job.status === "active"
+    ? h("button", { class: "small", "data-testid": "pause", onclick: (e) =>
+        act(e.target, () => patch(`/v1/jobs/${id}`, { status: "paused" }), `Paused ${job.name}`) }, "Pause")
+    : job.status === "paused"
+      ? h("button", { class: "small", "data-testid": "resume", onclick: (e) =>
+          act(e.target, () => patch(`/v1/jobs/${id}`, { status: "active" }), `Resumed ${job.name}`) }, "Resume")
+      : null;
+  const live = job.status !== "cancelled";
+  return h("tr", { "data-job": job.job_id },
+    h("td", {},
+      h("a", { href: `#/jobs/${id}`, class: "job-name" }, job.name),
+      h("div", { class: "sub mono" }, job.job_id, " · ", target(job.target))),
+    h("td", {},
+      h("div", { class: "mono nowrap" }, when(job)),
+      h("div", { class: "sub" }, job.timezone)),
+    h("td", { "data-testid": "next-fire" }, next
+      ? [h("div", {}, inZone(next, job.timezone), h("span", { class: "sub" }, ` ${ago(next)}`)), h("div", { class: "sub mono" }, utc(next))]
+      : h("span", { class: "sub" }, job.status === "paused" ? "none while paused" : "—")),
+    h("td", {}, badge(job.status)),
+    h("td", { "data-testid": "last-run" }, last
+      ? [badge(last.state), h("div", { class: "sub" }, ago(last.finished_at || last.started_at || last.scheduled_for),
+          last.lateness_ms !== null ? ` · ${ms(last.lateness_ms)} late` : "")]
+      : h("span", { class: "sub" }, "no run yet")),
+    h("td", { class: "actions" },
+      live ? h("button", { class: "small", "data-testid": "run-now", onclick: (e) =>
+        act(e.target, () => post(`/v1/jobs/${id}/runs`), (run) => `Triggered ${run.run_id}`) }, "Run now") : null,
+      pauseOrResume,
+      live ? h("button", { class: "small ghost", onclick: () => go(`#/jobs/${id}/edit`) }, "Edit") : null));
+}

@@ -1,0 +1,279 @@
+"""Executor processes: calls to push targets made on other cores.
+
+A midnight herd is tens of thousands of HTTP calls in a second. Made in the node's own process,
+their requests and answers share one interpreter lock with the partitions' deciding, the read
+model and the API, and a second core idles. With ``cronlog serve --executor-processes N`` the
+executors hand each call to one of N processes, which only make calls: room, heartbeats and
+outcomes stay with the node (:mod:`node.executors`), so everything the log records is decided
+where it was before.
+
+The wire, one socket pair per process, frames of a 4-byte length and a msgpack message::
+
+    node -> process    the CallerConfig (once, pickled: the process is the node's own child)
+                       Call(id, lease, spec)      make this attempt's call
+                       Cancel(id)                 abandon it (the lease was lost, the run cancelled)
+    process -> node    Done(id, result)           what came back, classified
+
+A call goes to the process with the fewest calls in flight. A process that ends unasked (killed,
+crashed) is noticed at once, as its socket closes: its calls in flight end as ambiguous failures
+(they may have reached their targets, so a critical run's attempt is dead-lettered as
+``outcome_unknown``, as any call whose end nobody saw), it is logged and counted, and another
+process takes its place. A process whose node has gone sees its socket close and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from core import events as ev
+from core.commands import Outcome
+from core.jobs import JobSpec
+from node.caller import Caller, CallerConfig, Result
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct(">I")
+_HIGH_WATER = 1 << 20  # bytes buffered for a process before a writer waits for it to read
+RESPAWN_DELAY_S = 0.5  # before another process replaces one that ended; doubles, up to 10 s
+
+
+class Call(msgspec.Struct, tag="call", array_like=True):
+    id: int
+    lease: ev.LeaseGranted
+    spec: JobSpec
+
+
+class Cancel(msgspec.Struct, tag="cancel", array_like=True):
+    id: int
+
+
+class Done(msgspec.Struct, tag="done", array_like=True):
+    id: int
+    result: Result
+
+
+_encoder = msgspec.msgpack.Encoder()
+_to_process = msgspec.msgpack.Decoder(Call | Cancel)
+_to_node = msgspec.msgpack.Decoder(Done)
+
+
+def _frame(payload: bytes) -> bytes:
+    return _LENGTH.pack(len(payload)) + payload
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes | None:
+    """The next frame, or None once the other end has closed."""
+    try:
+        (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+        return await reader.readexactly(length)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+
+
+# -- the node's side ------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Process:
+    index: int
+    popen: subprocess.Popen[bytes]
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    pending: dict[int, asyncio.Future[Result]] = field(default_factory=dict)
+    reading: asyncio.Task[None] | None = None
+
+
+class CallerProcesses:
+    """N executor processes, used from the executors' loop."""
+
+    def __init__(
+        self, config: CallerConfig, count: int, on_failed: Callable[[], None] | None = None
+    ) -> None:
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        if config.resolver is not None:
+            raise ValueError("a custom resolver cannot be sent to an executor process")
+        self._config = config
+        self._count = count
+        self._on_failed = on_failed
+        self._processes: list[_Process] = []
+        self._ids = itertools.count(1)
+        self._stopping = False
+        self._failures = 0
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.popen.pid for p in self._processes]
+
+    async def start(self) -> None:
+        self._processes = [await self._spawn(i) for i in range(self._count)]
+
+    async def _spawn(self, index: int) -> _Process:
+        ours, theirs = socket.socketpair()
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "node.call_process", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        writer.write(_frame(pickle.dumps((self._config, logging.getLogger().level))))
+        process = _Process(index, popen, reader, writer)
+        process.reading = asyncio.create_task(self._read(process))
+        log.debug("executor process %d started (pid %d)", index, popen.pid)
+        return process
+
+    def submit(self, lease: ev.LeaseGranted, spec: JobSpec) -> asyncio.Future[Result]:
+        """Have a process make the call; the future is its result. Cancelling the future
+        abandons the call (the process is told)."""
+        process = min(self._processes, key=lambda p: len(p.pending))
+        call_id = next(self._ids)
+        answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        process.pending[call_id] = answer
+        process.writer.write(_frame(_encoder.encode(Call(call_id, lease, spec))))
+
+        def abandoned(future: asyncio.Future[Result]) -> None:
+            if (
+                future.cancelled()
+                and process.pending.pop(call_id, None) is not None
+                and not process.writer.is_closing()
+            ):
+                process.writer.write(_frame(_encoder.encode(Cancel(call_id))))
+
+        answer.add_done_callback(abandoned)
+        return answer
+
+    async def call(self, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
+        return await self.submit(lease, spec)
+
+    async def _read(self, process: _Process) -> None:
+        while (data := await _read_frame(process.reader)) is not None:
+            done = _to_node.decode(data)
+            answer = process.pending.pop(done.id, None)
+            if answer is not None and not answer.done():
+                answer.set_result(done.result)
+        if self._stopping:
+            return
+        await self._replace(process)
+
+    async def _replace(self, process: _Process) -> None:
+        """A process ended unasked: end its calls, say so, and start another."""
+        code = await asyncio.to_thread(_exit_code, process.popen)
+        lost = list(process.pending.values())
+        process.pending.clear()
+        for answer in lost:
+            if not answer.done():
+                answer.set_result(
+                    Result(
+                        Outcome.FAILED,
+                        "the executor process ended during the call",
+                        ambiguous=True,
+                    )
+                )
+        self._failures += 1
+        log.error(
+            "executor process %d (pid %d) ended with %s; %d calls in flight end as ambiguous;"
+            " starting another",
+            process.index,
+            process.popen.pid,
+            code,
+            len(lost),
+        )
+        if self._on_failed is not None:
+            self._on_failed()
+        process.writer.close()
+        delay = min(10.0, RESPAWN_DELAY_S * 2.0 ** min(self._failures - 1, 5))
+        await asyncio.sleep(delay)  # a crash loop must not spin: a backoff, not a wait
+        if self._stopping:
+            return
+        replacement = await self._spawn(process.index)
+        self._processes[self._processes.index(process)] = replacement
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for process in self._processes:
+            process.writer.close()  # the process sees its socket close and exits
+        for process in self._processes:
+            if process.reading is not None:
+                process.reading.cancel()
+            await asyncio.to_thread(_exit_code, process.popen)
+
+
+def _exit_code(popen: subprocess.Popen[bytes], timeout_s: float = 10.0) -> int | str:
+    try:
+        return popen.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()
+        return "kill after it would not stop"
+
+
+# -- the process's side ---------------------------------------------------------------------------
+
+
+async def _serve(fd: int) -> None:
+    reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=fd))
+    setup = await _read_frame(reader)
+    if setup is None:
+        return
+    config, level = pickle.loads(setup)  # from the node that started this process
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s[executor]: %(message)s"
+    )
+    caller = Caller(config)
+    await caller.open()
+    calls: dict[int, asyncio.Task[None]] = {}
+
+    async def run(message: Call) -> None:
+        try:
+            result = await caller.call(message.lease, message.spec)
+        except asyncio.CancelledError:
+            return  # the node abandoned it and expects nothing
+        finally:
+            calls.pop(message.id, None)
+        writer.write(_frame(_encoder.encode(Done(message.id, result))))
+        if writer.transport.get_write_buffer_size() > _HIGH_WATER:
+            await writer.drain()
+
+    while (data := await _read_frame(reader)) is not None:
+        match _to_process.decode(data):
+            case Call() as message:
+                calls[message.id] = asyncio.create_task(run(message))
+            case Cancel(id=call_id):
+                task = calls.get(call_id)
+                if task is not None:
+                    task.cancel()
+    for task in list(calls.values()):  # the node is gone: nobody can record an outcome
+        task.cancel()
+    with contextlib.suppress(Exception):
+        await caller.close()
+
+
+def main(argv: list[str]) -> None:
+    fd = int(argv[1])
+    try:
+        import uvloop
+
+        uvloop.run(_serve(fd))
+    except ImportError:
+        asyncio.run(_serve(fd))
+    os._exit(0)  # no interpreter teardown for a process that only made calls
+
+
+if __name__ == "__main__":
+    main(sys.argv)

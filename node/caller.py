@@ -1,0 +1,418 @@
+"""One attempt's call to a push target, and what came back: the work the executors hand out.
+
+An HTTP target gets ``POST <url>`` with a JSON body (job, run, slot, attempt, fencing token,
+payload) and these headers:
+
+``Idempotency-Key: <tenant>/<job_id>:<scheduled_for ms>``   the same for every attempt of a run
+``X-Cronlog-Run-Id``, ``X-Cronlog-Attempt``, ``X-Cronlog-Fencing-Token``
+
+How an answer is classified:
+
+=============================================  =============================================
+2xx                                            succeeded
+408, 429, 5xx (``Retry-After`` honoured)       failed, transient: retried with backoff
+other 4xx                                      failed, permanent: dead-lettered at once
+the request could not be sent ("unreachable")  failed, transient (the target never saw it)
+timeout, 504, connection lost after sending    failed, transient and **ambiguous**: it may
+                                               have taken effect, so a critical job
+                                               dead-letters
+refused by the egress policy                   failed, permanent ("egress policy: ...")
+a secret the headers name is missing           failed, permanent (names the secret)
+=============================================  =============================================
+
+What a team reads in ``run.error`` is bounded: the status and at most ``error_excerpt_bytes``
+of the answer's body (200 unless the operator says otherwise; 0: none), control characters
+made spaces. A call that could not be made says "unreachable", whatever the reason (refused,
+no route, timed out connecting, no such name), so a team learns nothing of ports it may not
+reach; the node's log keeps the details for the operator.
+
+Where a call may go is the operator's egress policy (``core/egress.py``), applied here on the
+address actually connected to (``node/egress.py``).
+
+A Kafka-topic target gets the same body produced to the topic (key: the job id, headers as
+above); it succeeded once the broker acknowledged it (``acks=all``). The topic must be one the
+egress policy grants the team, and never one of the cluster's own.
+
+A :class:`Caller` holds what calls share (the connection pool, the Kafka producer, the policy,
+the secrets) and lives on one asyncio loop: the executors' own, or an executor process's
+(:mod:`node.call_process`). :class:`CallerConfig` is everything it is built from, so an
+executor process is built the same way as the in-process caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import email.utils
+import functools
+import logging
+import unicodedata
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp.abc import AbstractResolver
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
+from yarl import URL
+
+from core import events as ev
+from core.commands import Outcome
+from core.egress import EgressPolicy, parse_host
+from core.errors import InvalidDefinition
+from core.ids import idempotency_key, team_id
+from core.jobs import HttpTarget, JobSpec, KafkaTarget, validate_headers
+from node.egress import PolicyResolver, guarded_socket, refusal_in
+from node.secrets import Secrets, SecretUnavailable
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR = 500
+DEFAULT_ERROR_EXCERPT = 200
+MAX_ERROR_EXCERPT = 1024  # every failed attempt's error is kept in the log for good
+UNREACHABLE = "unreachable"
+
+
+def iso(ms: int) -> str:
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def run_body(lease: ev.LeaseGranted, spec: JobSpec) -> bytes:
+    return msgspec.json.encode(
+        {
+            "job_id": team_id(lease.job_id),
+            "name": spec.name,
+            "tenant": lease.tenant,
+            "run_id": team_id(lease.run_id),
+            "scheduled_for": iso(lease.scheduled_for),
+            "scheduled_for_ms": lease.scheduled_for,
+            "attempt": lease.attempt,
+            "fencing_token": lease.fencing_token,
+            "payload": spec.payload,
+        }
+    )
+
+
+def run_headers(lease: ev.LeaseGranted) -> dict[str, str]:
+    return {
+        "Idempotency-Key": idempotency_key(lease.job_id, lease.scheduled_for),
+        "X-Cronlog-Run-Id": team_id(lease.run_id),
+        "X-Cronlog-Attempt": str(lease.attempt),
+        "X-Cronlog-Fencing-Token": str(lease.fencing_token),
+    }
+
+
+def retry_after_ms(value: str | None, now: datetime | None = None) -> int | None:
+    """``Retry-After`` as delay-seconds or an HTTP date, in milliseconds."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return int(value) * 1000
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    delta = when - (now or datetime.now(UTC))
+    return max(0, int(delta.total_seconds() * 1000))
+
+
+def excerpt(body: bytes, limit: int) -> str:
+    """At most ``limit`` bytes of an answer's body as text a team may read: control and format
+    characters (line breaks, escapes, bidirectional overrides) become spaces, runs of white
+    space one space."""
+    if limit <= 0:
+        return ""
+    text = body[:limit].decode("utf-8", "replace")
+    text = "".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in text)
+    return " ".join(text.split())
+
+
+def refused(reason: str) -> Result:
+    return Result(Outcome.FAILED, f"egress policy: {reason}"[:MAX_ERROR], permanent=True)
+
+
+class Result(msgspec.Struct, frozen=True):
+    outcome: Outcome
+    error: str = ""
+    permanent: bool = False
+    ambiguous: bool = False
+    retry_after_ms: int | None = None
+
+
+def classify(status: int, retry_after: str | None = None, text: str = "") -> Result:
+    """An HTTP answer as an attempt's outcome (the table in the module docstring)."""
+    if 200 <= status < 300:
+        return Result(Outcome.SUCCEEDED)
+    error = (f"HTTP {status}: {text}" if text else f"HTTP {status}")[:MAX_ERROR].strip()
+    if status in (408, 429) or status >= 500:
+        return Result(
+            Outcome.FAILED,
+            error,
+            ambiguous=status == 504,
+            retry_after_ms=retry_after_ms(retry_after),
+        )
+    return Result(Outcome.FAILED, error, permanent=True)
+
+
+@dataclass(frozen=True)
+class CallerConfig:
+    """What a :class:`Caller` is built from (picklable: an executor process gets a copy).
+
+    ``egress``: where calls may go (default: the public internet only). ``secrets_dir``: where
+    header secret references are read (None: the node offers none). ``max_connections``: the
+    connection pool's size. ``resolver``: what host names are resolved with before the policy
+    filters them (default: the system's; in-process callers only)."""
+
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    secrets_dir: Path | None = None
+    error_excerpt_bytes: int = DEFAULT_ERROR_EXCERPT
+    max_connections: int = 512
+    kafka_bootstrap: str | None = None
+    kafka_config: tuple[tuple[str, str], ...] = ()
+    resolver: AbstractResolver | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.error_excerpt_bytes <= MAX_ERROR_EXCERPT:
+            raise ValueError(f"error_excerpt_bytes must be between 0 and {MAX_ERROR_EXCERPT}")
+
+
+class Caller:
+    """Makes calls on the loop it was opened on."""
+
+    def __init__(self, config: CallerConfig, producer_factory: Any = None) -> None:
+        self.config = config
+        self.egress = config.egress
+        self._secrets = Secrets(config.secrets_dir)
+        self._excerpt_bytes = config.error_excerpt_bytes
+        self._kafka_bootstrap = config.kafka_bootstrap
+        self._kafka_config = dict(config.kafka_config)
+        self._producer_factory = producer_factory
+        self._producer: Any = None
+        self._session: aiohttp.ClientSession | None = None
+        # The policy is fixed for the node's life, and jobs call the same URLs again and again.
+        self._destinations = functools.lru_cache(maxsize=4096)(self._destination)
+
+    async def open(self) -> None:
+        # aiohttp rather than httpx here: on a 2-core machine a node made 3.5 times the calls
+        # per second with it (bench/bench_fanout.py; docs/architecture.md).
+        # The pool holds as many connections as the node has room for calls. Host names are
+        # resolved, checked and connected to by address (node/egress.py); no proxy from the
+        # environment is used (trust_env stays off), so the address checked is the peer.
+        connector = _Connector(
+            limit=self.config.max_connections,
+            limit_per_host=0,
+            resolver=PolicyResolver(self.egress, self.config.resolver),
+            socket_factory=guarded_socket(self.egress),
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, trust_env=False
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        if self._producer is not None:
+            await asyncio.to_thread(self._producer.flush, 5)
+
+    async def call(self, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
+        """Make one attempt's call to ``spec``'s target and classify what came back (on the
+        caller's loop)."""
+        target = spec.target
+        try:
+            if isinstance(target, HttpTarget):
+                return await self._http(target, lease, spec)  # it keeps the timeout itself
+            if isinstance(target, KafkaTarget):
+                return await asyncio.wait_for(self._kafka(target, lease, spec), spec.timeout_sec)
+        except TimeoutError:
+            return Result(Outcome.FAILED, f"timed out after {spec.timeout_sec} s", ambiguous=True)
+        except Exception:
+            # A bug here, not an answer: the call may or may not have gone out.
+            log.exception("run %s: the call failed unexpectedly", lease.run_id)
+            return Result(Outcome.FAILED, "the executor failed during the call", ambiguous=True)
+        return Result(Outcome.FAILED, f"no executor for {type(target).__name__}", permanent=True)
+
+    async def _http(self, target: HttpTarget, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
+        assert self._session is not None
+        # The URL aiohttp is given is this object, so the host checked is the host it connects
+        # to; a host name is checked, address by address, by the connector's resolver.
+        url, reason = self._destinations(target.url)
+        if reason is not None:
+            log.info("run %s: egress policy: %s", lease.run_id, reason)
+            return refused(reason)
+        try:
+            headers = self._headers(target, lease)
+        except (SecretUnavailable, InvalidDefinition) as err:
+            return Result(Outcome.FAILED, str(err)[:MAX_ERROR], permanent=True)
+        progress = _Progress()
+        token = _progress.set(progress)
+        try:
+            async with asyncio.timeout(spec.timeout_sec):
+                async with self._session.post(
+                    url,
+                    data=run_body(lease, spec),
+                    headers=headers,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=spec.timeout_sec),
+                ) as response:
+                    if 200 <= response.status < 300:
+                        async for _ in response.content.iter_chunked(1 << 16):
+                            pass  # drained unread, so the connection serves the next call
+                        return Result(Outcome.SUCCEEDED)
+                    body = b""
+                    if self._excerpt_bytes:
+                        body = await response.content.read(self._excerpt_bytes)
+                    return classify(
+                        response.status,
+                        response.headers.get("Retry-After"),
+                        excerpt(body, self._excerpt_bytes),
+                    )
+        except (TimeoutError, aiohttp.ClientError) as err:
+            return self._failed(lease, spec, err, connected=progress.connected)
+        finally:
+            _progress.reset(token)
+
+    def _destination(self, text: str) -> tuple[URL, str | None]:
+        """The URL to call for ``text``, and why the policy refuses it if it does. A host
+        written as an address is decided here (aiohttp connects to those without asking the
+        resolver), and called as the address decided (``127.1`` as ``127.0.0.1``)."""
+        url = URL(text)
+        host, port = url.raw_host or "", url.port or 0
+        try:
+            parsed = parse_host(host)
+        except ValueError as err:
+            return url, str(err)
+        if isinstance(parsed, str):
+            return url, None
+        reason = self.egress.check_address(parsed, port)
+        if reason is None and host != str(parsed):
+            url = url.with_host(str(parsed))
+        return url, reason
+
+    def _failed(
+        self, lease: ev.LeaseGranted, spec: JobSpec, err: BaseException, *, connected: bool
+    ) -> Result:
+        """A call that got no answer: refused by the policy, never connected (the target saw
+        nothing), or lost once connected (the request went out: it may have taken effect)."""
+        refusal = refusal_in(err)
+        if refusal is not None:
+            log.info("run %s: egress policy: %s", lease.run_id, refusal)
+            return refused(str(refusal))
+        log.debug("run %s: call failed (connected: %s): %r", lease.run_id, connected, err)
+        if not connected:
+            # Refused, timed out connecting, no route, no such name: all alike to the team.
+            return Result(Outcome.FAILED, UNREACHABLE)
+        if isinstance(err, TimeoutError):
+            return Result(Outcome.FAILED, f"timed out after {spec.timeout_sec} s", ambiguous=True)
+        return Result(
+            Outcome.FAILED, "the connection failed after the request was sent", ambiguous=True
+        )
+
+    def _headers(self, target: HttpTarget, lease: ev.LeaseGranted) -> dict[str, str]:
+        """The target's headers with its secrets read, then the run's own."""
+        validate_headers(target.headers)  # a job stored before these checks existed
+        headers: dict[str, str] = {}
+        for name, value in target.headers.items():
+            if isinstance(value, str):
+                headers[name] = value
+            else:
+                headers[name] = self._secrets.read(lease.tenant, value.from_file)
+        headers.update(run_headers(lease))
+        headers["Content-Type"] = "application/json"
+        return headers
+
+    async def _kafka(self, target: KafkaTarget, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
+        reason = self.egress.check_topic(lease.tenant, target.topic)
+        if reason is not None:
+            log.info("run %s: egress policy: %s", lease.run_id, reason)
+            return refused(reason)
+        if self._kafka_bootstrap is None:
+            return Result(
+                Outcome.FAILED,
+                "this node has no Kafka for kafka:// targets (start it with --target-kafka)",
+                permanent=True,
+            )
+        if self._producer is None:
+            if self._producer_factory is not None:
+                self._producer = self._producer_factory(self._kafka_bootstrap)
+            else:
+                self._producer = _default_producer(self._kafka_bootstrap, self._kafka_config)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[str | None] = loop.create_future()
+
+        def settle(error: str | None) -> None:
+            if not done.done():
+                done.set_result(error)
+
+        def delivered(err: Any, _msg: Any) -> None:
+            loop.call_soon_threadsafe(settle, None if err is None else str(err))
+
+        self._producer.produce(
+            target.topic,
+            key=team_id(lease.job_id).encode(),
+            value=run_body(lease, spec),
+            headers=list(run_headers(lease).items()),
+            on_delivery=delivered,
+        )
+        poller = asyncio.ensure_future(self._poll_producer(done))
+        try:
+            error = await done
+        finally:
+            poller.cancel()
+        if error is None:
+            return Result(Outcome.SUCCEEDED)
+        return Result(Outcome.FAILED, f"Kafka: {error}"[:MAX_ERROR], ambiguous=True)
+
+    async def _poll_producer(self, done: asyncio.Future[str | None]) -> None:
+        while not done.done():
+            await asyncio.to_thread(self._producer.poll, 0.1)
+
+
+
+class _Progress:
+    """How far one call got: once connected, the request goes out at once, so a call that
+    fails after this may have reached the target."""
+
+    __slots__ = ("connected",)
+
+    def __init__(self) -> None:
+        self.connected = False
+
+
+# The call the current task is making. aiohttp connects in the task that makes the request, so
+# the connector below can tell the call it has a connection. (A TraceConfig could too, but
+# tracing costs every call about a tenth of its CPU time.)
+_progress: contextvars.ContextVar[_Progress] = contextvars.ContextVar("progress")
+
+
+class _Connector(aiohttp.TCPConnector):
+    async def connect(
+        self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
+    ) -> Connection:
+        connection = await super().connect(req, traces, timeout)
+        progress = _progress.get(None)
+        if progress is not None:
+            progress.connected = True
+        return connection
+
+
+def _default_producer(bootstrap: str, config: dict[str, str]) -> Any:
+    from confluent_kafka import Producer
+
+    return Producer(
+        {
+            **config,
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+        }
+    )

@@ -1,0 +1,530 @@
+"""The chaos checker on histories written by hand: a clean one passes, and each kind of broken
+one is caught by the check that names it (a checker that cannot fail proves nothing)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tools.chaos.checker import History, NodeHealth, check
+
+T0 = 1_800_000_000_000  # a whole second
+TENANT = "chaos"
+LEASE_MS = 3000
+
+
+@dataclass
+class Builder:
+    """A history as the events topic, the target and the workers would show it."""
+
+    events: dict[int, list[tuple[int, dict[str, Any] | None]]] = field(default_factory=dict)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    work: list[dict[str, Any]] = field(default_factory=list)
+    creates: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    tokens: dict[int, int] = field(default_factory=dict)
+    partition_of: dict[str, int] = field(default_factory=dict)
+    scoped: bool = True  # the log's ids are <tenant>/<id>, as cronlog writes them now
+
+    def log_id(self, job_id: str) -> str:
+        return f"{TENANT}/{job_id}" if self.scoped else job_id
+
+    def emit(self, partition: int, event: dict[str, Any] | None) -> None:
+        records = self.events.setdefault(partition, [])
+        records.append((len(records) * 2, event))  # gaps, as transaction markers leave
+
+    def job(
+        self,
+        job_id: str,
+        partition: int = 0,
+        *,
+        first: int = T0,
+        critical: bool = False,
+        pull: bool = False,
+        run_at: int | None = None,
+    ) -> None:
+        self.partition_of[job_id] = partition
+        target = {"type": "pull", "pool": "p"} if pull else {"type": "http", "url": "x"}
+        spec: dict[str, Any] = {
+            "name": job_id,
+            "tenant": TENANT,
+            "target": target,
+            "critical": critical,
+            "timezone": "UTC",
+        }
+        if run_at is None:
+            spec["schedule"] = "* * * * * *"
+        else:
+            spec["run_at"] = run_at
+        self.creates.append({"job": job_id, "status": 201, "at": first - 5000})
+        self.emit(
+            partition,
+            self._ev(
+                "JobRegistered",
+                job_id,
+                first - 500,
+                spec=spec,
+                next_slot=run_at if run_at is not None else first,
+            ),
+        )
+
+    def _ev(self, kind: str, job_id: str, at: int, **fields: Any) -> dict[str, Any]:
+        return {"type": kind, "at": at, "job_id": self.log_id(job_id), "tenant": TENANT, **fields}
+
+    def _run_ev(
+        self,
+        kind: str,
+        job_id: str,
+        slot: int,
+        at: int,
+        token: int = 0,
+        attempt: int = 1,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        return self._ev(
+            kind,
+            job_id,
+            at,
+            run_id=f"{self.log_id(job_id)}.{slot}",
+            scheduled_for=slot,
+            attempt=attempt,
+            fencing_token=token,
+            **fields,
+        )
+
+    def materialise(self, job_id: str, slot: int) -> None:
+        self.emit(
+            self.partition_of[job_id],
+            self._run_ev(
+                "RunMaterialised",
+                job_id,
+                slot,
+                slot,
+                available_at=slot,
+                priority=5,
+                next_slot=slot + 1000,
+            ),
+        )
+
+    def lease(
+        self, job_id: str, slot: int, at: int, *, attempt: int = 1, worker: str = "n1/executor"
+    ) -> int:
+        p = self.partition_of[job_id]
+        token = self.tokens[p] = self.tokens.get(p, 0) + 1
+        self.emit(
+            p,
+            self._run_ev(
+                "LeaseGranted",
+                job_id,
+                slot,
+                at,
+                token,
+                attempt,
+                worker_id=worker,
+                lease_expires_at=at + LEASE_MS,
+                lateness_ms=at - slot,
+            ),
+        )
+        return token
+
+    def deliver(
+        self,
+        job_id: str,
+        slot: int,
+        token: int,
+        at: int,
+        *,
+        attempt: int = 1,
+        status: int = 200,
+        worker: str | None = None,
+    ) -> None:
+        key = f"{self.log_id(job_id)}:{slot}"  # the target is sent the team's ids and this key
+        if worker is None:
+            self.calls.append(
+                {
+                    "kind": "call",
+                    "job": job_id,
+                    "run": f"{job_id}.{slot}",
+                    "slot": slot,
+                    "attempt": attempt,
+                    "token": token,
+                    "key": key,
+                    "at": at,
+                }
+            )
+            self.calls.append(
+                {
+                    "kind": "answer",
+                    "key": key,
+                    "token": token,
+                    "status": status,
+                    "at": at + 20,
+                    "ok": True,
+                }
+            )
+        else:
+            self.work.append(
+                {
+                    "kind": "work",
+                    "worker": worker,
+                    "run": f"{job_id}.{slot}",
+                    "job": job_id,
+                    "slot": slot,
+                    "attempt": attempt,
+                    "token": token,
+                    "key": key,
+                    "at": at,
+                }
+            )
+
+    def complete(self, job_id: str, slot: int, token: int, at: int, attempt: int = 1) -> None:
+        self.emit(
+            self.partition_of[job_id],
+            self._run_ev("RunCompleted", job_id, slot, at, token, attempt, started_at=at - 30),
+        )
+
+    def expire(self, job_id: str, slot: int, token: int, at: int, *, critical: bool) -> None:
+        p = self.partition_of[job_id]
+        self.emit(p, self._run_ev("LeaseExpired", job_id, slot, at, token, lease_expires_at=at))
+        if critical:
+            self.emit(
+                p,
+                self._run_ev(
+                    "RunDeadLettered",
+                    job_id,
+                    slot,
+                    at,
+                    token,
+                    reason="outcome_unknown",
+                    error="lease expired",
+                ),
+            )
+        else:
+            self.emit(
+                p,
+                self._run_ev(
+                    "RetryScheduled",
+                    job_id,
+                    slot,
+                    at,
+                    token,
+                    2,
+                    available_at=at + 200,
+                    delay_ms=200,
+                ),
+            )
+
+    def fine_run(
+        self, job_id: str, slot: int, late_ms: int = 10, worker: str = "n1/executor"
+    ) -> None:
+        self.materialise(job_id, slot)
+        token = self.lease(job_id, slot, slot + late_ms, worker=worker)
+        self.deliver(job_id, slot, token, slot + late_ms + 2)
+        self.complete(job_id, slot, token, slot + late_ms + 40)
+
+    def history(self, window_end: int, **extra: Any) -> History:
+        return History(
+            tenant=TENANT,
+            partitions=2,
+            events=self.events,
+            calls=self.calls,
+            work=self.work,
+            creates=self.creates,
+            faults=self.faults,
+            window_end_ms=window_end,
+            **extra,
+        )
+
+
+def clean(seconds: int = 10) -> Builder:
+    b = Builder()
+    b.job("a", 0)
+    b.job("b", 1, critical=True)
+    for i in range(seconds):
+        b.fine_run("a", T0 + i * 1000)
+        b.fine_run("b", T0 + i * 1000)
+    return b
+
+
+def end(seconds: int = 10) -> int:
+    return T0 + (seconds - 1) * 1000
+
+
+def test_a_clean_history_passes_with_its_figures() -> None:
+    report = check(clean().history(end()))
+    assert report.ok, report.as_json()["violations"]
+    f = report.figures
+    assert f["slots_checked"] == 20 and f["runs_checked"] == 20
+    assert f["slots_never_run"] == 0 and f["runs_without_outcome"] == 0
+    assert f["run_outcomes"] == {"succeeded": 20}
+    assert f["deliveries"] == 20 and f["duplicate_deliveries"] == {}
+
+
+def test_a_slot_that_never_ran_and_a_run_without_an_outcome_are_caught() -> None:
+    b = clean()
+    b.materialise("a", T0 + 10_000)  # materialised, never ended
+    report = check(b.history(end(12)))  # the window reaches two seconds further
+    assert report.counts["run_without_outcome"] == 1
+    assert report.counts["slot_never_run"] == 3  # a's 11th second, b's 11th and 12th
+    assert report.figures["jobs_with_slots_never_run"] == 2
+    assert report.figures["partitions_with_slots_never_run"] == [0, 1]
+
+
+def test_an_acknowledged_job_missing_from_the_log_is_caught() -> None:
+    b = clean()
+    b.creates.append({"job": "lost", "status": 201, "at": T0})
+    b.creates.append({"job": "refused", "status": 503, "at": T0})
+    report = check(b.history(end()))
+    assert report.counts == {"acknowledged_job_lost": 1}
+    assert report.violations["acknowledged_job_lost"] == ["lost"]
+
+
+def test_a_slot_materialised_twice_is_caught() -> None:
+    b = clean()
+    b.materialise("a", T0 + 3000)
+    assert check(b.history(end())).counts["run_materialised_twice"] == 1
+
+
+def test_a_lease_granted_while_another_is_live_is_caught() -> None:
+    b = clean()
+    slot = T0 + 10_000
+    b.materialise("a", slot)
+    first = b.lease("a", slot, slot + 5)
+    second = b.lease("a", slot, slot + 100, attempt=2)
+    b.deliver("a", slot, second, slot + 110, attempt=2)
+    b.complete("a", slot, second, slot + 150, attempt=2)
+    report = check(b.history(end()))
+    assert report.counts["lease_overlap"] == 1, report.counts
+    assert first < second
+
+
+def test_a_completion_with_a_stale_token_is_caught() -> None:
+    b = clean()
+    slot = T0 + 10_000
+    b.materialise("a", slot)
+    old = b.lease("a", slot, slot + 5)
+    b.expire("a", slot, old, slot + 5 + LEASE_MS, critical=False)
+    new = b.lease("a", slot, slot + 5 + LEASE_MS + 200, attempt=2)
+    b.deliver("a", slot, old, slot + 10)
+    b.deliver("a", slot, new, slot + LEASE_MS + 220, attempt=2)
+    b.complete("a", slot, old, slot + LEASE_MS + 300)  # the old token's completion, accepted
+    report = check(b.history(end()))
+    assert report.counts["stale_completion_accepted"] == 1, report.counts
+
+
+def test_a_redelivery_after_a_lost_lease_is_a_duplicate_and_for_a_critical_job_a_violation() -> (
+    None
+):
+    b = clean()
+    for job_id in ("a", "b"):  # a is not critical, b is
+        slot = T0 + 10_000
+        b.materialise(job_id, slot)
+        old = b.lease(job_id, slot, slot + 5)
+        b.deliver(job_id, slot, old, slot + 10)
+        p = b.partition_of[job_id]
+        b.emit(
+            p,
+            b._run_ev(
+                "LeaseExpired",
+                job_id,
+                slot,
+                slot + 5 + LEASE_MS,
+                old,
+                lease_expires_at=slot + 5 + LEASE_MS,
+            ),
+        )
+        b.emit(
+            p,
+            b._run_ev(
+                "RetryScheduled",
+                job_id,
+                slot,
+                slot + 5 + LEASE_MS,
+                old,
+                2,
+                available_at=slot + LEASE_MS + 300,
+                delay_ms=200,
+            ),
+        )
+        new = b.lease(job_id, slot, slot + LEASE_MS + 300, attempt=2)
+        b.deliver(job_id, slot, new, slot + LEASE_MS + 310, attempt=2)
+        b.complete(job_id, slot, new, slot + LEASE_MS + 400, attempt=2)
+    report = check(b.history(end(11)))
+    assert report.figures["duplicate_deliveries"] == {"after_lease_expired": 2}
+    assert report.counts == {"critical_delivered_twice": 1}, report.counts
+    assert report.violations["critical_delivered_twice"][0].startswith("chaos/b.")
+
+
+def test_a_retry_after_a_definite_failure_is_not_a_duplicate() -> None:
+    b = clean()
+    slot = T0 + 10_000
+    b.materialise("b", slot)  # critical: a definite failure may be retried
+    first = b.lease("b", slot, slot + 5)
+    b.deliver("b", slot, first, slot + 10, status=503)
+    p = b.partition_of["b"]
+    b.emit(p, b._run_ev("RunFailed", "b", slot, slot + 40, first, error="HTTP 503"))
+    b.emit(
+        p,
+        b._run_ev(
+            "RetryScheduled", "b", slot, slot + 40, first, 2, available_at=slot + 240, delay_ms=200
+        ),
+    )
+    second = b.lease("b", slot, slot + 240, attempt=2)
+    b.deliver("b", slot, second, slot + 250, attempt=2)
+    b.complete("b", slot, second, slot + 300, attempt=2)
+    b.fine_run("a", slot)
+    report = check(b.history(end(11)))
+    assert report.ok, report.counts
+    assert report.figures["retries_after_a_definite_failure"] == 1
+
+
+def test_a_delivery_without_a_lease_in_the_log_and_a_success_never_delivered_are_caught() -> None:
+    b = clean()
+    b.calls = [c for c in b.calls if c["key"] != f"chaos/a:{T0}"]  # a's first success: no call
+    b.deliver("a", T0 + 1000, 999, T0 + 1020)  # a token no lease had
+    report = check(b.history(end()))
+    assert report.counts["success_without_delivery"] == 1
+    assert report.counts["delivery_without_lease"] == 1
+
+
+def test_firing_early_is_allowed_only_by_the_deciding_nodes_clock_lead() -> None:
+    b = Builder()
+    b.job("a", 0)
+    b.faults.append({"record": "clock", "node": "n3", "offset_s": 3.0, "at": T0})
+    b.fine_run("a", T0, late_ms=-2500, worker="n3/executor")  # n3 runs 3 s ahead: allowed
+    b.fine_run("a", T0 + 1000, late_ms=-500, worker="n1/executor")  # n1's clock is true
+    report = check(b.history(T0 + 1000))
+    assert report.counts == {"fired_early": 1}, report.counts
+    assert report.violations["fired_early"][0].startswith(f"chaos/a.{T0 + 1000}")
+
+
+def test_a_misfire_skip_is_a_dark_partition_and_a_skip_covers_its_slots() -> None:
+    b = clean()
+    b.emit(
+        0,
+        b._ev(
+            "RunSkipped",
+            "a",
+            T0 + 30_000,
+            scheduled_for=T0 + 10_000,
+            last_scheduled_for=T0 + 11_000,
+            count=2,
+            reason="misfire",
+            next_slot=T0 + 12_000,
+        ),
+    )
+    b.fine_run("b", T0 + 10_000)
+    b.fine_run("b", T0 + 11_000)
+    report = check(b.history(end(12)))
+    assert report.counts == {"slot_skipped_misfire": 1}, report.counts
+    assert report.figures["slots_never_run"] == 0
+    assert report.figures["slots_skipped"] == {"misfire": 2}
+
+
+def test_recovery_is_the_first_of_three_on_time_seconds_after_the_fault() -> None:
+    b = Builder()
+    b.job("a", 0)
+    for i in range(20):
+        late = 4000 if 5 <= i < 9 else 20  # slots 5..8 fire 4 s late, then on time again
+        b.fine_run("a", T0 + i * 1000, late_ms=late)
+    b.faults.append(
+        {
+            "record": "fault",
+            "kind": "node_kill",
+            "node": "n1",
+            "injected_at": T0 + 5300,
+            "healed_at": T0 + 7000,
+            "ready_at": T0 + 8000,
+        }
+    )
+    report = check(b.history(T0 + 19_000))
+    assert report.ok, report.counts
+    [recovery] = report.recovery
+    assert recovery["on_time_again_s"] == 3.7  # the slot at T0 + 9 s, 3.7 s after the kill
+    assert recovery["worst_lateness_ms"] == 4002  # delivered 2 ms after its lease
+
+
+def test_a_fault_after_which_nothing_fires_on_time_is_caught() -> None:
+    b = clean()
+    b.faults.append({"record": "fault", "kind": "restart_all", "injected_at": T0 + 8000})
+    b.calls = [c for c in b.calls if c["at"] < T0 + 8000]
+    report = check(b.history(end()))
+    assert report.counts["never_on_time_again"] == 1
+
+
+def test_projections_are_compared_with_the_fold() -> None:
+    b = clean(2)
+    views = {
+        f"a.{T0}": {
+            "state": "succeeded",
+            "dead_reason": None,
+            "attempts": [{"attempt": 1, "worker_id": "n1/executor", "outcome": "succeeded"}],
+        },
+        f"a.{T0 + 1000}": {
+            "state": "dead",
+            "dead_reason": "outcome_unknown",
+            "attempts": [{"attempt": 1, "worker_id": "n1/executor", "outcome": "lease_expired"}],
+        },
+    }
+    report = check(b.history(end(2), api_runs={"n1": views}))
+    assert report.counts == {"projection_differs": 3}  # a's second run and both of b's
+    assert any(f"a.{T0 + 1000}" in v for v in report.violations["projection_differs"])
+
+
+def test_a_node_not_ready_or_partitions_unowned_at_the_end_are_caught() -> None:
+    healthy = {"cronlog_partitions_owned": 1.0, "cronlog_node_ready": 1.0}
+    report = check(
+        clean().history(
+            end(),
+            health={
+                "n1": NodeHealth(True, healthy),
+                "n2": NodeHealth(
+                    False, {"cronlog_partitions_owned": 0.0, "cronlog_node_ready": 0.0}
+                ),
+            },
+        )
+    )
+    assert report.counts["partition_not_running"] == 3  # n2 unready twice; 1 of 2 owned
+    assert report.figures["partitions_owned"] == 1.0
+
+
+def test_foreign_records_are_counted_not_fatal() -> None:
+    b = clean()
+    b.emit(0, None)
+    b.emit(1, {"not": "an event"})
+    report = check(b.history(end()))
+    assert report.ok
+    assert report.figures["foreign_records"] == 2
+
+
+def test_a_zombies_call_after_a_newer_attempt_is_a_stale_duplicate() -> None:
+    b = clean()
+    slot = T0 + 10_000
+    b.materialise("a", slot)
+    old = b.lease("a", slot, slot + 5, worker="n3/executor")  # n3 stops before calling
+    b.expire("a", slot, old, slot + 5 + LEASE_MS, critical=False)
+    new = b.lease("a", slot, slot + LEASE_MS + 300, attempt=2)
+    b.deliver("a", slot, new, slot + LEASE_MS + 310, attempt=2)
+    b.complete("a", slot, new, slot + LEASE_MS + 400, attempt=2)
+    b.deliver("a", slot, old, slot + LEASE_MS + 2000)  # n3 resumes and calls with its token
+    b.fine_run("b", slot)
+    report = check(b.history(end(11)))
+    assert report.ok, report.counts
+    assert report.figures["duplicate_deliveries"] == {"stale_token": 1}
+
+
+def test_a_create_answered_not_found_for_a_job_it_registered_is_caught() -> None:
+    b = clean()
+    b.creates.append({"job": "a", "status": 404, "at": T0 - 4000})
+    report = check(b.history(end()))
+    assert report.counts == {"create_answered_not_found": 1}
+
+
+def test_a_log_from_before_ids_were_scoped_reads_the_same() -> None:
+    b = Builder(scoped=False)
+    b.job("a", 0)
+    for i in range(5):
+        b.fine_run("a", T0 + i * 1000)
+    report = check(b.history(end(5), api_runs={"n1": {}}))
+    assert report.figures["slots_checked"] == 5
+    assert report.counts == {"projection_differs": 5}  # the node showed none of them

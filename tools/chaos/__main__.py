@@ -1,0 +1,5 @@
+import sys
+
+from tools.chaos.cli import main
+
+sys.exit(main())

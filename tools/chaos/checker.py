@@ -1,0 +1,926 @@
+"""The checker: what a chaos run's history must satisfy, and the figures it reports.
+
+:func:`check` is pure: it takes a :class:`History` (the events topic as an independent
+``read_committed`` client read it, the target's and the workers' records, which creates were
+acknowledged, the faults log, the nodes' answers) and returns a :class:`Report`. Gathering the
+history is :mod:`tools.chaos.gather`'s job. The events are read as the public contract
+(``docs/events.md``) describes them, as plain JSON: nothing of cronlog's own code decodes or
+folds them here, so a bug in cronlog's fold cannot hide itself.
+
+What must hold (a violation of any is a failed run):
+
+1. ``acknowledged_job_lost``: every create answered 201/200 has a ``JobRegistered``.
+2. ``slot_never_run``: every slot of every registered job in the window (a cron job's slots
+   from its first to the window's end; a one-shot's instant) was materialised or skipped.
+3. ``slot_two_outcomes`` / ``run_materialised_twice``: no slot was materialised twice, or both
+   materialised and skipped.
+4. ``run_without_outcome``: after the drain every materialised run of the window has exactly
+   one terminal event: ``RunCompleted``, ``RunDeadLettered`` with a reason, or ``RunCancelled``
+   (``run_two_outcomes`` if more than one); a skip has its reason.
+5. ``lease_overlap``: no lease of a run is granted while an earlier one is live (granted and
+   not yet ended by a completion, a failure or an expiry), and tokens strictly increase per run
+   and per partition (``token_not_increasing``).
+6. ``stale_completion_accepted`` / ``stale_heartbeat_accepted``: a completion or heartbeat is
+   recorded only with the live lease's token, before that lease's expiry (by the deciding
+   clock); ``lease_expired_early``: an expiry only after it. ``completion_not_recorded``: a
+   worker's completion answered 200 is in the log with its token.
+7. ``delivery_without_lease`` / ``token_delivered_twice`` / ``success_without_delivery``: each
+   delivery (a call at the target, a work item at a worker) carries the token of a lease in
+   the log, once; a push or pull run that succeeded was delivered with the succeeding token.
+8. ``critical_delivered_twice``: a critical slot is delivered again only after an attempt that
+   definitely failed (the target answered 5xx, recorded as a non-ambiguous failure).
+9. ``fired_early``: no delivery arrives before its slot by more than the clock lead of the node
+   that decided its lease (0 for a node with a true clock; see ``docs/reliability.md``).
+10. ``slot_skipped_misfire``: no slot was skipped as a misfire: the fault model never leaves a
+    partition without a running owner for the jobs' misfire grace (60 s), so such a skip means
+    a partition was dark.
+11. ``never_on_time_again``: after each fault, every-second jobs fire on time again before the
+    window ends.
+12. ``projection_differs``: each node's API shows every run of the window in the state its
+    events give (state, dead reason, attempts with their outcomes).
+13. ``partition_not_running``: at the end every node is ready, and the nodes own every
+    partition between them (``/readyz``, ``cronlog_partitions_owned``, and any gauge of
+    partitions owned but not running).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from croniter import croniter
+
+TERMINAL = ("RunCompleted", "RunDeadLettered", "RunCancelled")
+ON_TIME_MS = 1000  # "starts each run within a second of its slot"
+RECOVERED_AFTER = 3  # consecutive on-time seconds that count as firing on time again
+EXAMPLES = 20  # violations listed per check; the rest are counted
+EARLY_TOLERANCE_MS = 5
+DARK_AT_END_MS = 10_000  # a partition with a slot never run this close to the end is dark
+# What ended the attempt before a repeated delivery.
+DUPLICATE_CAUSES = {
+    "lease_expired": "after_lease_expired",
+    "failed_ambiguous": "after_timeout",
+    "stale_token": "stale_token",
+}
+
+
+@dataclass
+class NodeHealth:
+    ready: bool
+    metrics: dict[str, float]  # metric line (name{labels}) -> value
+    error: str = ""
+
+
+@dataclass
+class History:
+    tenant: str
+    partitions: int
+    events: dict[int, list[tuple[int, dict[str, Any] | None]]]  # partition -> (offset, event)
+    calls: list[dict[str, Any]] = field(default_factory=list)  # the target's records
+    work: list[dict[str, Any]] = field(default_factory=list)  # the workers' records
+    creates: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)  # faults.jsonl
+    window_end_ms: int = 0  # slots up to here must have run
+    api_runs: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # node -> runs
+    health: dict[str, NodeHealth] = field(default_factory=dict)
+    unreadable_records: int = 0
+    probes: list[dict[str, Any]] = field(default_factory=list)  # one-shots due across a step
+
+
+@dataclass
+class Report:
+    figures: dict[str, Any] = field(default_factory=dict)
+    violations: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    counts: Counter[str] = field(default_factory=Counter)
+    recovery: list[dict[str, Any]] = field(default_factory=list)
+
+    def violate(self, check: str, detail: str) -> None:
+        self.counts[check] += 1
+        if len(self.violations[check]) < EXAMPLES:
+            self.violations[check].append(detail)
+
+    @property
+    def ok(self) -> bool:
+        return not self.counts
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "figures": self.figures,
+            "violations": {
+                k: {"count": self.counts[k], "examples": v}
+                for k, v in sorted(self.violations.items())
+            },
+            "recovery": self.recovery,
+        }
+
+
+# -- the fold ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Lease:
+    token: int
+    attempt: int
+    worker: str
+    granted_at: int
+    expires_at: int
+    ended_by: str | None = None  # succeeded, failed, failed_ambiguous, lease_expired
+    ended_at: int | None = None
+
+
+@dataclass
+class Run:
+    run_id: str
+    job_id: str
+    slot: int
+    partition: int
+    materialised: int = 0
+    leases: list[Lease] = field(default_factory=list)
+    live: Lease | None = None
+    outcomes: list[tuple[str, str]] = field(default_factory=list)  # (event type, reason)
+    cancelled: bool = False
+
+    def lease(self, token: int) -> Lease | None:
+        for lease in self.leases:
+            if lease.token == token:
+                return lease
+        return None
+
+
+@dataclass
+class Job:
+    job_id: str
+    partition: int
+    spec: dict[str, Any]
+    first_slot: int | None
+    next_slot: int | None
+    paused_at: int | None = None
+
+    @property
+    def critical(self) -> bool:
+        return bool(self.spec.get("critical"))
+
+    @property
+    def pull(self) -> bool:
+        return (self.spec.get("target") or {}).get("type") == "pull"
+
+
+@dataclass
+class Fold:
+    tenant: str = ""
+    jobs: dict[str, Job] = field(default_factory=dict)
+    runs: dict[str, Run] = field(default_factory=dict)
+    skips: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    foreign: int = 0
+    other_tenants: int = 0
+
+    def resolve(self, ident: str) -> str:
+        """The log's id of a job or run a team names ``ident`` (``docs/events.md``: the log
+        scopes ids by tenant, ``<tenant>/<id>``; logs from before scoping hold bare ids)."""
+        if ident in self.runs or ident in self.jobs:
+            return ident
+        scoped = f"{self.tenant}/{ident}"
+        return scoped if scoped in self.runs or scoped in self.jobs else ident
+
+
+def fold(history: History, report: Report) -> Fold:
+    """Every partition's events in offset order, checked as they are folded (5 and 6)."""
+    f = Fold(tenant=history.tenant)
+    for partition in sorted(history.events):
+        last_token = 0
+        for offset, e in history.events[partition]:
+            if e is None or not isinstance(e.get("type"), str):
+                f.foreign += 1
+                continue
+            if e.get("tenant") != history.tenant:
+                f.other_tenants += 1
+                continue
+            where = f"p{partition}@{offset}"
+            kind = e["type"]
+            job_id = e.get("job_id", "")
+            if kind == "JobRegistered":
+                f.jobs[job_id] = Job(
+                    job_id, partition, e["spec"], e.get("next_slot"), e.get("next_slot")
+                )
+                continue
+            job = f.jobs.get(job_id)
+            if job is None:
+                report.violate("event_of_unknown_job", f"{where}: {kind} of {job_id}")
+                continue
+            if kind == "JobUpdated":
+                job.spec = e["spec"]
+                job.next_slot = e.get("next_slot")
+            elif kind == "JobPaused":
+                job.paused_at = e["at"]
+            elif kind == "JobResumed":
+                job.paused_at = None
+                job.next_slot = e.get("next_slot")
+            elif kind == "RunSkipped":
+                if not e.get("reason"):
+                    report.violate("skip_without_reason", f"{where}: {e}")
+                f.skips[job_id].append(e)
+                job.next_slot = e.get("next_slot")
+            elif "run_id" in e:
+                last_token = _run_event(f, job, partition, where, e, last_token, report)
+    return f
+
+
+def _run_event(
+    f: Fold,
+    job: Job,
+    partition: int,
+    where: str,
+    e: dict[str, Any],
+    last_token: int,
+    report: Report,
+) -> int:
+    kind = e["type"]
+    run_id = e["run_id"]
+    run = f.runs.get(run_id)
+    if kind == "RunMaterialised":
+        if run is None:
+            run = f.runs[run_id] = Run(run_id, job.job_id, e["scheduled_for"], partition)
+        run.materialised += 1
+        if run.materialised > 1:
+            report.violate("run_materialised_twice", f"{where}: {run_id}")
+        if e.get("trigger", "schedule") == "schedule":
+            job.next_slot = e.get("next_slot")
+        return last_token
+    if run is None:
+        report.violate("event_of_unknown_run", f"{where}: {kind} of {run_id}")
+        return last_token
+    token: int = e.get("fencing_token", 0)
+    live = run.live
+    at = e["at"]
+    if kind == "LeaseGranted":
+        if live is not None:
+            report.violate(
+                "lease_overlap",
+                f"{where}: {run_id} token {token} granted while token {live.token} is live",
+            )
+        if run.outcomes:
+            report.violate("lease_after_outcome", f"{where}: {run_id} token {token}")
+        if token <= last_token or any(token <= lease.token for lease in run.leases):
+            report.violate("token_not_increasing", f"{where}: {run_id} token {token}")
+        granted = Lease(
+            token, e.get("attempt", 1), e.get("worker_id", ""), at, e["lease_expires_at"]
+        )
+        run.leases.append(granted)
+        run.live = granted
+        return max(last_token, token)
+    if kind in ("Heartbeat", "RunCompleted", "RunFailed"):
+        stale = live is None or live.token != token or at >= live.expires_at
+        if stale:
+            check = (
+                "stale_heartbeat_accepted" if kind == "Heartbeat" else ("stale_completion_accepted")
+            )
+            held = "none" if live is None else f"{live.token} until {live.expires_at}"
+            report.violate(check, f"{where}: {run_id} {kind} token {token} at {at}; live: {held}")
+        if kind == "Heartbeat":
+            if live is not None and not stale:
+                live.expires_at = e["lease_expires_at"]
+            return last_token
+        ended = run.lease(token)
+        if ended is not None:
+            if kind == "RunCompleted":
+                ended.ended_by = "succeeded"
+            else:
+                ended.ended_by = "failed_ambiguous" if e.get("ambiguous") else "failed"
+            ended.ended_at = at
+        if live is not None and live.token == token:
+            run.live = None
+        if kind == "RunCompleted":
+            run.outcomes.append((kind, ""))
+        return last_token
+    if kind == "LeaseExpired":
+        if live is None or live.token != token:
+            report.violate("expiry_of_no_live_lease", f"{where}: {run_id} token {token}")
+        elif at < live.expires_at:
+            report.violate("lease_expired_early", f"{where}: {run_id} at {at} < {live.expires_at}")
+        expired = run.lease(token)
+        if expired is not None:
+            expired.ended_by, expired.ended_at = "lease_expired", at
+        run.live = None
+        return last_token
+    if kind == "RunDeadLettered":
+        if not e.get("reason"):
+            report.violate("dead_letter_without_reason", f"{where}: {run_id}")
+        run.outcomes.append((kind, e.get("reason") or ""))
+    elif kind == "RunCancelled":
+        run.cancelled = True
+        run.outcomes.append((kind, e.get("reason") or ""))
+    elif kind == "RunReplayed":
+        run.outcomes = [o for o in run.outcomes if o[0] != "RunDeadLettered"]
+    return last_token
+
+
+# -- slots ---------------------------------------------------------------------------------------
+
+
+def slots(job: Job, until_ms: int) -> list[int]:
+    """The job's slots from its first to ``until_ms``, computed here from its spec alone."""
+    spec = job.spec
+    if job.first_slot is None:
+        return []
+    if spec.get("run_at") is not None:
+        return [spec["run_at"]] if spec["run_at"] <= until_ms else []
+    if spec.get("interval_sec") is not None:
+        step = round(spec["interval_sec"] * 1000)
+        return list(range(job.first_slot, until_ms + 1, step))
+    schedule = spec.get("schedule")
+    if not schedule or spec.get("timezone", "UTC") != "UTC":
+        return []
+    out: list[int] = []
+    it = croniter(schedule, datetime.fromtimestamp((job.first_slot - 1) / 1000, UTC))
+    for _ in range(1_000_000):
+        slot = round(it.get_next(float) * 1000)
+        if slot > until_ms:
+            break
+        out.append(slot)
+    return out
+
+
+def _skipped_slots(job: Job, skips: list[dict[str, Any]], report: Report) -> Counter[int]:
+    covered: Counter[int] = Counter()
+    for s in skips:
+        first, last = s["scheduled_for"], s["last_scheduled_for"]
+        in_range = [
+            x
+            for x in slots(Job(job.job_id, job.partition, job.spec, first, None), last)
+            if first <= x <= last
+        ]
+        if s.get("count") is not None and s["count"] != len(in_range):
+            report.violate(
+                "skip_count_wrong",
+                f"{job.job_id}: {s['count']} skipped from {first} to {last}, {len(in_range)} slots",
+            )
+        for x in in_range:
+            covered[x] += 1
+    return covered
+
+
+# -- the checks ----------------------------------------------------------------------------------
+
+
+def check(history: History) -> Report:
+    report = Report()
+    f = fold(history, report)
+    figures = report.figures
+    figures["events_read"] = sum(len(v) for v in history.events.values())
+    figures["foreign_records"] = f.foreign
+    figures["unreadable_records"] = history.unreadable_records
+    figures["jobs"] = len(f.jobs)
+    figures["critical_jobs"] = sum(j.critical for j in f.jobs.values())
+
+    _check_creates(history, f, report)
+    in_window = _check_slots(history, f, report)
+    _check_outcomes(f, in_window, report)
+    deliveries = _check_deliveries(history, f, in_window, report)
+    _unknown_outcomes(f, in_window, deliveries, report)
+    _check_timing(history, f, in_window, deliveries, report)
+    _check_projections(history, f, in_window, report)
+    _check_health(history, report)
+    figures["nodes_exited_by_themselves"] = [
+        {k: r.get(k) for k in ("node", "code", "at", "error")}
+        for r in history.faults
+        if r.get("record") == "exit"
+    ]
+    figures["violations"] = sum(report.counts.values())
+    return report
+
+
+def _check_creates(history: History, f: Fold, report: Report) -> None:
+    acked = {f.resolve(c["job"]) for c in history.creates if c.get("status") in (200, 201)}
+    tried = {f.resolve(c["job"]) for c in history.creates}
+    report.figures["creates_acknowledged"] = len(acked)
+    report.figures["creates_not_acknowledged"] = len(tried - acked)
+    report.figures["unacknowledged_creates_registered"] = len((tried - acked) & set(f.jobs))
+    for job_id in sorted(acked - set(f.jobs)):
+        report.violate("acknowledged_job_lost", job_id)
+    # "Not found" is a definite answer: a client told so believes the job does not exist.
+    for c in history.creates:
+        if c.get("status") == 404 and f.resolve(c["job"]) in f.jobs:
+            report.violate("create_answered_not_found", f"{c['job']} at {c.get('at')}")
+
+
+def _check_slots(history: History, f: Fold, report: Report) -> set[str]:
+    """Check every slot in the window; return the run ids of the window's slots."""
+    in_window: set[str] = set()
+    checked = never = 0
+    never_jobs: set[str] = set()
+    dark_at_end: set[int] = set()
+    skipped: Counter[str] = Counter()
+    by_slot: dict[str, dict[int, Run]] = defaultdict(dict)
+    for run in f.runs.values():
+        by_slot[run.job_id][run.slot] = run
+    for job in f.jobs.values():
+        # The window: to its end, and further to every slot the job moved past before it was
+        # paused (those must have an outcome too).
+        until = history.window_end_ms
+        if job.next_slot is not None and job.spec.get("run_at") is None:
+            until = max(until, job.next_slot - 1)
+        expected = slots(job, until)
+        covered = _skipped_slots(job, f.skips.get(job.job_id, []), report)
+        for s in f.skips.get(job.job_id, []):
+            skipped[s.get("reason") or "none"] += s.get("count") or 0
+            if s.get("reason") == "misfire":
+                report.violate(
+                    "slot_skipped_misfire",
+                    f"{job.job_id}: {s.get('count')} slots {s['scheduled_for']}.."
+                    f"{s['last_scheduled_for']} (p{job.partition})",
+                )
+        runs = by_slot.get(job.job_id, {})
+        for slot in expected:
+            checked += 1
+            made = runs.get(slot)
+            outcomes = (1 if made is not None else 0) + covered[slot]
+            if made is not None:
+                in_window.add(made.run_id)
+            if outcomes == 0:
+                never += 1
+                never_jobs.add(job.job_id)
+                if slot > history.window_end_ms - DARK_AT_END_MS:
+                    dark_at_end.add(job.partition)
+                report.violate("slot_never_run", f"{job.job_id} slot {slot} (p{job.partition})")
+            elif outcomes > 1:
+                report.violate("slot_two_outcomes", f"{job.job_id} slot {slot}")
+    report.figures["slots_checked"] = checked
+    report.figures["slots_never_run"] = never
+    report.figures["jobs_with_slots_never_run"] = len(never_jobs)
+    report.figures["slots_skipped"] = dict(skipped)
+    report.figures["partitions_with_slots_never_run"] = sorted(
+        {f.jobs[j].partition for j in never_jobs}
+    )
+    report.figures["dark_partitions_at_the_end"] = sorted(dark_at_end)
+    return in_window
+
+
+def _check_outcomes(f: Fold, in_window: set[str], report: Report) -> None:
+    without = 0
+    outcomes: Counter[str] = Counter()
+    unknown_critical = 0
+    for run_id in sorted(in_window):
+        run = f.runs[run_id]
+        if not run.outcomes:
+            without += 1
+            state = "running" if run.live else "pending"
+            report.violate("run_without_outcome", f"{run_id} ({state}, {len(run.leases)} leases)")
+            continue
+        if len(run.outcomes) > 1:
+            report.violate("run_two_outcomes", f"{run_id}: {run.outcomes}")
+        kind, reason = run.outcomes[-1]
+        name = {
+            "RunCompleted": "succeeded",
+            "RunDeadLettered": "dead",
+            "RunCancelled": "cancelled",
+        }[kind]
+        outcomes[f"{name}:{reason}" if reason else name] += 1
+        if reason == "outcome_unknown" and f.jobs[run.job_id].critical:
+            unknown_critical += 1
+    report.figures["runs_checked"] = len(in_window)
+    report.figures["runs_without_outcome"] = without
+    report.figures["run_outcomes"] = dict(outcomes)
+    report.figures["critical_dead_outcome_unknown"] = unknown_critical
+    report.figures["run_materialised_twice"] = report.counts["run_materialised_twice"]
+    report.figures["stale_completion_accepted"] = report.counts["stale_completion_accepted"]
+    report.figures["lease_overlaps"] = report.counts["lease_overlap"]
+
+
+@dataclass
+class Delivery:
+    run_id: str
+    token: int
+    at: int
+    by: str  # "target" or the worker id
+    status: int | None = None  # what the target answered (push)
+    answered_at: int | None = None  # when it did
+
+
+def _deliveries(history: History) -> dict[str, list[Delivery]]:
+    answers = {(r["key"], r["token"]): r for r in history.calls if r.get("kind") == "answer"}
+    out: dict[str, list[Delivery]] = defaultdict(list)
+    for r in history.calls:
+        if r.get("kind") == "call":
+            answer = answers.get((r["key"], r["token"]))
+            run_id = _run_of_key(r["key"])
+            out[run_id].append(
+                Delivery(
+                    run_id,
+                    r["token"],
+                    r["at"],
+                    "target",
+                    answer["status"] if answer else None,
+                    answer["at"] if answer else None,
+                )
+            )
+    for r in history.work:
+        if r.get("kind") == "work":
+            run_id = _run_of_key(r["key"])
+            out[run_id].append(Delivery(run_id, r["token"], r["at"], r["worker"]))
+    for runs in out.values():
+        runs.sort(key=lambda d: d.at)
+    return out
+
+
+def _run_of_key(key: str) -> str:
+    """The run an ``Idempotency-Key`` names: ``<job's log id>:<slot>``."""
+    job_id, _, slot = key.rpartition(":")
+    return f"{job_id}.{slot}"
+
+
+def _check_deliveries(
+    history: History, f: Fold, in_window: set[str], report: Report
+) -> dict[str, list[Delivery]]:
+    deliveries = _deliveries(history)
+    dup: Counter[str] = Counter()
+    critical_twice = 0
+    retried = 0
+    for run_id, got in deliveries.items():
+        run = f.runs.get(run_id)
+        if run is None:
+            report.violate("delivery_without_lease", f"{run_id}: no such run in the log")
+            continue
+        tokens = Counter(d.token for d in got)
+        for token, n in tokens.items():
+            if n > 1:
+                report.violate("token_delivered_twice", f"{run_id} token {token} x{n}")
+        critical = f.jobs[run.job_id].critical
+        for i, d in enumerate(got):
+            lease = run.lease(d.token)
+            if lease is None:
+                report.violate("delivery_without_lease", f"{run_id} token {d.token} ({d.by})")
+                continue
+            if d.by != "target" and lease.worker != d.by:
+                report.violate(
+                    "delivered_to_wrong_worker",
+                    f"{run_id} token {d.token}: {d.by} != {lease.worker}",
+                )
+            if i == 0:
+                continue
+            if d.token < max(x.token for x in got[:i]):
+                # A zombie: an attempt whose lease was already lost (its node stopped, say)
+                # arrived after a newer attempt had been delivered.
+                cause: str | None = "stale_token"
+            else:
+                before = run.lease(got[i - 1].token)
+                cause = before.ended_by if before is not None else None
+            if cause == "failed":
+                retried += 1  # the target or worker said it failed: a retry, not a duplicate
+                continue
+            dup[DUPLICATE_CAUSES.get(cause or "", "other")] += 1
+            if critical:
+                critical_twice += 1
+                report.violate(
+                    "critical_delivered_twice",
+                    f"{run_id}: token {d.token} after token {got[i - 1].token} ({cause})",
+                )
+    # A success is a delivery: the succeeding lease's token reached the target or a worker.
+    for run in f.runs.values():
+        for lease in run.leases:
+            if lease.ended_by == "succeeded" and not any(
+                d.token == lease.token for d in deliveries.get(run.run_id, [])
+            ):
+                report.violate("success_without_delivery", f"{run.run_id} token {lease.token}")
+    # A completion a worker was told was accepted is in the log, with its token.
+    for r in history.work:
+        if r.get("kind") == "complete" and r.get("status") == 200:
+            run = f.runs.get(f.resolve(r["run"]))
+            lease = run.lease(r["token"]) if run is not None else None
+            if lease is None or lease.ended_by not in ("succeeded", "failed", "failed_ambiguous"):
+                report.violate(
+                    "completion_not_recorded", f"{r['run']} token {r['token']} ({r.get('at')})"
+                )
+    report.figures["deliveries"] = sum(len(v) for v in deliveries.values())
+    report.figures["duplicate_deliveries"] = dict(dup)
+    report.figures["retries_after_a_definite_failure"] = retried
+    report.figures["critical_delivered_twice"] = critical_twice
+    return deliveries
+
+
+def _unknown_outcomes(
+    f: Fold, in_window: set[str], deliveries: dict[str, list[Delivery]], report: Report
+) -> None:
+    """Why each critical run dead-lettered ``outcome_unknown`` was unknown, as the target and
+    the workers saw its last attempt: the figure to make as small as the design allows."""
+    why: Counter[str] = Counter()
+    for run_id in in_window:
+        run = f.runs[run_id]
+        if not f.jobs[run.job_id].critical or not run.outcomes or not run.leases:
+            continue
+        if run.outcomes[-1] != ("RunDeadLettered", "outcome_unknown"):
+            continue
+        last = run.leases[-1]
+        got = [d for d in deliveries.get(run_id, []) if d.token == last.token]
+        if not got:
+            why["never_delivered"] += 1  # the lease was lost before the call went out
+        elif got[0].by != "target":
+            why["worker_lost_the_lease"] += 1
+        elif got[0].answered_at is None:
+            why["no_answer"] += 1
+        elif got[0].answered_at < last.expires_at:
+            why[f"answered_{got[0].status}_before_the_lease_ran_out"] += 1
+        else:
+            why[f"answered_{got[0].status}_after_the_lease_ran_out"] += 1
+    report.figures["critical_outcome_unknown_why"] = dict(why)
+
+
+def _clock_leads(history: History) -> dict[str, float]:
+    """The most each node's wall clock was ever ahead (s), from the faults log."""
+    lead: dict[str, float] = defaultdict(float)
+    for r in history.faults:
+        if r.get("record") == "clock":
+            lead[r["node"]] = max(lead[r["node"]], float(r["offset_s"]))
+    return lead
+
+
+def _check_timing(
+    history: History,
+    f: Fold,
+    in_window: set[str],
+    deliveries: dict[str, list[Delivery]],
+    report: Report,
+) -> None:
+    leads = _clock_leads(history)
+    any_lead = max(leads.values(), default=0.0)
+    early = 0
+    lateness: dict[str, list[int]] = {"push": [], "pull": []}
+    first_at: dict[str, dict[int, int]] = defaultdict(dict)  # job -> slot -> first delivery
+    for run_id, got in deliveries.items():
+        run = f.runs.get(run_id)
+        if run is None:
+            continue
+        for d in got:
+            lease = run.lease(d.token)
+            if lease is None:
+                continue
+            if d.by == "target":
+                node = lease.worker.partition("/")[0]
+                allowed = leads.get(node, 0.0)
+            else:  # a pull lease is decided by the partition's owner, whichever it was
+                allowed = any_lead
+            if d.at < run.slot - allowed * 1000 - EARLY_TOLERANCE_MS:
+                early += 1
+                report.violate(
+                    "fired_early",
+                    f"{run_id} token {d.token} arrived {run.slot - d.at} ms before its slot "
+                    f"(allowed {allowed:.1f} s)",
+                )
+        if run_id in in_window:
+            lateness["pull" if f.jobs[run.job_id].pull else "push"].append(got[0].at - run.slot)
+            first_at[run.job_id][run.slot] = got[0].at
+    report.figures["fired_early"] = early
+    report.figures["max_clock_lead_s"] = dict(leads)
+    report.figures["first_delivery_lateness_ms"] = {
+        kind: _distribution(values) for kind, values in lateness.items() if values
+    }
+    _recovery(history, f, first_at, report)
+    _probes(history, f, first_at, report)
+
+
+def _probes(history: History, f: Fold, first_at: dict[str, dict[int, int]], report: Report) -> None:
+    """The one-shots due where a skewed clock stepped back: each must fire (2 holds that),
+    and how late they did, the promise being "up to the step late" (docs/reliability.md)."""
+    if not history.probes:
+        return
+    late: list[int] = []
+    for p in history.probes:
+        job_id = f.resolve(p["job"])
+        fired = first_at.get(job_id, {}).get(p["run_at"])
+        if fired is not None:
+            late.append(fired - p["run_at"])
+    report.figures["clock_step_probes"] = {
+        "created": len(history.probes),
+        "fired": len(late),
+        "lateness_ms": _distribution(late) if late else None,
+    }
+
+
+def _distribution(values: list[int]) -> dict[str, int]:
+    values = sorted(values)
+    return {
+        "n": len(values),
+        "p50": values[len(values) // 2],
+        "p99": values[min(len(values) - 1, int(len(values) * 0.99))],
+        "max": values[-1],
+        "over_1s": sum(1 for x in values if x > ON_TIME_MS),
+    }
+
+
+def _recovery(
+    history: History, f: Fold, first_at: dict[str, dict[int, int]], report: Report
+) -> None:
+    """For each fault, the first second from its strike after which every every-second push
+    job fired on time for ``RECOVERED_AFTER`` seconds in a row."""
+    every_second = [
+        j
+        for j in f.jobs.values()
+        if j.spec.get("schedule") == "* * * * * *" and not j.pull and j.first_slot is not None
+    ]
+    if not every_second:
+        return
+    end = history.window_end_ms
+
+    def on_time(second: int) -> bool:
+        for job in every_second:
+            if job.first_slot is None or job.first_slot > second:
+                continue
+            at = first_at.get(job.job_id, {}).get(second)
+            if at is None or at - second > ON_TIME_MS:
+                return False
+        return True
+
+    cache: dict[int, bool] = {}
+    strikes = sorted(
+        r["injected_at"]
+        for r in history.faults
+        if r.get("record") == "fault" and "injected_at" in r
+    )
+    for fault in history.faults:
+        if fault.get("record") != "fault" or "injected_at" not in fault:
+            continue
+        struck = fault["injected_at"]
+        next_strike = next((t for t in strikes if t > struck), None)
+        second = struck - struck % 1000
+        streak_start: int | None = None
+        streak = 0
+        recovered: int | None = None
+        worst = 0
+        while second <= end:
+            good = cache.setdefault(second, on_time(second))
+            if good:
+                streak_start = second if streak == 0 else streak_start
+                streak += 1
+                if streak == RECOVERED_AFTER:
+                    recovered = streak_start
+                    break
+            else:
+                streak = 0
+                late = [first_at.get(j.job_id, {}).get(second) for j in every_second]
+                worst = max([worst] + [a - second for a in late if a is not None])
+            second += 1000
+        entry = {
+            "kind": fault["kind"],
+            "what": {
+                k: v
+                for k, v in fault.items()
+                if k not in ("record", "kind", "logged_at", "injected_at", "healed_at", "ready_at")
+            },
+            "injected_at": struck,
+            "healed_s": _seconds(fault.get("healed_at"), struck),
+            "ready_s": _seconds(fault.get("ready_at"), struck),
+            "on_time_again_s": _seconds(recovered, struck),
+            "worst_lateness_ms": worst,
+            # Else the figure includes the faults that came next.
+            "before_the_next_fault": recovered is not None
+            and (next_strike is None or recovered < next_strike),
+        }
+        if recovered is not None:
+            entry["on_time_again_s"] = max(0.0, entry["on_time_again_s"] or 0.0)
+        report.recovery.append(entry)
+        if recovered is None:
+            report.violate("never_on_time_again", f"{fault['kind']} at {struck}")
+        if fault.get("error"):
+            report.violate("fault_not_healed", f"{fault['kind']}: {fault['error']}")
+    times = [r["on_time_again_s"] for r in report.recovery if r["on_time_again_s"] is not None]
+    if times:
+        report.figures["on_time_again_s"] = {
+            "median": round(statistics.median(times), 1),
+            "max": round(max(times), 1),
+        }
+
+
+def _seconds(at: int | None, since: int) -> float | None:
+    return None if at is None else round((at - since) / 1000, 1)
+
+
+# -- projections and health ----------------------------------------------------------------------
+
+_OUTCOME_OF = {
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "failed_ambiguous": "failed",
+    "lease_expired": "lease_expired",
+}
+
+
+def _expected_view(run: Run) -> dict[str, Any]:
+    kind, reason = run.outcomes[-1] if run.outcomes else ("", "")
+    state = {
+        "RunCompleted": "succeeded",
+        "RunDeadLettered": "dead",
+        "RunCancelled": "cancelled",
+    }.get(kind, "live")
+    return {
+        "state": state,
+        "dead_reason": reason if kind == "RunDeadLettered" else None,
+        "attempts": [
+            (lease.attempt, lease.worker, _OUTCOME_OF.get(lease.ended_by or ""))
+            for lease in run.leases
+        ],
+    }
+
+
+def _check_projections(history: History, f: Fold, in_window: set[str], report: Report) -> None:
+    compared = 0
+    for node, team_runs in sorted(history.api_runs.items()):
+        runs = {f.resolve(run_id): view for run_id, view in team_runs.items()}
+        for run_id in sorted(in_window):
+            run = f.runs[run_id]
+            want = _expected_view(run)
+            if want["state"] == "live":
+                continue  # reported as run_without_outcome
+            got = runs.get(run_id)
+            compared += 1
+            if got is None:
+                report.violate("projection_differs", f"{node}: {run_id} missing")
+                continue
+            seen = {
+                "state": got["state"],
+                "dead_reason": got.get("dead_reason"),
+                "attempts": [
+                    (a["attempt"], a["worker_id"], a["outcome"]) for a in got.get("attempts", [])
+                ],
+            }
+            if run.cancelled and seen["state"] == "cancelled":
+                seen["attempts"] = want["attempts"]  # a cancelled lease's end is not ours to say
+            if seen != want:
+                report.violate("projection_differs", f"{node}: {run_id} {seen} != {want}")
+        for run_id in runs:
+            if run_id not in f.runs:
+                report.violate("projection_differs", f"{node}: {run_id} is not in the log")
+    report.figures["projection_runs_compared"] = compared
+
+
+def _check_health(history: History, report: Report) -> None:
+    owned = 0.0
+    for node, h in sorted(history.health.items()):
+        if h.error:
+            report.violate("partition_not_running", f"{node}: {h.error}")
+            continue
+        if not h.ready:
+            report.violate("partition_not_running", f"{node}: /readyz is not 200")
+        owned += h.metrics.get("cronlog_partitions_owned", 0.0)
+        if h.metrics.get("cronlog_node_ready", 1.0) != 1.0:
+            report.violate("partition_not_running", f"{node}: cronlog_node_ready is 0")
+        for name, value in h.metrics.items():
+            if ("not_running" in name or "not_deciding" in name) and value > 0:
+                report.violate("partition_not_running", f"{node}: {name} = {value}")
+    report.figures["partitions_owned"] = owned
+    report.figures["nodes_not_ready"] = sum(not h.ready for h in history.health.values())
+    report.figures["partitions_not_deciding"] = sum(
+        h.metrics.get("cronlog_partitions_not_deciding", 0.0) for h in history.health.values()
+    )
+    if history.health and owned != history.partitions:
+        report.violate(
+            "partition_not_running",
+            f"the nodes own {owned:.0f} partitions between them, not {history.partitions}",
+        )
+
+
+# -- the summary ---------------------------------------------------------------------------------
+
+
+def summary(report: Report) -> str:
+    f = report.figures
+    dup = f.get("duplicate_deliveries", {})
+    lines = [
+        "chaos check: " + ("PASSED" if report.ok else f"FAILED ({f.get('violations')} violations)"),
+        f"slots checked {f.get('slots_checked')}, never run {f.get('slots_never_run')} "
+        f"({f.get('jobs_with_slots_never_run')} jobs, partitions "
+        f"{f.get('partitions_with_slots_never_run')}); skipped {f.get('slots_skipped')}",
+        f"runs checked {f.get('runs_checked')}, without an outcome {f.get('runs_without_outcome')};"
+        f" outcomes {f.get('run_outcomes')}",
+        f"deliveries {f.get('deliveries')}; duplicates after a lease expired "
+        f"{dup.get('after_lease_expired', 0)}, after a timeout {dup.get('after_timeout', 0)}, "
+        f"stale (a zombie's, after a newer attempt's) {dup.get('stale_token', 0)}, "
+        f"other {dup.get('other', 0)}; retries after a definite failure "
+        f"{f.get('retries_after_a_definite_failure')}",
+        f"critical delivered twice {f.get('critical_delivered_twice')}, stale completion "
+        f"accepted {f.get('stale_completion_accepted')}, run materialised twice "
+        f"{f.get('run_materialised_twice')}, lease overlaps {f.get('lease_overlaps')}, fired "
+        f"early {f.get('fired_early')}",
+        f"critical dead-lettered outcome_unknown {f.get('critical_dead_outcome_unknown')} "
+        f"{f.get('critical_outcome_unknown_why')}",
+        f"at the end: partitions owned {f.get('partitions_owned')}, not deciding "
+        f"{f.get('partitions_not_deciding')}, nodes not ready {f.get('nodes_not_ready')}, dark "
+        f"partitions (slots never run in the last 10 s) {f.get('dark_partitions_at_the_end')}",
+        f"first-delivery lateness {f.get('first_delivery_lateness_ms')}",
+        f"clock-step probes {f.get('clock_step_probes')}; nodes that exited by themselves "
+        f"(started again) {len(f.get('nodes_exited_by_themselves', []))}",
+        "recovery (fault -> every-second jobs on time again):",
+    ]
+    for r in report.recovery:
+        lines.append(
+            f"  {r['kind']:<18} {r['what']}  ready {r['ready_s']} s, on time again "
+            f"{r['on_time_again_s']} s"
+            + ("" if r["before_the_next_fault"] else " (after the next fault too)")
+            + f", worst lateness {r['worst_lateness_ms']} ms"
+        )
+    for check_name in sorted(report.counts):
+        lines.append(f"VIOLATION {check_name}: {report.counts[check_name]}")
+        lines += [f"    {x}" for x in report.violations[check_name][:5]]
+    return "\n".join(lines)

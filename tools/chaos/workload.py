@@ -1,0 +1,131 @@
+"""The jobs a chaos run creates, drawn from its seed, and the record of which were acknowledged.
+
+Cron jobs are created before the faults start; one-shot jobs in bursts while they run, each
+burst due in one second. Every create goes through the HTTP API to some node; its answer is
+recorded in ``creates.jsonl`` (``{"job": id, "status": 201, "at": ms, "node": n}``). A create
+answered 201 (or 200: the same definition existed, so an earlier try was decided) is
+*acknowledged*: the checker holds cronlog to running every slot of it.
+
+Behaviours (:mod:`tools.chaos.behaviour`) are chosen to exercise the paths that matter:
+
+- ``fast``: answered within 50 ms;
+- ``beat``: held about a third of the lease, so the call often ends while its heartbeat is
+  being decided (the race of issue 12);
+- ``flaky``: one attempt in twenty answered 503 (definite: retried, even when critical);
+- ``slow``: one attempt in fifty held past the job's timeout (ambiguous: retried, or
+  dead-lettered ``outcome_unknown`` when critical; so critical jobs are never ``slow``).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from tools.chaos.procs import iso, now_ms
+from tools.chaos.records import Recorder
+
+LEASE_SEC = 5.0  # heartbeats every 1.67 s
+TIMEOUT_SEC = 4.0
+BACKOFF = {"base_sec": 0.2, "factor": 2, "cap_sec": 2, "jitter": False}
+RETRIES = 3
+POOL = "chaos"
+CREATE_TRIES = 4
+
+BEHAVIOURS: dict[str, dict[str, Any]] = {
+    "fast": {"hold_ms": [0, 50]},
+    "beat": {"hold_ms": [1600, 1800]},
+    "flaky": {"hold_ms": [20, 200], "fail_permille": 50},
+    "slow": {"hold_ms": [20, 200], "slow_permille": 20, "slow_ms": 4600},
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How many jobs of each kind a run creates."""
+
+    every_second: int = 24  # push (HTTP) jobs on "* * * * * *"
+    every_second_critical: int = 6  # of those
+    every_five: int = 6  # push jobs on "* * * * * */5"
+    pull: int = 4  # pull jobs on "* * * * * *"
+    pull_critical: int = 1  # of those
+    oneshot_bursts: int = 3
+    oneshot_per_burst: int = 40
+
+
+@dataclass
+class Workload:
+    shape: Shape
+    target_url: str
+    rng: random.Random
+    crons: list[dict[str, Any]] = field(default_factory=list)
+
+    def cron_jobs(self) -> list[dict[str, Any]]:
+        s = self.shape
+        jobs: list[dict[str, Any]] = []
+        kinds = list(BEHAVIOURS)
+        for i in range(s.every_second):
+            critical = i < s.every_second_critical
+            behaviour = self.rng.choice(["fast", "beat", "flaky"] if critical else kinds)
+            jobs.append(self._push(f"sec-{i:03d}", "* * * * * *", behaviour, critical))
+        for i in range(s.every_five):
+            jobs.append(self._push(f"five-{i:03d}", "* * * * * */5", self.rng.choice(kinds), False))
+        for i in range(s.pull):
+            critical = i < s.pull_critical
+            behaviour = self.rng.choice(["fast", "beat", "flaky"])
+            body = self._body(f"pull-{i:03d}", behaviour, critical, f"pull://{POOL}")
+            jobs.append({**body, "schedule": "* * * * * *"})
+        self.crons = jobs
+        return jobs
+
+    def burst(self, index: int, due_ms: int, rng: random.Random) -> list[dict[str, Any]]:
+        """``oneshot_per_burst`` one-shot jobs all due at ``due_ms``."""
+        jobs = []
+        for i in range(self.shape.oneshot_per_burst):
+            critical = rng.random() < 0.25
+            behaviour = rng.choice(["fast", "beat", "flaky"])
+            body = self._body(f"once-{index:02d}-{i:03d}", behaviour, critical, self.target_url)
+            jobs.append({**body, "run_at": iso(due_ms)})
+        return jobs
+
+    def probe(self, job_id: str, run_at_ms: int) -> dict[str, Any]:
+        """A one-shot job due at ``run_at_ms`` (to the millisecond)."""
+        return {**self._body(job_id, "fast", False, self.target_url), "run_at": iso(run_at_ms)}
+
+    def _push(self, job_id: str, schedule: str, behaviour: str, critical: bool) -> dict[str, Any]:
+        return {**self._body(job_id, behaviour, critical, self.target_url), "schedule": schedule}
+
+    @staticmethod
+    def _body(job_id: str, behaviour: str, critical: bool, target: str) -> dict[str, Any]:
+        return {
+            "job_id": job_id,
+            "name": f"chaos {behaviour}",
+            "target": target,
+            "payload": {"chaos": BEHAVIOURS[behaviour], "behaviour": behaviour},
+            "critical": critical,
+            "lease_sec": LEASE_SEC,
+            "timeout_sec": TIMEOUT_SEC,
+            "retries": RETRIES,
+            "backoff": BACKOFF,
+        }
+
+
+def create(clients: list[httpx.Client], body: dict[str, Any], acks: Recorder) -> bool:
+    """Create one job, trying each node in turn; True once a node acknowledged it."""
+    for attempt in range(CREATE_TRIES):
+        client = clients[attempt % len(clients)]
+        try:
+            response = client.post("/v1/jobs", json=body, timeout=15.0)
+            status = response.status_code
+        except httpx.HTTPError:
+            status = 0
+        acks.write(
+            {"job": body["job_id"], "status": status, "at": now_ms(), "node": str(client.base_url)}
+        )
+        if status in (200, 201):
+            return True
+        if 400 <= status < 500:
+            return False  # the harness sent something wrong: trying again will not help
+    return False
