@@ -164,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     js = jobs.add_subparsers(dest="action", required=True, metavar="ACTION")
     c = p.add(js, "list", "the team's jobs")
     c.add_argument("--status", choices=("active", "paused", "cancelled", "finished"))
+    c.add_argument("--search", help="only jobs whose name or id holds this text")
     _paging(c)
     p.add(js, "get", "one job").add_argument("job_id")
     c = p.add(js, "create", "a new job")
@@ -179,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("job_id")
     c.add_argument("--if-version", type=int, help="only if the job is at this version")
     c.add_argument("--clear", action="append", choices=CLEARABLE, help="set a field to null")
+    c.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show the fire times before and after the change, and the slots it adds and"
+        " drops; change nothing",
+    )
     _job_fields(c, whole=False)
     for action, text in (
         ("pause", "stop firing"),
@@ -291,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--type", action="append", metavar="EVENT", help="only these event types")
 
     c = p.add(sub, "status", "whether the node is up and ready")
+    c = p.add(sub, "team", "the team the token speaks for: its jobs and its limits")
+    c = p.add(sub, "stats", "the team's scheduling delay and outcomes over a window")
+    c.add_argument("--window", type=int, metavar="MIN", help="minutes (default 60)")
+    c.add_argument("--step", type=int, metavar="MIN", help="minutes a row adds up")
 
     c = sub.add_parser(
         "log",
@@ -506,13 +517,10 @@ def _fields(args: argparse.Namespace, client: Any | None = None) -> dict[str, An
 
 def _jobs_list(client: Any, args: argparse.Namespace) -> int:
     if args.all:
-        output.show(
-            list(client.iter_jobs(args.status, page_size=args.limit)),
-            args.output,
-            output.JOB_COLUMNS,
-        )
+        jobs = list(client.iter_jobs(args.status, page_size=args.limit, q=args.search))
+        output.show(jobs, args.output, output.JOB_COLUMNS)
     else:
-        page = client.list_jobs(args.status, limit=args.limit, cursor=args.cursor)
+        page = client.list_jobs(args.status, limit=args.limit, cursor=args.cursor, q=args.search)
         output.show(page, args.output, output.JOB_COLUMNS, key="jobs")
     return 0
 
@@ -543,6 +551,20 @@ def _jobs_update(client: Any, args: argparse.Namespace) -> int:
     fields = _fields(args, client)
     if not fields:
         raise UsageError("nothing to change: give a field, or --clear one")
+    if args.dry_run:
+        change = client.preview_change(args.job_id, JobPatch(**fields))
+        if args.output != "table":
+            output.show(change, args.output)
+            return 0
+        shown = output.builtins(change)
+        for name in ("before", "after"):
+            print(f"{name}:")
+            output.show(shown[name], "table", output.FIRE_COLUMNS, key="fires")
+        for name, sign in (("added", "+"), ("dropped", "-")):
+            for fire in shown[name]:
+                print(f"{sign} {fire['at']}  ({fire['local']})")
+        print("dry run: nothing was changed", file=sys.stderr)
+        return 0
     if args.if_version is not None:
         fields["version"] = args.if_version
     output.show(client.patch_job(args.job_id, JobPatch(**fields)), args.output)
@@ -814,6 +836,10 @@ _COMMANDS: dict[tuple[str, str], Callable[[Any, argparse.Namespace], int]] = {
     ("preview", "list"): _show(_preview, output.FIRE_COLUMNS, "fires"),
     ("tail", "list"): _tail,
     ("status", "list"): _status,
+    ("team", "list"): _show(lambda c, a: c.team()),
+    ("stats", "list"): _show(
+        lambda c, a: c.stats(window_min=a.window, step_min=a.step), output.STATS_COLUMNS, "points"
+    ),
 }
 
 

@@ -174,3 +174,13 @@ SLOT_COLUMNS: list[Column] = [
     ("RUN", lambda s: s["run_id"]),
     ("STATE", lambda s: s["state"] or ("to trigger" if s["due"] else "future")),
 ]
+STATS_COLUMNS: list[Column] = [
+    ("AT", lambda p: p["at"]),
+    ("STARTED", lambda p: p["started"]),
+    ("DELAY P50 MS", lambda p: p["delay_p50_ms"]),
+    ("DELAY P99 MS", lambda p: p["delay_p99_ms"]),
+    ("SUCCEEDED", lambda p: p["succeeded"]),
+    ("FAILED", lambda p: p["failed"]),
+    ("DEAD", lambda p: p["dead"]),
+    ("SKIPPED", lambda p: p["skipped"]),
+]

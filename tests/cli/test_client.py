@@ -75,6 +75,16 @@ def test_the_client_drives_a_job_through_its_life(
         "--if-version", "3",
     )  # fmt: skip
     assert status == 0 and (changed["priority"], changed["end_at"]) == (2, None), changed
+    status, change = cronlog(
+        capsys, node, "jobs", "update", job_id, "--schedule", "0 9 * * *", "--dry-run"
+    )
+    assert status == 0 and change["after"]["schedule"] == "0 9 * * *" and change["added"]
+    status, still = cronlog(capsys, node, "jobs", "get", job_id)
+    assert still["run_at"] is not None and still["version"] == 4  # nothing was changed
+    status, team = cronlog(capsys, node, "team")
+    assert status == 0 and team["tenant"] == "default" and team["jobs"] == 1
+    status, found = cronlog(capsys, node, "jobs", "list", "--search", job_id[-6:])
+    assert [j["job_id"] for j in found["jobs"]] == [job_id]
     status, run = cronlog(capsys, node, "jobs", "trigger", job_id)
     assert status == 0 and run["trigger"] == "manual" and run["state"] == "pending"
     status, runs = cronlog(capsys, node, "runs", "list", job_id, "--limit", "1")
@@ -153,6 +163,8 @@ def test_backfill_dead_letters_and_the_audit_tail(
     assert status == 0 and {r["state"] for r in replayed} == {"pending"}
     status, dead = cronlog(capsys, node, "dead")
     assert status == 0 and dead == []
+    status, figures = cronlog(capsys, node, "stats", "--window", "60")
+    assert status == 0 and figures["points"] and figures["runs_by_state"]["pending"] == 3
 
     # The team's events, from the start, as JSON lines; without --follow it ends.
     main(["tail", "--from", "start", "--no-follow", "--job", "daily", "--type", "RunReplayed",

@@ -232,6 +232,15 @@ def test_the_models_keep_to_the_nodes_openapi_document(node: Serve) -> None:
         (models.JobDefinition, "JobDefinition"),
         (models.JobPatch, "JobPatch"),
         (models.BackoffIn, "BackoffIn"),
+        (models.RunSummary, "RunSummary"),
+        (models.ChangePreview, "ChangePreviewOut"),
+        (models.ReplayOut, "ReplayOut"),
+        (models.ReplayRefused, "ReplayRefused"),
+        (models.Stats, "StatsOut"),
+        (models.StatsFigures, "StatsFigures"),
+        (models.StatsPoint, "StatsPoint"),
+        (models.Team, "TeamOut"),
+        (models.TeamLimits, "TenantLimits"),
     ]
     for model, name in pairs:
         ours = set(model.__struct_fields__)
@@ -243,3 +252,26 @@ def test_unset_fields_are_not_sent() -> None:
     body = msgspec.json.decode(msgspec.json.encode(JobPatch(priority=1, schedule=None)))
     assert body == {"priority": 1, "schedule": None}
     assert JobPatch().priority is UNSET
+
+
+def test_change_previews_replays_by_filter_the_teams_figures(a: Client) -> None:
+    job_id = unique("ui-ops")
+    a.put_job(job_id, JobDefinition(name="u", schedule="0 9 * * *", target="pull://ui-ops"))
+    change = a.preview_change(job_id, JobPatch(schedule="0 9,17 * * *"), n=4)
+    assert change.job_id == job_id and change.added and not change.dropped
+    assert a.get_job(job_id).schedule == "0 9 * * *"  # a preview changes nothing
+    for day in (1, 2):
+        run = a.trigger(job_id, scheduled_for=f"2026-01-0{day}T09:00:00Z")
+        [claimed] = a.claim("ui-ops", "w", wait_sec=5)
+        a.complete(claimed.run_id, claimed.fencing_token, "failed", error="x", permanent=True)
+        assert a.get_run(run.run_id).state == "dead"
+    counted = a.replay_dead(job_id=job_id, dry_run=True)
+    assert (counted.dry_run, counted.matched, counted.replayed) == (True, 2, [])
+    done = a.replay_dead(job_id=job_id, scheduled_before="2026-01-02T00:00:00Z")
+    assert len(done.replayed) == 1 and done.replayed[0].endswith(".1767258000000")
+    team = a.team()
+    assert team.tenant == "team-a" and team.jobs >= 1 and team.limits.max_event_streams == 8
+    figures = a.stats(window_min=60)
+    assert figures.runs_by_state.get("dead", 0) >= 1 and figures.points
+    [found] = [j for j in a.iter_jobs(q=job_id)]
+    assert found.job_id == job_id and found.last_run is not None

@@ -35,6 +35,7 @@ from httpx_sse import SSEError, aconnect_sse, connect_sse
 
 from cronlog_client import errors
 from cronlog_client.models import (
+    ChangePreview,
     ClaimedRun,
     ClaimOut,
     Event,
@@ -46,9 +47,12 @@ from cronlog_client.models import (
     JobPatch,
     NewJob,
     Preview,
+    ReplayOut,
     Run,
     RunPage,
     Slots,
+    Stats,
+    Team,
 )
 
 T = TypeVar("T")
@@ -112,9 +116,54 @@ class _Requests:
         return _Request("GET", _path("v1", "jobs", job_id), Job)
 
     @staticmethod
-    def list_jobs(status: str | None, limit: int | None, cursor: str | None) -> _Request[JobPage]:
-        params = {"status": status, "limit": limit, "cursor": cursor}
+    def list_jobs(
+        status: str | None, limit: int | None, cursor: str | None, q: str | None
+    ) -> _Request[JobPage]:
+        params = {"status": status, "limit": limit, "cursor": cursor, "q": q}
         return _Request("GET", "/v1/jobs", JobPage, params=params)
+
+    @staticmethod
+    def preview_change(job_id: str, change: JobPatch, n: int) -> _Request[ChangePreview]:
+        fields = msgspec.structs.replace(change, status=msgspec.UNSET, version=msgspec.UNSET)
+        return _Request(
+            "POST",
+            _path("v1", "jobs", job_id, "preview"),
+            ChangePreview,
+            params={"n": n},
+            body=fields,
+            repeatable=True,
+        )
+
+    @staticmethod
+    def replay_dead(
+        job_id: str | None,
+        reason: str | None,
+        scheduled_after: dt.datetime | str | None,
+        scheduled_before: dt.datetime | str | None,
+        limit: int,
+        dry_run: bool,
+        cursor: str | None,
+    ) -> _Request[ReplayOut]:
+        body: dict[str, Any] = {"limit": limit, "dry_run": dry_run}
+        for name, value in (("job_id", job_id), ("reason", reason), ("cursor", cursor)):
+            if value is not None:
+                body[name] = value
+        for name, at in (
+            ("scheduled_after", scheduled_after),
+            ("scheduled_before", scheduled_before),
+        ):
+            if at is not None:
+                body[name] = _instant(at)
+        return _Request("POST", "/v1/runs/replay", ReplayOut, body=body, repeatable=dry_run)
+
+    @staticmethod
+    def stats(window_min: int | None, step_min: int | None) -> _Request[Stats]:
+        params = {"window_min": window_min, "step_min": step_min}
+        return _Request("GET", "/v1/stats", Stats, params=params)
+
+    @staticmethod
+    def team() -> _Request[Team]:
+        return _Request("GET", "/v1/team", Team)
 
     @staticmethod
     def cancel_job(job_id: str, if_version: int | None) -> _Request[Job]:
@@ -379,16 +428,22 @@ class Client:
         return self._send(_Requests.get_job(job_id))
 
     def list_jobs(
-        self, status: str | None = None, *, limit: int | None = None, cursor: str | None = None
+        self,
+        status: str | None = None,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        q: str | None = None,
     ) -> JobPage:
-        return self._send(_Requests.list_jobs(status, limit, cursor))
+        """A page of the team's jobs; ``q``: only those whose name or id holds it."""
+        return self._send(_Requests.list_jobs(status, limit, cursor, q))
 
     def iter_jobs(
-        self, status: str | None = None, *, page_size: int | None = None
+        self, status: str | None = None, *, page_size: int | None = None, q: str | None = None
     ) -> Iterator[Job]:
         cursor = None
         while True:  # each page moves the cursor on; the last has none
-            page = self.list_jobs(status, limit=page_size, cursor=cursor)
+            page = self.list_jobs(status, limit=page_size, cursor=cursor, q=q)
             yield from page.jobs
             if page.next_cursor is None:
                 return
@@ -423,6 +478,11 @@ class Client:
 
     def preview_job(self, job_id: str, n: int = 10) -> Preview:
         return self._send(_Requests.preview_job(job_id, n))
+
+    def preview_change(self, job_id: str, change: JobPatch, n: int = 10) -> ChangePreview:
+        """What ``change`` would do to the job's fire times: before, after, the slots it adds
+        and drops. Nothing is changed."""
+        return self._send(_Requests.preview_change(job_id, change, n))
 
     def job_slots(
         self,
@@ -471,6 +531,33 @@ class Client:
 
     def replay_run(self, run_id: str) -> Run:
         return self._send(_Requests.replay_run(run_id))
+
+    def replay_dead(
+        self,
+        *,
+        job_id: str | None = None,
+        reason: str | None = None,
+        scheduled_after: dt.datetime | str | None = None,
+        scheduled_before: dt.datetime | str | None = None,
+        limit: int = 100,
+        dry_run: bool = False,
+        cursor: str | None = None,
+    ) -> ReplayOut:
+        """Replay (or, dry, count) up to ``limit`` dead runs the filter names; pass the
+        answer's ``next_cursor`` back to go on."""
+        return self._send(
+            _Requests.replay_dead(
+                job_id, reason, scheduled_after, scheduled_before, limit, dry_run, cursor
+            )
+        )
+
+    def stats(self, *, window_min: int | None = None, step_min: int | None = None) -> Stats:
+        """The team's scheduling delay and outcomes by step over a window."""
+        return self._send(_Requests.stats(window_min, step_min))
+
+    def team(self) -> Team:
+        """The team this token speaks for, its job count and its limits."""
+        return self._send(_Requests.team())
 
     # -- pull workers ---------------------------------------------------------------------------
 
@@ -680,16 +767,21 @@ class AsyncClient:
         return await self._send(_Requests.get_job(job_id))
 
     async def list_jobs(
-        self, status: str | None = None, *, limit: int | None = None, cursor: str | None = None
+        self,
+        status: str | None = None,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        q: str | None = None,
     ) -> JobPage:
-        return await self._send(_Requests.list_jobs(status, limit, cursor))
+        return await self._send(_Requests.list_jobs(status, limit, cursor, q))
 
     async def iter_jobs(
-        self, status: str | None = None, *, page_size: int | None = None
+        self, status: str | None = None, *, page_size: int | None = None, q: str | None = None
     ) -> AsyncIterator[Job]:
         cursor = None
         while True:
-            page = await self.list_jobs(status, limit=page_size, cursor=cursor)
+            page = await self.list_jobs(status, limit=page_size, cursor=cursor, q=q)
             for job in page.jobs:
                 yield job
             if page.next_cursor is None:
@@ -727,6 +819,9 @@ class AsyncClient:
 
     async def preview_job(self, job_id: str, n: int = 10) -> Preview:
         return await self._send(_Requests.preview_job(job_id, n))
+
+    async def preview_change(self, job_id: str, change: JobPatch, n: int = 10) -> ChangePreview:
+        return await self._send(_Requests.preview_change(job_id, change, n))
 
     async def job_slots(
         self,
@@ -776,6 +871,29 @@ class AsyncClient:
 
     async def replay_run(self, run_id: str) -> Run:
         return await self._send(_Requests.replay_run(run_id))
+
+    async def replay_dead(
+        self,
+        *,
+        job_id: str | None = None,
+        reason: str | None = None,
+        scheduled_after: dt.datetime | str | None = None,
+        scheduled_before: dt.datetime | str | None = None,
+        limit: int = 100,
+        dry_run: bool = False,
+        cursor: str | None = None,
+    ) -> ReplayOut:
+        return await self._send(
+            _Requests.replay_dead(
+                job_id, reason, scheduled_after, scheduled_before, limit, dry_run, cursor
+            )
+        )
+
+    async def stats(self, *, window_min: int | None = None, step_min: int | None = None) -> Stats:
+        return await self._send(_Requests.stats(window_min, step_min))
+
+    async def team(self) -> Team:
+        return await self._send(_Requests.team())
 
     # -- pull workers ---------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ __all__ = [
     "Attempt",
     "Backoff",
     "BackoffIn",
+    "ChangePreview",
     "ClaimedRun",
     "Event",
     "FireTime",
@@ -34,12 +35,20 @@ __all__ = [
     "NewJob",
     "Preview",
     "PullTarget",
+    "ReplayOut",
+    "ReplayRefused",
     "Run",
     "RunPage",
+    "RunSummary",
     "SecretRef",
     "Slot",
     "Slots",
+    "Stats",
+    "StatsFigures",
+    "StatsPoint",
     "Target",
+    "Team",
+    "TeamLimits",
     "UnsetType",
 ]
 
@@ -151,6 +160,20 @@ class JobPatch(_Fields, frozen=True, kw_only=True):
 # -- what a client reads -----------------------------------------------------------------------
 
 
+class RunSummary(msgspec.Struct, kw_only=True):
+    """A run without its attempts (a job's newest run)."""
+
+    run_id: str
+    state: RunState
+    trigger: str
+    scheduled_for: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    lateness_ms: int | None
+    error: str
+    dead_reason: str | None
+
+
 class Job(msgspec.Struct, kw_only=True):
     job_id: str
     tenant: str
@@ -183,6 +206,7 @@ class Job(msgspec.Struct, kw_only=True):
     next_fire_at: dt.datetime | None = None
     seconds: str | None = None
     end_at: dt.datetime | None = None
+    last_run: RunSummary | None = None
 
 
 class JobPage(msgspec.Struct, kw_only=True):
@@ -197,6 +221,7 @@ class Attempt(msgspec.Struct, kw_only=True):
     finished_at: dt.datetime | None
     outcome: Literal["succeeded", "failed", "lease_expired", "cancelled"] | None
     error: str
+    fencing_token: int | None = None  # the attempt's lease's token
 
 
 class Run(msgspec.Struct, kw_only=True):
@@ -269,6 +294,80 @@ class Slots(msgspec.Struct, kw_only=True):
     job_id: str
     slots: list[Slot]
     more: bool
+
+
+class ChangePreview(msgspec.Struct, kw_only=True):
+    """What a change would do to a job's fire times (nothing is changed)."""
+
+    job_id: str
+    before: Preview
+    after: Preview
+    added: list[FireTime]
+    dropped: list[FireTime]
+    compared_until: dt.datetime | None
+
+
+class ReplayRefused(msgspec.Struct, kw_only=True):
+    run_id: str
+    error: str
+    message: str
+
+
+class ReplayOut(msgspec.Struct, kw_only=True):
+    """What a replay of dead runs by filter did (or, dry, would do); go on with next_cursor."""
+
+    dry_run: bool
+    matched: int
+    replayed: list[str]
+    refused: list[ReplayRefused]
+    scanned: int
+    next_cursor: str | None
+
+
+class StatsFigures(msgspec.Struct, kw_only=True):
+    started: int
+    delay_p50_ms: float | None
+    delay_p99_ms: float | None
+    delay_max_ms: int | None
+    delay_mean_ms: float | None
+    succeeded: int
+    failed: int
+    retried: int
+    dead: int
+    cancelled: int
+    skipped: int
+
+
+class StatsPoint(StatsFigures, kw_only=True):
+    at: dt.datetime
+
+
+class Stats(msgspec.Struct, kw_only=True):
+    """A team's figures by step over a window (scheduling delay, outcomes)."""
+
+    since: dt.datetime
+    until: dt.datetime
+    step_min: int
+    points: list[StatsPoint]
+    total: StatsFigures
+    runs_by_state: dict[str, int]
+
+
+class TeamLimits(msgspec.Struct, kw_only=True):
+    max_jobs: int
+    max_depends_on: int
+    max_name_chars: int
+    max_page_size: int
+    requests_per_sec: float
+    request_burst: int
+    max_waiting_claims: int = 256
+    max_event_streams: int = 8
+
+
+class Team(msgspec.Struct, kw_only=True):
+    tenant: str
+    jobs: int
+    limits: TeamLimits
 
 
 class Health(msgspec.Struct, kw_only=True):
