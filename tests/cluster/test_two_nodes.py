@@ -139,7 +139,13 @@ def test_a_failing_target_is_retried_with_growing_delays_dead_lettered_and_repla
 def test_pause_stops_firing_and_resume_restarts(cluster: Cluster, target: Target) -> None:
     n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
     job_id = one_per_partition("tick")[2]
-    body = {"job_id": job_id, "name": "tick", "schedule": "* * * * * *", "target": target.url}
+    body = {
+        "job_id": job_id,
+        "name": "tick",
+        "schedule": "* * * * *",
+        "seconds": "*",
+        "target": target.url,
+    }
     assert n1.create_job(body).status_code == 201
     target.wait_for(1, timeout_s=5)
     paused = n1.http.patch(f"/v1/jobs/{job_id}", json={"status": "paused"})
