@@ -1,0 +1,143 @@
+"""Pull workers over HTTP, in a process of their own: claim, note when, complete.
+
+    python -m bench.pull_workers URL TOKEN POOL --out FILE (--expect N | --until-ms T)
+        [--loops 4] [--limit 100] [--poll-ms 50] [--wait-field NAME --wait-sec S]
+        [--start-ms T] [--no-complete]
+
+``--loops`` claim loops share one session. Each ``POST /v1/workers/claim`` asks for
+``--limit`` runs; an empty answer waits ``--poll-ms`` before the next (or, when the node's claim
+takes a long-poll field, ``--wait-field``, the node holds the claim ``--wait-sec`` instead).
+Every run claimed is completed as succeeded (at most 64 completions in flight), as a worker
+that did its work would, unless ``--no-complete``.
+
+For each claimed run, one line in ``--out``: ``<received ns> <granted ms> <slot ms> <run id>``,
+where *received* is when the claim's answer reached the worker and *granted* is the lease's
+start as the node stated it (``lease_expires_at − lease_sec``). Stops after ``--expect`` runs or
+at ``--until-ms``; prints one JSON line of counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from bench.common import now_ms
+
+COMPLETIONS_IN_FLIGHT = 64
+
+
+def ms_of(text: str) -> int:
+    return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+async def work(args: argparse.Namespace) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {args.token}", "Content-Type": "application/json"}
+    claim_body: dict[str, Any] = {"pool": args.pool, "worker_id": "", "limit": args.limit}
+    if args.wait_field:
+        claim_body[args.wait_field] = args.wait_sec
+    counts = {"claims": 0, "empty_claims": 0, "claimed": 0, "completed": 0, "complete_failed": 0}
+    records: list[str] = []
+    completing: set[asyncio.Task[None]] = set()
+    room = asyncio.Semaphore(COMPLETIONS_IN_FLIGHT)
+    done = asyncio.Event()
+    encode, decode = msgspec.json.encode, msgspec.json.decode
+    connector = aiohttp.TCPConnector(limit=args.loops + COMPLETIONS_IN_FLIGHT)
+    timeout = aiohttp.ClientTimeout(total=120)
+
+    def finished() -> bool:
+        if args.expect is not None and counts["claimed"] >= args.expect:
+            return True
+        return args.until_ms is not None and now_ms() >= args.until_ms
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def complete(run_id: str, token: int) -> None:
+            try:
+                async with session.post(
+                    f"{args.url}/v1/runs/{run_id}/complete",
+                    data=encode({"fencing_token": token, "status": "succeeded"}),
+                    headers=headers,
+                ) as response:
+                    await response.read()
+                    counts["completed" if response.status == 200 else "complete_failed"] += 1
+            except (aiohttp.ClientError, TimeoutError):
+                counts["complete_failed"] += 1
+            finally:
+                room.release()
+
+        async def loop(n: int) -> None:
+            body = encode({**claim_body, "worker_id": f"bench-worker-{n}"})
+            while not done.is_set():
+                async with session.post(
+                    f"{args.url}/v1/workers/claim", data=body, headers=headers
+                ) as response:
+                    answer = await response.read()
+                    received = time.time_ns()
+                counts["claims"] += 1
+                if response.status != 200:
+                    raise RuntimeError(f"claim answered {response.status}: {answer[:300]!r}")
+                runs = decode(answer)["runs"]
+                for run in runs:
+                    granted = ms_of(run["lease_expires_at"]) - round(run["lease_sec"] * 1000)
+                    slot = ms_of(run["scheduled_for"])
+                    records.append(f"{received} {granted} {slot} {run['run_id']}\n")
+                    if args.complete:
+                        await room.acquire()
+                        task = asyncio.create_task(complete(run["run_id"], run["fencing_token"]))
+                        completing.add(task)
+                        task.add_done_callback(completing.discard)
+                counts["claimed"] += len(runs)
+                if finished():
+                    done.set()
+                elif not runs:
+                    counts["empty_claims"] += 1
+                    if not args.wait_field:
+                        await asyncio.sleep(args.poll_ms / 1000)
+
+        while (left := (args.start_ms or 0) - now_ms()) > 0:
+            await asyncio.sleep(min(left / 1000, 0.2))
+        loops = [asyncio.create_task(loop(n)) for n in range(args.loops)]
+        await asyncio.wait(
+            [*loops, asyncio.create_task(done.wait())], return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in loops:
+            if task.done() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        await asyncio.gather(*loops)
+        if completing:
+            await asyncio.wait(completing, timeout=60)
+    with open(args.out, "w") as out:
+        out.writelines(records)
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("url")
+    parser.add_argument("token")
+    parser.add_argument("pool")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--expect", type=int)
+    parser.add_argument("--until-ms", type=int)
+    parser.add_argument("--start-ms", type=int)
+    parser.add_argument("--loops", type=int, default=4)
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--poll-ms", type=float, default=50.0)
+    parser.add_argument("--wait-field")
+    parser.add_argument("--wait-sec", type=float, default=1.0)
+    parser.add_argument("--no-complete", dest="complete", action="store_false")
+    args = parser.parse_args()
+    if args.expect is None and args.until_ms is None:
+        parser.error("give --expect or --until-ms")
+    print(json.dumps(asyncio.run(work(args))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
