@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import http.client
 import json
+import logging
 import threading
 import time
 from datetime import UTC, datetime
@@ -249,6 +250,8 @@ def main() -> None:
     parser.add_argument("--defaults", action="store_true")
     parser.add_argument("--timeout-s", type=float, default=600)
     args = parser.parse_args()
+    # A missed run is counted through EVENT_JOB_MISSED; its WARNING line each would flood.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     parts = urlsplit(args.url)
     _target = (parts.hostname or "127.0.0.1", parts.port or 80, parts.path or "/")
     if args.executor == "asyncio":

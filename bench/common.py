@@ -289,6 +289,19 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 60) -> None:
         proc.wait(10)
 
 
+def wait_port(port: int, proc: subprocess.Popen[Any], timeout_s: float = 30) -> None:
+    """Until something accepts connections on ``port`` (``proc`` must not exit meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout_s} s")
+
+
 def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> bytes:
     request = urllib.request.Request(url, headers=headers or {})
     with urllib.request.urlopen(request, timeout=timeout) as response:

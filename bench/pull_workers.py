@@ -12,7 +12,7 @@ that did its work would, unless ``--no-complete``.
 
 For each claimed run, one line in ``--out``: ``<received ns> <granted ms> <slot ms> <run id>``,
 where *received* is when the claim's answer reached the worker and *granted* is the lease's
-start as the node stated it (``lease_expires_at − lease_sec``). Stops after ``--expect`` runs or
+start as the node stated it (``lease_expires_at - lease_sec``). Stops after ``--expect`` runs or
 at ``--until-ms``; prints one JSON line of counts.
 """
 

@@ -6,7 +6,7 @@ Every request is answered ``200`` with an empty body at once (keep-alive, pipeli
 tolerated). For each request it keeps ``(arrival ns, key)``: the key is the
 ``Idempotency-Key`` header, which cronlog sends as ``<tenant>/<job id>:<slot ms>`` and which the
 floor client and the APScheduler peer send in the same form, so a call's start lag
-(arrival − slot) is read from the call itself and repeated attempts of one slot are told apart
+(arrival - slot) is read from the call itself and repeated attempts of one slot are told apart
 from first calls. The arrival time is taken once per read from the socket (a read may hold
 several requests): a few microseconds of error against a recording that costs nothing.
 
