@@ -278,15 +278,21 @@ class CpuWindow:
         }
 
 
-def stop_process(proc: subprocess.Popen[Any], timeout: float = 60) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 60) -> str:
+    """SIGTERM (then SIGKILL after ``timeout``) unless it has exited; what it wrote to its
+    stdout pipe, if it has one, which is then closed."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    out = ""
+    if proc.stdout is not None:
+        out = proc.stdout.read() or ""
+        proc.stdout.close()
+    return out if isinstance(out, str) else out.decode(errors="replace")
 
 
 def wait_port(port: int, proc: subprocess.Popen[Any], timeout_s: float = 30) -> None:
@@ -738,11 +744,13 @@ def place_slot(
     make: Callable[[int, dict[str, Any]], dict[str, Any]],
     batch: BatchEndpoint | None,
     *,
-    margin_s: float = 5.0,
-    warm_up: int = 500,
+    margin_s: float | None = None,
 ) -> tuple[int, Registered]:
     """A slot far enough out that registering ``jobs`` ends before it, from the rate a warm-up
     of jobs that never fire registered at (they stay: a node holds other jobs too)."""
+    warm_up = min(500, max(100, jobs // 10))
+    if margin_s is None:
+        margin_s = 2.0 + jobs / 20_000
     warm = register(
         serve,
         [make(1_000_000 + i, {"schedule": NEVER_SOON}) for i in range(warm_up)],

@@ -203,6 +203,7 @@ def herd_pull(
         if wait_field:
             command += ["--wait-field", wait_field]
         workers = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        printed = ""
         try:
             cpu = CpuWindow(serve.pid)
             sleep_until_ms(slot)
@@ -214,9 +215,8 @@ def herd_pull(
             window = cpu.end()
             rss, peak = rss_bytes(serve.pid)
         finally:
-            stop_process(workers, 10)
-        assert workers.stdout is not None
-        counts = json.loads(workers.stdout.read() or "{}")
+            printed = stop_process(workers, 10)
+        counts = json.loads(printed or "{}")
     granted, received = [], []
     for line in out.read_text().splitlines():
         received_ns, granted_ms, slot_ms, _ = line.split()
@@ -243,6 +243,7 @@ def aps(recorder: Recorder, jobs: int, tmp: Path, variant: str) -> dict[str, Any
                "--sqlite", str(tmp / f"aps-{secrets.token_hex(4)}.sqlite"),
                *APS_VARIANTS[variant]]  # fmt: skip
     peer = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    printed = ""
     try:
         assert peer.stdout is not None
         first = peer.stdout.readline().split()
@@ -259,8 +260,8 @@ def aps(recorder: Recorder, jobs: int, tmp: Path, variant: str) -> dict[str, Any
         window = cpu.end()
         timed_out = peer.poll() is None
     finally:
-        stop_process(peer, 10)
-    figures = json.loads(peer.stdout.read() or "{}")
+        printed = stop_process(peer, 10)
+    figures = json.loads(printed or "{}")
     lags, _ = _lags_of(recorder.take(), "aps/")
     return {
         "lag": lag_summary(lags, jobs),

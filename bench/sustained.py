@@ -98,6 +98,7 @@ def step(
         begin = t0 + warm_s * 1000
         end = begin + window_s * 1000
         workers = None
+        counts: dict[str, Any] = {}
         if kind == "pull":
             command = [
                 PYTHON, "-m", "bench.pull_workers", serve.url, serve.token, POOL,
@@ -119,15 +120,11 @@ def step(
             window = cpu.end()
             sleep_until_ms(end + SETTLE_MS)
             rss, _ = rss_bytes(serve.pid)
-            counts: dict[str, Any] = {}
             if workers is not None:
                 workers.wait(60)
         finally:
             if workers is not None:
-                stop_process(workers, 10)
-        if workers is not None:
-            assert workers.stdout is not None
-            counts = json.loads(workers.stdout.read() or "{}")
+                counts = json.loads(stop_process(workers, 10) or "{}")
         arrivals = recorder.take() if recorder is not None else []
     lags: list[float] = []
     received: list[float] = []
