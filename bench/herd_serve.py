@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import profiling
 from bench.common import (
     PYTHON,
     ROOT,
@@ -130,8 +131,10 @@ def herd_http(
     kafka: str | None = None,
     when: str = "cron",
     extra: list[str] | None = None,
+    profile: bool = False,
 ) -> dict[str, Any]:
     data = tmp / f"serve-{secrets.token_hex(4)}"
+    raw = tmp / f"profile-{secrets.token_hex(4)}.txt"
     with Serve(data, kafka=kafka, extra=extra or []) as serve:
         batch = find_batch_endpoint(serve.openapi())
 
@@ -146,10 +149,13 @@ def herd_http(
         if slack_ms < 200:
             raise RuntimeError(f"registration ended {-slack_ms} ms after the slot")
         cpu = CpuWindow(serve.pid)
+        timeout_s = max(120.0, jobs / 100)
         sleep_until_ms(slot)
+        sampler = profiling.start(serve.pid, raw, timeout_s) if profile else None
         cpu.begin()
-        _wait_calls(recorder, jobs, cpu, max(120.0, jobs / 100))
+        _wait_calls(recorder, jobs, cpu, timeout_s)
         window = cpu.end()
+        profiled = profiling.finish(sampler, raw)
         rss, peak = rss_bytes(serve.pid)
         arrivals = recorder.take()
     lags, unnamed = _lags_of(arrivals, f"{TENANT}/")
@@ -165,6 +171,7 @@ def herd_http(
         "peak_rss_mb": round(peak / 2**20, 1),
         "when": when,
         "log": "kafka" if kafka else "embedded",
+        **({"profile": profiled} if profile else {}),
     }
 
 
@@ -176,9 +183,11 @@ def herd_pull(
     loops: int = 4,
     poll_ms: float = 50.0,
     extra: list[str] | None = None,
+    profile: bool = False,
 ) -> dict[str, Any]:
     data = tmp / f"serve-{secrets.token_hex(4)}"
     out = tmp / f"claims-{secrets.token_hex(4)}"
+    raw = tmp / f"profile-{secrets.token_hex(4)}.txt"
     with Serve(data, kafka=kafka, extra=extra or []) as serve:
         document = serve.openapi()
         batch = find_batch_endpoint(document)
@@ -206,13 +215,16 @@ def herd_pull(
         printed = ""
         try:
             cpu = CpuWindow(serve.pid)
+            timeout_s = max(120.0, jobs / 100)
             sleep_until_ms(slot)
+            sampler = profiling.start(serve.pid, raw, timeout_s) if profile else None
             cpu.begin()
-            deadline = time.monotonic() + max(120.0, jobs / 100)
+            deadline = time.monotonic() + timeout_s
             while workers.poll() is None and time.monotonic() < deadline:
                 cpu.sample()
                 time.sleep(0.1)
             window = cpu.end()
+            profiled = profiling.finish(sampler, raw)
             rss, peak = rss_bytes(serve.pid)
         finally:
             printed = stop_process(workers, 10)
@@ -234,6 +246,7 @@ def herd_pull(
         "rss_mb": round(rss / 2**20, 1),
         "peak_rss_mb": round(peak / 2**20, 1),
         "log": "kafka" if kafka else "embedded",
+        **({"profile": profiled} if profile else {}),
     }  # fmt: skip
 
 
@@ -273,17 +286,23 @@ def aps(recorder: Recorder, jobs: int, tmp: Path, variant: str) -> dict[str, Any
 
 
 def run_scenario(
-    name: str, recorder: Recorder, jobs: int, tmp: Path, kafka: str | None = None
+    name: str,
+    recorder: Recorder,
+    jobs: int,
+    tmp: Path,
+    kafka: str | None = None,
+    profile: bool = False,
 ) -> dict[str, Any]:
-    """One run of one scenario, as a record with its load average at the start."""
+    """One run of one scenario, as a record with its load average at the start (``profile``:
+    py-spy samples cronlog's node during the herd; see :mod:`bench.profiling`)."""
     load = loadavg()
     began = time.monotonic()
     if name == "floor":
         figures = floor(recorder, jobs)
     elif name == "http":
-        figures = herd_http(recorder, jobs, tmp, kafka=kafka)
+        figures = herd_http(recorder, jobs, tmp, kafka=kafka, profile=profile)
     elif name == "pull":
-        figures = herd_pull(jobs, tmp, kafka=kafka)
+        figures = herd_pull(jobs, tmp, kafka=kafka, profile=profile)
     elif name in APS_VARIANTS:
         figures = aps(recorder, jobs, tmp, name)
     else:
@@ -292,6 +311,7 @@ def run_scenario(
         "timestamp": stamp(),
         "scenario": name + ("-kafka" if kafka else ""),
         "jobs": jobs,
+        "profiled": profile,
         "load_at_start": load,
         "wall_s": round(time.monotonic() - began, 1),
         "figures": figures,
@@ -311,6 +331,16 @@ def describe(record: dict[str, Any]) -> str:
     )
 
 
+def describe_profile(profile: dict[str, Any]) -> str:
+    if "error" in profile:
+        return f"py-spy: {profile['error']}"
+    lines = [f"node samples: {profile['samples']}; by cronlog module (innermost frame of ours):"]
+    lines += [f"  {share:6.1%}  {module}" for module, share in profile["by_module"]]
+    lines += ["by function where the sample was taken:"]
+    lines += [f"  {share:6.1%}  {function}" for function, share in profile["by_function"]]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=50_000)
@@ -319,6 +349,12 @@ def main() -> None:
     parser.add_argument("--only", default="floor,http,pull,aps-memory-threads,aps-memory-defaults")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--kafka", action="store_true", help="the cronlog scenarios on Kafka")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the node with py-spy during the herd and print where its CPU went"
+        " (timings are inflated a little; such records are marked profiled)",
+    )
     args = parser.parse_args()
     names = args.only.split(",")
     log(f"machine: {machine()}")
@@ -339,9 +375,11 @@ def main() -> None:
                     elif name.startswith("aps-"):
                         jobs = args.aps_jobs or args.jobs
                     kafka = bootstrap if name in ("http", "pull") else None
-                    record = run_scenario(name, recorder, jobs, Path(tmp), kafka)
+                    record = run_scenario(name, recorder, jobs, Path(tmp), kafka, args.profile)
                     append_result("herd_serve", record)
                     log(describe(record))
+                    if record["figures"].get("profile"):
+                        print(describe_profile(record["figures"]["profile"]), flush=True)
         finally:
             if cluster is not None:
                 cluster.stop()

@@ -7,8 +7,9 @@
 ``--loops`` claim loops share one session. Each ``POST /v1/workers/claim`` asks for
 ``--limit`` runs; an empty answer waits ``--poll-ms`` before the next (or, when the node's claim
 takes a long-poll field, ``--wait-field``, the node holds the claim ``--wait-sec`` instead).
-Every run claimed is completed as succeeded (at most 64 completions in flight), as a worker
-that did its work would, unless ``--no-complete``.
+Every run claimed is completed as succeeded by 64 completing tasks, as workers that did their
+work would, unless ``--no-complete``; the claim loops never wait for them, so the claims measure
+how soon the node hands runs out, not how fast this process completes them.
 
 For each claimed run, one line in ``--out``: ``<received ns> <granted ms> <slot ms> <run id>``,
 where *received* is when the claim's answer reached the worker and *granted* is the lease's
@@ -44,8 +45,7 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
         claim_body[args.wait_field] = args.wait_sec
     counts = {"claims": 0, "empty_claims": 0, "claimed": 0, "completed": 0, "complete_failed": 0}
     records: list[str] = []
-    completing: set[asyncio.Task[None]] = set()
-    room = asyncio.Semaphore(COMPLETIONS_IN_FLIGHT)
+    to_complete: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
     done = asyncio.Event()
     encode, decode = msgspec.json.encode, msgspec.json.decode
     connector = aiohttp.TCPConnector(limit=args.loops + COMPLETIONS_IN_FLIGHT)
@@ -58,19 +58,21 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
-        async def complete(run_id: str, token: int) -> None:
-            try:
-                async with session.post(
-                    f"{args.url}/v1/runs/{run_id}/complete",
-                    data=encode({"fencing_token": token, "status": "succeeded"}),
-                    headers=headers,
-                ) as response:
-                    await response.read()
-                    counts["completed" if response.status == 200 else "complete_failed"] += 1
-            except (aiohttp.ClientError, TimeoutError):
-                counts["complete_failed"] += 1
-            finally:
-                room.release()
+        async def completer() -> None:
+            while True:
+                run_id, token = await to_complete.get()
+                try:
+                    async with session.post(
+                        f"{args.url}/v1/runs/{run_id}/complete",
+                        data=encode({"fencing_token": token, "status": "succeeded"}),
+                        headers=headers,
+                    ) as response:
+                        await response.read()
+                        counts["completed" if response.status == 200 else "complete_failed"] += 1
+                except (aiohttp.ClientError, TimeoutError):
+                    counts["complete_failed"] += 1
+                finally:
+                    to_complete.task_done()
 
         async def loop(n: int) -> None:
             body = encode({**claim_body, "worker_id": f"bench-worker-{n}"})
@@ -89,10 +91,7 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
                     slot = ms_of(run["scheduled_for"])
                     records.append(f"{received} {granted} {slot} {run['run_id']}\n")
                     if args.complete:
-                        await room.acquire()
-                        task = asyncio.create_task(complete(run["run_id"], run["fencing_token"]))
-                        completing.add(task)
-                        task.add_done_callback(completing.discard)
+                        to_complete.put_nowait((run["run_id"], run["fencing_token"]))
                 counts["claimed"] += len(runs)
                 if finished():
                     done.set()
@@ -103,6 +102,7 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
 
         while (left := (args.start_ms or 0) - now_ms()) > 0:
             await asyncio.sleep(min(left / 1000, 0.2))
+        completers = [asyncio.create_task(completer()) for _ in range(COMPLETIONS_IN_FLIGHT)]
         loops = [asyncio.create_task(loop(n)) for n in range(args.loops)]
         await asyncio.wait(
             [*loops, asyncio.create_task(done.wait())], return_when=asyncio.FIRST_COMPLETED
@@ -111,8 +111,13 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
             if task.done() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
         await asyncio.gather(*loops)
-        if completing:
-            await asyncio.wait(completing, timeout=60)
+        try:
+            await asyncio.wait_for(to_complete.join(), timeout=120)
+        except TimeoutError:
+            counts["left_uncompleted"] = to_complete.qsize()
+        for task in completers:
+            task.cancel()
+        await asyncio.gather(*completers, return_exceptions=True)
     with open(args.out, "w") as out:
         out.writelines(records)
     return counts

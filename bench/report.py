@@ -421,6 +421,8 @@ def write(run_id: str | None = None) -> Path:
         "python -m bench.registration --seconds 15",
         "python -m bench.restart --jobs 1000000 --restarts 3",
         "python -m bench.report [--run-id ID]                  # rewrite this file",
+        "python -m bench.herd_serve --jobs 50000 --only http,pull --profile  # where the node's"
+        " CPU goes (py-spy)",
         "```",
         "",
         "## The machine",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import secrets
 import shlex
+import signal
 import sys
 import tempfile
 import time
@@ -216,7 +217,15 @@ def _round(
         the_run.attempt("registration-kafka", r, register_kafka)
 
 
+def _stop(signum: int, frame: object) -> None:
+    # SystemExit unwinds through every ``finally``: the nodes, workers, recorder and broker this
+    # run started are stopped, not orphaned.
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--short", action="store_true", help="small sizes: a few minutes")
     parser.add_argument("--repeat", type=int, help="rounds (default 3)")
