@@ -120,7 +120,13 @@ def floor(recorder: Recorder, jobs: int, concurrency: int = MAX_CALLS) -> dict[s
     )  # fmt: skip
     client = json.loads(proc.stdout)
     lags, _ = _lags_of(recorder.take(), "floor/")
-    return {"lag": lag_summary(lags, jobs), "client": client, "concurrency": concurrency}
+    return {
+        "lag": lag_summary(lags, jobs),
+        # the floor's own span, first call to last at the recorder
+        "first_to_last_s": round((max(lags) - min(lags)) / 1000, 3) if lags else None,
+        "client": client,
+        "concurrency": concurrency,
+    }
 
 
 def herd_http(

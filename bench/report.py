@@ -126,7 +126,7 @@ def herd_table(herd: list[dict[str, Any]]) -> tuple[list[str], dict[str, list[di
         by.setdefault(r["scenario"], []).append(r)
     lines = [
         "| scenario | N | start lag p50 | p99 | all started after | not started | CPU, cores"
-        " (mean / busiest s) | registration, jobs/s | load at start |",
+        " (mean / busiest s) | registration, jobs/s | load at start, per round |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, label in HERD_ROWS:
@@ -350,7 +350,9 @@ def write(run_id: str | None = None) -> Path:
             for rate, p99 in r["p99_by_rate"].items():
                 per_rate.setdefault(rate, []).append(p99)
         p99s = "; ".join(
-            f"{int(rate):,}/s: {fmt_num(med(v), ' ms')}" for rate, v in per_rate.items()
+            f"{int(rate):,}/s: "
+            + (fmt_num(med(v), " ms") if med(v) is not None else "over 1 % never started")
+            for rate, v in per_rate.items()
         )
         highest = ", ".join(f"{r['highest_holding_per_s']:,}" for r in rs)
         out.append(
@@ -362,7 +364,7 @@ def write(run_id: str | None = None) -> Path:
         "## Registration: POST /v1/jobs, 64 at a time",
         "",
         "| target | requests answered 2xx per second | tool | latency p99 (last round) |"
-        " load at start |",
+        " load at start, per round |",
         "|---|---|---|---|---|",
     ]
     for key, label in (
@@ -391,7 +393,7 @@ def write(run_id: str | None = None) -> Path:
             "(with its children) at ready or 5 s later, whichever is larger.",
             "",
             "| /readyz after | RSS | per job | per job over an empty node | empty node: ready, RSS"
-            " | data on disk | load at start |",
+            " | data on disk | load at start, per round |",
             "|---|---|---|---|---|---|---|",
             f"| {cell(column(restarts, 'figures.ready_s'), ' s', 2)} | "
             f"{cell(column(restarts, 'figures.rss_mb'), ' MB')} | "
@@ -407,14 +409,14 @@ def write(run_id: str | None = None) -> Path:
         "",
         "```sh",
         ".venv/bin/pip install -e '.[test,bench]'       # APScheduler and SQLAlchemy for the peer",
-        ".venv/bin/python -m bench.run_all --short      # a few minutes; any load",
+        ".venv/bin/python -m bench.run_all --short      # about 10 minutes here; any load",
         ".venv/bin/python -m bench.run_all              # the full form: refuses above load 2",
         "```",
         "",
         f"This run: `{run['command']}`. Each part alone (each appends to `bench/results/`):",
         "",
         "```sh",
-        "python -m bench.herd_serve --jobs 50000 --only floor,http,pull,aps-memory-best",
+        "python -m bench.herd_serve --jobs 50000 --only floor,http,pull,aps-memory-threads",
         "python -m bench.herd_serve --jobs 50000 --only http --kafka   # on a broker of its own",
         "python -m bench.sustained --kind http --rates 250,500,1000,2000,3000 --window-s 60",
         "python -m bench.sustained --kind pull --rates 500,1000,2500,5000,7500 --window-s 60",

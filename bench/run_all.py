@@ -227,7 +227,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--short", action="store_true", help="small sizes: a few minutes")
+    parser.add_argument(
+        "--short", action="store_true", help="small sizes: about 10 minutes on 2 cores"
+    )
     parser.add_argument("--repeat", type=int, help="rounds (default 3)")
     parser.add_argument("--skip", default="", help=f"comma-separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--jobs", type=int, help="the herd's N (and Kafka's)")
