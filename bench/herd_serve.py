@@ -27,8 +27,10 @@ Appends one JSON line per scenario run to bench/results/herd_serve.jsonl and pri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import secrets
+import signal
 import subprocess
 import tempfile
 import time
@@ -226,17 +228,22 @@ def herd_pull(
             sampler = profiling.start(serve.pid, raw, timeout_s) if profile else None
             cpu.begin()
             deadline = time.monotonic() + timeout_s
-            while workers.poll() is None and time.monotonic() < deadline:
+            # the workers write their claims once every run is leased
+            while not out.exists() and workers.poll() is None and time.monotonic() < deadline:
                 cpu.sample()
                 time.sleep(0.1)
             window = cpu.end()
             profiled = profiling.finish(sampler, raw)
             rss, peak = rss_bytes(serve.pid)
+            if not out.exists() and workers.poll() is None:
+                workers.send_signal(signal.SIGTERM)  # runs never leased: end the claims
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                workers.wait(150)  # the completions drain (bounded by the workers themselves)
         finally:
             printed = stop_process(workers, 10)
         counts = json.loads(printed or "{}")
     granted, received = [], []
-    for line in out.read_text().splitlines():
+    for line in (out.read_text() if out.exists() else "").splitlines():
         received_ns, granted_ms, slot_ms, _ = line.split()
         granted.append(int(granted_ms) - int(slot_ms))
         received.append(int(received_ns) / 1e6 - int(slot_ms))

@@ -13,8 +13,9 @@ how soon the node hands runs out, not how fast this process completes them.
 
 For each claimed run, one line in ``--out``: ``<received ns> <granted ms> <slot ms> <run id>``,
 where *received* is when the claim's answer reached the worker and *granted* is the lease's
-start as the node stated it (``lease_expires_at - lease_sec``). Stops after ``--expect`` runs or
-at ``--until-ms``; prints one JSON line of counts.
+start as the node stated it (``lease_expires_at - lease_sec``), written as soon as the claims
+end (after ``--expect`` runs, at ``--until-ms`` or on SIGTERM); the completions then drain,
+and it prints one JSON line of counts.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -100,7 +103,10 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
                     if not args.wait_field:
                         await asyncio.sleep(args.poll_ms / 1000)
 
-        while (left := (args.start_ms or 0) - now_ms()) > 0:
+        # SIGTERM (the bench giving up on runs that never came) ends the claims and still writes
+        # what was claimed, so the runs that did not start are counted, not lost with the file.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, done.set)
+        while (left := (args.start_ms or 0) - now_ms()) > 0 and not done.is_set():
             await asyncio.sleep(min(left / 1000, 0.2))
         completers = [asyncio.create_task(completer()) for _ in range(COMPLETIONS_IN_FLIGHT)]
         loops = [asyncio.create_task(loop(n)) for n in range(args.loops)]
@@ -111,6 +117,11 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
             if task.done() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
         await asyncio.gather(*loops)
+        # written (whole, by a rename) as soon as the claims end: the bench takes its
+        # appearance as the end of the herd, while the completions drain
+        partial = Path(f"{args.out}.partial")
+        partial.write_text("".join(records))
+        partial.rename(args.out)
         try:
             await asyncio.wait_for(to_complete.join(), timeout=120)
         except TimeoutError:
@@ -118,8 +129,6 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
         for task in completers:
             task.cancel()
         await asyncio.gather(*completers, return_exceptions=True)
-    with open(args.out, "w") as out:
-        out.writelines(records)
     return counts
 
 

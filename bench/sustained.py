@@ -134,7 +134,7 @@ def step(
             if key.startswith(f"{TENANT}/") and slot is not None and begin <= slot < end:
                 lags.append(at / 1e6 - slot)
     else:
-        for line in out.read_text().splitlines():
+        for line in (out.read_text() if out.exists() else "").splitlines():
             received_ns, granted_ms, slot_ms, _ = line.split()
             if begin <= int(slot_ms) < end:
                 lags.append(int(granted_ms) - int(slot_ms))

@@ -22,6 +22,7 @@ from bench.common import (
     slot_of,
 )
 from bench.herd_serve import run_scenario
+from bench.profiling import summarize
 
 JOBS = 300
 
@@ -111,3 +112,21 @@ def test_the_short_herd_measures_every_run(tmp_path: Path) -> None:
         assert received["started"] == JOBS
         # the worker cannot receive a lease before the node granted it
         assert received["p50_ms"] >= pull["figures"]["lag"]["p50_ms"]
+
+
+def test_a_profile_charges_each_sample_to_the_innermost_module_of_ours(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        "run (uvicorn/server.py:1);_http (/w/node/executors.py:470);"
+        "_request (/v/site-packages/aiohttp/client.py:500) 3\n"
+        "_follow (/w/projections/read_model.py:80);_commit (/w/projections/read_model.py:90) 1\n"
+        "select (/usr/lib/python3.11/selectors.py:468) 1\n"
+    )
+    summary = summarize(raw)
+    assert summary["samples"] == 5
+    assert summary["by_module"] == [
+        ("node/executors.py", 0.6),
+        ("projections/read_model.py", 0.2),
+        ("(outside cronlog)", 0.2),
+    ]
+    assert summary["by_function"][0] == ("_request (client.py)", 0.6)
