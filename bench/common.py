@@ -14,6 +14,7 @@ import math
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -166,6 +167,7 @@ def machine() -> dict[str, Any]:
         "packages": {name: _package(name) for name in PACKAGES},
         "wrk": wrk_version(),
         "commit": _git("rev-parse", "--short", "HEAD"),
+        "serve_args": serve_args(),
         "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
     }
 
@@ -392,6 +394,11 @@ request_burst = 100000
 """
 
 
+def serve_args() -> list[str]:
+    """Extra ``cronlog serve`` arguments from ``CRONLOG_BENCH_SERVE_ARGS`` (none by default)."""
+    return shlex.split(os.environ.get("CRONLOG_BENCH_SERVE_ARGS", ""))
+
+
 def cronlog_command() -> list[str]:
     """The ``cronlog`` console script of this interpreter's environment, as a user runs it."""
     script = Path(PYTHON).parent / "cronlog"
@@ -404,8 +411,9 @@ class Serve:
     """``cronlog serve`` in a process of its own, on a data directory, with one team's token.
 
     ``kafka`` (a bootstrap address) runs it as a cluster node on that Kafka; ``extra`` adds
-    command-line arguments (e.g. what a faster node needs to be told). Output goes to
-    ``data_dir.parent / (data_dir.name + '.out')``.
+    command-line arguments, and so does ``CRONLOG_BENCH_SERVE_ARGS`` (shell words) for every
+    node a benchmark starts: a setting to compare against the defaults a user gets. Output goes
+    to ``data_dir.parent / (data_dir.name + '.out')``.
     """
 
     def __init__(
@@ -452,7 +460,7 @@ class Serve:
                 "--min-insync-replicas",
                 "1",
             ]
-        self.args += list(extra)
+        self.args += list(extra) + serve_args()
         self.output = data_dir.parent / f"{data_dir.name}.out"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0

@@ -436,6 +436,8 @@ def write(run_id: str | None = None) -> Path:
         + "; not installed: "
         + (", ".join(k for k, v in m["packages"].items() if not v) or "none"),
         f"- load generator: {m.get('wrk') or 'wrk not installed (bench.post_load instead)'}",
+        "- `cronlog serve` extra arguments (`CRONLOG_BENCH_SERVE_ARGS`): "
+        + (f"`{' '.join(m['serve_args'])}`" if m.get("serve_args") else "none (the defaults)"),
         f"- cronlog at commit {m.get('commit')}"
         + (" (with uncommitted changes)" if m.get("dirty") else ""),
         f"- 1-minute load average when the run began: {run['load_at_start'][0]:g} "
