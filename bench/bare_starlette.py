@@ -35,7 +35,10 @@ app = Starlette(routes=[Route("/v1/jobs", create, methods=["POST"])])
 
 
 def config(port: int, log_level: str) -> uvicorn.Config:
-    return uvicorn.Config(app, host="127.0.0.1", port=port, log_level=log_level, lifespan="on")
+    # As cli/main.py's serve configures uvicorn (its access log is off unless asked for).
+    return uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level=log_level, lifespan="on", access_log=False
+    )
 
 
 def main() -> None:

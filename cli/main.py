@@ -100,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         " when room is short, teams take turns either way)",
     )
     serve.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log every HTTP request (off by default: at thousands of requests a second the"
+        " log costs more than the requests)",
+    )
+    serve.add_argument(
         "--executor-processes",
         type=int,
         default=0,
@@ -343,7 +349,12 @@ def _serve(args: argparse.Namespace) -> int:
         egress=egress,
     )
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on"
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        lifespan="on",
+        access_log=args.access_log,
     )
     server = uvicorn.Server(config)
     damaged: list[BaseException] = []
