@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.bench_herd import now_ms, percentile
+from bench.common import now_ms, percentile
 from core.commands import PutJob
 from core.egress import EgressPolicy
 from core.jobs import Backoff, HttpTarget, JobSpec

@@ -36,7 +36,6 @@ import asyncio
 import cProfile
 import io
 import json
-import math
 import os
 import platform
 import pstats
@@ -52,8 +51,9 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from bench.common import daily_at, now_ms, percentile
 from core import events as ev
 from core.commands import PutJob
 from core.jobs import JobSpec, PullTarget
@@ -75,26 +75,8 @@ LEASE_SEC = 3600.0  # the longest allowed: no lease runs out while the bench cla
 MARGIN_S = 5.0
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
-N = TypeVar("N", int, float)
-
-
-def percentile(sorted_values: list[N], q: float) -> N:
-    """Nearest-rank percentile of an ascending list."""
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
-
-
-def daily_at(slot_ms: int) -> str:
-    """A 6-field expression (seconds last) firing every day at ``slot_ms``'s UTC second."""
-    t = datetime.fromtimestamp(slot_ms / 1000, UTC)
-    return f"{t.minute} {t.hour} * * * {t.second}"
 
 
 def spec(i: int, tenant: str, schedule: str) -> JobSpec:

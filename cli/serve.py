@@ -179,6 +179,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         " --kafka-config); give it credentials whose ACLs deny the cluster's own topics",
     )
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log every HTTP request (off by default: at thousands of requests a second the"
+        " log costs more than the requests)",
+    )
     return serve
 
 
@@ -291,7 +297,12 @@ def _serve(args: argparse.Namespace) -> int:
         operator_token=load_operator_token(data_dir),
     )
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on"
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        lifespan="on",
+        access_log=args.access_log,
     )
     server = _server(config, on_stop=node.wakeups.close)
     damaged: list[BaseException] = []

@@ -528,3 +528,17 @@ def test_a_log_from_before_ids_were_scoped_reads_the_same() -> None:
     report = check(b.history(end(5), api_runs={"n1": {}}))
     assert report.figures["slots_checked"] == 5
     assert report.counts == {"projection_differs": 5}  # the node showed none of them
+
+
+def test_a_completion_past_the_lease_instant_but_before_its_expiry_is_not_stale() -> None:
+    # The log stalled past the lease's instant; no expiry was decided and no other lease
+    # exists, so the holder's outcome is the truth (core.decide: a lease is live until its
+    # LeaseExpired is in the log).
+    b = clean()
+    slot = T0 + 10_000
+    b.materialise("a", slot)
+    token = b.lease("a", slot, slot + 5)
+    b.deliver("a", slot, token, slot + 10)
+    b.complete("a", slot, token, slot + 5 + LEASE_MS + 3000)
+    report = check(b.history(end()))
+    assert report.counts["stale_completion_accepted"] == 0, report.counts

@@ -21,8 +21,10 @@ What must hold (a violation of any is a failed run):
    not yet ended by a completion, a failure or an expiry), and tokens strictly increase per run
    and per partition (``token_not_increasing``).
 6. ``stale_completion_accepted`` / ``stale_heartbeat_accepted``: a completion or heartbeat is
-   recorded only with the live lease's token, before that lease's expiry (by the deciding
-   clock); ``lease_expired_early``: an expiry only after it. ``completion_not_recorded``: a
+   recorded only with the live lease's token, before that lease's expiry is in the log (a
+   lease is live until its ``LeaseExpired`` is decided, not merely until its instant: while no
+   other lease exists, its holder's word is still the truth); ``lease_expired_early``: an
+   expiry only after its instant (by the deciding clock). ``completion_not_recorded``: a
    worker's completion answered 200 is in the log with its token.
 7. ``delivery_without_lease`` / ``token_delivered_twice`` / ``success_without_delivery``: each
    delivery (a call at the target, a work item at a worker) carries the token of a lease in
@@ -273,7 +275,7 @@ def _run_event(
         run.live = granted
         return max(last_token, token)
     if kind in ("Heartbeat", "RunCompleted", "RunFailed"):
-        stale = live is None or live.token != token or at >= live.expires_at
+        stale = live is None or live.token != token
         if stale:
             check = (
                 "stale_heartbeat_accepted" if kind == "Heartbeat" else ("stale_completion_accepted")

@@ -1,0 +1,179 @@
+"""Restart with many jobs: how long ``cronlog serve`` takes to answer ``/readyz`` 200 on a data
+directory holding ``--jobs`` jobs, and the memory it holds per job.
+
+    python -m bench.restart [--jobs 1000000] [--restarts 3] [--data-dir DIR]
+
+The data directory is built once, fast: through the node's batch endpoint when it serves one
+(``cronlog serve``, 4 requests at once), else by a :class:`~node.node.Node` in this process on
+the embedded log, writing what ``cronlog serve`` reads (``DIR/log``, ``DIR/node``; 8
+partitions). The jobs: 100 teams of ``jobs / 100`` each, HTTP targets with a small payload, cron
+schedules at spread times of leap days only (so the wheel holds distinct far slots and nothing
+fires). Then each restart starts ``cronlog serve`` on it and times from the process start to
+the first 200 from ``/readyz``; the node's RSS is read then and 5 s later (the larger is kept).
+An empty node's RSS, measured the same way, gives the memory per job beside the total per job.
+
+``--data-dir`` keeps the built directory (and reuses one already built with the same count).
+Appends one JSON line per restart to bench/results/restart.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    Serve,
+    append_result,
+    find_batch_endpoint,
+    loadavg,
+    log,
+    register,
+    rss_bytes,
+    stamp,
+)
+
+PARTITIONS = 8
+TEAMS = 100
+CHUNK = 2000
+SETTLE_S = 5.0
+BUILT = "bench-built-jobs"
+
+
+def job_fields(i: int) -> dict[str, Any]:
+    return {
+        "name": f"nightly export {i}",
+        "schedule": f"{i % 60} {i // 60 % 24} 29 2 *",
+        "target": f"http://127.0.0.1:9/hooks/{i % 1000}",
+        "payload": {"n": i, "report": "daily"},
+    }
+
+
+async def _build_in_process(data_dir: Path, jobs: int) -> None:
+    from core.commands import PutJob
+    from core.ids import log_job_id
+    from core.jobs import HttpTarget, JobSpec
+    from eventlog.embedded import EmbeddedLog
+    from node.node import Node
+
+    log_ = EmbeddedLog.open(data_dir / "log", PARTITIONS)
+    node = Node(log_, data_dir / "node", node_id="bench")
+    node.start()
+    try:
+        if not node.wait_ready(60):
+            raise RuntimeError("the building node did not become ready in 60 s")
+        per_team = max(1, jobs // TEAMS)
+        for start in range(0, jobs, CHUNK):
+            commands = []
+            for i in range(start, min(jobs, start + CHUNK)):
+                fields = job_fields(i)
+                tenant = f"team-{i // per_team:03d}"
+                spec = JobSpec(
+                    name=fields["name"],
+                    tenant=tenant,
+                    target=HttpTarget(url=fields["target"]),
+                    schedule=fields["schedule"],
+                    payload=fields["payload"],
+                )
+                commands.append(PutJob(job_id=log_job_id(tenant, f"job-{i:07d}"), spec=spec))
+            await asyncio.gather(*(node.execute(c) for c in commands))
+            if start and start % 100_000 == 0:
+                log(f"built {start:,} jobs")
+    finally:
+        node.stop()
+        log_.close()
+
+
+def build(data_dir: Path, jobs: int) -> dict[str, Any]:
+    """Fill ``data_dir`` with ``jobs`` jobs; how it was done and how long it took."""
+    marker = data_dir / BUILT
+    if marker.exists() and marker.read_text() == str(jobs):
+        return {"jobs": jobs, "via": "reused"}
+    if data_dir.exists():
+        shutil.rmtree(data_dir)
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    with Serve(data_dir) as serve:
+        batch = find_batch_endpoint(serve.openapi())
+        if batch is not None:
+            for start in range(0, jobs, 100_000):
+                chunk = [
+                    {**job_fields(i), "job_id": f"job-{i:07d}"}
+                    for i in range(start, min(jobs, start + 100_000))
+                ]
+                register(serve, chunk, concurrency=4, batch=batch)
+            via = f"batch endpoint {batch.path}"
+    if batch is None:
+        asyncio.run(_build_in_process(data_dir, jobs))
+        via = "a node in the bench process"
+    marker.write_text(str(jobs))
+    return {"jobs": jobs, "via": via, "seconds": round(time.monotonic() - began, 1)}
+
+
+def restart(data_dir: Path) -> dict[str, Any]:
+    """One start of ``cronlog serve`` on ``data_dir``: seconds to /readyz, RSS."""
+    load = loadavg()
+    serve = Serve(data_dir)
+    serve.start()
+    try:
+        ready_s = serve.wait_ready(timeout_s=600, poll_s=0.02)
+        at_ready, _ = rss_bytes(serve.pid)
+        time.sleep(SETTLE_S)
+        settled, peak = rss_bytes(serve.pid)
+    finally:
+        serve.stop()
+    return {
+        "load_at_start": load,
+        "ready_s": round(ready_s, 3),
+        "rss_mb": round(max(at_ready, settled) / 2**20, 1),
+        "peak_rss_mb": round(peak / 2**20, 1),
+    }
+
+
+def disk_mb(path: Path) -> float:
+    return round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20, 1)
+
+
+def run(data_dir: Path, jobs: int, restarts: int, tmp: Path) -> list[dict[str, Any]]:
+    built = build(data_dir, jobs)
+    log(f"data directory with {jobs:,} jobs: {built}")
+    empty_dir = tmp / f"empty-{secrets.token_hex(4)}"
+    records = []
+    for _ in range(restarts):
+        empty = restart(empty_dir)
+        full = restart(data_dir)
+        rss = full["rss_mb"] * 2**20
+        figures = {
+            **full,
+            "jobs": jobs,
+            "bytes_per_job": round(rss / jobs),
+            "bytes_per_job_over_empty": round((rss - empty["rss_mb"] * 2**20) / jobs),
+            "empty_node": empty,
+            "disk_mb": disk_mb(data_dir),
+            "built": built,
+        }
+        records.append({"timestamp": stamp(), "scenario": "restart", "jobs": jobs,
+                        "load_at_start": full["load_at_start"], "figures": figures})  # fmt: skip
+        log(f"restart with {jobs:,} jobs: ready in {full['ready_s']} s, {full['rss_mb']} MB")
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--restarts", type=int, default=3)
+    parser.add_argument("--data-dir", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="cronlog-restart-") as tmp:
+        data_dir = args.data_dir or Path(tmp) / "data"
+        for record in run(data_dir, args.jobs, args.restarts, Path(tmp)):
+            append_result("restart", record)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Sustained load: the highest rate of runs a second that ``cronlog serve`` starts with p99 start
+lag ≤ 100 ms for a whole window, found by steps.
+
+    python -m bench.sustained [--kind http|pull] [--rates 250,500,1000,2000] [--window-s 60]
+
+A rate of R runs a second is R interval jobs of one second, their first slots spread evenly
+over a second (``start_at`` = T0 + i/R s), so R runs come due every second, one every 1/R s.
+Each step starts a fresh node, registers the jobs (``POST /v1/jobs`` 64 at a time, or the
+batch endpoint), lets them run ``--warm-s`` seconds, then measures every slot in the next
+``--window-s`` seconds. HTTP targets call the recorder (lag = arrival - slot); pull targets are
+claimed and completed by :mod:`bench.pull_workers` (lag = lease granted - slot; the answer's
+arrival at the worker is reported beside it). A slot not started 2 s after the window counts as
+infinitely late. A step holds when p99 ≤ 100 ms; the search stops at the first step that does
+not hold.
+
+Appends one JSON line per step to bench/results/sustained.jsonl and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    PYTHON,
+    ROOT,
+    TENANT,
+    CpuWindow,
+    Recorder,
+    Serve,
+    append_result,
+    claim_max,
+    claim_wait_field,
+    find_batch_endpoint,
+    first_calls,
+    http_job,
+    iso_ms,
+    lag_summary,
+    loadavg,
+    log,
+    now_ms,
+    place_slot,
+    pull_job,
+    register,
+    rss_bytes,
+    sleep_until_ms,
+    slot_of,
+    stamp,
+    stop_process,
+)
+
+GOAL_P99_MS = 100.0
+SETTLE_MS = 2000
+POOL = "steady"
+LEASE_SEC = 300.0
+
+
+def step(
+    kind: str,
+    rate: int,
+    window_s: int,
+    tmp: Path,
+    recorder: Recorder | None,
+    *,
+    warm_s: int = 3,
+    kafka: str | None = None,
+) -> dict[str, Any]:
+    """One rate for one window on a fresh node: the lags of the window's slots."""
+    data = tmp / f"serve-{secrets.token_hex(4)}"
+    out = tmp / f"claims-{secrets.token_hex(4)}"
+    load = loadavg()
+    with Serve(data, kafka=kafka) as serve:
+        document = serve.openapi()
+        batch = find_batch_endpoint(document)
+
+        def make(i: int, w: dict[str, Any]) -> dict[str, Any]:
+            if kind == "http":
+                assert recorder is not None
+                return http_job(i, recorder.url, **w)
+            return pull_job(i, POOL, LEASE_SEC, **w)
+
+        t0, _ = place_slot(serve, rate, make, batch, margin_s=3.0)
+        jobs = [
+            make(i, {"interval_sec": 1, "start_at": iso_ms(t0 + i * 1000 // rate)})
+            for i in range(rate)
+        ]
+        if recorder is not None:
+            recorder.take()
+        registered = register(serve, jobs, batch=batch)
+        if now_ms() >= t0:
+            raise RuntimeError("registration ran past the first slot")
+        begin = t0 + warm_s * 1000
+        end = begin + window_s * 1000
+        workers = None
+        counts: dict[str, Any] = {}
+        if kind == "pull":
+            command = [
+                PYTHON, "-m", "bench.pull_workers", serve.url, serve.token, POOL,
+                "--out", str(out), "--until-ms", str(end + SETTLE_MS),
+                "--start-ms", str(t0 - 500), "--limit", str(claim_max(document)),
+                "--poll-ms", "20",
+            ]  # fmt: skip
+            wait_field = claim_wait_field(document)
+            if wait_field:
+                command += ["--wait-field", wait_field, "--wait-sec", "0.5"]
+            workers = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        try:
+            cpu = CpuWindow(serve.pid)
+            sleep_until_ms(begin)
+            cpu.begin()
+            while now_ms() < end:
+                cpu.sample()
+                time.sleep(0.25)
+            window = cpu.end()
+            sleep_until_ms(end + SETTLE_MS)
+            rss, _ = rss_bytes(serve.pid)
+            if workers is not None:
+                workers.wait(60)
+        finally:
+            if workers is not None:
+                counts = json.loads(stop_process(workers, 10) or "{}")
+        arrivals = recorder.take() if recorder is not None else []
+    lags: list[float] = []
+    received: list[float] = []
+    if kind == "http":
+        for key, at in first_calls(arrivals).items():
+            slot = slot_of(key)
+            if key.startswith(f"{TENANT}/") and slot is not None and begin <= slot < end:
+                lags.append(at / 1e6 - slot)
+    else:
+        for line in (out.read_text() if out.exists() else "").splitlines():
+            received_ns, granted_ms, slot_ms, _ = line.split()
+            if begin <= int(slot_ms) < end:
+                lags.append(int(granted_ms) - int(slot_ms))
+                received.append(int(received_ns) / 1e6 - int(slot_ms))
+    expected = rate * window_s
+    summary = lag_summary(lags, expected)
+    p99 = summary.get("p99_ms")
+    figures: dict[str, Any] = {
+        "lag": summary,
+        "holds": p99 is not None and p99 <= GOAL_P99_MS,
+        "runs_per_s_started": round(len(lags) / window_s),
+        "node_cpu": window,
+        "rss_mb": round(rss / 2**20, 1),
+        "registration": registered.figures(),
+    }
+    if kind == "pull":
+        figures["lag_received"] = lag_summary(received, expected)
+        figures["workers"] = counts
+    return {
+        "timestamp": stamp(),
+        "scenario": f"sustained-{kind}" + ("-kafka" if kafka else ""),
+        "rate": rate,
+        "window_s": window_s,
+        "warm_s": warm_s,
+        "load_at_start": load,
+        "figures": figures,
+    }
+
+
+def search(
+    kind: str,
+    rates: list[int],
+    window_s: int,
+    tmp: Path,
+    recorder: Recorder | None,
+    *,
+    kafka: str | None = None,
+    tags: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Steps up ``rates`` until one does not hold; the highest that held and every step."""
+    steps, best = [], 0
+    for rate in rates:
+        record = step(kind, rate, window_s, tmp, recorder, kafka=kafka)
+        record.update(tags or {})
+        append_result("sustained", record)
+        lag = record["figures"]["lag"]
+        log(
+            f"sustained {kind} {rate}/s: p99 {lag.get('p99_ms')} ms, missing "
+            f"{lag.get('missing')}, {record['figures']['node_cpu']['cores_mean']} cores"
+        )
+        steps.append(record)
+        if not record["figures"]["holds"]:
+            break
+        best = rate
+    return {"kind": kind, "highest_holding_per_s": best, "steps": steps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kind", choices=("http", "pull"), default="http")
+    parser.add_argument("--rates", default="250,500,1000,2000,3000,4000")
+    parser.add_argument("--window-s", type=int, default=60)
+    args = parser.parse_args()
+    rates = [int(r) for r in args.rates.split(",")]
+    with tempfile.TemporaryDirectory(prefix="cronlog-sustained-") as tmp:
+        if args.kind == "http":
+            with Recorder() as recorder:
+                result = search("http", rates, args.window_s, Path(tmp), recorder)
+        else:
+            result = search("pull", rates, args.window_s, Path(tmp), None)
+    print(f"highest {args.kind} rate holding p99 <= 100 ms: {result['highest_holding_per_s']}/s")
+
+
+if __name__ == "__main__":
+    main()
