@@ -9,6 +9,7 @@ COPY node node
 COPY api api
 COPY cli cli
 COPY tools tools
+COPY sdk sdk
 RUN pip install --no-cache-dir .
 EXPOSE 8080
 VOLUME /data

@@ -24,17 +24,19 @@ from starlette.responses import Response
 from starlette.routing import Route, request_response
 from starlette.types import Receive, Scope, Send
 
-from api import openapi, ui
+from api import events_stream, openapi, ui
 from api.auth import Tokens
 from api.changes import preview_change
 from api.dead_letters import replay_dead_runs
 from api.edge import edge_state, json_response
 from api.errors import EXCEPTION_HANDLERS, unauthorized
+from api.held import Held
 from api.jobs import (
     create_job,
     delete_job,
     get_job,
     job_runs,
+    job_slots,
     list_jobs,
     patch_job,
     preview_job,
@@ -85,6 +87,7 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
     ("GET", "/v1/jobs/{job_id}/runs", job_runs),
     ("POST", "/v1/jobs/{job_id}/runs", trigger_run),
     ("GET", "/v1/jobs/{job_id}/preview", preview_job),
+    ("GET", "/v1/jobs/{job_id}/slots", job_slots),
     ("POST", "/v1/schedules/preview", preview_schedule),
     ("GET", "/v1/runs", list_runs),
     ("GET", "/v1/runs/{run_id}", get_run),
@@ -93,6 +96,7 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
     ("POST", "/v1/runs/{run_id}/heartbeat", heartbeat),
     ("POST", "/v1/runs/{run_id}/complete", complete),
     ("POST", "/v1/workers/claim", claim),
+    ("GET", "/v1/events", events_stream.events),
     ("GET", "/healthz", healthz),
     ("GET", "/readyz", readyz),
     # what the status UI asks beyond the above (any client may)
@@ -157,6 +161,7 @@ def create_app(
     limits: Limits | None = None,
     clock: Callable[[], float] | None = None,
     egress: EgressPolicy | None = None,
+    operator_token: str | None = None,
 ) -> Starlette:
     """The API over ``scheduler``; ``tokens`` maps each bearer token to its tenant.
 
@@ -165,11 +170,15 @@ def create_app(
     ``clock`` gives the request buckets seconds on a monotonic scale (default: the real one).
     ``egress`` is the operator's policy a job's target must pass to be registered (the node's
     executors apply it again at each call); by default, the public internet only.
+    ``operator_token`` reads every team's events on ``GET /v1/events`` (a team's token reads
+    its own).
     """
     state = {
         "scheduler": scheduler,
         "tokens": Tokens(tokens),
         "quota": JobQuota(),
+        "held": Held(),
+        "operator": events_stream.operator_tokens(operator_token),
         **edge_state(limits, clock),
         "egress": egress if egress is not None else EgressPolicy(),
     }

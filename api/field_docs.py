@@ -18,10 +18,13 @@ _WHEN = (
 FIELDS: dict[str, str] = {
     # -- a job's definition
     "name": "A name people read; need not be unique.",
-    "schedule": "A cron expression (5 fields, or 6 with seconds last) read in `timezone`. " + _WHEN,
+    "schedule": "A 5-field cron expression (minute hour day-of-month month day-of-week) read in `timezone`; a sixth field is refused (Quartz reads it first, croniter last): put seconds in `seconds`. " + _WHEN,
+    "seconds": "The seconds of a per-second schedule, a cron field (0, */10, 0,30, 5-10); absent or null: second 0.",
     "run_at": "The one instant a one-shot job runs at (RFC 3339). " + _WHEN,
     "interval_sec": "Seconds between the slots of an interval job. " + _WHEN,
-    "start_at": "An interval job's first slot (RFC 3339); by default, when it is registered.",
+    "start_at": "No slot before this instant (RFC 3339), for every kind of schedule; an interval job's slots are start_at + k x interval_sec (by default from its registration).",
+    "end_at": "No slot after this instant (RFC 3339); then the job has no next slot and, once nothing of it is live, is finished.",
+    "allow_past": "Accept a run_at or end_at more than a minute in the past (refused otherwise); not kept with the job.",
     "timezone": "The IANA timezone a cron schedule is read in (e.g. Europe/London).",
     "payload": "Any JSON (at most 64 KiB), sent to the target with every attempt.",
     "target": "Where a run goes: https://... (POST), kafka://topic, pull://pool, or the object forms.",
@@ -45,6 +48,7 @@ FIELDS: dict[str, str] = {
     "idempotency_key": "Makes a retried create land on the same job (not with job_id).",
     "status": "The job's status: active, paused, cancelled, or finished (a one-shot that ran).",
     "next_run_at": "The job's next slot (RFC 3339, UTC); null when none is ahead.",
+    "next_fire_at": "When that run will really be ready: the slot plus the job's jitter (RFC 3339, UTC).",
     "created_at": "When the job was registered.",
     "updated_at": "When the job last changed.",
     "version": "The job's version: it grows with each change; If-Match makes a change conditional on it.",
@@ -133,6 +137,13 @@ FIELDS: dict[str, str] = {
     "permanent": "Retrying cannot help: dead-letter the run now.",
     "ambiguous": "The attempt may have taken effect (timed out after sending, say).",
     "retry_after_sec": "The target's own 'not before': the retry waits at least this long.",
+    "wait_sec": "Long polling: with no run ready, wait up to this many seconds for one (answered the moment one is); 0 answers at once.",
+    "max_waiting_claims": "Claims with wait_sec the team may hold open on a node at once.",
+    "max_event_streams": "Event streams (GET /v1/events) the team may hold open on a node at once.",
+    # -- a job's slots (backfills)
+    "slots": "The job's slots in the range, oldest first.",
+    "more": "The range holds more slots than were listed.",
+    "due": "The slot has come: only a slot that has come can be triggered (backfilled).",
 }
 
 BY_STRUCT: dict[str, dict[str, str]] = {
@@ -160,7 +171,8 @@ BY_STRUCT: dict[str, dict[str, str]] = {
     },
     "RunSummary": {"state": "The run's state now."},
     "PreviewOut": {
-        "schedule": "The cron expression previewed; null for a job without one.",
+        "schedule": "The cron expression previewed (5 fields); null for a job without one.",
+        "seconds": "The seconds field of a per-second schedule; null without one.",
         "timezone": "The timezone the local times are read in.",
         "job_id": "The job previewed; null for a bare schedule.",
     },
@@ -174,7 +186,11 @@ BY_STRUCT: dict[str, dict[str, str]] = {
     "TeamOut": {"jobs": "The team's jobs that are not cancelled."},
     "TriggerIn": {"scheduled_for": "The slot to run (a backfill, RFC 3339); absent or null: now."},
     "SchedulePreviewIn": {
-        "schedule": "The cron expression to preview (5 fields, or 6 with seconds last)."
+        "schedule": "The cron expression to preview (5 fields; the seconds in seconds)."
+    },
+    "SlotOut": {
+        "state": "The slot's run's state; null when the slot has no run.",
+        "run_id": "The run the slot has, or would have: <job id>.<slot ms>.",
     },
 }
 
@@ -206,6 +222,8 @@ STRUCTS: dict[str, str] = {
     "ReplayOut": "What a replay by filter did (or, dry, would do).",
     "ReplayRefused": "A run the filter named that was not replayed.",
     "TeamOut": "The team a token speaks for.",
+    "SlotOut": "One slot of the job's schedule and its run, if it has one.",
+    "SlotsOut": "A job's slots in a range: what a backfill of it would trigger.",
     "ErrorBody": "Every error's body.",
     "SecretRef": "A header value read from the node's secrets directory at each call.",
 }

@@ -22,13 +22,22 @@ from api.edge import (
     query_int,
     query_text,
 )
+from api.errors import bad_request
 from api.instants import parse_rfc3339, to_local, to_rfc3339
 from api.quota import JobQuota, check_definition
 from api.scheduler import Unavailable
-from api.translate import job_id_for_key, job_out, random_job_id, run_out, spec_of
+from api.translate import (
+    check_five_fields,
+    job_id_for_key,
+    job_out,
+    random_job_id,
+    run_out,
+    spec_of,
+)
 from api.wire import (
     MAX_PREVIEW,
     MAX_SEARCH_CHARS,
+    MAX_SLOTS,
     FireTime,
     JobDefinition,
     JobFields,
@@ -38,19 +47,45 @@ from api.wire import (
     PreviewOut,
     RunPage,
     SchedulePreviewIn,
+    SlotOut,
+    SlotsOut,
 )
 from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
-from core.cron import CronSchedule
+from core.cron import CronSchedule, split_seconds, with_seconds
+from core.decide import run_id_of
 from core.egress import EgressPolicy
 from core.errors import Conflict, InvalidDefinition
 from core.events import AnyEvent, JobRegistered, JobUpdated
 from core.ids import team_id
-from core.jobs import JobSpec, next_slot, validate_job_id
+from core.jobs import JobSpec, next_slot, slots_between, validate_job_id
 from projections.views import JOB_STATUSES, JobView
 
 CATCH_UP_S = 5.0  # how long an upsert that decided nothing waits to read the job it names
 
 # -- jobs --------------------------------------------------------------------------------------
+
+
+PAST_TOLERANCE_MS = 60_000  # clocks differ and requests take time: "now" is not the past
+
+
+def not_past(call: Call, fields: JobFields, spec: JobSpec, existing: JobSpec | None) -> None:
+    """Refuse a ``run_at`` or ``end_at`` that has passed (a job that runs at once, or never),
+    unless ``allow_past`` asks for it; one the job already had is not asked about again."""
+    if fields.allow_past is True:
+        return
+    now = call.scheduler.now_ms()
+    for name in ("run_at", "end_at"):
+        at = getattr(spec, name)
+        if at is None or at >= now - PAST_TOLERANCE_MS:
+            continue
+        if existing is not None and getattr(existing, name) == at:
+            continue
+        then = "run at once" if name == "run_at" else "never run again"
+        raise InvalidDefinition(
+            name,
+            f"{to_rfc3339(at)} has passed, so the job would {then}; send"
+            ' "allow_past": true if that is what you want',
+        )
 
 
 def within_egress(request: Request, spec: JobSpec) -> JobSpec:
@@ -75,6 +110,7 @@ async def create_job(request: Request) -> Response:
         job_id = call.job_id(random_job_id())
     spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
     existing = call.scheduler.history.job(call.tenant, job_id)
+    not_past(call, body, spec, existing.spec if existing else None)
     check_definition(call, job_id, spec, existing.spec if existing else None)
     quota: JobQuota = request.state.quota
     with quota.admit(call, job_id):
@@ -91,6 +127,7 @@ async def put_job(request: Request) -> Response:
     spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
     expected = expected_version(request)
     existing = call.scheduler.history.job(call.tenant, job_id)
+    not_past(call, body, spec, existing.spec if existing else None)
     check_definition(call, job_id, spec, existing.spec if existing else None)
     quota: JobQuota = request.state.quota
     with quota.admit(call, job_id):
@@ -138,7 +175,9 @@ async def list_jobs(request: Request) -> Response:
 
 
 def _changes_definition(body: JobPatch) -> bool:
-    return any(getattr(body, f) is not UNSET for f in JobFields.__struct_fields__)
+    return any(
+        getattr(body, f) is not UNSET for f in JobFields.__struct_fields__ if f != "allow_past"
+    )
 
 
 async def patch_job(request: Request) -> Response:
@@ -148,13 +187,10 @@ async def patch_job(request: Request) -> Response:
     expected = expected_version(request, None if body.version is UNSET else body.version)
     view = job_view(call, job_id)
     if expected is not None and expected != view.version:
-        raise Conflict(
-            f"job {team_id(job_id)} is at version {view.version}, not {expected}"
-        )
+        raise Conflict(f"job {team_id(job_id)} is at version {view.version}, not {expected}")
     if _changes_definition(body):
-        spec = within_egress(
-            request, spec_of(body, call.tenant, base=view.spec, scope=call.job_id)
-        )
+        spec = within_egress(request, spec_of(body, call.tenant, base=view.spec, scope=call.job_id))
+        not_past(call, body, spec, view.spec)
         check_definition(call, job_id, spec, view.spec)
         # The merge read view.spec: writing it back is conditional on nothing having changed since.
         events = await call.scheduler.execute(
@@ -215,6 +251,48 @@ def fire_times(view: JobView, after: int, n: int) -> list[int]:
     return [view.next_slot] if view.next_slot is not None else []
 
 
+def _anchor(view: JobView) -> int:
+    """An interval job's grid: its next slot lies on it, else its start, else its creation."""
+    return next(t for t in (view.next_slot, view.spec.start_at, view.created_at) if t is not None)
+
+
+async def job_slots(request: Request) -> Response:
+    """The job's schedule's slots in ``[from, to]``, each with its run's state: what a backfill
+    of that range would trigger (the slots that have come and have no run)."""
+    call = authenticate(request)
+    job_id = call.job_id(request.path_params["job_id"])
+    view = job_view(call, job_id)
+    limit = query_int(request, MAX_SLOTS, MAX_SLOTS)
+    start, end = (parse_rfc3339(_required(request, name), name) for name in ("from", "to"))
+    if end < start:
+        raise InvalidDefinition("to", "must not be before from")
+    if not view.spec.recurring:
+        raise InvalidDefinition(
+            "job_id", "the job has no schedule (a one-shot or dependency-triggered job)"
+        )
+    slots = slots_between(view.spec, start - 1, end, _anchor(view), limit + 1)
+    now = call.scheduler.now_ms()
+    out = []
+    for slot in slots[:limit]:
+        run = call.scheduler.history.run(call.tenant, run_id_of(job_id, slot))
+        out.append(
+            SlotOut(
+                scheduled_for=to_rfc3339(slot),
+                run_id=team_id(run_id_of(job_id, slot)),
+                state=None if run is None else run.state,
+                due=slot <= now,
+            )
+        )
+    return json_response(SlotsOut(job_id=team_id(job_id), slots=out, more=len(slots) > limit))
+
+
+def _required(request: Request, name: str) -> str:
+    value = request.query_params.get(name)
+    if value is None:
+        raise bad_request(name, "is required")
+    return value
+
+
 def fire_list(timezone: str, fires: list[int]) -> list[FireTime]:
     zone = ZoneInfo(timezone)  # validated with the schedule it belongs to
     return [FireTime(at=to_rfc3339(ms), local=to_local(ms, zone)) for ms in fires]
@@ -226,10 +304,12 @@ async def preview_job(request: Request) -> Response:
     n = query_int(request, 10, MAX_PREVIEW, "n")
     spec: JobSpec = view.spec
     fires = fire_times(view, call.scheduler.now_ms(), n)
+    schedule, seconds = (None, None) if spec.schedule is None else split_seconds(spec.schedule)
     return json_response(
         PreviewOut(
             job_id=team_id(view.job_id),
-            schedule=spec.schedule,
+            schedule=schedule,
+            seconds=seconds,
             timezone=spec.timezone,
             fires=fire_list(spec.timezone, fires),
         )
@@ -239,12 +319,15 @@ async def preview_job(request: Request) -> Response:
 async def preview_schedule(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, SchedulePreviewIn)
-    schedule = CronSchedule.parse(body.schedule, body.timezone)
+    check_five_fields(body.schedule)
+    schedule = CronSchedule.parse(with_seconds(body.schedule, body.seconds), body.timezone)
     after = call.scheduler.now_ms() if body.after is None else parse_rfc3339(body.after, "after")
     fires = schedule.preview(after, body.n)
+    five, seconds = split_seconds(schedule.expression)
     return json_response(
         PreviewOut(
-            schedule=schedule.expression,
+            schedule=five,
+            seconds=seconds,
             timezone=body.timezone,
             fires=fire_list(body.timezone, fires),
         )

@@ -35,6 +35,7 @@ from projections.read_model import MAX_LIMIT
 
 MAX_JOBS_CEILING = 10_000_000
 MAX_RATE_CEILING = 100_000.0
+MAX_WAITING_CEILING = 100_000
 
 
 class TenantLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -53,6 +54,10 @@ class TenantLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     # once. Pull workers sharing a token share its rate.
     requests_per_sec: Annotated[float, Meta(gt=0, le=MAX_RATE_CEILING)] = 100.0
     request_burst: Annotated[int, Meta(ge=1, le=int(MAX_RATE_CEILING))] = 200
+    # Requests held open on one node at once: claims long-polling (``wait_sec``), and event
+    # streams (``GET /v1/events``). Past them a request is answered 429 at once.
+    max_waiting_claims: Annotated[int, Meta(ge=0, le=MAX_WAITING_CEILING)] = 256
+    max_event_streams: Annotated[int, Meta(ge=0, le=MAX_WAITING_CEILING)] = 8
 
 
 class LimitsError(ValueError):

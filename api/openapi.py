@@ -18,9 +18,10 @@ from typing import Any
 
 import msgspec
 
-from api import changes, dead_letters, field_docs, stats, team, wire
+from api import changes, dead_letters, events_stream, field_docs, stats, team, wire
 from api.errors import ErrorBody
-from core.jobs import JOB_ID
+from api.instants import RFC3339
+from core.jobs import JOB_ID, TENANT
 from projections.read_model import MAX_LIMIT
 from projections.views import JOB_STATUSES, RUN_STATES
 
@@ -69,7 +70,53 @@ _QUERY: dict[str, dict[str, Any]] = {
         "description": "minutes a point adds up (default: the window in 120 points at most;"
         f" at most {stats.MAX_POINTS} points)",
     },
+    # GET /v1/events (api/events_stream.py)
+    "follow": {
+        "type": "boolean",
+        "default": False,
+        "description": "keep the stream open and send events as they are decided",
+    },
+    "from": {
+        "type": "string",
+        "pattern": events_stream.FROM,
+        "description": "start, end or an RFC 3339 instant (default: end when following, else"
+        " start); cursor or Last-Event-ID take precedence",
+    },
+    "event_cursor": {
+        "type": "string",
+        "pattern": events_stream.CURSOR,
+        "description": "resume after the event whose id this is",
+    },
+    "job": {"type": "string", "pattern": JOB_ID.pattern, "description": "only this job's"},
+    "tenant": {
+        "type": "string",
+        "pattern": TENANT.pattern,
+        "description": "only this team's (the operator's token; a team's reads its own)",
+    },
+    "from_instant": {"type": "string", "pattern": RFC3339, "description": "the first instant"},
+    "to_instant": {"type": "string", "pattern": RFC3339, "description": "the last instant"},
+    "slots_limit": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": wire.MAX_SLOTS,
+        "default": wire.MAX_SLOTS,
+        "description": "slots listed at most (more says whether the range holds others)",
+    },
+    "max_events": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": events_stream.MAX_LIMIT,
+        "description": f"end the stream after this many events (default when not following:"
+        f" {events_stream.DEFAULT_LIMIT})",
+    },
 }
+_QUERY_NAMES = {  # a query parameter whose schema differs by route
+    "event_cursor": "cursor",
+    "from_instant": "from",
+    "to_instant": "to",
+    "slots_limit": "limit",
+}
+_REQUIRED = frozenset({"from_instant", "to_instant"})
 _HEADERS: dict[str, dict[str, Any]] = {
     "If-Match": {"type": "string", "pattern": IF_MATCH, "description": "the job's version"},
     "Idempotency-Key": {
@@ -77,6 +124,11 @@ _HEADERS: dict[str, dict[str, Any]] = {
         "minLength": 1,
         "maxLength": wire.MAX_IDEMPOTENCY_KEY,
         "description": "names the run this trigger makes; a repeat answers that run",
+    },
+    "Last-Event-ID": {
+        "type": "string",
+        "pattern": events_stream.LAST_EVENT_ID,
+        "description": "the id of the last event received: resume after it (empty: none)",
     },
 }
 _PATH_PARAMETERS = {
@@ -91,13 +143,14 @@ _DESCRIPTIONS = {
     201: "Created",
     400: "The request does not match this document; field names the part",
     401: "No bearer token, or not one this service knows",
-    403: "The tenant has all the jobs it may have",
+    403: "The tenant has all the jobs it may have (events: another team's)",
     404: "Not found (or another tenant's)",
     409: "Conflicts with the current state (a version, a run's state, a lost lease)",
     413: "The body is over 1 MiB",
     415: "The body is not application/json",
     422: "Well-formed, but refused by a rule this document cannot state; field names it",
-    429: "This token has spent its requests for now",
+    429: "This token has spent its requests for now, or its team holds as many waiting"
+    " requests open as it may",
     503: "The owning partition cannot decide now; nothing was decided",
 }
 
@@ -112,6 +165,7 @@ class Operation:
     errors: tuple[int, ...] = ()  # besides those every operation of its kind answers
     query: tuple[str, ...] = ()
     headers: tuple[str, ...] = ()
+    stream: bool = False  # the response is text/event-stream
 
 
 _DEFINE = (403, 409, 422, 503)
@@ -172,6 +226,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/v1/jobs/{job_id}/preview"): Operation(
         "The job's next fire times", response=wire.PreviewOut, errors=(404,), query=("n",)
     ),
+    ("GET", "/v1/jobs/{job_id}/slots"): Operation(
+        "The job's slots from one instant to another, each with its run's state: what a"
+        " backfill of the range would trigger (the slots that are due and have no run)",
+        response=wire.SlotsOut,
+        errors=(404, 422),
+        query=("from_instant", "to_instant", "slots_limit"),
+    ),
     ("POST", "/v1/schedules/preview"): Operation(
         "The next fire times of a cron expression in a timezone (fewer near the end of 9999)",
         response=wire.PreviewOut,
@@ -208,10 +269,20 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(404, 409, 503),
     ),
     ("POST", "/v1/workers/claim"): Operation(
-        "Lease up to limit ready runs of a pull pool",
+        "Lease up to limit ready runs of a pull pool; with wait_sec, wait up to that long for"
+        " one (long polling: answered as soon as a run is ready)",
         response=wire.ClaimOut,
         request=wire.ClaimIn,
         errors=(503,),
+    ),
+    ("GET", "/v1/events"): Operation(
+        "The audit stream as Server-Sent Events: the team's events (the operator's token:"
+        " every team's) from a cursor, an instant, the start or the end; with follow, live."
+        " Each event: id (a cursor) and data {partition, offset, event} (docs/events.md)",
+        stream=True,
+        errors=(403, 422),
+        query=("follow", "from", "event_cursor", "job", "tenant", "max_events"),
+        headers=("Last-Event-ID",),
     ),
     ("GET", "/metrics"): Operation(
         "Prometheus metrics of this node (text exposition format); its own bearer token",
@@ -263,7 +334,41 @@ _EXAMPLES: dict[type, dict[str, Any]] = {
     wire.JobDefinition: _EXAMPLE_JOB,
     wire.JobPatch: {"status": "paused"},
     wire.SchedulePreviewIn: {"schedule": "30 1 * * *", "timezone": "America/New_York", "n": 5},
-    wire.ClaimIn: {"pool": "reports", "worker_id": "worker-1", "limit": 10},
+    wire.ClaimIn: {"pool": "reports", "worker_id": "worker-1", "limit": 10, "wait_sec": 1},
+}
+
+
+# One event of GET /v1/events, as Server-Sent Events carry it (OpenAPI 3.1: ``schema`` describes
+# each event of a text/event-stream).
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": "One event of the stream: its cursor (id) and the event (data)",
+    "properties": {
+        "id": {
+            "type": "string",
+            "pattern": events_stream.CURSOR,
+            "description": "the cursor that resumes the stream right after this event",
+        },
+        "event": {"type": "string", "description": "always the default, message"},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {
+                "type": "object",
+                "required": ["partition", "offset", "event"],
+                "properties": {
+                    "partition": {"type": "integer", "minimum": 0},
+                    "offset": {"type": "integer", "minimum": 0},
+                    "event": {
+                        "type": "object",
+                        "description": "the event as the log holds it (docs/events.md)",
+                    },
+                },
+            },
+            "description": "{partition, offset, event}: the event as the log holds it",
+        },
+        "retry": {"type": "integer", "description": "milliseconds to wait before reconnecting"},
+    },
 }
 
 
@@ -305,9 +410,9 @@ def _parameters(path: str, op: Operation) -> list[dict[str, Any]]:
     ]
     parameters += [
         {
-            "name": name,
+            "name": _QUERY_NAMES.get(name, name),
             "in": "query",
-            "required": False,
+            "required": name in _REQUIRED,
             "description": _QUERY[name].get("description", ""),
             "schema": _QUERY[name],
         }
@@ -332,7 +437,9 @@ def _operation(path: str, op: Operation) -> dict[str, Any]:
         out["requestBody"] = {"required": op.body_required, "content": _json_content(op.request)}
     responses: dict[str, Any] = {}
     for code in op.ok:
-        if op.response is str:
+        if op.stream:
+            content = {"text/event-stream": {"schema": _SSE_EVENT}}
+        elif op.response is str:
             content = {"text/plain": {"schema": {"type": "string"}}}
         else:
             content = {} if op.response is None else _json_content(op.response)

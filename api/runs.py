@@ -4,6 +4,7 @@ complete, where only the live lease's fencing token is heard."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -20,6 +21,7 @@ from api.edge import (
     run_view,
 )
 from api.errors import ApiError, bad_request
+from api.held import Held
 from api.instants import parse_rfc3339, to_rfc3339
 from api.scheduler import Unavailable
 from api.translate import claimed, run_out
@@ -37,7 +39,7 @@ from core.clock import Millis
 from core.commands import CancelRun, CompleteRun, HeartbeatRun, Outcome, ReplayRun, TriggerRun
 from core.decide import run_id_of
 from core.errors import Conflict, LeaseLost
-from core.events import Heartbeat, RunMaterialised
+from core.events import Heartbeat, LeaseGranted, RunMaterialised
 from core.ids import team_id
 from projections.views import RUN_STATES, RunView
 
@@ -149,7 +151,12 @@ async def replay_run(request: Request) -> Response:
 async def claim(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, ClaimIn)
-    leases = await call.scheduler.claim(call.tenant, body.pool, body.worker_id, body.limit)
+    if body.wait_sec > 0:
+        held: Held = request.state.held
+        with held.hold("waiting claims", call.tenant, call.limits.max_waiting_claims):
+            leases = await _claim_waiting(call, body, request.is_disconnected)
+    else:
+        leases = await call.scheduler.claim(call.tenant, body.pool, body.worker_id, body.limit)
     runs = []
     for lease in leases:
         job = call.scheduler.history.job(call.tenant, lease.job_id)
@@ -157,6 +164,41 @@ async def claim(request: Request) -> Response:
             raise Unavailable(f"job {team_id(lease.job_id)} of a granted lease is not readable yet")
         runs.append(claimed(lease, job.spec))
     return json_response(ClaimOut(runs=runs))
+
+
+async def _claim_waiting(
+    call: Call, body: ClaimIn, gone: Callable[[], Awaitable[bool]]
+) -> list[LeaseGranted]:
+    """Claim; with nothing granted, wait until a run of the pool may be ready and claim again,
+    until ``wait_sec`` has passed. Woken by the read model (a run became ready) or at the
+    earliest instant a known run of the pool becomes ready (jitter, a retry's backoff). A
+    worker that hung up (``gone``) is not leased anything more: its lease would run out
+    unused."""
+    scheduler = call.scheduler
+    wakeups = scheduler.wakeups
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body.wait_sec
+    with wakeups.pool(call.tenant, body.pool) as signal:
+        while True:  # each turn waits for a wake or a due instant; bounded by the deadline
+            seen = signal.version
+            leases = await scheduler.claim(call.tenant, body.pool, body.worker_id, body.limit)
+            remaining = deadline - loop.time()
+            if leases or remaining <= 0 or wakeups.closed:
+                return leases
+            now = scheduler.now_ms()
+            due = [
+                at
+                for at in (
+                    wakeups.next_due(call.tenant, body.pool, now),
+                    scheduler.next_ready(call.tenant, body.pool),
+                )
+                if at is not None and at > now
+            ]
+            if due:  # a millisecond late, so the partition's clock has passed it too
+                remaining = min(remaining, (min(due) - now + 1) / 1000)
+            await wakeups.sleep(signal, seen, remaining)
+            if await gone():
+                return []
 
 
 async def _fenced(call: Call, run_id: str, command: HeartbeatRun | CompleteRun) -> list[Any]:

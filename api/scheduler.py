@@ -13,6 +13,9 @@ Invariants every implementation keeps:
    command that cannot be decided right now (no owner, not caught up) raises :class:`Unavailable`.
 4. **Tenants are scoped by the core.** Every command carries its tenant; a job or run of another
    tenant is ``NotFound`` (heartbeats and completions: ``LeaseLost``).
+5. **Waiting is woken, never polled.** :attr:`Scheduler.wakeups` is told of every batch the read
+   model folds; a long-polling claim and an event stream wait on it
+   (:mod:`projections.wakeups`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from typing import Protocol
 from core.commands import AnyCommand
 from core.errors import Unavailable
 from core.events import AnyEvent, LeaseGranted
+from eventlog.port import Record
+from projections.decoding import EventDecoder
 from projections.read_model import ReadModel
+from projections.wakeups import Wakeups
 
 __all__ = ["Scheduler", "Unavailable"]
 
@@ -37,6 +43,33 @@ class Scheduler(Protocol):
 
     async def claim(self, tenant: str, pool: str, worker_id: str, limit: int) -> list[LeaseGranted]:
         """ClaimRuns across every partition (a pool's runs are spread over partitions)."""
+        ...
+
+    def next_ready(self, tenant: str, pool: str) -> int | None:
+        """The earliest instant after now at which a pending run of ``tenant``'s ``pool``, in a
+        partition this node decides, becomes claimable (None: none is waiting for a time)."""
+        ...
+
+    @property
+    def wakeups(self) -> Wakeups:
+        """Signals for waiting requests, bumped as the read model folds."""
+        ...
+
+    @property
+    def num_partitions(self) -> int: ...
+
+    def read_events(self, partition: int, from_offset: int, max_records: int) -> list[Record]:
+        """Committed records of a partition's events stream from ``from_offset``, at once (no
+        waiting; blocking I/O: call it from a worker thread)."""
+        ...
+
+    def events_end(self, partition: int) -> int:
+        """The offset the partition's next event will get, or later (blocking I/O)."""
+        ...
+
+    @property
+    def events_decoder(self) -> EventDecoder:
+        """Decodes the records an event stream reads, reporting (and counting) foreign ones."""
         ...
 
     def now_ms(self) -> int: ...

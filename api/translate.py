@@ -10,7 +10,10 @@ Merging
     A definition is applied over a base: the defaults for a new job, the current spec for a
     PATCH. Giving any one of ``schedule``, ``run_at`` or ``interval_sec`` replaces how the job is
     timed (the other two are cleared), so ``{"schedule": "0 9 * * *"}`` turns a one-shot job
-    into a recurring one without also having to send ``"run_at": null``.
+    into a recurring one without also having to send ``"run_at": null``. ``seconds`` goes with
+    ``schedule``: a ``schedule`` without it fires at second 0, and ``seconds`` alone changes
+    the seconds of the job's schedule. The core keeps the two as one 6-field expression,
+    seconds last (``core.cron.with_seconds``), and the API shows them apart again.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from api.wire import (
     SecretRefIn,
     TargetIn,
 )
+from core.cron import split_seconds, with_seconds
 from core.errors import InvalidDefinition
 from core.events import LeaseGranted
 from core.ids import idempotency_key, team_id
@@ -53,13 +57,15 @@ from core.jobs import (
     PullTarget,
     SecretRef,
     Target,
+    jitter_ms,
     validate,
 )
 from projections.views import JobView, RunView
 
 MAX_IDEMPOTENCY_KEY = 256
 _WHEN = ("schedule", "run_at", "interval_sec")
-_INSTANTS = ("run_at", "start_at")
+_INSTANTS = ("run_at", "start_at", "end_at")
+_REQUEST_ONLY = ("allow_past", "seconds")  # not JobSpec fields as they are
 
 
 def _b32(data: bytes) -> str:
@@ -139,8 +145,10 @@ def _given(fields: JobFields) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in JobFields.__struct_fields__:
         value = getattr(fields, name)
-        if value is UNSET:
+        if value is UNSET or name in _REQUEST_ONLY:
             continue
+        if name == "schedule" and value is not None:
+            check_five_fields(value)
         if name in _INSTANTS and value is not None:
             value = parse_rfc3339(value, name)
         elif name == "target":
@@ -167,6 +175,12 @@ def spec_of(
     given = _given(fields)
     if "depends_on" in given:
         given["depends_on"] = tuple(scope(upstream) for upstream in given["depends_on"])
+    if fields.seconds is not UNSET:
+        schedule = given.get("schedule", base.schedule if base is not None else None)
+        if schedule is None and fields.seconds is not None:
+            raise InvalidDefinition("seconds", "only a job with a schedule takes seconds")
+        if schedule is not None:
+            given["schedule"] = with_seconds(split_seconds(schedule)[0], fields.seconds)
     backoff = given.pop("backoff", None)
     if base is None:
         for required in ("name", "target"):
@@ -177,8 +191,6 @@ def spec_of(
         if any(f in given for f in _WHEN) or given.get("depends_on"):
             for f in _WHEN:
                 given.setdefault(f, None)
-        if given.get("interval_sec", base.interval_sec) is None:
-            given.setdefault("start_at", None)
         spec = msgspec.structs.replace(base, **given)
     if backoff is not None:
         spec = msgspec.structs.replace(spec, backoff=_backoff(backoff, spec.backoff))
@@ -189,13 +201,31 @@ def spec_of(
 # -- views out ---------------------------------------------------------------------------------
 
 
+def check_five_fields(schedule: str) -> None:
+    """A job's ``schedule`` has five fields; a sixth is refused rather than guessed at."""
+    if len(schedule.split()) == 6:
+        raise InvalidDefinition(
+            "schedule",
+            f"{schedule!r} has 6 fields, which Quartz reads seconds first and croniter seconds"
+            " last; give the 5 fields (minute hour day-of-month month day-of-week) here and the"
+            ' seconds in "seconds", e.g. {"schedule": "* * * * *", "seconds": "*/10"}',
+        )
+
+
 def _instant(ms: int | None) -> str | None:
     return None if ms is None else to_rfc3339(ms)
+
+
+def _fire(view: JobView) -> int | None:
+    if view.next_slot is None:
+        return None
+    return view.next_slot + jitter_ms(view.job_id, view.next_slot, view.spec.allow_jitter_sec)
 
 
 def job_out(view: JobView, last_run: RunView | None = None) -> JobOut:
     """``view`` as the API shows it; ``last_run``: the run of its newest slot, if asked."""
     spec = view.spec
+    schedule, seconds = (None, None) if spec.schedule is None else split_seconds(spec.schedule)
     return JobOut(
         job_id=team_id(view.job_id),
         tenant=view.tenant,
@@ -203,12 +233,15 @@ def job_out(view: JobView, last_run: RunView | None = None) -> JobOut:
         status=view.status,
         version=view.version,
         next_run_at=_instant(view.next_slot),
+        next_fire_at=_instant(_fire(view)),
         created_at=to_rfc3339(view.created_at),
         updated_at=to_rfc3339(view.updated_at),
-        schedule=spec.schedule,
+        schedule=schedule,
+        seconds=seconds,
         run_at=_instant(spec.run_at),
         interval_sec=spec.interval_sec,
         start_at=_instant(spec.start_at),
+        end_at=_instant(spec.end_at),
         timezone=spec.timezone,
         payload=spec.payload,
         target=spec.target,

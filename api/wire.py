@@ -40,8 +40,10 @@ DAY_SEC = DAY_MS // 1000
 INT64_MAX = 2**63 - 1  # versions and fencing tokens: the read model stores them as msgpack ints
 MAX_RETRY_AFTER_SEC = 7 * DAY_SEC
 MAX_PREVIEW = 100
+MAX_SLOTS = 1000  # of a job's slots listed at once (GET /v1/jobs/{job_id}/slots)
 MAX_IDEMPOTENCY_KEY = 256
 MAX_ERROR_CHARS = 8192  # of a worker's error text, the run keeps this much
+MAX_CLAIM_WAIT_SEC = 30.0  # the longest a claim long-polls (``wait_sec``)
 MAX_SEARCH_CHARS = 200  # GET /v1/jobs?q=
 
 JobId = Annotated[str, Meta(pattern=JOB_ID.pattern)]
@@ -50,6 +52,10 @@ Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 Schedule = Annotated[str, Meta(min_length=1, max_length=256, examples=["0 9 * * 1-5"])]
 Timezone = Annotated[str, Meta(min_length=1, max_length=64, examples=["Europe/London"])]
 Seconds = Annotated[float, Meta(ge=0, le=DAY_SEC)]
+# the seconds field of a per-second cron schedule: "0", "*/10", "0,30", "5-10"
+Seconds_ = Annotated[
+    str, Meta(min_length=1, max_length=64, pattern=r"^[0-9*/,-]+$", examples=["*/10"])
+]
 PositiveSeconds = Annotated[float, Meta(gt=0, le=DAY_SEC)]
 
 # -- requests ----------------------------------------------------------------------------------
@@ -96,13 +102,21 @@ class BackoffIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
 
 class JobFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A job's definition as clients write it. Exactly one of ``schedule``, ``run_at`` and
-    ``interval_sec`` (none with ``depends_on``); ``retries`` N allows N + 1 attempts."""
+    ``interval_sec`` (none with ``depends_on``); ``retries`` N allows N + 1 attempts.
+
+    ``schedule`` has 5 fields; the seconds of a per-second schedule go in ``seconds`` (a sixth
+    field is refused: Quartz reads it first, croniter last). ``start_at`` and ``end_at`` bound
+    every kind of schedule. A ``run_at`` (or ``end_at``) more than a minute in the past is
+    refused unless ``allow_past`` is true."""
 
     name: Name | UnsetType = UNSET
     schedule: Schedule | UnsetType | None = UNSET
+    seconds: Seconds_ | UnsetType | None = UNSET
     run_at: Instant | UnsetType | None = UNSET
     interval_sec: Annotated[float, Meta(ge=1, le=366 * DAY_SEC)] | UnsetType | None = UNSET
     start_at: Instant | UnsetType | None = UNSET
+    end_at: Instant | UnsetType | None = UNSET
+    allow_past: bool | UnsetType = UNSET  # a request option, not kept with the job
     timezone: Timezone | UnsetType = UNSET
     payload: Any = UNSET
     target: TargetIn | UnsetType = UNSET
@@ -151,6 +165,7 @@ class TriggerIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
 
 class SchedulePreviewIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     schedule: Schedule
+    seconds: Seconds_ | None = None
     timezone: Timezone = "UTC"
     n: Annotated[int, Meta(ge=1, le=MAX_PREVIEW)] = 10
     after: Instant | None = None  # preview from this instant; absent: now
@@ -160,6 +175,9 @@ class ClaimIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     pool: Annotated[str, Meta(pattern=POOL.pattern)]
     worker_id: Annotated[str, Meta(min_length=1, max_length=128)]
     limit: Annotated[int, Meta(ge=1, le=MAX_CLAIM)] = 1
+    # Long polling: with no run ready, answer as soon as one is (or after this many seconds,
+    # with none); 0 answers at once.
+    wait_sec: Annotated[float, Meta(ge=0, le=MAX_CLAIM_WAIT_SEC)] = 0.0
 
 
 FencingToken = Annotated[int, Meta(ge=0, le=INT64_MAX)]
@@ -189,12 +207,16 @@ class JobOut(msgspec.Struct, kw_only=True):
     status: Literal["active", "paused", "cancelled", "finished"]
     version: int
     next_run_at: str | None
+    # when that run will actually be ready to start: the slot plus the job's stable jitter
+    next_fire_at: str | None
     created_at: str
     updated_at: str
     schedule: str | None
+    seconds: str | None
     run_at: str | None
     interval_sec: float | None
     start_at: str | None
+    end_at: str | None
     timezone: str
     payload: Any
     target: Target
@@ -301,7 +323,23 @@ class PreviewOut(msgspec.Struct, kw_only=True):
     timezone: str
     fires: list[FireTime]
     schedule: str | None = None
+    seconds: str | None = None
     job_id: str | None = None
+
+
+class SlotOut(msgspec.Struct, kw_only=True):
+    """One slot of a job's schedule, and its run if it has one."""
+
+    scheduled_for: str
+    run_id: str
+    state: str | None  # the run's state; None: the slot has no run
+    due: bool  # the slot has come (only a slot that has come can be triggered)
+
+
+class SlotsOut(msgspec.Struct, kw_only=True):
+    job_id: str
+    slots: list[SlotOut]
+    more: bool  # the range holds more slots than were listed
 
 
 class Health(msgspec.Struct, kw_only=True):
@@ -327,5 +365,6 @@ RESPONSE_TYPES: tuple[type, ...] = (
     ClaimOut,
     HeartbeatOut,
     PreviewOut,
+    SlotsOut,
     Health,
 )

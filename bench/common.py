@@ -607,6 +607,12 @@ def daily_at(slot_ms: int) -> str:
     return f"{t.minute} {t.hour} * * * {t.second}"
 
 
+def daily_at_fields(slot_ms: int) -> dict[str, str]:
+    """:func:`daily_at` as the API takes it: five fields, and the second in ``seconds``."""
+    t = datetime.fromtimestamp(slot_ms / 1000, UTC)
+    return {"schedule": f"{t.minute} {t.hour} * * *", "seconds": str(t.second)}
+
+
 NEVER_SOON = "0 0 29 2 *"  # leap days only: a job that never fires while a benchmark runs
 
 

@@ -11,7 +11,7 @@ Scenarios (each its own processes, started afresh; one recorder for all):
 * ``http``: ``cronlog serve --allow-targets 127.0.0.0/8`` on a fresh embedded data directory
   (``--kafka``: on the run's Kafka). N jobs with an HTTP target on the recorder, registered
   through ``POST /v1/jobs`` 64 at a time (or the batch endpoint when ``/openapi.json`` has one),
-  all due at one second: a 6-field cron ``M H * * * S`` (``--when run_at``: one-shots). Start
+  all due at one second: cron ``M H * * *`` with ``seconds`` S (``--when run_at``: one-shots). Start
   lag = the call's arrival at the recorder - the slot its ``Idempotency-Key`` names; the node's
   CPU (user + sys of it and any processes it started, from /proc) over the window from the
   slot to the last call, in cores.
@@ -48,7 +48,7 @@ from bench.common import (
     append_result,
     claim_max,
     claim_wait_field,
-    daily_at,
+    daily_at_fields,
     find_batch_endpoint,
     first_calls,
     http_job,
@@ -150,7 +150,7 @@ def herd_http(
             return http_job(i, recorder.url, **w)
 
         slot, warm = place_slot(serve, jobs, make, batch)
-        due = {"schedule": daily_at(slot)} if when == "cron" else {"run_at": iso_ms(slot)}
+        due = daily_at_fields(slot) if when == "cron" else {"run_at": iso_ms(slot)}
         recorder.take()
         registered = register(serve, [make(i, due) for i in range(jobs)], batch=batch)
         slack_ms = slot - now_ms()
@@ -207,7 +207,7 @@ def herd_pull(
 
         slot, warm = place_slot(serve, jobs, make, batch)
         registered = register(
-            serve, [make(i, {"schedule": daily_at(slot)}) for i in range(jobs)], batch=batch
+            serve, [make(i, daily_at_fields(slot)) for i in range(jobs)], batch=batch
         )
         slack_ms = slot - now_ms()
         if slack_ms < 1200:

@@ -1,560 +1,394 @@
-"""The ``cronlog`` command: run a node, or talk to one.
+"""The ``cronlog`` command: run a node, or talk to one. Every client command speaks the HTTP API
+through the client SDK (``cronlog_client``).
 
-    cronlog serve [--data-dir DIR] [--host 127.0.0.1] [--port 8080] [--partitions 8]
-    cronlog serve --allow-targets 127.0.0.0/8               # let jobs call this machine
-    cronlog serve --kafka HOST:PORT [--node-id ID]          # join a cluster
-    cronlog serve --limits FILE                             # tenants' quotas and rates
-    cronlog jobs create --name N (--schedule CRON | --run-at TIME | --every SEC) --target URL
-    cronlog jobs list | get ID | pause ID | resume ID | cancel ID
-    cronlog runs JOB_ID [--limit N]
-    cronlog dead | replay RUN_ID | cancel-run RUN_ID
+    cronlog serve [--data-dir DIR] [--port 8080] [--allow-targets 127.0.0.0/8] ...
+    cronlog jobs list [--status S] [--all] | get JOB | preview JOB [-n N] | slots JOB --from --to
+    cronlog jobs create --name N (--schedule CRON [--seconds S] | --run-at T | --every SEC)
+                        --target URL [--header K=V] [--priority P] [--start-at T] [--end-at T] ...
+    cronlog jobs put JOB ... | update JOB ... [--clear FIELD] | pause | resume | cancel JOB
+    cronlog jobs trigger JOB [--at T] | backfill JOB --from T --to T [--apply]
+    cronlog runs list JOB [--all] | list --state S | get | cancel | replay RUN
+    cronlog runs claim POOL | heartbeat RUN --token T | complete RUN --token T [--failed ...]
+    cronlog dead [list] [--job J] [--error-contains S] | dead replay (RUN... | --job J | --all)
+    cronlog preview "0 9 * * 1-5" [--timezone TZ] [-n N]
+    cronlog tail [--job J] [--from start|end|TIME] [--no-follow] [--operator]
+    cronlog log dump|verify|rebuild|stats|backfill ...     (python -m tools.replay)
+    cronlog completion bash|zsh|fish
 
-The client speaks the HTTP API: ``--url`` (or ``CRONLOG_URL``) and ``--token`` (or
-``CRONLOG_TOKEN``; otherwise the first token in the data directory's ``tokens`` file, which
-``cronlog serve`` writes when no tokens are configured).
+Global flags, before or after the command: ``--url`` (or ``CRONLOG_URL``), ``--token`` (or
+``CRONLOG_TOKEN``; else the first token in the data directory's ``tokens`` file, which ``cronlog
+serve`` writes when no tokens are configured), ``--data-dir``, ``-o table|json|yaml`` (tables
+on a terminal, JSON otherwise). Exit status: 0 done, 1 refused or failed, 2 bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import datetime as dt
 import json
-import logging
 import os
-import signal
-import socket
 import sys
-import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from api.limits import Limits
-    from core.egress import EgressPolicy
-    from eventlog.port import EventLog
-    from node.node import Node
+from cli import output, serve
+from cli.serve import read_kafka_config, target_producer_config
+
+__all__ = ["main", "read_kafka_config", "target_producer_config"]
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
 DEFAULT_URL = os.environ.get("CRONLOG_URL", "http://127.0.0.1:8080")
+CLEARABLE = (
+    "schedule",
+    "seconds",
+    "run_at",
+    "interval_sec",
+    "start_at",
+    "end_at",
+    "payload",
+    "depends_on",
+)
+
+
+class UsageError(Exception):
+    """A command that cannot be sent as given (exit 2)."""
+
+
+# -- the parser ----------------------------------------------------------------------------------
+
+
+def _globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """The global flags. On every subcommand too, with nothing as default there, so they may
+    stand before or after the command and a value given before is not overwritten."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--url", default=default(DEFAULT_URL), help=f"the node's API (default {DEFAULT_URL})"
+    )
+    parser.add_argument(
+        "--token", default=default(os.environ.get("CRONLOG_TOKEN")), help="or CRONLOG_TOKEN"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=default(DEFAULT_DATA_DIR),
+        help="where `cronlog serve` keeps its tokens (used when no token is given)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=output.FORMATS,
+        default=default(None),
+        help="table (default on a terminal), json (default otherwise) or yaml",
+    )
+
+
+class _Parsers:
+    """Builds subcommands that all take the global flags."""
+
+    def __init__(self, sub: Any) -> None:
+        self.sub = sub
+
+    def add(self, sub: Any, name: str, help_: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = sub.add_parser(name, help=help_, **kwargs)
+        _globals(parser, suppress=True)
+        return parser
+
+
+def _job_fields(parser: argparse.ArgumentParser, *, whole: bool) -> None:
+    """Every field of a job. ``whole``: create and put (name and target required)."""
+    g = parser.add_argument_group("the job")
+    g.add_argument("--name", required=whole)
+    g.add_argument("--target", required=whole, help="http(s)://..., kafka://topic, pull://pool")
+    when = g.add_mutually_exclusive_group()
+    when.add_argument("--schedule", help='5-field cron, e.g. "0 9 * * 1-5", or @daily')
+    when.add_argument("--run-at", help="one instant (RFC 3339), e.g. 2026-12-01T09:00:00Z")
+    when.add_argument("--every", type=float, metavar="SEC", help="an interval in seconds")
+    when.add_argument(
+        "--depends-on", action="append", metavar="JOB", help="run after these jobs (repeat)"
+    )
+    g.add_argument("--seconds", help='the seconds of a per-second schedule, e.g. "*/10"')
+    g.add_argument("--start-at", help="no slot before this instant (any kind of schedule)")
+    g.add_argument("--end-at", help="no slot after this instant")
+    g.add_argument("--timezone", help="IANA name for the schedule (default UTC)")
+    g.add_argument("--payload", help="JSON sent with every run")
+    g.add_argument("--payload-file", type=Path, help="the payload, as JSON in a file")
+    g.add_argument(
+        "--header", action="append", metavar="NAME=VALUE", help="an HTTP target's header (repeat)"
+    )
+    g.add_argument(
+        "--secret-header",
+        action="append",
+        metavar="NAME=SECRET",
+        help="a header whose value the node reads from the team's secret SECRET (repeat)",
+    )
+    g.add_argument("--max-calls-per-sec", type=float, help="what the HTTP target tolerates")
+    g.add_argument("--retries", type=int, help="retries after the first attempt")
+    g.add_argument("--timeout", type=float, metavar="SEC", help="one attempt's time limit")
+    g.add_argument("--lease", type=float, metavar="SEC", help="a pull worker's lease")
+    g.add_argument("--priority", type=int, help="0-9, higher first")
+    g.add_argument("--misfire", choices=("skip", "fire_once", "catch_up"))
+    g.add_argument("--misfire-grace", type=float, metavar="SEC")
+    g.add_argument("--catch-up-limit", type=int)
+    g.add_argument("--overlap", choices=("allow", "skip", "buffer_one", "cancel_other"))
+    g.add_argument("--jitter", type=float, metavar="SEC", help="spread runs over this window")
+    g.add_argument("--critical", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--backoff-base", type=float, metavar="SEC")
+    g.add_argument("--backoff-factor", type=float)
+    g.add_argument("--backoff-cap", type=float, metavar="SEC")
+    g.add_argument("--backoff-jitter", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument(
+        "--allow-past",
+        action="store_true",
+        help="accept a --run-at or --end-at that has passed",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cronlog",
+        description="Run a cronlog node, or talk to one.",
+        epilog="Global flags may stand before or after the command. Docs: README.md.",
+    )
+    _globals(parser, suppress=False)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = _Parsers(sub)
+    serve.add_parser(sub)
+
+    jobs = p.add(sub, "jobs", "create, change, inspect and run jobs")
+    js = jobs.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = p.add(js, "list", "the team's jobs")
+    c.add_argument("--status", choices=("active", "paused", "cancelled", "finished"))
+    c.add_argument("--search", help="only jobs whose name or id holds this text")
+    _paging(c)
+    p.add(js, "get", "one job").add_argument("job_id")
+    c = p.add(js, "create", "a new job")
+    id_or_key = c.add_mutually_exclusive_group()
+    id_or_key.add_argument("--id", dest="job_id", help="choose the job's id")
+    id_or_key.add_argument("--idempotency-key", help="a retried create makes one job")
+    _job_fields(c, whole=True)
+    c = p.add(js, "put", "create or replace a job by id (the whole definition)")
+    c.add_argument("job_id")
+    c.add_argument("--if-version", type=int, help="only if the job is at this version")
+    _job_fields(c, whole=True)
+    c = p.add(js, "update", "change some fields of a job")
+    c.add_argument("job_id")
+    c.add_argument("--if-version", type=int, help="only if the job is at this version")
+    c.add_argument("--clear", action="append", choices=CLEARABLE, help="set a field to null")
+    c.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show the fire times before and after the change, and the slots it adds and"
+        " drops; change nothing",
+    )
+    _job_fields(c, whole=False)
+    for action, text in (
+        ("pause", "stop firing"),
+        ("resume", "fire again"),
+        ("cancel", "for good"),
+    ):
+        c = p.add(js, action, f"{action} a job ({text})")
+        c.add_argument("job_id")
+        if action == "cancel":
+            c.add_argument("--if-version", type=int)
+    c = p.add(js, "trigger", "run a job now, or one past slot")
+    c.add_argument("job_id")
+    c.add_argument("--at", help="the past slot to run (RFC 3339); default: now")
+    c.add_argument("--idempotency-key", help="a repeat with the same key makes no new run")
+    c = p.add(js, "preview", "a job's next fire times")
+    c.add_argument("job_id")
+    c.add_argument("-n", type=int, default=10)
+    c = p.add(js, "slots", "a job's slots in a range and their runs")
+    c.add_argument("job_id")
+    c.add_argument("--from", dest="start", required=True)
+    c.add_argument("--to", dest="end", required=True)
+    c = p.add(js, "backfill", "run a job's missed past slots (a dry run unless --apply)")
+    c.add_argument("job_id")
+    c.add_argument("--from", dest="start", required=True, help="RFC 3339, inclusive")
+    c.add_argument("--to", dest="end", required=True, help="RFC 3339, inclusive")
+    c.add_argument("--apply", action="store_true", help="trigger them (default: only show)")
+    c.add_argument("--limit", type=int, default=1000, help="refuse a range with more slots")
+    _progress_flag(c)
+
+    runs = p.add(sub, "runs", "list, inspect, cancel and replay runs; work a pull pool by hand")
+    rs = runs.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = p.add(rs, "list", "a job's runs, newest first, or every run in one state")
+    c.add_argument("job_id", nargs="?")
+    c.add_argument(
+        "--state",
+        choices=(
+            "blocked",
+            "pending",
+            "running",
+            "succeeded",
+            "failed",
+            "retrying",
+            "dead",
+            "cancelled",
+        ),
+        help="without a job: the runs in this state (default dead)",
+    )
+    _paging(c)
+    for action, text in (
+        ("get", "one run"),
+        ("cancel", "cancel a run"),
+        ("replay", "requeue a dead run"),
+    ):
+        p.add(rs, action, text).add_argument("run_id")
+    c = p.add(rs, "claim", "lease ready runs of a pull pool")
+    c.add_argument("pool")
+    c.add_argument("--worker-id", default=f"cli-{os.getpid()}")
+    c.add_argument("--limit", type=int, default=1)
+    c.add_argument("--wait", type=float, default=0.0, metavar="SEC", help="long-poll this long")
+    c = p.add(rs, "heartbeat", "extend a lease")
+    c.add_argument("run_id")
+    c.add_argument("--fencing-token", type=int, required=True)
+    c = p.add(rs, "complete", "report an attempt's outcome")
+    c.add_argument("run_id")
+    c.add_argument("--fencing-token", type=int, required=True)
+    c.add_argument("--failed", action="store_true", help="it failed (default: succeeded)")
+    c.add_argument("--error", default="")
+    c.add_argument("--permanent", action="store_true", help="retrying cannot help")
+    c.add_argument("--ambiguous", action="store_true", help="it may have taken effect")
+    c.add_argument("--retry-after", type=float, metavar="SEC")
+
+    dead = p.add(sub, "dead", "the dead-letter list: list it, replay by id or by filter")
+    ds = dead.add_subparsers(dest="action", metavar="ACTION")
+    dead.set_defaults(job=None, error_contains=None, since=None, until=None, limit=None)
+    listing = p.add(ds, "list", "dead runs (the default)")
+    replay = p.add(ds, "replay", "requeue dead runs")
+    for parser_ in (listing, replay):
+        parser_.add_argument("--job", help="only this job's")
+        parser_.add_argument(
+            "--error-contains", metavar="TEXT", help="only those whose error has it"
+        )
+        parser_.add_argument("--since", metavar="TIME", help="slots at or after this instant")
+        parser_.add_argument("--until", metavar="TIME", help="slots at or before this instant")
+    listing.add_argument("--limit", type=int, help="show at most this many")
+    replay.add_argument("run_ids", nargs="*", metavar="RUN")
+    replay.add_argument("--all", action="store_true", help="every dead run (no filter)")
+    replay.add_argument("--dry-run", action="store_true", help="list what would be replayed")
+    _progress_flag(replay)
+
+    c = p.add(sub, "preview", "the next fire times of a cron expression")
+    c.add_argument("schedule")
+    c.add_argument("--seconds")
+    c.add_argument("--timezone", default="UTC")
+    c.add_argument("-n", type=int, default=10)
+    c.add_argument("--after", help="from this instant (default now)")
+
+    c = p.add(sub, "tail", "follow the team's events live (GET /v1/events)")
+    c.add_argument("--job", help="only this job's events")
+    c.add_argument("--from", dest="start", help="start, end (default) or an instant")
+    c.add_argument("--cursor", help="resume after the event with this id")
+    c.add_argument("--tenant", help="only this team's (the operator's token)")
+    c.add_argument(
+        "--operator",
+        action="store_true",
+        help="use the operator's token (CRONLOG_OPERATOR_TOKEN or the data directory's"
+        " operator_token): every team's events",
+    )
+    c.add_argument("--no-follow", dest="follow", action="store_false", help="stop at the end")
+    c.add_argument("--max", type=int, help="stop after this many events")
+    c.add_argument("--type", action="append", metavar="EVENT", help="only these event types")
+
+    c = p.add(sub, "status", "whether the node is up and ready")
+    c = p.add(sub, "team", "the team the token speaks for: its jobs and its limits")
+    c = p.add(sub, "stats", "the team's scheduling delay and outcomes over a window")
+    c.add_argument("--window", type=int, metavar="MIN", help="minutes (default 60)")
+    c.add_argument("--step", type=int, metavar="MIN", help="minutes a row adds up")
+
+    c = sub.add_parser(
+        "log",
+        help="the log's tools: dump, verify, rebuild, stats, backfill (python -m tools.replay)",
+        add_help=False,
+    )
+    c.add_argument("rest", nargs=argparse.REMAINDER)
+
+    c = sub.add_parser("completion", help="a shell completion script: bash, zsh or fish")
+    c.add_argument("shell", choices=("bash", "zsh", "fish"))
+    return parser
+
+
+def _paging(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--limit", type=int, help="items per page")
+    parser.add_argument("--cursor", help="the page after the one that printed it")
+    parser.add_argument("--all", action="store_true", help="every page")
+
+
+def _progress_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar with an ETA on standard error (default: on a terminal)",
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import cronlog_client
+
+    try:
+        service = version("cronlog")
+    except PackageNotFoundError:
+        service = "unknown"
+    return f"cronlog {service} (client {cronlog_client.__version__})"
+
+
+# -- running a command ---------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="cronlog", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = build_parser()
+    try:
+        import argcomplete
 
-    serve = sub.add_parser("serve", help="run a node (embedded log by default)")
-    serve.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument(
-        "--partitions",
-        type=int,
-        default=8,
-        help="partition count, fixed when the log is created (default 8)",
-    )
-    serve.add_argument(
-        "--kafka",
-        metavar="HOST:PORT",
-        help="join a cluster on this Kafka instead of the embedded log",
-    )
-    serve.add_argument("--node-id", default=socket.gethostname())
-    serve.add_argument("--topic-prefix", default="cronlog")
-    serve.add_argument(
-        "--replication-factor",
-        type=int,
-        default=3,
-        help="for the topics cronlog creates (default 3; 1 on a one-broker test)",
-    )
-    serve.add_argument(
-        "--min-insync-replicas",
-        type=int,
-        default=2,
-        help="for the topics cronlog creates (default 2; 1 on a one-broker test)",
-    )
-    serve.add_argument(
-        "--kafka-config",
-        type=Path,
-        metavar="FILE",
-        help="librdkafka settings for every Kafka client, one key=value a line (e.g."
-        " security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location);"
-        " a file, so secrets stay out of the process list",
-    )
-    serve.add_argument(
-        "--target-kafka",
-        metavar="HOST:PORT",
-        help="Kafka for kafka:// job targets (default: --kafka)",
-    )
-    serve.add_argument(
-        "--max-calls",
-        type=int,
-        default=512,
-        metavar="N",
-        help="calls to HTTP and Kafka targets this node makes at once (default 512)",
-    )
-    serve.add_argument(
-        "--max-calls-per-team",
-        type=int,
-        metavar="N",
-        help="of those, the most one team's runs may hold (default: no limit beyond --max-calls;"
-        " when room is short, teams take turns either way)",
-    )
-    serve.add_argument(
-        "--access-log",
-        action="store_true",
-        help="log every HTTP request (off by default: at thousands of requests a second the"
-        " log costs more than the requests)",
-    )
-    serve.add_argument(
-        "--executor-processes",
-        type=int,
-        default=0,
-        metavar="N",
-        help="make the calls to HTTP and Kafka targets in N processes of their own, so they"
-        " run on other cores than the partitions and the API (default 0: in the node's process)",
-    )
-    serve.add_argument(
-        "--drain-sec",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="on SIGTERM, how long calls in flight may take to finish before they are abandoned"
-        " (default 30)",
-    )
-    serve.add_argument(
-        "--limits",
-        type=Path,
-        metavar="FILE",
-        help="the tenants' quotas and request rates: a TOML file with [defaults] and"
-        " [tenants.NAME] tables (see docs/security.md); without it every tenant gets the"
-        " built-in defaults",
-    )
-    serve.add_argument(
-        "--skip-log-check",
-        action="store_true",
-        help="start without reading the whole embedded log first (every read still checks"
-        " what it reads; the full check takes about 0.6 s per million records)",
-    )
-    egress = serve.add_argument_group(
-        "egress policy", "where jobs' targets may call (docs/security.md)"
-    )
-    egress.add_argument(
-        "--allow-targets",
-        action="append",
-        default=[],
-        metavar="LIST",
-        help="addresses, CIDR ranges, host names or *.patterns (each with an optional :PORT)"
-        " that targets may reach beyond the public internet, e.g. 127.0.0.0/8 or"
-        " 10.1.0.0/16,*.svc.internal; by default loopback, private and link-local ranges are"
-        " refused",
-    )
-    egress.add_argument(
-        "--deny-targets",
-        action="append",
-        default=[],
-        metavar="LIST",
-        help="entries as for --allow-targets that targets may never reach (before any allow);"
-        " cloud metadata and this node's own API are always refused",
-    )
-    egress.add_argument(
-        "--allow-topics",
-        action="append",
-        default=[],
-        metavar="TEAM=PREFIX,...",
-        help="kafka:// topics a team may produce to, by prefix (TEAM * is every team; {tenant}"
-        " in PREFIX is the team's name; PREFIX * is any topic); none by default, and never the"
-        " cluster's own topics or Kafka's __ ones",
-    )
-    egress.add_argument(
-        "--egress-config",
-        type=Path,
-        metavar="FILE",
-        help="the same settings in a TOML file (allow_targets, deny_targets, allow_topics,"
-        " error_excerpt_bytes); the command line's entries are added to the file's",
-    )
-    egress.add_argument(
-        "--error-excerpt-bytes",
-        type=int,
-        metavar="N",
-        help="how much of a failing target's answer a team reads in run.error (default 200,"
-        " at most 1024; 0 shows the status only)",
-    )
-    egress.add_argument(
-        "--secrets-dir",
-        type=Path,
-        metavar="DIR",
-        help='where header secret references ({"from_file": NAME}) are read:'
-        " DIR/TEAM/NAME (default: the data directory's secrets/)",
-    )
-    egress.add_argument(
-        "--target-kafka-config",
-        type=Path,
-        metavar="FILE",
-        help="librdkafka settings for the producer of kafka:// targets only (default:"
-        " --kafka-config); give it credentials whose ACLs deny the cluster's own topics",
-    )
-    serve.add_argument("--log-level", default="info")
-
-    client = argparse.ArgumentParser(add_help=False)
-    client.add_argument(
-        "--url",
-        default=DEFAULT_URL,
-        help=f"the node's API (default: $CRONLOG_URL, else {DEFAULT_URL})",
-    )
-    client.add_argument("--token", default=os.environ.get("CRONLOG_TOKEN"))
-    client.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
-
-    jobs = sub.add_parser("jobs", help="create, list, inspect, pause, resume, cancel jobs")
-    jobs_sub = jobs.add_subparsers(dest="action", required=True)
-    create = jobs_sub.add_parser("create", parents=[client])
-    create.add_argument("--name", required=True)
-    when = create.add_mutually_exclusive_group(required=True)
-    when.add_argument("--schedule", help='cron, e.g. "0 9 * * *"')
-    when.add_argument("--run-at", help="an RFC 3339 instant, e.g. 2026-12-01T09:00:00Z")
-    when.add_argument("--every", type=float, metavar="SEC", help="an interval in seconds")
-    create.add_argument(
-        "--target", required=True, help="http(s)://..., kafka://topic or pull://pool"
-    )
-    create.add_argument("--timezone", default="UTC")
-    create.add_argument("--payload", default="null", help="JSON")
-    create.add_argument("--retries", type=int)
-    create.add_argument("--critical", action="store_true")
-    create.add_argument("--idempotency-key")
-    lst = jobs_sub.add_parser("list", parents=[client])
-    lst.add_argument("--status")
-    for action in ("get", "pause", "resume", "cancel"):
-        jobs_sub.add_parser(action, parents=[client]).add_argument("job_id")
-
-    runs = sub.add_parser("runs", parents=[client], help="a job's runs, newest first")
-    runs.add_argument("job_id")
-    runs.add_argument("--limit", type=int, default=20)
-    sub.add_parser("dead", parents=[client], help="the dead-letter list")
-    sub.add_parser("replay", parents=[client], help="requeue a dead run").add_argument("run_id")
-    sub.add_parser("cancel-run", parents=[client], help="cancel a run").add_argument("run_id")
-
+        argcomplete.autocomplete(parser)
+    except ImportError:  # pragma: no cover - a dependency; completion is not vital
+        pass
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return serve_command(args)
-    return client_command(args)
+        return serve.serve_command(args)
+    if args.command == "log":
+        from tools.replay.cli import main as replay_main
 
+        return replay_main(args.rest)
+    if args.command == "completion":
+        from argcomplete import shell_integration
 
-# -- serve ---------------------------------------------------------------------------------------
-
-
-EXIT_FAILED = 1  # could not start, or stopped on an error
-EXIT_LOG_DAMAGED = 3  # the log is damaged: the node refused to start, or stopped
-
-DAMAGED_HINT = "the node will not run on a damaged log; see docs/operations.md, 'A damaged log'"
-
-
-def serve_command(args: argparse.Namespace) -> int:
-    """``cronlog serve``; a failure to start (or a damaged log) is one line on stderr, not a
-    traceback (``--log-level debug`` logs the traceback too)."""
-    from core.errors import CronlogError, LogCorrupted
-
-    log = logging.getLogger("cronlog")
+        print(shell_integration.shellcode(["cronlog"], shell=args.shell), end="")
+        return 0
+    args.output = args.output or output.default_format()
     try:
-        return _serve(args)
-    except LogCorrupted as e:
-        log.debug("the log is damaged", exc_info=True)
-        print(f"cronlog: {e}\ncronlog: {DAMAGED_HINT}", file=sys.stderr, flush=True)
-        return EXIT_LOG_DAMAGED
-    except (CronlogError, OSError, ValueError) as e:
-        log.debug("cannot start", exc_info=True)
-        print(f"cronlog: cannot start: {e}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
-    except Exception as e:  # rocksdict raises bare Exceptions with RocksDB's status text
-        log.debug("cannot start", exc_info=True)
-        print(f"cronlog: cannot start: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
-
-
-def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from api.app import create_app
-    from eventlog.embedded import EmbeddedLog
-    from node.executors import DEFAULT_ERROR_EXCERPT, Executors
-    from node.node import Node
-    from node.secrets import Secrets
-
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # Everything the node writes (the log, the stores, tokens, and the files RocksDB makes on
-    # its own) is its owner's alone, whatever umask the node was started with.
-    os.umask(0o077)
-    data_dir: Path = args.data_dir
-    make_private_dir(data_dir)
-    tokens = load_tokens(data_dir)
-    limits = load_limits(args.limits)
-
-    kafka_config = read_kafka_config(args.kafka_config) if args.kafka_config else {}
-    target_kafka_config = target_producer_config(args.target_kafka_config, kafka_config)
-    egress, excerpt = load_egress(args)
-    secrets_dir = args.secrets_dir or data_dir / "secrets"
-    if args.secrets_dir is None and not secrets_dir.exists():
-        secrets_dir.mkdir()
-        secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
-    log_: EventLog
-    if args.kafka:
-        from confluent_kafka import KafkaException
-
-        from core.errors import CronlogError
-        from eventlog.kafka import KafkaLog
-
-        try:
-            log_ = KafkaLog.open(
-                args.kafka,
-                args.partitions,
-                prefix=args.topic_prefix,
-                replication_factor=args.replication_factor,
-                min_insync_replicas=args.min_insync_replicas,
-                client_config=kafka_config,
-            )
-        except (KafkaException, CronlogError) as e:
-            sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")
-        target_kafka = args.target_kafka or args.kafka
-    else:
-        log_ = EmbeddedLog.open(data_dir / "log", _stored_partitions(data_dir, args.partitions))
-        if not args.skip_log_check:
-            try:
-                _check_log(log_)
-            except BaseException:
-                log_.close()
-                raise
-        target_kafka = args.target_kafka
-    node = Node(
-        log_,
-        data_dir / "node",
-        node_id=args.node_id,
-        executors=Executors(
-            args.node_id,
-            max_in_flight=args.max_calls,
-            max_in_flight_per_tenant=args.max_calls_per_team,
-            kafka_bootstrap=target_kafka,
-            kafka_config=target_kafka_config,
-            egress=egress,
-            secrets=Secrets(secrets_dir),
-            error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
-            processes=args.executor_processes,
-        ),
-    )
-    app = create_app(
-        node,
-        tokens,
-        metrics=node.metrics,
-        metrics_token=load_metrics_token(data_dir),
-        limits=limits,
-        egress=egress,
-    )
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        lifespan="on",
-        access_log=args.access_log,
-    )
-    server = uvicorn.Server(config)
-    damaged: list[BaseException] = []
-    if isinstance(log_, EmbeddedLog):
-        # A read that finds damage later stops the node: nothing is served from a damaged log.
-        threading.Thread(
-            target=_stop_on_damage, args=(log_, server, damaged), name="log-watch", daemon=True
-        ).start()
-    node.start()
-    # Let allocation bursts (a midnight herd) run between collections, and once recovery has
-    # loaded what lives as long as the node, keep the collector off it.
-    gc.set_threshold(50_000, 20, 20)
-    threading.Thread(target=_freeze_when_ready, args=(node,), daemon=True).start()
-    print(f"cronlog: {egress.describe()}", flush=True)
-    if args.kafka and target_kafka == args.kafka and args.target_kafka_config is None:
-        print(
-            "cronlog: kafka:// targets are produced with the cluster's own credentials; give"
-            " them their own (--target-kafka-config) whose ACLs deny the cluster's topics",
-            flush=True,
-        )
-    print(
-        f"cronlog: status UI at http://{args.host}:{args.port}/ui/ (sign in with a team's token),"
-        f" API reference at http://{args.host}:{args.port}/docs",
-        flush=True,
-    )
-    print(
-        f"cronlog {args.node_id} serving on http://{args.host}:{args.port} "
-        f"({'kafka ' + args.kafka if args.kafka else 'embedded log in ' + str(data_dir)})",
-        flush=True,
-    )
-    # uvicorn drains HTTP on SIGTERM/SIGINT, then raises the signal again with the handler it
-    # found installed: make that handler a clean exit, so the node below stops gracefully too.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _exit_cleanly)
-    try:
-        server.run()
-    finally:
-        # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
-        node.stop(drain_s=0 if damaged else args.drain_sec)
-        log_.close()
-    if damaged:
-        raise damaged[0]
-    return 0
-
-
-def make_private_dir(path: Path) -> None:
-    """Create ``path`` (and missing parents) readable by its owner only; an existing one that
-    others can read is used as it is, with a warning (it is the operator's to change)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        logging.getLogger("cronlog").warning(
-            "data directory %s is readable by others (mode %o); chmod 700 it", path, mode
-        )
-
-
-def _check_log(log_: Any) -> None:
-    """Read the whole embedded log once before serving anything from it (``--skip-log-check``
-    skips this; reads still check what they read)."""
-    started = time.monotonic()
-    records = log_.verify()
-    logging.getLogger("cronlog").info(
-        "checked the event log: %d records in %.2f s", records, time.monotonic() - started
-    )
-
-
-def _stop_on_damage(log_: Any, server: Any, damaged: list[BaseException]) -> None:
-    """Wait for a read to find the log damaged; then stop serving (``serve`` exits 3)."""
-    damage = log_.wait_damaged()
-    if damage is None:
-        return
-    damaged.append(damage)
-    server.should_exit = True
-
-
-def load_tokens(data_dir: Path) -> dict[str, str]:
-    """token -> tenant from ``CRONLOG_TOKENS``, else the data directory's ``tokens`` file, else
-    a new token for the ``default`` tenant, written to that file and printed once."""
-    from api.auth import create_default_token, parse_tokens, read_tokens_file
-
-    configured = os.environ.get("CRONLOG_TOKENS", "").strip()
-    if configured:
-        return parse_tokens(configured)
-    path = data_dir / "tokens"
-    if not path.exists():
-        token = create_default_token(path)
-        print(f"cronlog: created a token for tenant 'default' in {path}: {token}", flush=True)
-    return read_tokens_file(path)
-
-
-def load_limits(path: Path | None) -> Limits:
-    """The tenants' limits from ``--limits``, or the built-in defaults; a file that cannot be
-    used stops the start with one line that says why."""
-    from api.limits import Limits, LimitsError, read_limits
-
-    if path is None:
-        return Limits()
-    try:
-        return read_limits(path)
-    except LimitsError as e:
-        sys.exit(f"cronlog: {e}")
-
-
-def read_kafka_config(path: Path) -> dict[str, str]:
-    """``key=value`` lines (blank lines and ``#`` comments ignored), as librdkafka settings."""
-    settings: dict[str, str] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        sys.exit(f"cronlog: cannot read {path}: {e.strerror or e}")
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not key.strip():
-            sys.exit(f"cronlog: {path}:{n}: expected key=value")
-        settings[key.strip()] = value.strip()
-    return settings
-
-
-def target_producer_config(path: Path | None, cluster: dict[str, str]) -> dict[str, str]:
-    """The settings of the producer for ``kafka://`` targets: its own file's when given, none of
-    the cluster's (whose credentials may write the cluster's own topics); else the cluster's."""
-    return read_kafka_config(path) if path is not None else cluster
-
-
-def load_egress(args: argparse.Namespace) -> tuple[EgressPolicy, int | None]:
-    """The node's egress policy from ``--egress-config`` and the command line, and the error
-    excerpt size if one was set; a bad entry ends the command with a message naming it."""
-    from node.egress import policy_from, read_config
-    from node.executors import MAX_ERROR_EXCERPT
-
-    try:
-        config = read_config(args.egress_config) if args.egress_config else {}
-        policy = policy_from(
-            config,
-            allow=args.allow_targets,
-            deny=args.deny_targets,
-            topics=args.allow_topics,
-            api_port=args.port,
-            kafka_bootstrap=[args.kafka] if args.kafka else [],
-            topic_prefix=args.topic_prefix,
-        )
-    except (OSError, ValueError) as e:
-        sys.exit(f"cronlog: egress policy: {e}")
-    excerpt = args.error_excerpt_bytes
-    if excerpt is None:
-        excerpt = config.get("error_excerpt_bytes")
-    if excerpt is not None and not 0 <= excerpt <= MAX_ERROR_EXCERPT:
-        sys.exit(f"cronlog: --error-excerpt-bytes must be between 0 and {MAX_ERROR_EXCERPT}")
-    return policy, excerpt
-
-
-def load_metrics_token(data_dir: Path) -> str:
-    """The bearer token of ``GET /metrics``: ``CRONLOG_METRICS_TOKEN``, else the data
-    directory's ``metrics_token`` file, created (mode 0600) on the first start."""
-    from api.auth import create_token_file
-
-    configured = os.environ.get("CRONLOG_METRICS_TOKEN", "").strip()
-    if configured:
-        return configured
-    path = data_dir / "metrics_token"
-    if not path.exists():
-        try:
-            create_token_file(path)
-            print(f"cronlog: created the token for GET /metrics in {path}", flush=True)
-        except FileExistsError:
-            pass  # another process made it first: read theirs
-    token = path.read_text(encoding="utf-8").strip()
-    if not token:
-        sys.exit(f"cronlog: {path} is empty; put the metrics token in it")
-    return token
-
-
-def _freeze_when_ready(node: Node) -> None:
-    if node.wait_ready(600):
-        gc.freeze()
-
-
-def _exit_cleanly(signum: int, _frame: object) -> None:
-    raise SystemExit(0)
-
-
-def _stored_partitions(data_dir: Path, requested: int) -> int:
-    """The partition count is the log's for life: the first start records it."""
-    marker = data_dir / "partitions"
-    if marker.exists():
-        text = marker.read_text().strip()
-        if not text.isascii() or not text.isdigit():
-            raise ValueError(f"{marker} should hold the log's partition count, not {text[:20]!r}")
-        return int(text)
-    marker.write_text(f"{requested}\n")
-    return requested
-
-
-# -- the client ----------------------------------------------------------------------------------
+        return _client_command(args)
+    except UsageError as e:
+        print(f"cronlog: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `cronlog jobs list | head` ends quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as the Python docs do
+        return 0
+    except KeyboardInterrupt:
+        return 130
 
 
 def _token(args: argparse.Namespace) -> str:
+    if getattr(args, "operator", False):
+        from cli.serve import load_operator_token_if_any
+
+        found = load_operator_token_if_any(args.data_dir)
+        if found is None:
+            raise UsageError(
+                "--operator: set CRONLOG_OPERATOR_TOKEN or run beside `cronlog serve`'s data"
+                f" directory ({args.data_dir / 'operator_token'})"
+            )
+        return found
     if args.token:
         return str(args.token)
     from api.auth import read_tokens_file
@@ -563,77 +397,450 @@ def _token(args: argparse.Namespace) -> str:
     if path.exists():
         for token in read_tokens_file(path):
             return token
-    sys.exit(
+    raise UsageError(
         "no token: pass --token, set CRONLOG_TOKEN, or run next to `cronlog serve`'s "
         f"data directory ({path})"
     )
 
 
-def client_command(args: argparse.Namespace) -> int:
-    import httpx
+def _client_command(args: argparse.Namespace) -> int:
+    from cronlog_client import ApiError, Client, CronlogError, Unreachable
 
-    headers = {"Authorization": f"Bearer {_token(args)}"}
-    method, path, body = _request(args)
     try:
-        with httpx.Client(base_url=args.url, headers=headers, timeout=30) as http:
-            response = http.request(method, path, json=body)
-    except httpx.TransportError as e:
-        sys.exit(f"cronlog: cannot reach {args.url} ({e}); is `cronlog serve` running there?")
-    try:
-        shown: Any = response.json()
-    except ValueError:
-        shown = response.text
-    try:
-        print(json.dumps(shown, indent=2) if not isinstance(shown, str) else shown, flush=True)
-    except BrokenPipeError:  # `cronlog jobs list | head` ends quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as the Python docs do
-    return 0 if response.is_success else 1
+        with Client(args.url, _token(args)) as client:
+            return _COMMANDS[(args.command, getattr(args, "action", None) or "list")](client, args)
+    except Unreachable as e:
+        print(
+            f"cronlog: cannot reach {args.url} ({e}); is `cronlog serve` running?", file=sys.stderr
+        )
+        return 1
+    except ApiError as e:
+        if args.output != "table":
+            output.show(e.body or {"error": e.error, "message": e.message}, args.output)
+        where = f" ({e.field})" if e.field else ""
+        print(f"cronlog: {e.status} {e.error}{where}: {e.message}", file=sys.stderr)
+        return 1
+    except CronlogError as e:
+        print(f"cronlog: {e}", file=sys.stderr)
+        return 1
 
 
-def _json_argument(flag: str, text: str) -> Any:
+# -- jobs ----------------------------------------------------------------------------------------
+
+
+def _json(flag: str, text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as e:
-        sys.exit(f"cronlog: {flag} is not JSON: {e}")
+        raise UsageError(f"{flag} is not JSON: {e}") from None
 
 
-def _request(args: argparse.Namespace) -> tuple[str, str, Any]:
-    if args.command == "jobs":
-        if args.action == "create":
-            body: dict[str, Any] = {
-                "name": args.name,
-                "target": args.target,
-                "timezone": args.timezone,
-                "payload": _json_argument("--payload", args.payload),
-            }
-            if args.schedule:
-                body["schedule"] = args.schedule
-            elif args.run_at:
-                body["run_at"] = args.run_at
-            else:
-                body["interval_sec"] = args.every
-            if args.retries is not None:
-                body["retries"] = args.retries
-            if args.critical:
-                body["critical"] = True
-            if args.idempotency_key:
-                body["idempotency_key"] = args.idempotency_key
-            return "POST", "/v1/jobs", body
-        if args.action == "list":
-            return "GET", "/v1/jobs" + (f"?status={args.status}" if args.status else ""), None
-        if args.action == "get":
-            return "GET", f"/v1/jobs/{args.job_id}", None
-        if args.action in ("pause", "resume"):
-            status = "paused" if args.action == "pause" else "active"
-            return "PATCH", f"/v1/jobs/{args.job_id}", {"status": status}
-        return "DELETE", f"/v1/jobs/{args.job_id}", None
-    if args.command == "runs":
-        return "GET", f"/v1/jobs/{args.job_id}/runs?limit={args.limit}", None
-    if args.command == "dead":
-        return "GET", "/v1/runs?state=dead", None
-    if args.command == "replay":
-        return "POST", f"/v1/runs/{args.run_id}/replay", None
-    return "POST", f"/v1/runs/{args.run_id}/cancel", None
+def _pairs(flag: str, items: list[str] | None) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"{flag} takes NAME=VALUE, not {item!r}")
+        pairs[name] = value
+    return pairs
+
+
+def _fields(args: argparse.Namespace, client: Any | None = None) -> dict[str, Any]:
+    """The job fields the flags give, in the API's names."""
+    from cronlog_client import UNSET, BackoffIn, HttpTarget, SecretRef
+
+    fields: dict[str, Any] = {}
+    simple = {
+        "name": "name",
+        "schedule": "schedule",
+        "seconds": "seconds",
+        "run_at": "run_at",
+        "every": "interval_sec",
+        "start_at": "start_at",
+        "end_at": "end_at",
+        "timezone": "timezone",
+        "retries": "retries",
+        "timeout": "timeout_sec",
+        "lease": "lease_sec",
+        "priority": "priority",
+        "misfire": "misfire_policy",
+        "misfire_grace": "misfire_grace_sec",
+        "catch_up_limit": "catch_up_limit",
+        "overlap": "overlap_policy",
+        "jitter": "allow_jitter_sec",
+        "critical": "critical",
+        "depends_on": "depends_on",
+    }
+    for flag, name in simple.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            fields[name] = value
+    if args.payload is not None and args.payload_file is not None:
+        raise UsageError("give --payload or --payload-file, not both")
+    if args.payload is not None:
+        fields["payload"] = _json("--payload", args.payload)
+    elif args.payload_file is not None:
+        fields["payload"] = _json("--payload-file", args.payload_file.read_text())
+    headers: dict[str, str | SecretRef] = dict(_pairs("--header", args.header))
+    for name, secret in _pairs("--secret-header", args.secret_header).items():
+        headers[name] = SecretRef(from_file=secret)
+    if headers or args.max_calls_per_sec is not None:
+        url = args.target
+        if url is None and client is not None:  # an update of an HTTP job's headers
+            current = client.get_job(args.job_id).target
+            url = getattr(current, "url", None)
+        if not url or not str(url).startswith(("http://", "https://")):
+            raise UsageError("--header and --max-calls-per-sec are for an http(s):// --target")
+        fields["target"] = HttpTarget(
+            url=url, headers=headers, max_calls_per_sec=args.max_calls_per_sec
+        )
+    elif args.target is not None:
+        fields["target"] = args.target
+    backoff = {
+        "base_sec": args.backoff_base,
+        "factor": args.backoff_factor,
+        "cap_sec": args.backoff_cap,
+        "jitter": args.backoff_jitter,
+    }
+    if any(v is not None for v in backoff.values()):
+        fields["backoff"] = BackoffIn(
+            **{k: (UNSET if v is None else v) for k, v in backoff.items()}
+        )
+    if args.allow_past:
+        fields["allow_past"] = True
+    for name in getattr(args, "clear", None) or []:
+        if name in fields:
+            raise UsageError(f"--clear {name} and a value for it: give one")
+        fields[name] = None
+    return fields
+
+
+def _jobs_list(client: Any, args: argparse.Namespace) -> int:
+    if args.all:
+        jobs = list(client.iter_jobs(args.status, page_size=args.limit, q=args.search))
+        output.show(jobs, args.output, output.JOB_COLUMNS)
+    else:
+        page = client.list_jobs(args.status, limit=args.limit, cursor=args.cursor, q=args.search)
+        output.show(page, args.output, output.JOB_COLUMNS, key="jobs")
+    return 0
+
+
+def _jobs_create(client: Any, args: argparse.Namespace) -> int:
+    from cronlog_client import NewJob
+
+    fields = _fields(args)
+    if args.job_id:
+        fields["job_id"] = args.job_id
+    if args.idempotency_key:
+        fields["idempotency_key"] = args.idempotency_key
+    output.show(client.create_job(NewJob(**fields)), args.output)
+    return 0
+
+
+def _jobs_put(client: Any, args: argparse.Namespace) -> int:
+    from cronlog_client import JobDefinition
+
+    job = client.put_job(args.job_id, JobDefinition(**_fields(args)), if_version=args.if_version)
+    output.show(job, args.output)
+    return 0
+
+
+def _jobs_update(client: Any, args: argparse.Namespace) -> int:
+    from cronlog_client import JobPatch
+
+    fields = _fields(args, client)
+    if not fields:
+        raise UsageError("nothing to change: give a field, or --clear one")
+    if args.dry_run:
+        change = client.preview_change(args.job_id, JobPatch(**fields))
+        if args.output != "table":
+            output.show(change, args.output)
+            return 0
+        shown = output.builtins(change)
+        for name in ("before", "after"):
+            print(f"{name}:")
+            output.show(shown[name], "table", output.FIRE_COLUMNS, key="fires")
+        for name, sign in (("added", "+"), ("dropped", "-")):
+            for fire in shown[name]:
+                print(f"{sign} {fire['at']}  ({fire['local']})")
+        print("dry run: nothing was changed", file=sys.stderr)
+        return 0
+    if args.if_version is not None:
+        fields["version"] = args.if_version
+    output.show(client.patch_job(args.job_id, JobPatch(**fields)), args.output)
+    return 0
+
+
+def _jobs_trigger(client: Any, args: argparse.Namespace) -> int:
+    run = client.trigger(args.job_id, scheduled_for=args.at, idempotency_key=args.idempotency_key)
+    output.show(run, args.output)
+    return 0
+
+
+def _jobs_backfill(client: Any, args: argparse.Namespace) -> int:
+    from tools.replay.progress import meter_for
+
+    plan = client.backfill_plan(args.job_id, args.start, args.end, limit=args.limit)
+    if plan.more:
+        print(
+            f"cronlog: more than {args.limit} slots in the range; narrow it or raise --limit",
+            file=sys.stderr,
+        )
+        return 1
+    todo = [s for s in plan.slots if s.due and s.state is None]
+    if not args.apply:
+        output.show(plan, args.output, output.SLOT_COLUMNS, key="slots")
+        print(
+            f"dry run: {len(todo)} of {len(plan.slots)} slots would be triggered"
+            " (pass --apply to trigger them)",
+            file=sys.stderr,
+        )
+        return 0
+    meter = meter_for(args.progress)
+    meter.start(f"backfill {args.job_id}", len(todo))
+    started = time.monotonic()
+    try:
+        runs = client.backfill(
+            args.job_id,
+            args.start,
+            args.end,
+            limit=args.limit,
+            progress=lambda done, total, run: meter.advance(),
+        )
+    finally:
+        meter.stop()
+    output.show(runs, args.output, output.RUN_COLUMNS)
+    print(
+        f"triggered {len(runs)} runs of {len(plan.slots)} slots in"
+        f" {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _show(call: Callable[[Any, argparse.Namespace], Any], columns: Any = None, key: Any = None):  # type: ignore[no-untyped-def]
+    def command(client: Any, args: argparse.Namespace) -> int:
+        output.show(call(client, args), args.output, columns, key=key)
+        return 0
+
+    return command
+
+
+# -- runs ----------------------------------------------------------------------------------------
+
+
+def _runs_list(client: Any, args: argparse.Namespace) -> int:
+    if args.job_id is not None and args.state is not None:
+        raise UsageError("give a job or --state, not both")
+    if args.job_id is not None:
+        if args.all:
+            runs = list(client.iter_job_runs(args.job_id, page_size=args.limit))
+            output.show(runs, args.output, output.RUN_COLUMNS)
+        else:
+            page = client.job_runs(args.job_id, limit=args.limit, cursor=args.cursor)
+            output.show(page, args.output, output.RUN_COLUMNS, key="runs")
+        return 0
+    state = args.state or "dead"
+    if args.all:
+        output.show(
+            list(client.iter_runs(state, page_size=args.limit)), args.output, output.RUN_COLUMNS
+        )
+    else:
+        page = client.list_runs(state, limit=args.limit, cursor=args.cursor)
+        output.show(page, args.output, output.RUN_COLUMNS, key="runs")
+    return 0
+
+
+def _runs_complete(client: Any, args: argparse.Namespace) -> int:
+    run = client.complete(
+        args.run_id,
+        args.fencing_token,
+        "failed" if args.failed else "succeeded",
+        error=args.error,
+        permanent=args.permanent,
+        ambiguous=args.ambiguous,
+        retry_after_sec=args.retry_after,
+    )
+    output.show(run, args.output)
+    return 0
+
+
+# -- dead letters --------------------------------------------------------------------------------
+
+
+def _instant(flag: str, text: str | None) -> dt.datetime | None:
+    if text is None:
+        return None
+    try:
+        at = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise UsageError(f"{flag} must be an RFC 3339 instant with Z or an offset")
+    return at
+
+
+def _dead(client: Any, args: argparse.Namespace) -> Iterator[Any]:
+    """The dead runs the filters select, newest slot first."""
+    since, until = _instant("--since", args.since), _instant("--until", args.until)
+    for run in client.iter_runs("dead"):
+        if args.job is not None and run.job_id != args.job:
+            continue
+        if args.error_contains is not None and args.error_contains not in run.error:
+            continue
+        if since is not None and run.scheduled_for < since:
+            continue
+        if until is not None and run.scheduled_for > until:
+            continue
+        yield run
+
+
+def _dead_list(client: Any, args: argparse.Namespace) -> int:
+    runs: list[Any] = []
+    for run in _dead(client, args):
+        if args.limit is not None and len(runs) >= args.limit:
+            break
+        runs.append(run)
+    output.show(runs, args.output, output.RUN_COLUMNS)
+    return 0
+
+
+def _dead_replay(client: Any, args: argparse.Namespace) -> int:
+    from cronlog_client import ApiError
+
+    from tools.replay.progress import meter_for
+
+    filtered = any(v is not None for v in (args.job, args.error_contains, args.since, args.until))
+    if args.run_ids and (filtered or args.all):
+        raise UsageError("give run ids, or a filter (or --all), not both")
+    if not (args.run_ids or filtered or args.all):
+        raise UsageError(
+            "say which: run ids, a filter (--job, --error-contains, --since, --until), or --all"
+        )
+    chosen = (
+        [client.get_run(r) for r in args.run_ids] if args.run_ids else list(_dead(client, args))
+    )
+    if args.dry_run:
+        output.show(chosen, args.output, output.RUN_COLUMNS)
+        print(f"dry run: {len(chosen)} dead runs would be replayed", file=sys.stderr)
+        return 0
+    meter = meter_for(args.progress)
+    meter.start("replay", len(chosen))
+    replayed, refused = [], []
+    try:
+        for run in chosen:
+            try:
+                replayed.append(client.replay_run(run.run_id))
+            except ApiError as e:  # replayed meanwhile, say: report it, go on with the rest
+                refused.append(f"{run.run_id}: {e.message}")
+            meter.advance()
+    finally:
+        meter.stop()
+    output.show(replayed, args.output, output.RUN_COLUMNS)
+    for line in refused:
+        print(f"cronlog: not replayed: {line}", file=sys.stderr)
+    print(f"replayed {len(replayed)} of {len(chosen)} dead runs", file=sys.stderr)
+    return 1 if refused else 0
+
+
+# -- the rest ------------------------------------------------------------------------------------
+
+
+def _tail(client: Any, args: argparse.Namespace) -> int:
+    types = set(args.type or ())
+    shown = 0
+    for event in client.events(
+        start=args.start,
+        cursor=args.cursor,
+        job=args.job,
+        tenant=args.tenant,
+        follow=args.follow,
+        max_events=None,
+    ):
+        if types and event.type not in types:
+            continue
+        if args.output == "table":
+            print(_event_line(event.event), flush=True)
+        else:
+            record = output.builtins(event)
+            print(json.dumps(record) if args.output == "json" else _yaml_doc(record), flush=True)
+        shown += 1
+        if args.max is not None and shown >= args.max:
+            break
+    return 0
+
+
+def _yaml_doc(value: Any) -> str:
+    import yaml
+
+    return "---\n" + str(yaml.safe_dump(value, sort_keys=False)).rstrip()
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    at = dt.datetime.fromtimestamp(event.get("at", 0) / 1000, dt.UTC)
+    job = str(event.get("job_id", "")).partition("/")[2] or event.get("job_id", "")
+    detail = []
+    if "run_id" in event:
+        detail.append(
+            f"run {str(event['run_id']).rpartition('.')[2]} attempt {event.get('attempt')}"
+        )
+    for name in ("reason", "error", "worker_id", "lateness_ms", "trigger"):
+        if event.get(name) not in (None, ""):
+            detail.append(f"{name}={event[name]}")
+    kind = event.get("type", "?")
+    where = f"{event.get('tenant')}/{job}"
+    return f"{output.instant(at)}  {kind:<16} {where}  {' '.join(detail)}"
+
+
+def _status(client: Any, args: argparse.Namespace) -> int:
+    health = {"url": client.url, "up": client.health(), "ready": client.ready()}
+    output.show(health, args.output)
+    return 0 if health["ready"] else 1
+
+
+def _preview(client: Any, args: argparse.Namespace) -> Any:
+    return client.preview_schedule(
+        args.schedule, seconds=args.seconds, timezone=args.timezone, n=args.n, after=args.after
+    )
+
+
+_COMMANDS: dict[tuple[str, str], Callable[[Any, argparse.Namespace], int]] = {
+    ("jobs", "list"): _jobs_list,
+    ("jobs", "get"): _show(lambda c, a: c.get_job(a.job_id)),
+    ("jobs", "create"): _jobs_create,
+    ("jobs", "put"): _jobs_put,
+    ("jobs", "update"): _jobs_update,
+    ("jobs", "pause"): _show(lambda c, a: c.pause_job(a.job_id)),
+    ("jobs", "resume"): _show(lambda c, a: c.resume_job(a.job_id)),
+    ("jobs", "cancel"): _show(lambda c, a: c.cancel_job(a.job_id, if_version=a.if_version)),
+    ("jobs", "trigger"): _jobs_trigger,
+    ("jobs", "preview"): _show(
+        lambda c, a: c.preview_job(a.job_id, a.n), output.FIRE_COLUMNS, "fires"
+    ),
+    ("jobs", "slots"): _show(
+        lambda c, a: c.job_slots(a.job_id, a.start, a.end), output.SLOT_COLUMNS, "slots"
+    ),
+    ("jobs", "backfill"): _jobs_backfill,
+    ("runs", "list"): _runs_list,
+    ("runs", "get"): _show(lambda c, a: c.get_run(a.run_id)),
+    ("runs", "cancel"): _show(lambda c, a: c.cancel_run(a.run_id)),
+    ("runs", "replay"): _show(lambda c, a: c.replay_run(a.run_id)),
+    ("runs", "claim"): _show(
+        lambda c, a: c.claim(a.pool, a.worker_id, limit=a.limit, wait_sec=a.wait),
+        output.CLAIM_COLUMNS,
+    ),
+    ("runs", "heartbeat"): _show(lambda c, a: c.heartbeat(a.run_id, a.fencing_token)),
+    ("runs", "complete"): _runs_complete,
+    ("dead", "list"): _dead_list,
+    ("dead", "replay"): _dead_replay,
+    ("preview", "list"): _show(_preview, output.FIRE_COLUMNS, "fires"),
+    ("tail", "list"): _tail,
+    ("status", "list"): _status,
+    ("team", "list"): _show(lambda c, a: c.team()),
+    ("stats", "list"): _show(
+        lambda c, a: c.stats(window_min=a.window, step_min=a.step), output.STATS_COLUMNS, "points"
+    ),
+}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -71,7 +71,14 @@ from croniter import croniter
 
 from core.errors import InvalidDefinition
 
-__all__ = ["CronSchedule", "clear_caches", "next_fire", "suppressed_since_previous"]
+__all__ = [
+    "CronSchedule",
+    "clear_caches",
+    "next_fire",
+    "split_seconds",
+    "suppressed_since_previous",
+    "with_seconds",
+]
 
 _ALIASES: Final = {
     "@yearly": "0 0 1 1 *",
@@ -689,6 +696,30 @@ def suppressed_since_previous(
     """``CronSchedule.parse(expression, timezone).suppressed_since_previous(fire_ms, until_ms)``,
     memoised on the key a herd of jobs on one schedule shares (as :func:`next_fire` is)."""
     return tuple(_parse(expression, timezone).suppressed_since_previous(fire_ms, until_ms))
+
+
+def with_seconds(expression: str, seconds: str | None) -> str:
+    """A 5-field expression (or an alias) and a seconds field, as the text this module reads:
+    seconds last. No seconds (None): the expression as given.
+
+    The API takes the seconds apart (its ``seconds`` field) because a sixth field is read two
+    ways: Quartz puts seconds first (``*/10 * * * * *``: every ten seconds), croniter and this
+    module last (the same text: every second of every tenth minute). Asking for the field by
+    name leaves nothing to guess."""
+    if seconds is None:
+        return expression
+    text = expression.strip()
+    five = _ALIASES.get(text.lower(), " ".join(text.split()))
+    return f"{five} {seconds.strip()}"
+
+
+def split_seconds(expression: str) -> tuple[str, str | None]:
+    """``with_seconds`` undone: the 5-field expression and the seconds field (None for a
+    5-field expression or an alias)."""
+    fields = expression.split()
+    if len(fields) == 6:
+        return " ".join(fields[:5]), fields[5]
+    return expression, None
 
 
 def clear_caches() -> None:

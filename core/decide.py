@@ -76,6 +76,7 @@ from core.jobs import (
     canonical,
     count_slots,
     first_slot,
+    in_window,
     is_log_job_id,
     jitter_ms,
     last_slots,
@@ -195,7 +196,7 @@ def _live_lease(run: RunState, token: int) -> None:
 
 # -- jobs --------------------------------------------------------------------------------------
 
-_WHEN_FIELDS = ("schedule", "run_at", "interval_sec", "start_at", "timezone")
+_WHEN_FIELDS = ("schedule", "run_at", "interval_sec", "start_at", "end_at", "timezone")
 
 
 def next_slot_after_update(
@@ -534,6 +535,8 @@ def _upstream(state: PartitionState, cmd: UpstreamSucceeded, now: Millis) -> lis
         return []
     if job.last_triggered is not None and cmd.scheduled_for <= job.last_triggered:
         return []  # a late or repeated delivery of a success that already counted
+    if not in_window(job.spec, cmd.scheduled_for):
+        return []  # a slot before start_at or after end_at does not count
     events: list[AnyEvent] = [
         UpstreamRecorded(
             at=now,

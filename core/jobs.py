@@ -11,6 +11,13 @@ Exactly one of three ways to say *when*:
 
 A job with ``depends_on`` has none of them: it is triggered each time all of its upstream jobs
 have succeeded since it last ran (see ``docs/architecture.md``).
+
+Any of them may be bounded by ``start_at`` and ``end_at`` (both inclusive): no slot before the
+one, none after the other. A cron job's first slot is its first fire at or after ``start_at``;
+an interval job's slots are ``start_at + k * interval_sec``; a one-shot's ``run_at`` must lie
+between them; a dependency-triggered job ignores upstream successes for slots outside them.
+Once ``end_at`` has passed, a recurring job has no next slot (the read model calls it
+``finished``).
 """
 
 from __future__ import annotations
@@ -152,6 +159,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     allow_jitter_sec: float = 0.0
     critical: bool = False
     depends_on: tuple[str, ...] = ()
+    end_at: Millis | None = None  # no slot after it (start_at: none before it)
 
     @property
     def recurring(self) -> bool:
@@ -218,15 +226,21 @@ def validate(spec: JobSpec) -> None:
         )
     # CronSchedule.parse raises InvalidDefinition naming "schedule" or "timezone".
     CronSchedule.parse(spec.schedule or "0 0 * * *", spec.timezone)
-    for name, at in (("run_at", spec.run_at), ("start_at", spec.start_at)):
+    for name, at in (
+        ("run_at", spec.run_at),
+        ("start_at", spec.start_at),
+        ("end_at", spec.end_at),
+    ):
         if at is not None and not 0 <= at <= MAX_INSTANT:
             raise InvalidDefinition(name, "must be an instant from 1970 to the end of year 9999")
     if spec.interval_sec is not None:
         _positive("interval_sec", spec.interval_sec, upper=366 * 86400)
         if spec.interval_sec < 1:
             raise InvalidDefinition("interval_sec", "must be at least 1 second")
-    if spec.start_at is not None and spec.interval_sec is None:
-        raise InvalidDefinition("start_at", "only an interval job takes start_at")
+    if spec.start_at is not None and spec.end_at is not None and spec.end_at < spec.start_at:
+        raise InvalidDefinition("end_at", "must not be before start_at")
+    if spec.run_at is not None and not in_window(spec, spec.run_at):
+        raise InvalidDefinition("run_at", "must lie between start_at and end_at")
     _validate_target(spec.target)
     if _depth(spec.payload) > MAX_PAYLOAD_DEPTH:
         raise InvalidDefinition("payload", f"must nest at most {MAX_PAYLOAD_DEPTH} levels deep")
@@ -348,15 +362,30 @@ def check_header_value(field: str, value: str) -> None:
 # -- when does a job fire ---------------------------------------------------------------------
 
 
+def in_window(spec: JobSpec, slot: Millis) -> bool:
+    """Whether ``slot`` lies between the job's ``start_at`` and ``end_at`` (inclusive)."""
+    return (spec.start_at is None or slot >= spec.start_at) and (
+        spec.end_at is None or slot <= spec.end_at
+    )
+
+
+def _until(spec: JobSpec, until: Millis) -> Millis:
+    return until if spec.end_at is None else min(until, spec.end_at)
+
+
+def _after(spec: JobSpec, after: Millis) -> Millis:
+    return after if spec.start_at is None else max(after, spec.start_at - 1)
+
+
 def first_slot(spec: JobSpec, registered_at: Millis) -> Millis | None:
     """The first slot of a newly registered job (a one-shot's ``run_at`` even if it has passed:
-    a job the API acknowledged must run)."""
+    a job the API acknowledged must run); None once ``end_at`` has passed."""
     if spec.run_at is not None:
         return spec.run_at
     if spec.interval_sec is not None:
         anchor = spec.start_at if spec.start_at is not None else registered_at
         if anchor >= registered_at:
-            return anchor
+            return anchor if in_window(spec, anchor) else None
         return next_slot(spec, registered_at - 1, anchor)
     if spec.schedule is not None:
         return _next_fire(spec, registered_at)
@@ -366,19 +395,19 @@ def first_slot(spec: JobSpec, registered_at: Millis) -> Millis | None:
 def _next_fire(spec: JobSpec, after: Millis) -> Millis | None:
     assert spec.schedule is not None
     try:
-        return next_fire(spec.schedule, spec.timezone, after)
+        fire = next_fire(spec.schedule, spec.timezone, _after(spec, after))
     except OverflowError:  # no fire before the end of year 9999
         return None
+    return fire if spec.end_at is None or fire <= spec.end_at else None
 
 
 def next_slot(spec: JobSpec, after: Millis, anchor: Millis) -> Millis | None:
-    """The first slot strictly after ``after``; ``anchor`` is an interval job's first slot."""
+    """The first slot strictly after ``after`` (and within ``start_at``/``end_at``); ``anchor``
+    is an interval job's first slot."""
     if spec.interval_sec is not None:
         every = round(spec.interval_sec * 1000)
-        if after < anchor:
-            return anchor
-        slot = anchor + ((after - anchor) // every + 1) * every
-        return slot if slot <= MAX_INSTANT else None
+        slot = anchor if after < anchor else anchor + ((after - anchor) // every + 1) * every
+        return slot if slot <= _until(spec, MAX_INSTANT) else None
     if spec.schedule is not None:
         return _next_fire(spec, after)
     return None  # one-shot and dependency-triggered jobs have no next slot
@@ -401,6 +430,9 @@ def slots_between(
 
 def last_slots(spec: JobSpec, after: Millis, until: Millis, anchor: Millis, n: int) -> list[Millis]:
     """The latest ``n`` slots in ``(after, until]``, ascending."""
+    after, until = _after(spec, after), _until(spec, until)
+    if until <= after:
+        return []
     if spec.interval_sec is not None:
         every = round(spec.interval_sec * 1000)
         if until < anchor:
@@ -416,6 +448,7 @@ def last_slots(spec: JobSpec, after: Millis, until: Millis, anchor: Millis, n: i
 
 def count_slots(spec: JobSpec, after: Millis, until: Millis, anchor: Millis) -> int | None:
     """How many slots fall in ``(after, until]``; ``None`` when too many to count cheaply."""
+    after, until = _after(spec, after), _until(spec, until)
     if until <= after:
         return 0
     if spec.interval_sec is not None:

@@ -123,6 +123,13 @@ class NodeMetrics:
             "cronlog_runs_cancelled", "Runs cancelled, by reason.", ["reason"], registry=r
         )
         self.replayed = Counter("cronlog_runs_replayed", "Dead runs requeued.", registry=r)
+        self.claims = Counter(
+            "cronlog_claims",
+            "Claims this node looked through its pools for, by whether they got runs (a"
+            " long-polling claim looks once, then once per run that may be ready)",
+            ["outcome"],
+            registry=r,
+        )
         self.append_seconds = Histogram(
             "cronlog_log_append_seconds",
             "Durable appends of one decided batch to a partition (one fsync or transaction).",

@@ -62,7 +62,7 @@ from core.decide import job_id_of_run
 from core.errors import CronlogError, LogCorrupted, Unavailable
 from core.jobs import MAX_PRIORITY
 from core.state import JobStatus, RunStatus
-from eventlog.port import EventLog, Mailbox, Membership, partition_for
+from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
 from node import wire
 from node.executors import Executors
 from node.handoff import handoff_to
@@ -72,6 +72,7 @@ from node.runner import Decided, PartitionRunner, Request
 from projections.decoding import EventDecoder
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
+from projections.wakeups import Wakeups
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ LOCAL_TIMEOUT_S = 60.0
 # A runner fenced while its partition is still assigned here waits this long for the group's
 # revocation before the node takes it for a failed writer and opens a new one.
 FENCE_GRACE_S = 5.0
+NEXT_READY_SCAN = 10_000  # ready entries of a pool a waiting claim looks at, per partition
 RETRY_BACKOFF_S = 0.2  # a thread of the node that failed tries again after this, doubling
 MAX_RETRY_BACKOFF_S = 10.0
 # A command that cannot be decoded still advances the partition's command position.
@@ -130,6 +132,7 @@ class Node:
         self.metrics = NodeMetrics()
         # One decoder per reader of the events stream, so each foreign record is counted once.
         self._recovery_decoder = EventDecoder("recovery", self.metrics.foreign)
+        self._stream_decoder = EventDecoder("events_stream", self.metrics.foreign)
         self._history_runner = ReadModelRunner(
             log_,
             self._history,
@@ -144,6 +147,8 @@ class Node:
         self.executors.on_process_failed = self.metrics.thread_failures.labels(
             "executor-process"
         ).inc
+        self._wakeups = Wakeups(self._clock.now_ms)
+        self._history.observe(self._wakeups)
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -341,6 +346,42 @@ class Node:
     def now_ms(self) -> int:
         return self._clock.now_ms()
 
+    @property
+    def wakeups(self) -> Wakeups:
+        return self._wakeups
+
+    @property
+    def num_partitions(self) -> int:
+        return self._log.num_partitions
+
+    def read_events(self, partition: int, from_offset: int, max_records: int) -> list[Record]:
+        return self._log.read_events(partition, from_offset, max_records)
+
+    def events_end(self, partition: int) -> int:
+        return self._log.end_offset("events", partition)
+
+    @property
+    def events_decoder(self) -> EventDecoder:
+        return self._stream_decoder
+
+    def next_ready(self, tenant: str, pool: str) -> int | None:
+        now = self._clock.now_ms()
+        earliest: int | None = None
+        for runner in list(self._runners.values()):
+            state = runner.state
+            # list() copies in one step under the GIL: the runner may be mid-batch.
+            for entry in list(state.ready.get(pool, ()))[:NEXT_READY_SCAN]:
+                run = state.runs.get(entry[2])
+                if (
+                    run is not None
+                    and run.tenant == tenant
+                    and run.available_at > now
+                    and state.is_ready_entry_live(entry, pool)
+                    and (earliest is None or run.available_at < earliest)
+                ):
+                    earliest = run.available_at
+        return earliest
+
     def ready(self) -> bool:
         """Owns partitions and decides every one of them (recovered, not failing)."""
         return bool(self._membership is not None and self._membership.owned()) and not (
@@ -513,6 +554,7 @@ class Node:
             except Unavailable:
                 continue
             granted += [e for e in events if isinstance(e, ev.LeaseGranted)]
+        self.metrics.claims.labels("granted" if granted else "empty").inc()
         return granted
 
 

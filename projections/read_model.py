@@ -70,7 +70,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar, assert_never
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, assert_never
 
 import msgspec
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
@@ -169,16 +169,14 @@ def _key_index(job_id: str, idempotency_key: str) -> bytes:
 
 
 def _status(job: _JobRecord) -> JobStatusName:
-    """``finished``: a one-shot or dependency job that ran, with no next slot and nothing live."""
+    """``finished``: nothing live and no next slot, for a one-shot or dependency job that ran,
+    or a recurring job whose ``end_at`` came."""
     spec = job.view.spec
-    if (
-        job.base == "active"
-        and not spec.recurring
-        and job.view.next_slot is None
-        and job.live == 0
-        and job.runs > 0
-    ):
-        return "finished"
+    if job.base == "active" and job.view.next_slot is None and job.live == 0:
+        if spec.recurring and spec.end_at is not None:
+            return "finished"
+        if not spec.recurring and job.runs > 0:
+            return "finished"
     return job.base
 
 
@@ -223,6 +221,24 @@ def _query(
     return query
 
 
+@dataclass(frozen=True, slots=True)
+class ReadyRun:
+    """A run of a pull pool that became pending (ready at ``available_at``), as the model folded
+    it: what wakes the claims waiting for that pool (``node.wakeups``)."""
+
+    tenant: str
+    pool: str
+    available_at: int
+
+
+class Observer(Protocol):
+    """Told after each batch the model wrote (on the writing thread: it must not block)."""
+
+    def folded(self, positions: dict[int, int], ready: list[ReadyRun]) -> None:
+        """``positions``: the next offset of every partition the batch moved; ``ready``: pull
+        runs it made pending."""
+
+
 @dataclass
 class _Pending:
     """A batch being staged: decoded records it changed, raw keys, counters, positions."""
@@ -234,6 +250,7 @@ class _Pending:
     positions: dict[int, int] = field(default_factory=dict)
     minutes: dict[bytes, Minute] = field(default_factory=dict)  # a team's figures by minute
     deleted_ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
+    ready: list[ReadyRun] = field(default_factory=list)
 
 
 class ReadModel:
@@ -254,6 +271,7 @@ class ReadModel:
         self._moved = threading.Condition()
         self._generation = 0  # grows each time the model is set aside and started again
         self.set_asides = 0
+        self._observers: list[Observer] = []
         self._db = self._open_db()
         try:
             self._positions = self._stored_positions()
@@ -339,6 +357,10 @@ class ReadModel:
     def close(self) -> None:
         with self._write_lock, self._db_lock:
             self._db.close()
+
+    def observe(self, observer: Observer) -> None:
+        """Tell ``observer`` of every batch written from now on."""
+        self._observers.append(observer)
 
     def __enter__(self) -> ReadModel:
         return self
@@ -471,6 +493,11 @@ class ReadModel:
             self._positions.update(pending.positions)
             self._unscoped = self._unscoped or _UNSCOPED in pending.raw
             self._moved.notify_all()
+        for observer in self._observers:
+            try:
+                observer.folded(dict(pending.positions), pending.ready)
+            except Exception:  # an observer's failure must not fail the fold that is written
+                log.exception("a read model observer failed")
 
     # -- folding one event ------------------------------------------------------------------
 
@@ -507,9 +534,13 @@ class ReadModel:
                     view = job.view
                     _depend(p, view.tenant, view.job_id, view.spec.depends_on, None)
                     _depend(p, view.tenant, view.job_id, event.spec.depends_on, b"")
+                    moved_to = event.spec.pool if event.spec.pool != view.spec.pool else None
                     view.spec, view.name, view.version = event.spec, event.spec.name, event.version
                     view.next_slot, view.updated_at = event.next_slot, event.at
                     self._put_job(p, job)
+                    if moved_to is not None and job.live and self._observers:
+                        # its pending runs now wait in this pool
+                        p.ready.append(ReadyRun(view.tenant, moved_to, event.at))
             case JobPaused() | JobResumed() | JobCancelled():
                 job = self._job(p, event.job_id)
                 if job is not None:
@@ -688,6 +719,11 @@ class ReadModel:
         self._count(p, run.tenant, run.state, +1)
         if run.state in LIVE_STATES:
             self._live(p, run.job_id, +1)
+        if run.state in ("pending", "retrying") and self._observers:
+            job = self._job(p, run.job_id)
+            pool = job.view.spec.pool if job is not None else None
+            if pool is not None:
+                p.ready.append(ReadyRun(run.tenant, pool, run.available_at))
 
     def _unindex(self, p: _Pending, run: RunView) -> None:
         p.raw[self._state_key(run)] = None
@@ -1031,8 +1067,9 @@ class ReadModelRunner:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    def run_once(self) -> int:
-        """Fold in everything there is now; returns how many records were read."""
+    def run_once(self, on_batch: Callable[[int], None] | None = None) -> int:
+        """Fold in everything there is now; returns how many records were read. ``on_batch``
+        is told how many each batch read (a tool's progress)."""
         total = 0
         for partition in range(self._log.num_partitions):
             while True:
@@ -1042,6 +1079,8 @@ class ReadModelRunner:
                 if not records:
                     break
                 total += self._model.process_records(partition, records, self._decoder)
+                if on_batch is not None:
+                    on_batch(len(records))
         return total
 
     def start(self) -> None:

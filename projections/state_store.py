@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -350,13 +350,15 @@ def catch_up(
     partition: int,
     batch_size: int = 1000,
     decoder: EventDecoder | None = None,
+    on_batch: Callable[[int], None] | None = None,
 ) -> PartitionState:
     """Load the partition's state and fold in every event the store has not seen yet.
 
     A new owner runs this before deciding anything: it reads from the stored offset to the end
     of the partition's events, ``evolve``s each batch and saves it with its offsets. Records
     that are not events are reported through ``decoder`` and passed over (the stored offset
-    moves past them). A damaged store is set aside and rebuilt from offset 0.
+    moves past them). A damaged store is set aside and rebuilt from offset 0. ``on_batch`` is
+    told how many records each batch read (a tool's progress).
     """
     if store.partition != partition:
         raise ValueError(f"store of partition {store.partition} asked to catch up {partition}")
@@ -376,3 +378,5 @@ def catch_up(
             evolve(state, event)
         offset = records[-1].offset + 1
         store.save(state, batch, through=offset)
+        if on_batch is not None:
+            on_batch(len(records))

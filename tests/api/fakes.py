@@ -33,8 +33,11 @@ from core.commands import (
 from core.decide import job_id_of_run
 from core.events import AnyEvent, LeaseGranted, decode, encode
 from core.partition import Partition
-from eventlog.port import partition_for
+from core.state import RunStatus
+from eventlog.port import Record, partition_for
+from projections.decoding import EventDecoder
 from projections.read_model import ReadModel
+from projections.wakeups import Wakeups
 
 PARTITIONS = 4
 
@@ -57,6 +60,10 @@ class FakeScheduler:
         self.available = True  # False: every command raises Unavailable
         self.is_ready = True
         self._history = history
+        self.records: list[list[Record]] = [[] for _ in range(PARTITIONS)]  # the events stream
+        self._wakeups = Wakeups(clock.now_ms)
+        self._decoder = EventDecoder("events_stream")
+        history.observe(self._wakeups)
 
     # -- the port ---------------------------------------------------------------------------
 
@@ -78,6 +85,37 @@ class FakeScheduler:
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
+
+    @property
+    def wakeups(self) -> Wakeups:
+        return self._wakeups
+
+    @property
+    def num_partitions(self) -> int:
+        return PARTITIONS
+
+    def read_events(self, partition: int, from_offset: int, max_records: int) -> list[Record]:
+        return self.records[partition][max(0, from_offset) :][:max_records]
+
+    def events_end(self, partition: int) -> int:
+        return len(self.records[partition])
+
+    @property
+    def events_decoder(self) -> EventDecoder:
+        return self._decoder
+
+    def next_ready(self, tenant: str, pool: str) -> int | None:
+        now = self.clock.now_ms()
+        later = [
+            run.available_at
+            for partition in self.partitions
+            for run in partition.state.runs.values()
+            if run.status is RunStatus.PENDING
+            and run.tenant == tenant
+            and partition.state.pool_of(run) == pool
+            and run.available_at > now
+        ]
+        return min(later, default=None)
 
     def ready(self) -> bool:
         return self.is_ready
@@ -126,7 +164,9 @@ class FakeScheduler:
 
     def _record(self, p: int, events: list[AnyEvent]) -> None:
         for event in events:
-            event = decode(encode(event))  # as the log stores and replays it
+            data = encode(event)
+            event = decode(data)  # as the log stores and replays it
+            self.records[p].append(Record(p, self.offsets[p], data))
             self._history.process(event, p, self.offsets[p])
             self.offsets[p] += 1
             self.events.append(event)

@@ -35,9 +35,17 @@ def _free_port() -> int:
 class Serve:
     """One ``cronlog serve`` process on a data directory."""
 
-    def __init__(self, data_dir: Path, tokens: str | None = TOKENS) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        tokens: str | None = TOKENS,
+        env: dict[str, str] | None = None,
+        partitions: int = 4,
+    ) -> None:
         self.data_dir = data_dir
         self.tokens = tokens
+        self.env = env or {}
+        self.partitions = partitions
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -46,6 +54,7 @@ class Serve:
         env = {k: v for k, v in os.environ.items() if k != "CRONLOG_TOKENS"}
         if self.tokens is not None:
             env["CRONLOG_TOKENS"] = self.tokens
+        env.update(self.env)
         log = (self.data_dir / "serve.log").open("ab")
         self.proc = subprocess.Popen(
             [
@@ -58,7 +67,7 @@ class Serve:
                 "--port",
                 str(self.port),
                 "--partitions",
-                "4",
+                str(self.partitions),
                 "--allow-targets",  # the tests' targets run on loopback
                 "127.0.0.0/8",
                 "--log-level",

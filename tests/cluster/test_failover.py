@@ -130,7 +130,8 @@ def test_the_survivor_takes_over_and_every_acknowledged_slot_fires(
             {
                 "job_id": job_id,
                 "name": "tick",
-                "schedule": "* * * * * *",
+                "schedule": "* * * * *",
+                "seconds": "*",
                 "target": target.url,
                 "lease_sec": LEASE_SEC,
                 "retries": 3,

@@ -9,6 +9,7 @@ through the partition's commands stream and the answer back through the asking n
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from typing import Any
 
@@ -138,7 +139,13 @@ def test_a_failing_target_is_retried_with_growing_delays_dead_lettered_and_repla
 def test_pause_stops_firing_and_resume_restarts(cluster: Cluster, target: Target) -> None:
     n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
     job_id = one_per_partition("tick")[2]
-    body = {"job_id": job_id, "name": "tick", "schedule": "* * * * * *", "target": target.url}
+    body = {
+        "job_id": job_id,
+        "name": "tick",
+        "schedule": "* * * * *",
+        "seconds": "*",
+        "target": target.url,
+    }
     assert n1.create_job(body).status_code == 201
     target.wait_for(1, timeout_s=5)
     paused = n1.http.patch(f"/v1/jobs/{job_id}", json={"status": "paused"})
@@ -263,3 +270,42 @@ def test_a_rolling_restart_lets_a_critical_call_finish(cluster: Cluster) -> None
         assert len(done["attempts"]) == 1 and done["attempts"][0]["outcome"] == "succeeded"
     finally:
         slow.stop()
+
+
+def test_any_node_streams_every_partition_and_wakes_claims_for_the_others(
+    cluster: Cluster,
+) -> None:
+    """The audit stream reads through the asked node's log handle (every partition, whoever
+    owns it); a claim long-polling on one node wakes for a run the other node's partition
+    made ready (each node's read model folds every partition)."""
+    from cronlog_client import Client, JobDefinition
+
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    names = one_per_partition("streamed")
+    with Client(n1.url, "token-a") as via_n1, Client(n2.url, "token-a") as via_n2:
+        for job_id in names:
+            via_n1.put_job(
+                job_id, JobDefinition(name="s", schedule="0 0 1 1 *", target="pull://x-nodes")
+            )
+        registered = {
+            e.event["job_id"] for e in via_n2.events(start="start") if e.type == "JobRegistered"
+        }
+        assert registered == {log_job_id("team-a", j) for j in names}
+        # Each node owns some partitions; a claim on n1 long-polls while n2's partition gets
+        # a run (and the other way round): each is answered at once.
+        for asked, job_id in ((n1, names[0]), (n2, names[0]), (n1, names[-1]), (n2, names[-1])):
+            with Client(asked.url, "token-a") as worker:
+                started = time.monotonic()
+                triggered: list[str] = []
+
+                def trigger(job_id: str = job_id, triggered: list[str] = triggered) -> None:
+                    time.sleep(0.5)  # the claim is waiting by then (it waits up to 10 s)
+                    triggered.append(via_n1.trigger(job_id).run_id)
+
+                thread = threading.Thread(target=trigger)
+                thread.start()
+                [claimed] = worker.claim("x-nodes", "w", wait_sec=10)
+                thread.join()
+                assert claimed.run_id == triggered[0]
+                assert time.monotonic() - started < 3
+                worker.complete(claimed.run_id, claimed.fencing_token)

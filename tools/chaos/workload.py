@@ -69,14 +69,14 @@ class Workload:
         for i in range(s.every_second):
             critical = i < s.every_second_critical
             behaviour = self.rng.choice(["fast", "beat", "flaky"] if critical else kinds)
-            jobs.append(self._push(f"sec-{i:03d}", "* * * * * *", behaviour, critical))
+            jobs.append(self._push(f"sec-{i:03d}", "*", behaviour, critical))
         for i in range(s.every_five):
-            jobs.append(self._push(f"five-{i:03d}", "* * * * * */5", self.rng.choice(kinds), False))
+            jobs.append(self._push(f"five-{i:03d}", "*/5", self.rng.choice(kinds), False))
         for i in range(s.pull):
             critical = i < s.pull_critical
             behaviour = self.rng.choice(["fast", "beat", "flaky"])
             body = self._body(f"pull-{i:03d}", behaviour, critical, f"pull://{POOL}")
-            jobs.append({**body, "schedule": "* * * * * *"})
+            jobs.append({**body, "schedule": "* * * * *", "seconds": "*"})
         self.crons = jobs
         return jobs
 
@@ -94,8 +94,10 @@ class Workload:
         """A one-shot job due at ``run_at_ms`` (to the millisecond)."""
         return {**self._body(job_id, "fast", False, self.target_url), "run_at": iso(run_at_ms)}
 
-    def _push(self, job_id: str, schedule: str, behaviour: str, critical: bool) -> dict[str, Any]:
-        return {**self._body(job_id, behaviour, critical, self.target_url), "schedule": schedule}
+    def _push(self, job_id: str, seconds: str, behaviour: str, critical: bool) -> dict[str, Any]:
+        """A push job of every minute at ``seconds`` (the API takes the seconds apart)."""
+        body = self._body(job_id, behaviour, critical, self.target_url)
+        return {**body, "schedule": "* * * * *", "seconds": seconds}
 
     @staticmethod
     def _body(job_id: str, behaviour: str, critical: bool, target: str) -> dict[str, Any]:

@@ -32,12 +32,14 @@ import httpx
 import msgspec
 
 from core.clock import Millis
+from core.cron import with_seconds
 from core.decide import run_id_of
 from core.events import RunMaterialised
 from core.ids import is_scoped, log_job_id
 from core.jobs import JobSpec, slots_between
 from core.state import JobStatus, PartitionState, evolve
 from eventlog.port import EventLog, partition_for
+from tools.replay.progress import Meter
 from tools.replay.records import decoded, tool_decoder
 from tools.replay.source import ReplayError
 
@@ -191,9 +193,11 @@ class _JobOut(msgspec.Struct):
     created_at: str
     next_run_at: str | None = None
     schedule: str | None = None
+    seconds: str | None = None
     run_at: str | None = None
     interval_sec: float | None = None
     start_at: str | None = None
+    end_at: str | None = None
     timezone: str = "UTC"
 
 
@@ -228,10 +232,11 @@ def job_from_api(
             "name": out.name,
             "tenant": out.tenant,
             "target": out.target,
-            "schedule": out.schedule,
+            "schedule": None if out.schedule is None else with_seconds(out.schedule, out.seconds),
             "run_at": None if out.run_at is None else parse_instant(out.run_at),
             "interval_sec": out.interval_sec,
             "start_at": None if out.start_at is None else parse_instant(out.start_at),
+            "end_at": None if out.end_at is None else parse_instant(out.end_at),
             "timezone": out.timezone,
         },
         JobSpec,
@@ -263,7 +268,11 @@ def _runs_from_api(http: httpx.Client, job_id: str, start: Millis) -> set[Millis
 
 
 def apply(
-    http: httpx.Client, job_id: str, planned: list[PlannedSlot], out: TextIO | None = None
+    http: httpx.Client,
+    job_id: str,
+    planned: list[PlannedSlot],
+    out: TextIO | None = None,
+    meter: Meter | None = None,
 ) -> tuple[int, int]:
     """Trigger every slot planned for it; returns (runs made, runs the node had already).
 
@@ -281,6 +290,8 @@ def apply(
             headers={"Idempotency-Key": idempotency_key(job_id, item.slot)},
         )
         _check(response, f"trigger of {run_id_of(job_id, item.slot)}")
+        if meter is not None:
+            meter.advance()
         if response.status_code == 201:
             made += 1
             out.write(f"triggered {run_id_of(job_id, item.slot)} ({rfc3339(item.slot)})\n")

@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from core.clock import Clock, Millis, SystemClock
 from core.errors import CronlogError, LogCorrupted
 from eventlog.port import EventLog
 from tools.replay import backfill, dump, rebuild, stats, verify
+from tools.replay.progress import Meter, meter_for
 from tools.replay.source import Layout, ReplayError, add_source_arguments, open_log
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
@@ -45,6 +47,12 @@ def parser() -> argparse.ArgumentParser:
     sub = root.add_subparsers(dest="command", required=True)
     source = argparse.ArgumentParser(add_help=False)
     add_source_arguments(source, DEFAULT_DATA_DIR)
+    source.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar with an ETA on standard error (default: when it is a terminal)",
+    )
 
     p = sub.add_parser("dump", parents=[source], help="events as JSON lines (the audit view)")
     p.add_argument("--partition", type=int, help="only this partition (default: every one)")
@@ -110,45 +118,73 @@ def _run(args: argparse.Namespace, clock: Clock, transport: httpx.BaseTransport 
     layout = Layout(args.data_dir)
     if args.command == "backfill":
         return _backfill(args, clock.now_ms(), transport)
-    with _log(args) as log:
-        if args.command == "dump":
-            if args.partition is not None and not 0 <= args.partition < log.num_partitions:
-                raise ReplayError(
-                    f"partition {args.partition} is out of range 0..{log.num_partitions - 1}"
-                )
-            partitions = (
-                list(range(log.num_partitions)) if args.partition is None else [args.partition]
+    meter = meter_for(args.progress)
+    try:
+        with _log(args) as log:
+            return _on_log(args, log, layout, meter)
+    finally:
+        meter.stop()
+
+
+def _on_log(args: argparse.Namespace, log: EventLog, layout: Layout, meter: Meter) -> int:
+    started = time.monotonic()
+    if args.command == "dump":
+        if args.partition is not None and not 0 <= args.partition < log.num_partitions:
+            raise ReplayError(
+                f"partition {args.partition} is out of range 0..{log.num_partitions - 1}"
             )
-            dump.dump(log, partitions, args.from_offset, args.job, args.follow)
-            return 0
-        if args.command == "verify":
-            checks = []
-            for partition in range(log.num_partitions):
-                checks.append(verify.verify_partition(log, layout, partition))
-                print(checks[-1].describe(), flush=True)
-            different = [c.partition for c in checks if not c.ok]
-            if different:
-                print(f"DIFFERENT: partitions {', '.join(map(str, different))}")
-                return 1
-            foreign = [c for c in checks if c.foreign]
-            if foreign:
-                print(
-                    f"FOREIGN: {sum(len(c.foreign) for c in foreign)} records that are not "
-                    f"events in partitions {', '.join(str(c.partition) for c in foreign)}; the "
-                    "stores match a replay that passes over them. Find out what wrote them "
-                    "(docs/operations.md)."
-                )
-                return 4
-            print(f"OK: {len(checks)} partitions match a replay from offset 0")
-            return 0
-        if args.command == "rebuild":
-            both = not (args.state or args.read_model)
-            rebuild.rebuild(
-                log, layout, state=both or args.state, read_model=both or args.read_model
-            )
-            return 0
-        stats.report(stats.collect(log, layout), args.json, sys.stdout)
+        partitions = (
+            list(range(log.num_partitions)) if args.partition is None else [args.partition]
+        )
+        printed = dump.dump(
+            log, partitions, args.from_offset, args.job, args.follow, meter=meter
+        )
+        print(
+            f"dump: {printed} lines from {len(partitions)} partitions in"
+            f" {time.monotonic() - started:.1f} s",
+            file=sys.stderr,
+        )
         return 0
+    if args.command == "verify":
+        checks = []
+        meter.start(
+            "verify", sum(log.end_offset("events", p) for p in range(log.num_partitions))
+        )
+        for partition in range(log.num_partitions):
+            checks.append(verify.verify_partition(log, layout, partition, meter))
+            print(checks[-1].describe(), flush=True)
+        meter.stop()
+        different = [c.partition for c in checks if not c.ok]
+        if different:
+            print(f"DIFFERENT: partitions {', '.join(map(str, different))}")
+            return 1
+        foreign = [c for c in checks if c.foreign]
+        if foreign:
+            print(
+                f"FOREIGN: {sum(len(c.foreign) for c in foreign)} records that are not "
+                f"events in partitions {', '.join(str(c.partition) for c in foreign)}; the "
+                "stores match a replay that passes over them. Find out what wrote them "
+                "(docs/operations.md)."
+            )
+            return 4
+        events_read = sum(c.events for c in checks)
+        print(
+            f"OK: {len(checks)} partitions match a replay from offset 0"
+            f" ({events_read} events in {time.monotonic() - started:.1f} s)"
+        )
+        return 0
+    if args.command == "rebuild":
+        both = not (args.state or args.read_model)
+        rebuild.rebuild(
+            log,
+            layout,
+            state=both or args.state,
+            read_model=both or args.read_model,
+            meter=meter,
+        )
+        return 0
+    stats.report(stats.collect(log, layout), args.json, sys.stdout)
+    return 0
 
 
 def _backfill(args: argparse.Namespace, now: Millis, transport: httpx.BaseTransport | None) -> int:
@@ -177,7 +213,14 @@ def _backfill(args: argparse.Namespace, now: Millis, transport: httpx.BaseTransp
             if not args.apply:
                 print("dry run: nothing was triggered (pass --apply to trigger)")
                 return 0
-            made, existing = backfill.apply(http, args.job_id, planned)
+            meter = meter_for(args.progress)
+            meter.start(
+                "backfill", sum(1 for p in planned if p.action is backfill.SlotAction.TRIGGER)
+            )
+            try:
+                made, existing = backfill.apply(http, args.job_id, planned, meter=meter)
+            finally:
+                meter.stop()
         except httpx.HTTPError as exc:
             raise ReplayError(f"{args.url}: {exc}") from exc
     print(f"triggered {made} runs ({existing} were present already)")

@@ -20,6 +20,7 @@ import msgspec
 from core.events import AnyEvent
 from eventlog.port import EventLog, Record
 from projections.decoding import EventDecoder
+from tools.replay.progress import Meter, Quiet
 from tools.replay.records import BATCH, events
 
 FOLLOW_POLL_S = 0.5
@@ -51,9 +52,14 @@ def dump(
     follow: bool = False,
     out: TextIO | None = None,
     keep_following: Callable[[], bool] = lambda: True,
+    meter: Meter | None = None,
 ) -> int:
-    """Print the selected records; returns how many lines were printed."""
+    """Print the selected records; returns how many lines were printed. ``meter`` is told of
+    the records read up to the end the log had at the start (not of those followed after)."""
     out = out or sys.stdout
+    meter = meter or Quiet()
+    ends = {p: log.end_offset("events", p) for p in partitions}
+    meter.start("dump", sum(max(0, end - from_offset) for end in ends.values()))
     reasons: dict[tuple[int, int], str] = {}
     decoder = EventDecoder("dump", lambda f: reasons.__setitem__((f.partition, f.offset), f.reason))
     printed = 0
@@ -71,13 +77,14 @@ def dump(
             printed += 1
 
     positions = {}
-    for partition in partitions:
+    for partition in partitions:  # to the end each had at the start; following goes on
         position = from_offset
-        for record in events(log, partition, from_offset):
+        for record in events(log, partition, from_offset, ends[partition], meter):
             show(record)
             position = record.offset + 1
         positions[partition] = position
     out.flush()
+    meter.stop()
     # The end is a moving target while following: each poll waits a little for one partition.
     wait_s = FOLLOW_POLL_S / max(1, len(partitions))
     while follow and keep_following():

@@ -22,6 +22,7 @@ from eventlog.port import EventLog
 from projections.decoding import EventDecoder, ForeignRecord
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore, catch_up
+from tools.replay.progress import Meter, Quiet
 from tools.replay.records import events, tool_decoder
 from tools.replay.source import Layout, check_unused
 
@@ -61,14 +62,18 @@ class _Built:
 
 
 def build_state(
-    log: EventLog, layout: Layout, partition: int, decoder: EventDecoder | None = None
+    log: EventLog,
+    layout: Layout,
+    partition: int,
+    decoder: EventDecoder | None = None,
+    meter: Meter | None = None,
 ) -> _Built:
     target = layout.state_dir(partition)
     check_unused(target, "state store")
     fresh = _scratch(target)
     started = time.perf_counter()
     with RocksStateStore(fresh, partition) as store:
-        catch_up(store, log, partition, decoder=decoder)
+        catch_up(store, log, partition, decoder=decoder, on_batch=(meter or Quiet()).advance)
         _, offset = store.load()
     elapsed = time.perf_counter() - started
     # Offsets need not be contiguous, so the count is read back rather than taken from offset.
@@ -76,13 +81,15 @@ def build_state(
     return _Built(fresh, target, Rebuilt(what, _count(log, partition), elapsed))
 
 
-def build_read_model(log: EventLog, layout: Layout, decoder: EventDecoder | None = None) -> _Built:
+def build_read_model(
+    log: EventLog, layout: Layout, decoder: EventDecoder | None = None, meter: Meter | None = None
+) -> _Built:
     target = layout.read_model_dir
     check_unused(target, "read model")
     fresh = _scratch(target)
     started = time.perf_counter()
     with ReadModel(fresh) as model:
-        count = ReadModelRunner(log, model, decoder=decoder).run_once()
+        count = ReadModelRunner(log, model, decoder=decoder).run_once((meter or Quiet()).advance)
     return _Built(fresh, target, Rebuilt("read model", count, time.perf_counter() - started))
 
 
@@ -91,7 +98,13 @@ def _count(log: EventLog, partition: int) -> int:
 
 
 def rebuild(
-    log: EventLog, layout: Layout, *, state: bool, read_model: bool, out: TextIO | None = None
+    log: EventLog,
+    layout: Layout,
+    *,
+    state: bool,
+    read_model: bool,
+    out: TextIO | None = None,
+    meter: Meter | None = None,
 ) -> list[Rebuilt]:
     """Fold every store asked for beside the old one, then swap them all in: a rebuild that
     fails (a damaged log) leaves every old store as it was and no half-built one."""
@@ -99,16 +112,22 @@ def rebuild(
     built: list[_Built] = []
     foreign: list[ForeignRecord] = []
     decoder = tool_decoder(foreign)  # one for both folds: each foreign record reported once
+    meter = meter or Quiet()
+    records = sum(log.end_offset("events", p) for p in range(log.num_partitions))
     try:
         if state:
+            meter.start("state stores", records)
             for partition in range(log.num_partitions):
-                built.append(build_state(log, layout, partition, decoder))
+                built.append(build_state(log, layout, partition, decoder, meter))
         if read_model:
-            built.append(build_read_model(log, layout, decoder))
+            meter.start("read model", records)
+            built.append(build_read_model(log, layout, decoder, meter))
     except BaseException:
         for scratch in _scratches(layout, log.num_partitions):
             shutil.rmtree(scratch, ignore_errors=True)
         raise
+    finally:
+        meter.stop()
     for store in built:
         _swap(store.fresh, store.target)
     done = [store.rebuilt for store in built]

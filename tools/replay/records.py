@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from core.events import AnyEvent
 from eventlog.port import EventLog, Record
 from projections.decoding import EventDecoder, ForeignRecord
+from tools.replay.progress import Meter, Quiet
 
 BATCH = 1000
 
@@ -23,16 +24,22 @@ def tool_decoder(found: list[ForeignRecord]) -> EventDecoder:
 
 
 def events(
-    log: EventLog, partition: int, from_offset: int = 0, until: int | None = None
+    log: EventLog,
+    partition: int,
+    from_offset: int = 0,
+    until: int | None = None,
+    meter: Meter | None = None,
 ) -> Iterator[Record]:
     """``partition``'s records from ``from_offset`` up to ``until`` (exclusive), or to the end
-    the log has now when ``until`` is None."""
+    the log has now when ``until`` is None; ``meter`` is told of each batch read."""
+    meter = meter or Quiet()
     end = log.end_offset("events", partition) if until is None else until
     offset = from_offset
     while offset < end:
         records = log.read_events(partition, offset, BATCH)
         if not records:
             return
+        meter.advance(len(records))
         for record in records:
             if record.offset >= end:
                 return
@@ -46,7 +53,8 @@ def decoded(
     decoder: EventDecoder,
     from_offset: int = 0,
     until: int | None = None,
+    meter: Meter | None = None,
 ) -> Iterator[tuple[Record, AnyEvent | None]]:
     """Each record with its event, or with None for a foreign record (reported once)."""
-    for record in events(log, partition, from_offset, until):
+    for record in events(log, partition, from_offset, until, meter):
         yield record, decoder.decode(record)

@@ -21,6 +21,7 @@ from core.state import PartitionState, evolve
 from eventlog.port import EventLog
 from projections.decoding import EventDecoder, ForeignRecord
 from projections.state_store import RocksStateStore
+from tools.replay.progress import Meter
 from tools.replay.records import decoded
 from tools.replay.source import Layout, check_unused
 
@@ -60,22 +61,24 @@ class PartitionCheck:
 
 
 def replay_partition(
-    log: EventLog, partition: int, end: int, decoder: EventDecoder
+    log: EventLog, partition: int, end: int, decoder: EventDecoder, meter: Meter | None = None
 ) -> tuple[PartitionState, int]:
     state = PartitionState(partition)
     count = 0
-    for _, event in decoded(log, partition, decoder, 0, end):
+    for _, event in decoded(log, partition, decoder, 0, end, meter):
         if event is not None:
             evolve(state, event)
             count += 1
     return state, count
 
 
-def verify_partition(log: EventLog, layout: Layout, partition: int) -> PartitionCheck:
+def verify_partition(
+    log: EventLog, layout: Layout, partition: int, meter: Meter | None = None
+) -> PartitionCheck:
     end = log.end_offset("events", partition)
     check = PartitionCheck(partition, end)
     decoder = EventDecoder("verify", check.foreign.append)
-    replayed, check.events = replay_partition(log, partition, end, decoder)
+    replayed, check.events = replay_partition(log, partition, end, decoder, meter)
     path = layout.state_dir(partition)
     if not path.is_dir():
         check.store_missing = True

@@ -1,0 +1,547 @@
+"""``cronlog serve``: run a node on the embedded log, or join a cluster on Kafka.
+
+cronlog serve [--data-dir DIR] [--host 127.0.0.1] [--port 8080] [--partitions 8]
+cronlog serve --allow-targets 127.0.0.0/8               # let jobs call this machine
+cronlog serve --kafka HOST:PORT [--node-id ID]          # join a cluster
+cronlog serve --limits FILE                             # tenants' quotas and rates
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from api.limits import Limits
+    from core.egress import EgressPolicy
+    from eventlog.port import EventLog
+    from node.node import Node
+
+DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``serve`` subcommand's parser, added to ``sub``."""
+    serve: argparse.ArgumentParser = sub.add_parser(
+        "serve", help="run a node (embedded log by default)"
+    )
+    serve.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--partitions",
+        type=int,
+        default=8,
+        help="partition count, fixed when the log is created (default 8)",
+    )
+    serve.add_argument(
+        "--kafka",
+        metavar="HOST:PORT",
+        help="join a cluster on this Kafka instead of the embedded log",
+    )
+    serve.add_argument("--node-id", default=socket.gethostname())
+    serve.add_argument("--topic-prefix", default="cronlog")
+    serve.add_argument(
+        "--replication-factor",
+        type=int,
+        default=3,
+        help="for the topics cronlog creates (default 3; 1 on a one-broker test)",
+    )
+    serve.add_argument(
+        "--min-insync-replicas",
+        type=int,
+        default=2,
+        help="for the topics cronlog creates (default 2; 1 on a one-broker test)",
+    )
+    serve.add_argument(
+        "--kafka-config",
+        type=Path,
+        metavar="FILE",
+        help="librdkafka settings for every Kafka client, one key=value a line (e.g."
+        " security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location);"
+        " a file, so secrets stay out of the process list",
+    )
+    serve.add_argument(
+        "--target-kafka",
+        metavar="HOST:PORT",
+        help="Kafka for kafka:// job targets (default: --kafka)",
+    )
+    serve.add_argument(
+        "--max-calls",
+        type=int,
+        default=512,
+        metavar="N",
+        help="calls to HTTP and Kafka targets this node makes at once (default 512)",
+    )
+    serve.add_argument(
+        "--max-calls-per-team",
+        type=int,
+        metavar="N",
+        help="of those, the most one team's runs may hold (default: no limit beyond --max-calls;"
+        " when room is short, teams take turns either way)",
+    )
+    serve.add_argument(
+        "--executor-processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="make the calls to HTTP and Kafka targets in N processes of their own, so they"
+        " run on other cores than the partitions and the API (default 0: in the node's process)",
+    )
+    serve.add_argument(
+        "--drain-sec",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM, how long calls in flight may take to finish before they are abandoned"
+        " (default 30)",
+    )
+    serve.add_argument(
+        "--limits",
+        type=Path,
+        metavar="FILE",
+        help="the tenants' quotas and request rates: a TOML file with [defaults] and"
+        " [tenants.NAME] tables (see docs/security.md); without it every tenant gets the"
+        " built-in defaults",
+    )
+    serve.add_argument(
+        "--skip-log-check",
+        action="store_true",
+        help="start without reading the whole embedded log first (every read still checks"
+        " what it reads; the full check takes about 0.6 s per million records)",
+    )
+    egress = serve.add_argument_group(
+        "egress policy", "where jobs' targets may call (docs/security.md)"
+    )
+    egress.add_argument(
+        "--allow-targets",
+        action="append",
+        default=[],
+        metavar="LIST",
+        help="addresses, CIDR ranges, host names or *.patterns (each with an optional :PORT)"
+        " that targets may reach beyond the public internet, e.g. 127.0.0.0/8 or"
+        " 10.1.0.0/16,*.svc.internal; by default loopback, private and link-local ranges are"
+        " refused",
+    )
+    egress.add_argument(
+        "--deny-targets",
+        action="append",
+        default=[],
+        metavar="LIST",
+        help="entries as for --allow-targets that targets may never reach (before any allow);"
+        " cloud metadata and this node's own API are always refused",
+    )
+    egress.add_argument(
+        "--allow-topics",
+        action="append",
+        default=[],
+        metavar="TEAM=PREFIX,...",
+        help="kafka:// topics a team may produce to, by prefix (TEAM * is every team; {tenant}"
+        " in PREFIX is the team's name; PREFIX * is any topic); none by default, and never the"
+        " cluster's own topics or Kafka's __ ones",
+    )
+    egress.add_argument(
+        "--egress-config",
+        type=Path,
+        metavar="FILE",
+        help="the same settings in a TOML file (allow_targets, deny_targets, allow_topics,"
+        " error_excerpt_bytes); the command line's entries are added to the file's",
+    )
+    egress.add_argument(
+        "--error-excerpt-bytes",
+        type=int,
+        metavar="N",
+        help="how much of a failing target's answer a team reads in run.error (default 200,"
+        " at most 1024; 0 shows the status only)",
+    )
+    egress.add_argument(
+        "--secrets-dir",
+        type=Path,
+        metavar="DIR",
+        help='where header secret references ({"from_file": NAME}) are read:'
+        " DIR/TEAM/NAME (default: the data directory's secrets/)",
+    )
+    egress.add_argument(
+        "--target-kafka-config",
+        type=Path,
+        metavar="FILE",
+        help="librdkafka settings for the producer of kafka:// targets only (default:"
+        " --kafka-config); give it credentials whose ACLs deny the cluster's own topics",
+    )
+    serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log every HTTP request (off by default: at thousands of requests a second the"
+        " log costs more than the requests)",
+    )
+    return serve
+
+
+EXIT_FAILED = 1  # could not start, or stopped on an error
+EXIT_LOG_DAMAGED = 3  # the log is damaged: the node refused to start, or stopped
+
+DAMAGED_HINT = "the node will not run on a damaged log; see docs/operations.md, 'A damaged log'"
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """``cronlog serve``; a failure to start (or a damaged log) is one line on stderr, not a
+    traceback (``--log-level debug`` logs the traceback too)."""
+    from core.errors import CronlogError, LogCorrupted
+
+    log = logging.getLogger("cronlog")
+    try:
+        return _serve(args)
+    except LogCorrupted as e:
+        log.debug("the log is damaged", exc_info=True)
+        print(f"cronlog: {e}\ncronlog: {DAMAGED_HINT}", file=sys.stderr, flush=True)
+        return EXIT_LOG_DAMAGED
+    except (CronlogError, OSError, ValueError) as e:
+        log.debug("cannot start", exc_info=True)
+        print(f"cronlog: cannot start: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except Exception as e:  # rocksdict raises bare Exceptions with RocksDB's status text
+        log.debug("cannot start", exc_info=True)
+        print(f"cronlog: cannot start: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+    from eventlog.embedded import EmbeddedLog
+    from node.executors import DEFAULT_ERROR_EXCERPT, Executors
+    from node.node import Node
+    from node.secrets import Secrets
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # Everything the node writes (the log, the stores, tokens, and the files RocksDB makes on
+    # its own) is its owner's alone, whatever umask the node was started with.
+    os.umask(0o077)
+    data_dir: Path = args.data_dir
+    make_private_dir(data_dir)
+    tokens = load_tokens(data_dir)
+    limits = load_limits(args.limits)
+
+    kafka_config = read_kafka_config(args.kafka_config) if args.kafka_config else {}
+    target_kafka_config = target_producer_config(args.target_kafka_config, kafka_config)
+    egress, excerpt = load_egress(args)
+    secrets_dir = args.secrets_dir or data_dir / "secrets"
+    if args.secrets_dir is None and not secrets_dir.exists():
+        secrets_dir.mkdir()
+        secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
+    log_: EventLog
+    if args.kafka:
+        from confluent_kafka import KafkaException
+
+        from core.errors import CronlogError
+        from eventlog.kafka import KafkaLog
+
+        try:
+            log_ = KafkaLog.open(
+                args.kafka,
+                args.partitions,
+                prefix=args.topic_prefix,
+                replication_factor=args.replication_factor,
+                min_insync_replicas=args.min_insync_replicas,
+                client_config=kafka_config,
+            )
+        except (KafkaException, CronlogError) as e:
+            sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")
+        target_kafka = args.target_kafka or args.kafka
+    else:
+        log_ = EmbeddedLog.open(data_dir / "log", _stored_partitions(data_dir, args.partitions))
+        if not args.skip_log_check:
+            try:
+                _check_log(log_)
+            except BaseException:
+                log_.close()
+                raise
+        target_kafka = args.target_kafka
+    node = Node(
+        log_,
+        data_dir / "node",
+        node_id=args.node_id,
+        executors=Executors(
+            args.node_id,
+            max_in_flight=args.max_calls,
+            max_in_flight_per_tenant=args.max_calls_per_team,
+            kafka_bootstrap=target_kafka,
+            kafka_config=target_kafka_config,
+            egress=egress,
+            secrets=Secrets(secrets_dir),
+            error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
+            processes=args.executor_processes,
+        ),
+    )
+    app = create_app(
+        node,
+        tokens,
+        metrics=node.metrics,
+        metrics_token=load_metrics_token(data_dir),
+        limits=limits,
+        egress=egress,
+        operator_token=load_operator_token(data_dir),
+    )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        lifespan="on",
+        access_log=args.access_log,
+    )
+    server = _server(config, on_stop=node.wakeups.close)
+    damaged: list[BaseException] = []
+    if isinstance(log_, EmbeddedLog):
+        # A read that finds damage later stops the node: nothing is served from a damaged log.
+        threading.Thread(
+            target=_stop_on_damage, args=(log_, server, damaged), name="log-watch", daemon=True
+        ).start()
+    node.start()
+    # Let allocation bursts (a midnight herd) run between collections, and once recovery has
+    # loaded what lives as long as the node, keep the collector off it.
+    gc.set_threshold(50_000, 20, 20)
+    threading.Thread(target=_freeze_when_ready, args=(node,), daemon=True).start()
+    print(f"cronlog: {egress.describe()}", flush=True)
+    if args.kafka and target_kafka == args.kafka and args.target_kafka_config is None:
+        print(
+            "cronlog: kafka:// targets are produced with the cluster's own credentials; give"
+            " them their own (--target-kafka-config) whose ACLs deny the cluster's topics",
+            flush=True,
+        )
+    print(
+        f"cronlog: status UI at http://{args.host}:{args.port}/ui/ (sign in with a team's token),"
+        f" API reference at http://{args.host}:{args.port}/docs",
+        flush=True,
+    )
+    print(
+        f"cronlog {args.node_id} serving on http://{args.host}:{args.port} "
+        f"({'kafka ' + args.kafka if args.kafka else 'embedded log in ' + str(data_dir)})",
+        flush=True,
+    )
+    # uvicorn drains HTTP on SIGTERM/SIGINT, then raises the signal again with the handler it
+    # found installed: make that handler a clean exit, so the node below stops gracefully too.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
+    try:
+        server.run()
+    finally:
+        # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
+        node.stop(drain_s=0 if damaged else args.drain_sec)
+        log_.close()
+    if damaged:
+        raise damaged[0]
+    return 0
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) readable by its owner only; an existing one that
+    others can read is used as it is, with a warning (it is the operator's to change)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        logging.getLogger("cronlog").warning(
+            "data directory %s is readable by others (mode %o); chmod 700 it", path, mode
+        )
+
+
+def _check_log(log_: Any) -> None:
+    """Read the whole embedded log once before serving anything from it (``--skip-log-check``
+    skips this; reads still check what they read)."""
+    started = time.monotonic()
+    records = log_.verify()
+    logging.getLogger("cronlog").info(
+        "checked the event log: %d records in %.2f s", records, time.monotonic() - started
+    )
+
+
+def _stop_on_damage(log_: Any, server: Any, damaged: list[BaseException]) -> None:
+    """Wait for a read to find the log damaged; then stop serving (``serve`` exits 3)."""
+    damage = log_.wait_damaged()
+    if damage is None:
+        return
+    damaged.append(damage)
+    server.should_exit = True
+
+
+def load_tokens(data_dir: Path) -> dict[str, str]:
+    """token -> tenant from ``CRONLOG_TOKENS``, else the data directory's ``tokens`` file, else
+    a new token for the ``default`` tenant, written to that file and printed once."""
+    from api.auth import create_default_token, parse_tokens, read_tokens_file
+
+    configured = os.environ.get("CRONLOG_TOKENS", "").strip()
+    if configured:
+        return parse_tokens(configured)
+    path = data_dir / "tokens"
+    if not path.exists():
+        token = create_default_token(path)
+        print(f"cronlog: created a token for tenant 'default' in {path}: {token}", flush=True)
+    return read_tokens_file(path)
+
+
+def load_limits(path: Path | None) -> Limits:
+    """The tenants' limits from ``--limits``, or the built-in defaults; a file that cannot be
+    used stops the start with one line that says why."""
+    from api.limits import Limits, LimitsError, read_limits
+
+    if path is None:
+        return Limits()
+    try:
+        return read_limits(path)
+    except LimitsError as e:
+        sys.exit(f"cronlog: {e}")
+
+
+def read_kafka_config(path: Path) -> dict[str, str]:
+    """``key=value`` lines (blank lines and ``#`` comments ignored), as librdkafka settings."""
+    settings: dict[str, str] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        sys.exit(f"cronlog: cannot read {path}: {e.strerror or e}")
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            sys.exit(f"cronlog: {path}:{n}: expected key=value")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def target_producer_config(path: Path | None, cluster: dict[str, str]) -> dict[str, str]:
+    """The settings of the producer for ``kafka://`` targets: its own file's when given, none of
+    the cluster's (whose credentials may write the cluster's own topics); else the cluster's."""
+    return read_kafka_config(path) if path is not None else cluster
+
+
+def load_egress(args: argparse.Namespace) -> tuple[EgressPolicy, int | None]:
+    """The node's egress policy from ``--egress-config`` and the command line, and the error
+    excerpt size if one was set; a bad entry ends the command with a message naming it."""
+    from node.egress import policy_from, read_config
+    from node.executors import MAX_ERROR_EXCERPT
+
+    try:
+        config = read_config(args.egress_config) if args.egress_config else {}
+        policy = policy_from(
+            config,
+            allow=args.allow_targets,
+            deny=args.deny_targets,
+            topics=args.allow_topics,
+            api_port=args.port,
+            kafka_bootstrap=[args.kafka] if args.kafka else [],
+            topic_prefix=args.topic_prefix,
+        )
+    except (OSError, ValueError) as e:
+        sys.exit(f"cronlog: egress policy: {e}")
+    excerpt = args.error_excerpt_bytes
+    if excerpt is None:
+        excerpt = config.get("error_excerpt_bytes")
+    if excerpt is not None and not 0 <= excerpt <= MAX_ERROR_EXCERPT:
+        sys.exit(f"cronlog: --error-excerpt-bytes must be between 0 and {MAX_ERROR_EXCERPT}")
+    return policy, excerpt
+
+
+def load_metrics_token(data_dir: Path) -> str:
+    """The bearer token of ``GET /metrics``: ``CRONLOG_METRICS_TOKEN``, else the data
+    directory's ``metrics_token`` file, created (mode 0600) on the first start."""
+    return _operator_token(data_dir, "CRONLOG_METRICS_TOKEN", "metrics_token", "GET /metrics")
+
+
+def load_operator_token(data_dir: Path) -> str:
+    """The operator's bearer token, which reads every team's events (``GET /v1/events``):
+    ``CRONLOG_OPERATOR_TOKEN``, else the data directory's ``operator_token`` file, created
+    (mode 0600) on the first start. Not the metrics token: that one sits in Prometheus'
+    configuration and sees figures only, while events carry every team's payloads."""
+    return _operator_token(
+        data_dir, "CRONLOG_OPERATOR_TOKEN", "operator_token", "every team's events"
+    )
+
+
+def load_operator_token_if_any(data_dir: Path) -> str | None:
+    """The operator's token as a client finds it: ``CRONLOG_OPERATOR_TOKEN``, else the data
+    directory's ``operator_token`` file if there is one (never created here)."""
+    configured = os.environ.get("CRONLOG_OPERATOR_TOKEN", "").strip()
+    if configured:
+        return configured
+    path = data_dir / "operator_token"
+    if not path.exists():
+        return None
+    return path.read_text(encoding="utf-8").strip() or None
+
+
+def _operator_token(data_dir: Path, variable: str, name: str, what: str) -> str:
+    from api.auth import create_token_file
+
+    configured = os.environ.get(variable, "").strip()
+    if configured:
+        return configured
+    path = data_dir / name
+    if not path.exists():
+        try:
+            create_token_file(path)
+            print(f"cronlog: created the token for {what} in {path}", flush=True)
+        except FileExistsError:
+            pass  # another process made it first: read theirs
+    token = path.read_text(encoding="utf-8").strip()
+    if not token:
+        sys.exit(f"cronlog: {path} is empty; put the token for {what} in it")
+    return token
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server that first ends what waits (event streams, long-polling claims):
+        they would otherwise hold its graceful stop open."""
+
+        def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None]) -> None:
+            super().__init__(config)
+            self._on_stop = on_stop
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            self._on_stop()
+            await super().shutdown(sockets)
+
+    return Server
+
+
+def _server(config: Any, on_stop: Callable[[], None]) -> Any:
+    return _server_class()(config, on_stop)
+
+
+def _freeze_when_ready(node: Node) -> None:
+    if node.wait_ready(600):
+        gc.freeze()
+
+
+def _exit_cleanly(signum: int, _frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _stored_partitions(data_dir: Path, requested: int) -> int:
+    """The partition count is the log's for life: the first start records it."""
+    marker = data_dir / "partitions"
+    if marker.exists():
+        text = marker.read_text().strip()
+        if not text.isascii() or not text.isdigit():
+            raise ValueError(f"{marker} should hold the log's partition count, not {text[:20]!r}")
+        return int(text)
+    marker.write_text(f"{requested}\n")
+    return requested

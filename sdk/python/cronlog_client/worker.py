@@ -1,0 +1,375 @@
+"""A pull worker: claim runs of a pool, run a handler on each, heartbeat, complete.
+
+::
+
+    from cronlog_client import AsyncClient, RunContext, Worker
+
+    async def export(run: RunContext) -> None:
+        await copy_table(run.payload["table"], idempotency_key=run.idempotency_key)
+
+    async def main() -> None:
+        async with AsyncClient() as cronlog:
+            await Worker(cronlog, "exports", export, concurrency=4).run()
+
+A plain function works too (it runs in a thread): ``def export(run): ...``; and
+``Worker(...).run_blocking()`` runs the worker without an event loop of your own.
+
+What the worker does for the handler:
+
+- **Claims long-poll** (``wait_sec``, 20 s by default): an idle worker holds one request open
+  and is answered the moment a run of its pool is ready, so it neither spins nor sees a run a
+  poll interval late.
+- **Heartbeats** every third of the lease with the run's fencing token. A heartbeat answered
+  409 (``lease_lost``) means stop: the lease was reclaimed (the run is someone else's now) or the
+  run was cancelled (``run.cancelled``). The handler learns it at once: an async handler is
+  cancelled (``asyncio.CancelledError`` inside it), and ``run.lost`` is set for a plain one,
+  which should look at it (or call ``run.check()``) between steps. Nothing is completed for
+  a lost run.
+- **Completes** with the token: returning is success; raising is failure, retried by the
+  job's policy. Raise :class:`PermanentFailure` for what retrying cannot fix (it
+  dead-letters), :class:`RetryLater` to say when the next attempt may start.
+- **The run's timeout** (``timeout_sec`` of the job) cancels an async handler and fails the
+  attempt as ``ambiguous`` (it may have taken effect); a plain handler is told through
+  ``run.lost`` and its result is not waited for.
+- **Stops gracefully**: :meth:`Worker.stop` (SIGTERM and SIGINT under :meth:`run` when
+  ``handle_signals``) stops claiming and lets the handlers in flight finish, for at most
+  ``drain_sec``; one still running then is cancelled and failed as ``ambiguous``, so its run
+  is retried without waiting for the lease to run out.
+- **Concurrency**: up to ``concurrency`` runs at once; it claims only as many as it has room
+  for.
+
+A claim answered 429 waits its ``Retry-After``; an unreachable node or a 503 is tried again
+after a backoff (doubling up to ``MAX_BACKOFF_S``). A 401 ends :meth:`run` with the error: no
+retry fixes a token the node does not know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import inspect
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cronlog_client import errors
+from cronlog_client.client import AsyncClient
+from cronlog_client.models import ClaimedRun
+
+log = logging.getLogger("cronlog_client.worker")
+
+MAX_BACKOFF_S = 10.0
+COMPLETE_TRIES = 5  # a completion that could not be sent is sent again (the token makes it safe)
+
+Handler = Callable[["RunContext"], Awaitable[Any]] | Callable[["RunContext"], Any]
+
+
+class PermanentFailure(Exception):
+    """Retrying cannot help: the run is dead-lettered now."""
+
+
+class RetryLater(Exception):
+    """Fail this attempt; the next may start no sooner than ``after_sec`` from now."""
+
+    def __init__(self, after_sec: float, message: str = "") -> None:
+        super().__init__(message or f"retry in {after_sec:g} s")
+        self.after_sec = after_sec
+
+
+class RunLost(Exception):
+    """Raised by :meth:`RunContext.check` once the lease is lost: stop working on the run."""
+
+
+@dataclass
+class RunContext:
+    """What a handler gets: the claimed run, and what it learns while it works."""
+
+    run: ClaimedRun
+    worker_id: str
+    lost: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False  # set with ``lost`` when the run was cancelled (not reclaimed)
+    reason: str = ""
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    @property
+    def job_id(self) -> str:
+        return self.run.job_id
+
+    @property
+    def payload(self) -> Any:
+        return self.run.payload
+
+    @property
+    def attempt(self) -> int:
+        return self.run.attempt
+
+    @property
+    def scheduled_for(self) -> dt.datetime:
+        return self.run.scheduled_for
+
+    @property
+    def fencing_token(self) -> int:
+        return self.run.fencing_token
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.run.idempotency_key
+
+    def headers(self) -> dict[str, str]:
+        """Headers for what the work calls, so a target using ``cronlog_client.target``
+        ignores a repeat of this slot and refuses an attempt older than the newest it saw."""
+        return {
+            "Idempotency-Key": self.run.idempotency_key,
+            "X-Cronlog-Run-Id": self.run.run_id,
+            "X-Cronlog-Attempt": str(self.run.attempt),
+            "X-Cronlog-Fencing-Token": str(self.run.fencing_token),
+        }
+
+    def check(self) -> None:
+        """Raise :class:`RunLost` if the lease was lost (reclaimed, cancelled, timed out)."""
+        if self.lost.is_set():
+            raise RunLost(self.reason or f"run {self.run_id}: the lease was lost")
+
+    def _lose(self, reason: str, cancelled: bool = False) -> None:
+        self.reason, self.cancelled = reason, cancelled
+        self.lost.set()
+
+
+class Worker:
+    """Runs ``handler`` on the runs of ``pool``; see the module's docstring."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        pool: str,
+        handler: Handler,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 1,
+        wait_sec: float = 20.0,
+        drain_sec: float = 30.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.client = client
+        self.pool = pool
+        self.handler = handler
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.concurrency = concurrency
+        self.wait_sec = wait_sec
+        self.drain_sec = drain_sec
+        self._stopping = asyncio.Event()
+        self._free = concurrency  # room for runs not claimed yet
+        self._freed = asyncio.Event()
+        self._running: set[asyncio.Task[None]] = set()
+        self.completed = 0  # runs this worker completed (succeeded or failed)
+        self.lost = 0  # runs it gave up because the lease was lost
+
+    def stop(self) -> None:
+        """Stop claiming; :meth:`run` returns once the handlers in flight have finished (or
+        ``drain_sec`` has passed). Safe to call from a signal handler of the loop."""
+        self._stopping.set()
+
+    async def run(self, *, handle_signals: bool = False) -> None:
+        """Claim and handle runs until :meth:`stop`."""
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        try:
+            await self._claim_until_stopped()
+        finally:
+            await self._drain()
+            if handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+
+    def run_blocking(self) -> None:
+        """:meth:`run` in an event loop of its own, stopping on SIGTERM or SIGINT."""
+        asyncio.run(self.run(handle_signals=True))
+
+    async def _claim_until_stopped(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():  # each turn waits: for room, a claim or a backoff
+            if self._free == 0:
+                self._freed.clear()
+                await self._until(self._freed)
+                continue
+            room, self._free = self._free, 0
+            runs: list[ClaimedRun] = []
+            try:
+                runs = await self._claim(room)
+                failures = 0
+            except (errors.Unreachable, errors.Unavailable) as e:
+                failures += 1
+                log.warning("claim failed (%d in a row): %s", failures, e)
+                await self._pause(min(MAX_BACKOFF_S, 0.5 * 2 ** (failures - 1)))
+            except errors.RateLimited as e:
+                await self._pause(e.retry_after or 1.0)
+            finally:
+                self._free += room - len(runs)
+            for run in runs:
+                task = asyncio.ensure_future(self._handle(run))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+
+    async def _until(self, event: asyncio.Event) -> None:
+        """Until ``event`` is set or the worker is stopping."""
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopping.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    async def _claim(self, room: int) -> list[ClaimedRun]:
+        claim = asyncio.ensure_future(
+            self.client.claim(self.pool, self.worker_id, limit=room, wait_sec=self.wait_sec)
+        )
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({claim, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if claim.done():
+            return claim.result()
+        # Stopping while the claim waits: drop it. The node stops waiting for a claim whose
+        # connection closed before it leases anything more; a lease granted in the instant
+        # between runs out and the run is retried.
+        claim.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await claim
+        return []
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _drain(self) -> None:
+        if not self._running:
+            return
+        _, late = await asyncio.wait(set(self._running), timeout=self.drain_sec)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
+
+    # -- one run ----------------------------------------------------------------------------
+
+    async def _handle(self, run: ClaimedRun) -> None:
+        context = RunContext(run, self.worker_id)
+        work = asyncio.ensure_future(self._call(context))
+        beats = asyncio.ensure_future(self._heartbeat(context, work))
+        outcome: tuple[str, str, bool, bool, float | None] | None = None
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(work), run.timeout_sec)
+                outcome = ("succeeded", "", False, False, None)
+            except TimeoutError:
+                context._lose(f"timed out after {run.timeout_sec:g} s")
+                work.cancel()
+                outcome = ("failed", context.reason, False, True, None)
+            except asyncio.CancelledError:
+                if context.lost.is_set():
+                    outcome = None  # the lease is gone: nothing to complete
+                elif not work.done():
+                    # The worker is stopping and the handler did not finish in time.
+                    work.cancel()
+                    outcome = ("failed", "the worker stopped before it finished", False, True, None)
+                    raise
+                else:
+                    raise
+            except PermanentFailure as e:
+                outcome = ("failed", _describe(e), True, False, None)
+            except RetryLater as e:
+                outcome = ("failed", _describe(e), False, False, e.after_sec)
+            except RunLost:
+                outcome = None
+            except Exception as e:  # the handler's failure is the run's, retried by its policy
+                log.warning("run %s failed: %s", run.run_id, _describe(e))
+                outcome = ("failed", _describe(e), False, False, None)
+            if context.lost.is_set() and outcome is not None and outcome[0] == "succeeded":
+                outcome = None  # it finished, but the lease had gone: not ours to report
+        finally:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
+            if outcome is not None:
+                await asyncio.shield(self._complete(context, *outcome))
+            else:
+                self.lost += 1
+                log.info("run %s: lease lost (%s); not completed", run.run_id, context.reason)
+            self._free += 1
+            self._freed.set()
+
+    async def _call(self, context: RunContext) -> Any:
+        if inspect.iscoroutinefunction(self.handler):
+            return await self.handler(context)
+        result = await asyncio.to_thread(self.handler, context)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    async def _heartbeat(self, context: RunContext, work: asyncio.Future[Any]) -> None:
+        every = max(0.2, context.run.lease_sec / 3)
+        while not work.done():  # one beat a third of a lease; ends with the work
+            await asyncio.sleep(every)
+            if work.done():
+                return
+            try:
+                await self.client.heartbeat(context.run_id, context.fencing_token)
+            except errors.LeaseLost as e:
+                context._lose(e.message, cancelled=e.cancelled)
+                work.cancel()
+                return
+            except (errors.Unreachable, errors.Unavailable, errors.RateLimited) as e:
+                log.warning("run %s: heartbeat not delivered: %s", context.run_id, e)
+
+    async def _complete(
+        self,
+        context: RunContext,
+        status: str,
+        error: str,
+        permanent: bool,
+        ambiguous: bool,
+        retry_after_sec: float | None,
+    ) -> None:
+        for attempt in range(COMPLETE_TRIES):
+            try:
+                await self.client.complete(
+                    context.run_id,
+                    context.fencing_token,
+                    "succeeded" if status == "succeeded" else "failed",
+                    error=error,
+                    permanent=permanent,
+                    ambiguous=ambiguous,
+                    retry_after_sec=retry_after_sec,
+                )
+                self.completed += 1
+                return
+            except errors.LeaseLost as e:
+                self.lost += 1
+                log.warning("run %s: completed too late, the lease was lost: %s", context.run_id, e)
+                return
+            except (errors.Unreachable, errors.Unavailable) as e:
+                log.warning("run %s: completion not delivered (%s); again", context.run_id, e)
+                await asyncio.sleep(min(MAX_BACKOFF_S, 0.5 * 2**attempt))
+        log.error(
+            "run %s: completion not delivered after %d tries; the lease will run out",
+            context.run_id,
+            COMPLETE_TRIES,
+        )
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
