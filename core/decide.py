@@ -404,7 +404,9 @@ def _suppressed(job: JobState, first: Millis, through: Millis) -> list[Millis]:
     spec = job.spec
     if spec.schedule is None:
         return []
-    suppressed = suppressed_since_previous(spec.schedule, spec.timezone, first, through)
+    suppressed = suppressed_since_previous(
+        spec.schedule, spec.timezone, first, through, spec.day_rule
+    )
     return [s for s in suppressed if s > job.registered_at] if suppressed else []
 
 
