@@ -42,6 +42,7 @@ export function editorView(jobId) {
     misfire_policy: select("misfire_policy", [["fire_once", "fire once"], ["skip", "skip"], ["catch_up", "catch up"]], "fire_once"),
     overlap_policy: select("overlap_policy", [["allow", "allow"], ["skip", "skip"], ["buffer_one", "buffer one"], ["cancel_other", "cancel the other"]], "allow"),
     critical: h("input", { name: "critical", type: "checkbox" }),
+    tags: h("input", { name: "tags", type: "text", class: "mono", placeholder: "team=payments, env:prod", spellcheck: "false", autocomplete: "off" }),
   };
   const whenFields = {
     cron: [field("Cron expression", i.schedule, "minute hour day month weekday; a sixth field is seconds"), field("Timezone", i.timezone, "the schedule is read on this wall clock")],
@@ -59,6 +60,7 @@ export function editorView(jobId) {
     whenBox,
     field("Target", i.target, "an HTTP(S) URL it POSTs to, a Kafka topic, or a pull pool your workers claim from"),
     field("Payload", i.payload),
+    field("Tags", i.tags, "labels to find the job by, separated by commas or spaces; up to 16"),
     h("div", { class: "row" },
       field("Retries", i.retries), field("Timeout (s)", i.timeout_sec), field("Priority (0-9)", i.priority)),
     h("div", { class: "row" },
@@ -119,6 +121,7 @@ export function editorView(jobId) {
     body.misfire_policy = i.misfire_policy.value;
     body.overlap_policy = i.overlap_policy.value;
     body.critical = i.critical.checked;
+    body.tags = i.tags.value.split(/[\s,]+/).filter((t) => t);
     return body;
   }
 
@@ -226,6 +229,7 @@ export function editorView(jobId) {
     i.misfire_policy.value = j.misfire_policy;
     i.overlap_policy.value = j.overlap_policy;
     i.critical.checked = j.critical;
+    i.tags.value = (j.tags || []).join(", ");
     showWhen();
   }
 
