@@ -178,9 +178,12 @@ class Node:
             self._mail_reader.join(10)
         if self._mailbox is not None:
             self._mailbox.close()
+        # Stop deciding before leaving the group: leaving closes every partition's writer, and
+        # a runner still deciding would find its writer closed under it and take that for a
+        # fence by another node.
+        self._stop_runners(list(self._runners), "the node is stopping")
         if self._membership is not None:
-            self._membership.close()  # revokes every partition first
-        self.revoked(list(self._runners))
+            self._membership.close()  # revokes what is left (nothing: every runner stopped)
         self._relay.stop()
         self.executors.stop()
         self._history_runner.stop()
@@ -324,11 +327,15 @@ class Node:
         self._relay.appended(partition, offsets, events)
 
     def revoked(self, partitions: list[int]) -> None:
+        reason = "the node is stopping" if self._stopping.is_set() else "the partition was revoked"
+        self._stop_runners(partitions, reason)
+
+    def _stop_runners(self, partitions: list[int], reason: str) -> None:
         for p in partitions:
             with self._lock:
                 runner = self._runners.pop(p, None)
             if runner is not None:
-                runner.stop()
+                runner.stop(reason=reason)
         with self._ownership:
             self._ownership.notify_all()
 
