@@ -572,6 +572,7 @@ def _granted(job: JobState, run: RunState, token: int, worker_id: str, now: Mill
         worker_id=worker_id,
         lease_expires_at=now + round(job.spec.lease_sec * 1000),
         lateness_ms=now - run.scheduled_for,
+        trigger=run.trigger,
     )
 
 
