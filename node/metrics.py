@@ -115,6 +115,12 @@ class NodeMetrics:
             ["thread"],
             registry=r,
         )
+        self.decision_lines_dropped = Counter(
+            "cronlog_decision_lines_dropped",
+            "Decisions (runs fired, retried, dead-lettered, slots skipped) whose log line was"
+            " dropped because too many waited to be written (node/decisions.py).",
+            registry=r,
+        )
         self.reclaimed = Counter(
             "cronlog_leases_expired",
             "Leases that ran out without a completion: the lease-reclaim rate.",

@@ -63,7 +63,7 @@ from core.errors import CronlogError, LogCorrupted, Unavailable
 from core.jobs import MAX_PRIORITY
 from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
-from node import wire
+from node import decisions, wire
 from node.executors import Executors
 from node.handoff import handoff_to
 from node.metrics import Gauges, NodeMetrics, TimedWriter
@@ -130,6 +130,10 @@ class Node:
         self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
         self._history = ReadModel.open(self._data_dir)
         self.metrics = NodeMetrics()
+        self._decisions = decisions.DecisionLog(
+            on_dropped=self.metrics.decision_lines_dropped.inc,
+            on_failed=self.metrics.thread_failures.labels("decision-log").inc,
+        )
         # One decoder per reader of the events stream, so each foreign record is counted once.
         self._recovery_decoder = EventDecoder("recovery", self.metrics.foreign)
         self._stream_decoder = EventDecoder("events_stream", self.metrics.foreign)
@@ -153,6 +157,7 @@ class Node:
     # -- life cycle --------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._decisions.start()
         self.executors.start()
         self._history_runner.start()
         self._relay.start()
@@ -188,6 +193,7 @@ class Node:
         self.executors.stop()
         self._history_runner.stop()
         self._history.close()
+        self._decisions.close()
 
     def _poll(self) -> None:
         assert self._membership is not None
@@ -271,7 +277,7 @@ class Node:
         self._assigned.set()
         with self._ownership:
             self._ownership.notify_all()
-        log.info("%s owns partitions %s", self.node_id, sorted(self._runners))
+        decisions.moved(self.node_id, partitions, assigned=True)
 
     def _start_runner(self, partition: int) -> None:
         """Start deciding ``partition``: a runner that opens its store and recovers in its own
@@ -324,6 +330,7 @@ class Node:
 
     def _appended(self, partition: int, offsets: list[int], events: list[ev.AnyEvent]) -> None:
         self.metrics.appended(partition, offsets, events)
+        self._decisions.appended(partition, events)
         self._relay.appended(partition, offsets, events)
 
     def revoked(self, partitions: list[int]) -> None:
@@ -331,11 +338,14 @@ class Node:
         self._stop_runners(partitions, reason)
 
     def _stop_runners(self, partitions: list[int], reason: str) -> None:
+        stopped = []
         for p in partitions:
             with self._lock:
                 runner = self._runners.pop(p, None)
             if runner is not None:
                 runner.stop(reason=reason)
+                stopped.append(p)
+        decisions.moved(self.node_id, stopped, assigned=False, reason=reason)
         with self._ownership:
             self._ownership.notify_all()
 

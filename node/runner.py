@@ -47,6 +47,7 @@ from core.events import AnyEvent
 from core.partition import Partition
 from core.state import PartitionState, RunState, RunStatus
 from eventlog.port import EventLog, PartitionWriter
+from node import decisions
 from projections.decoding import EventDecoder
 from projections.state_store import StateStore, catch_up
 
@@ -225,9 +226,7 @@ class PartitionRunner:
                         asked = self._stop_reason is not None
                     if not asked:  # a newer writer took the partition: that is a fence
                         self.fenced = True
-                        log.warning(
-                            "partition %d: fenced, another node owns it now", self.partition
-                        )
+                        decisions.fenced(self.partition)
                     # else the writer closed because this node gave the partition up: the
                     # batch in hand was not written and its callers heard "unavailable".
                     return
