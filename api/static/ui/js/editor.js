@@ -45,7 +45,7 @@ export function editorView(jobId) {
     tags: h("input", { name: "tags", type: "text", class: "mono", placeholder: "team=payments, env:prod", spellcheck: "false", autocomplete: "off" }),
   };
   const whenFields = {
-    cron: [field("Cron expression", i.schedule, "minute hour day month weekday; a sixth field is seconds"), field("Timezone", i.timezone, "the schedule is read on this wall clock")],
+    cron: [field("Cron expression", i.schedule, "minute hour day month weekday; a day field starting with * (such as */2) leaves the day free, as in crontab"), field("Timezone", i.timezone, "the schedule is read on this wall clock")],
     every: [field("Every (seconds)", i.interval_sec)],
     once: [field("At (your browser's local time)", i.run_at)],
   };
@@ -92,7 +92,7 @@ export function editorView(jobId) {
   }
 
   function showError(err) {
-    const name = err.field ? err.field.split(".")[0] : null;
+    const name = err.field ? err.field.split(/[.[]/)[0] : null;
     const box = name && form.querySelector(`.field[data-field="${CSS.escape(name === "max_attempts" ? "retries" : name)}"]`);
     if (box) {
       box.classList.add("invalid");
