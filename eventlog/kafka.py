@@ -261,6 +261,10 @@ class KafkaLog:
         self._closed.set()
         self._reporter.join()
         self._producer.flush(self._timeout_s)
+        # Closed, not left to the garbage collector: a producer alive after its cluster went
+        # away keeps reconnecting and logging until the process ends.
+        with contextlib.suppress(KafkaException):
+            self._producer.close()
         with self._readers_lock:
             readers, self._readers = self._readers, []
         for consumer in readers:
