@@ -137,7 +137,7 @@ export function editorView(jobId) {
     if (kind !== kindOf(job) || (kind === "cron" && (body.schedule !== job.schedule || body.seconds !== (job.seconds ?? null)))
         || (kind === "every" && body.interval_sec !== job.interval_sec)
         || (kind === "once" && body.run_at !== job.run_at)) {
-      if (kind === "cron") { out.schedule = body.schedule; out.seconds = body.seconds; }
+      if (kind === "cron") { out.schedule = body.schedule; out.seconds = body.seconds; } // a schedule's seconds travel with it
       if (kind === "every") out.interval_sec = body.interval_sec;
       if (kind === "once") out.run_at = body.run_at;
     }
@@ -255,14 +255,15 @@ function targetText(t) {
 
 function firesTable(fires, timezone, marked, how, until) {
   if (!fires.length) return h("p", { class: "muted" }, "Never fires.");
+  const onUtc = timezone === "UTC" || timezone === "Etc/UTC"; // one column says it all
   return h("table", { class: "plain fires", "data-testid": how ? `fires-${how === "added" ? "after" : "before"}` : "fires" },
-    h("thead", {}, h("tr", {}, h("th", {}, ""), h("th", {}, `Local (${timezone})`), h("th", {}, "UTC"))),
+    h("thead", {}, h("tr", {}, h("th", {}, ""), onUtc ? null : h("th", {}, `Local (${timezone})`), h("th", {}, "UTC"))),
     h("tbody", {}, fires.map((f) => {
       const hit = marked && marked.has(f.at);
       const beyond = until && f.at > until; // past where the two lists can be compared
       return h("tr", { class: hit ? how : beyond ? "beyond" : null, "data-at": f.at, title: beyond ? "past the other list's last time: not compared" : null },
         h("td", { class: "mark" }, hit ? (how === "added" ? "+" : "−") : ""),
-        h("td", {}, local(f.local)),
+        onUtc ? null : h("td", {}, local(f.local)),
         h("td", { class: "mono" }, utc(f.at)));
     })));
 }
