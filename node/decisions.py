@@ -188,12 +188,20 @@ def fenced(partition: int) -> None:
     )
 
 
-def moved(node_id: str, partitions: Sequence[int], *, assigned: bool, reason: str = "") -> None:
-    """Partitions assigned to this node, or given up by it (``reason``: why)."""
+def moved(
+    node_id: str,
+    partitions: Sequence[int],
+    owned: Sequence[int],
+    *,
+    assigned: bool,
+    reason: str = "",
+) -> None:
+    """``partitions`` assigned to this node, or given up by it (``reason``: why); ``owned``:
+    what it owns now."""
     if not partitions or not log.isEnabledFor(logging.INFO):
         return
-    if assigned:
-        text = f"{node_id} now owns partitions {sorted(partitions)}"
+    if assigned:  # the words the chaos harness and the failover test wait for
+        text = f"{node_id} owns partitions {sorted(owned)}"
     else:
         text = f"{node_id} gave up partitions {sorted(partitions)}: {reason}"
     log.info(
@@ -202,6 +210,7 @@ def moved(node_id: str, partitions: Sequence[int], *, assigned: bool, reason: st
             "decision": "partition moved",
             "node_id": node_id,
             "partitions": sorted(partitions),
+            "owned": sorted(owned),
             "direction": "assigned" if assigned else "revoked",
             **({} if assigned else {"reason": reason}),
         },

@@ -277,7 +277,7 @@ class Node:
         self._assigned.set()
         with self._ownership:
             self._ownership.notify_all()
-        decisions.moved(self.node_id, partitions, assigned=True)
+        decisions.moved(self.node_id, partitions, sorted(self._runners), assigned=True)
 
     def _start_runner(self, partition: int) -> None:
         """Start deciding ``partition``: a runner that opens its store and recovers in its own
@@ -345,7 +345,7 @@ class Node:
             if runner is not None:
                 runner.stop(reason=reason)
                 stopped.append(p)
-        decisions.moved(self.node_id, stopped, assigned=False, reason=reason)
+        decisions.moved(self.node_id, stopped, sorted(self._runners), assigned=False, reason=reason)
         with self._ownership:
             self._ownership.notify_all()
 

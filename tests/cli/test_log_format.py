@@ -89,6 +89,8 @@ def test_json_lines_carry_the_ids_of_each_decision(tmp_path: Path) -> None:
     moved = decided["partition moved"]
     assert [m["direction"] for m in moved] == ["assigned", "revoked"]
     assert moved[0]["partitions"] == moved[1]["partitions"] == [0, 1, 2, 3]
+    assert moved[0]["message"].endswith("owns partitions [0, 1, 2, 3]")
+    assert (moved[0]["owned"], moved[1]["owned"]) == ([0, 1, 2, 3], [])
     assert moved[1]["reason"] == "the node is stopping"
     assert not any("fenced" in line["message"] for line in lines)
 
