@@ -21,10 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
+
 if TYPE_CHECKING:
     from api.limits import Limits
     from core.egress import EgressPolicy
     from eventlog.port import EventLog
+    from eventlog.snapshots import SnapshotStore
     from node.node import Node
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
@@ -119,6 +122,32 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="start without reading the whole embedded log first (every read still checks"
         " what it reads; the full check takes about 0.6 s per million records)",
+    )
+    snapshots = serve.add_argument_group(
+        "snapshots",
+        "each partition's owner snapshots its state so a new owner replays only the"
+        " tail after it (docs/operations.md, 'Snapshots')",
+    )
+    snapshots.add_argument(
+        "--snapshot-every-events",
+        type=int,
+        default=DEFAULT_EVERY_EVENTS,
+        metavar="N",
+        help=f"snapshot a partition after N events (default {DEFAULT_EVERY_EVENTS:,})",
+    )
+    snapshots.add_argument(
+        "--snapshot-every-sec",
+        type=float,
+        default=DEFAULT_EVERY_S,
+        metavar="S",
+        help="or after S seconds with at least one event since the last snapshot (default"
+        f" {DEFAULT_EVERY_S:.0f})",
+    )
+    snapshots.add_argument(
+        "--no-snapshots",
+        action="store_true",
+        help="neither write nor restore snapshots: every recovery without a local store folds"
+        " the partition's log from its first event",
     )
     egress = serve.add_argument_group(
         "egress policy", "where jobs' targets may call (docs/security.md)"
@@ -224,6 +253,7 @@ def _serve(args: argparse.Namespace) -> int:
     from node.executors import DEFAULT_ERROR_EXCERPT, Executors
     from node.node import Node
     from node.secrets import Secrets
+    from node.snapshotter import SnapshotPolicy
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -243,7 +273,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.secrets_dir is None and not secrets_dir.exists():
         secrets_dir.mkdir()
         secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
+    if args.snapshot_every_events < 1 or not args.snapshot_every_sec > 0:
+        sys.exit("cronlog: --snapshot-every-events and --snapshot-every-sec must be positive")
     log_: EventLog
+    snapshots: SnapshotStore | None = None
     if args.kafka:
         from confluent_kafka import KafkaException
 
@@ -261,6 +294,21 @@ def _serve(args: argparse.Namespace) -> int:
             )
         except (KafkaException, CronlogError) as e:
             sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")
+        if not args.no_snapshots:
+            from eventlog.kafka_snapshots import KafkaSnapshots
+
+            try:
+                snapshots = KafkaSnapshots.open(
+                    args.kafka,
+                    args.partitions,
+                    prefix=args.topic_prefix,
+                    replication_factor=args.replication_factor,
+                    min_insync_replicas=args.min_insync_replicas,
+                    client_config=kafka_config,
+                )
+            except (KafkaException, CronlogError) as e:
+                log_.close()
+                sys.exit(f"cronlog: cannot open the snapshots topic at {args.kafka}: {e}")
         target_kafka = args.target_kafka or args.kafka
     else:
         log_ = EmbeddedLog.open(data_dir / "log", _stored_partitions(data_dir, args.partitions))
@@ -270,6 +318,10 @@ def _serve(args: argparse.Namespace) -> int:
             except BaseException:
                 log_.close()
                 raise
+        if not args.no_snapshots:
+            from eventlog.snapshots import FileSnapshots
+
+            snapshots = FileSnapshots(data_dir / "snapshots")
         target_kafka = args.target_kafka
     node = Node(
         log_,
@@ -286,6 +338,8 @@ def _serve(args: argparse.Namespace) -> int:
             error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
             processes=args.executor_processes,
         ),
+        snapshots=snapshots,
+        snapshot_policy=SnapshotPolicy(args.snapshot_every_events, args.snapshot_every_sec),
     )
     app = create_app(
         node,
@@ -342,6 +396,8 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
         node.stop(drain_s=0 if damaged else args.drain_sec)
+        if snapshots is not None:
+            snapshots.close()
         log_.close()
     if damaged:
         raise damaged[0]

@@ -63,12 +63,14 @@ from core.errors import CronlogError, LogCorrupted, Unavailable
 from core.jobs import MAX_PRIORITY
 from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
+from eventlog.snapshots import SnapshotStore
 from node import wire
 from node.executors import Executors
 from node.handoff import handoff_to
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.runner import Decided, PartitionRunner, Request
+from node.snapshotter import SnapshotPolicy, Snapshotter
 from projections.decoding import EventDecoder
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
@@ -111,6 +113,8 @@ class Node:
         clock: Clock | None = None,
         executors: Executors | None = None,
         fence_grace_s: float = FENCE_GRACE_S,
+        snapshots: SnapshotStore | None = None,
+        snapshot_policy: SnapshotPolicy | None = None,
     ) -> None:
         self.node_id = node_id
         self._fence_grace_s = fence_grace_s
@@ -130,6 +134,10 @@ class Node:
         self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
         self._history = ReadModel.open(self._data_dir)
         self.metrics = NodeMetrics()
+        # Where partitions' owners leave snapshots; a new owner restores the newest one.
+        self.snapshotter = (
+            Snapshotter(snapshots, snapshot_policy, self.metrics) if snapshots is not None else None
+        )
         # One decoder per reader of the events stream, so each foreign record is counted once.
         self._recovery_decoder = EventDecoder("recovery", self.metrics.foreign)
         self._stream_decoder = EventDecoder("events_stream", self.metrics.foreign)
@@ -153,6 +161,8 @@ class Node:
     # -- life cycle --------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.snapshotter is not None:
+            self.snapshotter.start()
         self.executors.start()
         self._history_runner.start()
         self._relay.start()
@@ -181,6 +191,8 @@ class Node:
         if self._membership is not None:
             self._membership.close()  # revokes every partition first
         self.revoked(list(self._runners))
+        if self.snapshotter is not None:
+            self.snapshotter.stop()
         self._relay.stop()
         self.executors.stop()
         self._history_runner.stop()
@@ -285,10 +297,17 @@ class Node:
             on_recovered=self._relay.recovered,
             on_failed=self._runner_failed,
             decoder=self._recovery_decoder,
+            snapshotter=self.snapshotter,
         )
         with self._lock:
             self._runners[partition] = runner
         runner.start()
+
+    def recovery_floor(self, partition: int) -> int:
+        """The oldest event offset of ``partition`` a recovery may still need: the offset of
+        its newest durable snapshot (0 without snapshots, or before the first). Retention may
+        drop the events below it; see ``eventlog.snapshots.SnapshotStore.floor``."""
+        return 0 if self.snapshotter is None else self.snapshotter.store.floor(partition)
 
     def _runner_failed(self, partition: int, err: BaseException) -> None:
         self.metrics.runner_failures.inc()

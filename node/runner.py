@@ -47,6 +47,7 @@ from core.events import AnyEvent
 from core.partition import Partition
 from core.state import PartitionState, RunState, RunStatus
 from eventlog.port import EventLog, PartitionWriter
+from node.snapshotter import Snapshotter
 from projections.decoding import EventDecoder
 from projections.state_store import StateStore, catch_up
 
@@ -114,6 +115,7 @@ class PartitionRunner:
         on_recovered: Callable[[int], None] | None = None,
         on_failed: Callable[[int, BaseException], None] | None = None,
         decoder: EventDecoder | None = None,
+        snapshotter: Snapshotter | None = None,
     ) -> None:
         self.partition = partition
         self._log = log_
@@ -126,6 +128,10 @@ class PartitionRunner:
         self._on_recovered = on_recovered
         self._on_failed = on_failed
         self._decoder = decoder
+        self._snapshotter = snapshotter
+        self._since_snapshot = 0  # events appended since the last snapshot was taken
+        self._snapshot_at = time.monotonic()
+        self.restored_from: int | None = None  # the snapshot offset the last recovery restored
         self._inbox: deque[Request] = deque()
         self._cv = threading.Condition()
         self._stopped = False
@@ -200,11 +206,52 @@ class PartitionRunner:
         self.deciding.clear()
         if self._store is None:
             self._store = self._open_store()
-        state = catch_up(self._store, self._log, self.partition, decoder=self._decoder)
+        snapshots = self._snapshotter.store if self._snapshotter is not None else None
+        self.restored_from = None
+        state = catch_up(
+            self._store,
+            self._log,
+            self.partition,
+            decoder=self._decoder,
+            snapshots=snapshots,
+            on_restored=self._restored,
+            on_unusable=self._unusable,
+        )
         self.core = Partition(self.partition, self._clock.now_ms(), state)
+        # A recovery that replayed a long tail (or, the first time, the whole log) leaves a
+        # snapshot due at once, so the next owner need not replay it again.
+        self._since_snapshot = self._store.offset() - (self.restored_from or 0)
+        self._snapshot_at = time.monotonic()
         self.deciding.set()
         if self._on_recovered is not None:
             self._on_recovered(self.partition)
+
+    def _restored(self, offset: int) -> None:
+        self.restored_from = offset
+        if self._snapshotter is not None:
+            self._snapshotter.metrics.snapshot_restored()
+
+    def _unusable(self, err: Exception) -> None:
+        if self._snapshotter is not None:
+            self._snapshotter.metrics.snapshot_unusable()
+
+    def _snapshot_if_due(self, appended: int) -> None:
+        """Hand a point-in-time view of the store to the snapshotter when one is due. The view
+        is all this thread waits for; the snapshot is read and written on the snapshotter's."""
+        self._since_snapshot += appended
+        snapshotter = self._snapshotter
+        if snapshotter is None or self._store is None:
+            return
+        if not snapshotter.policy.due(
+            self._since_snapshot, time.monotonic() - self._snapshot_at
+        ) or snapshotter.busy(self.partition):
+            return
+        started = time.perf_counter()
+        view = self._store.view()
+        snapshotter.take(self.partition, view, self._clock.now_ms())
+        snapshotter.metrics.snapshot_paused(time.perf_counter() - started)
+        self._since_snapshot = 0
+        self._snapshot_at = time.monotonic()
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -350,6 +397,7 @@ class PartitionRunner:
         self._dispatch(events, starting)
         assert self._store is not None
         self._store.save(self.state, list(zip(offsets, events, strict=True)))
+        self._snapshot_if_due(len(events))
         if self._on_appended is not None and events:
             try:
                 self._on_appended(self.partition, offsets, events)
