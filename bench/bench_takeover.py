@@ -21,8 +21,8 @@ Each is timed from assignment (the runner's start) to **deciding** (recovered, w
 and to the **first fire**: the first run materialised for a slot at or after the moment of
 assignment. The runners' clock is the simulated one continued from the hot jobs' next slot,
 so a slot is due at the very moment of assignment and the first fire is how late it fires.
-Last, the new owner takes one snapshot of its 100k-job state: the runner's **pause** (opening the view) and the
-snapshotter's time to read, encode and write it, off the deciding thread.
+Last, the new owner takes one snapshot of its 100k-job state: the runner's **pause** (opening
+the view) and the snapshotter's time to read, encode and write it, off the deciding thread.
 
 Appends one JSON line to bench/results/takeover.jsonl and prints a table.
 """
