@@ -146,18 +146,14 @@ class KafkaSnapshots:
             return False
         try:
             producer.begin_transaction()
-            failed: list[KafkaError] = []
             producer.produce(
                 self.topic,
                 data,
                 key=_key(partition),
                 headers=[(OFFSET_HEADER, _U64.pack(offset))],
                 partition=partition,
-                on_delivery=lambda err, _msg: failed.append(err) if err is not None else None,
             )
-            producer.flush(self._timeout_s)
-            if failed:
-                raise KafkaException(failed[0])
+            # The commit flushes, and fails if the record was not delivered (or was fenced).
             _retrying(lambda: producer.commit_transaction(self._timeout_s))
         except KafkaException as e:
             err = e.args[0]
