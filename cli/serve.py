@@ -144,6 +144,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         f" {DEFAULT_EVERY_S:.0f})",
     )
     snapshots.add_argument(
+        "--standby-replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --kafka: for each partition this node owns, keep the N partitions after it"
+        " warm (their state followed in memory and on disk), so a takeover reads only the"
+        " last events (default 0)",
+    )
+    snapshots.add_argument(
         "--no-snapshots",
         action="store_true",
         help="neither write nor restore snapshots: every recovery without a local store folds"
@@ -275,6 +284,8 @@ def _serve(args: argparse.Namespace) -> int:
         secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
     if args.snapshot_every_events < 1 or not args.snapshot_every_sec > 0:
         sys.exit("cronlog: --snapshot-every-events and --snapshot-every-sec must be positive")
+    if args.standby_replicas < 0:
+        sys.exit("cronlog: --standby-replicas must not be negative")
     log_: EventLog
     snapshots: SnapshotStore | None = None
     if args.kafka:
@@ -340,6 +351,7 @@ def _serve(args: argparse.Namespace) -> int:
         ),
         snapshots=snapshots,
         snapshot_policy=SnapshotPolicy(args.snapshot_every_events, args.snapshot_every_sec),
+        standby_replicas=args.standby_replicas,
     )
     app = create_app(
         node,

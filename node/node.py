@@ -71,6 +71,7 @@ from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.runner import Decided, PartitionRunner, Request
 from node.snapshotter import SnapshotPolicy, Snapshotter
+from node.standby import StandbyFollower
 from projections.decoding import EventDecoder
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
@@ -115,6 +116,7 @@ class Node:
         fence_grace_s: float = FENCE_GRACE_S,
         snapshots: SnapshotStore | None = None,
         snapshot_policy: SnapshotPolicy | None = None,
+        standby_replicas: int = 0,
     ) -> None:
         self.node_id = node_id
         self._fence_grace_s = fence_grace_s
@@ -156,6 +158,15 @@ class Node:
             "executor-process"
         ).inc
         self._wakeups = Wakeups(self._clock.now_ms)
+        # Partitions this node does not own, followed so that taking one over is quick.
+        self.standby = StandbyFollower(
+            log_,
+            lambda p: RocksStateStore.open(self._data_dir, p),
+            self._owned_now,
+            standby_replicas,
+            snapshots,
+            on_failed=lambda p, err: self.metrics.thread_failures.labels("standby").inc(),
+        )
         self._history.observe(self._wakeups)
 
     # -- life cycle --------------------------------------------------------------------------
@@ -172,6 +183,7 @@ class Node:
         self._membership = self._log.join(self)
         self._poller = threading.Thread(target=self._poll, name="membership", daemon=True)
         self._poller.start()
+        self.standby.start()
 
     def stop(self, drain_s: float = 30.0) -> None:
         """Leave gracefully: let the calls in flight finish and record their outcomes (up to
@@ -182,6 +194,7 @@ class Node:
                 "%s: calls still in flight after %.0f s are abandoned", self.node_id, drain_s
             )
         self._stopping.set()
+        self.standby.stop()
         if self._poller is not None:
             self._poller.join(10)
         if self._mail_reader is not None:
@@ -286,11 +299,16 @@ class Node:
         """Start deciding ``partition``: a runner that opens its store and recovers in its own
         thread, so nothing here can fail on the store."""
         assert self._membership is not None
+
+        def open_store() -> RocksStateStore:
+            self.standby.wait_released(partition)  # a standby's first catch-up may hold it
+            return RocksStateStore.open(self._data_dir, partition)
+
         runner = PartitionRunner(
             partition,
             self._log,
             TimedWriter(self._membership.writer(partition), self.metrics),
-            lambda: RocksStateStore.open(self._data_dir, partition),
+            open_store,
             self._clock,
             self.executors,
             on_appended=self._appended,
@@ -298,10 +316,15 @@ class Node:
             on_failed=self._runner_failed,
             decoder=self._recovery_decoder,
             snapshotter=self.snapshotter,
+            warm=self.standby.hand_over(partition),
         )
         with self._lock:
             self._runners[partition] = runner
         runner.start()
+
+    def _owned_now(self) -> frozenset[int]:
+        membership = self._membership
+        return membership.owned() if membership is not None else frozenset()
 
     def recovery_floor(self, partition: int) -> int:
         """The oldest event offset of ``partition`` a recovery may still need: the offset of

@@ -2,7 +2,9 @@
 
 Recovery, in this order (the partition is an argument, never ambient):
 
-1. open the partition's state store and read the offset it reflects;
+1. open the partition's state store and read the offset it reflects (or take a warm
+   standby's open store and state, ``node.standby``); when the newest snapshot is newer than
+   the store, restore it into the store (``node.snapshotter`` writes them);
 2. catch up the events stream from there (``projections.state_store.catch_up``);
 3. fill the timing wheel from the state (``core.timers.all_timers``);
 4. only then start deciding, as the partition's single, fenced writer.
@@ -12,7 +14,8 @@ and decides it against the in-memory state, folding each decision at once so the
 sees it. It then appends all the batch's events in **one** durable write (one fsync or one
 Kafka transaction for the lot: the midnight herd costs one write per batch, not per job), saves
 the state and the offset together, and only then answers the callers and starts the runs it
-leased. A failed append means the in-memory state ran ahead of the log: the runner answers
+leased, and hands a point-in-time view of the store to the snapshotter when a snapshot is due
+(the view is all it waits for). A failed append means the in-memory state ran ahead of the log: the runner answers
 every caller "unavailable" and recovers from the store and the log again; a fenced append
 means another node owns the partition now, and the runner stops.
 
@@ -48,6 +51,7 @@ from core.partition import Partition
 from core.state import PartitionState, RunState, RunStatus
 from eventlog.port import EventLog, PartitionWriter
 from node.snapshotter import Snapshotter
+from node.standby import Warm
 from projections.decoding import EventDecoder
 from projections.state_store import StateStore, catch_up
 
@@ -116,6 +120,7 @@ class PartitionRunner:
         on_failed: Callable[[int, BaseException], None] | None = None,
         decoder: EventDecoder | None = None,
         snapshotter: Snapshotter | None = None,
+        warm: Warm | None = None,
     ) -> None:
         self.partition = partition
         self._log = log_
@@ -129,9 +134,11 @@ class PartitionRunner:
         self._on_failed = on_failed
         self._decoder = decoder
         self._snapshotter = snapshotter
+        self._warm = warm  # a standby's open store and state, used by the first recovery only
         self._since_snapshot = 0  # events appended since the last snapshot was taken
         self._snapshot_at = time.monotonic()
         self.restored_from: int | None = None  # the snapshot offset the last recovery restored
+        self.warm_from: int | None = None  # the standby offset the last recovery started from
         self._inbox: deque[Request] = deque()
         self._cv = threading.Condition()
         self._stopped = False
@@ -204,10 +211,17 @@ class PartitionRunner:
 
     def _recover(self) -> None:
         self.deciding.clear()
+        warm, self._warm = self._warm, None
+        loaded = None
+        if warm is not None and self._store is None:
+            self._store, loaded = warm.store, (warm.state, warm.offset)
+        elif warm is not None:
+            warm.store.close()
         if self._store is None:
             self._store = self._open_store()
         snapshots = self._snapshotter.store if self._snapshotter is not None else None
         self.restored_from = None
+        self.warm_from = None if loaded is None else loaded[1]
         state = catch_up(
             self._store,
             self._log,
@@ -216,6 +230,7 @@ class PartitionRunner:
             snapshots=snapshots,
             on_restored=self._restored,
             on_unusable=self._unusable,
+            loaded=loaded,
         )
         self.core = Partition(self.partition, self._clock.now_ms(), state)
         # A recovery that replayed a long tail (or, the first time, the whole log) leaves a

@@ -477,6 +477,7 @@ def catch_up(
     snapshots: SnapshotStore | None = None,
     on_restored: Callable[[int], None] | None = None,
     on_unusable: Callable[[Exception], None] | None = None,
+    loaded: tuple[PartitionState, int] | None = None,
 ) -> PartitionState:
     """Load the partition's state and fold in every event the store has not seen yet.
 
@@ -489,13 +490,16 @@ def catch_up(
     offsets. Records that are not events are reported through ``decoder`` and passed over (the
     stored offset moves past them). A damaged store is set aside and rebuilt (from the newest
     snapshot, or offset 0). ``on_batch`` is told how many records each batch read (a tool's
-    progress).
+    progress). ``loaded`` is the store's state and offset when the caller holds them already
+    (a warm standby's): nothing is loaded or restored then, only the events after it are read.
     """
     if store.partition != partition:
         raise ValueError(f"store of partition {store.partition} asked to catch up {partition}")
     decoder = decoder or EventDecoder("recovery")
-    restored = _restore_newer(store, partition, snapshots, on_unusable)
-    if restored is not None:
+    restored = loaded or _restore_newer(store, partition, snapshots, on_unusable)
+    if loaded is not None:
+        state, offset = loaded
+    elif restored is not None:
         state, offset = restored
         if on_restored is not None:
             on_restored(offset)
