@@ -15,9 +15,9 @@ sees it. It then appends all the batch's events in **one** durable write (one fs
 Kafka transaction for the lot: the midnight herd costs one write per batch, not per job), saves
 the state and the offset together, and only then answers the callers and starts the runs it
 leased, and hands a point-in-time view of the store to the snapshotter when a snapshot is due
-(the view is all it waits for). A failed append means the in-memory state ran ahead of the log: the runner answers
-every caller "unavailable" and recovers from the store and the log again; a fenced append
-means another node owns the partition now, and the runner stops.
+(the view is all it waits for). A failed append means the in-memory state ran ahead of the
+log: the runner answers every caller "unavailable" and recovers from the store and the log
+again; a fenced append means another node owns the partition now, and the runner stops.
 
 **The runner supervises itself.** Anything else that goes wrong — a bug in a decision, a store
 that cannot be read, a write that failed in a way the loop did not foresee — ends the batch in
