@@ -41,8 +41,10 @@ class Serve:
         tokens: str | None = TOKENS,
         env: dict[str, str] | None = None,
         partitions: int = 4,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.data_dir = data_dir
+        self.args = args
         self.tokens = tokens
         self.env = env or {}
         self.partitions = partitions
@@ -72,6 +74,7 @@ class Serve:
                 "127.0.0.0/8",
                 "--log-level",
                 "warning",
+                *self.args,
             ],
             env=env,
             stdout=subprocess.DEVNULL,
