@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 # How often an owner snapshots by default (``cronlog serve --snapshot-every-*``): a new owner
 # then replays at most this many events (under a second at the measured replay rates), and a
-# quiet partition's snapshot is at most this old.
+# partition where events only trickle is snapshotted at its first event after this long.
 DEFAULT_EVERY_EVENTS = 100_000
 DEFAULT_EVERY_S = 300.0
 
