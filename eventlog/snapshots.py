@@ -140,8 +140,14 @@ class FileSnapshots:
             return True
 
     def latest(self, partition: int) -> StoredSnapshot | None:
-        offsets = self._offsets(partition)
-        return self._read(partition, offsets[-1]) if offsets else None
+        for _ in range(3):  # a newer snapshot may replace the one listed before it is read
+            offsets = self._offsets(partition)
+            if not offsets:
+                return None
+            found = self._read(partition, offsets[-1])
+            if found is not None:
+                return found
+        return None
 
     def older(self, partition: int, below: int) -> StoredSnapshot | None:
         """The newest snapshot with an offset below ``below`` (a fallback, or time travel)."""
@@ -175,7 +181,7 @@ class FileSnapshots:
         try:
             data = (self._folder(partition) / f"{offset:020d}.snap").read_bytes()
         except FileNotFoundError:  # replaced by a newer one between listing and reading
-            return self.latest(partition)
+            return None
         return StoredSnapshot(partition, offset, data)
 
 
