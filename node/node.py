@@ -337,8 +337,15 @@ class Node:
 
     def _supervise(self) -> None:
         """(On the membership thread, after each poll.) Every owned partition has a live runner:
-        start one where a runner ended while the partition is still assigned here."""
+        start one where a runner ended while the partition is still assigned here. The
+        snapshotter and the standby follower are alive too (neither ends on a failure of its
+        own work; this catches whatever else could end them)."""
         assert self._membership is not None
+        for name, worker in (("snapshots", self.snapshotter), ("standby", self.standby)):
+            if worker is not None and worker.started and not worker.alive:
+                log.error("the %s thread ended; starting it again", name)
+                self.metrics.thread_failures.labels(name).inc()
+                worker.start()
         for p in sorted(self._membership.owned()):
             with self._lock:
                 runner = self._runners.get(p)

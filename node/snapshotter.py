@@ -142,6 +142,14 @@ class Snapshotter:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def started(self) -> bool:
+        """Started and not stopped since: its thread should be alive."""
+        return self._thread is not None and not self._stopped_flag()
+
+    def _stopped_flag(self) -> bool:
+        return self._stopped
+
     def busy(self, partition: int) -> bool:
         with self._cv:
             return partition in self._busy

@@ -107,6 +107,14 @@ class StandbyFollower:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def started(self) -> bool:
+        """Started and not stopped since: its thread should be alive."""
+        return self._thread is not None and not self._stopped_flag()
+
+    def _stopped_flag(self) -> bool:
+        return self._stopped.is_set()
+
     def following(self) -> dict[int, int]:
         """Followed partition -> the next event offset its standby state reflects."""
         with self._lock:
