@@ -187,6 +187,9 @@ class KafkaSnapshots:
             # Thousands of aborted writes at the tail: read the whole partition.
             return self._last_record(partition, low)
 
+    def older(self, partition: int, below: int) -> StoredSnapshot | None:
+        return None  # compaction keeps the newest only
+
     def floor(self, partition: int) -> int:
         newest = self.latest(partition)
         return 0 if newest is None else newest.offset

@@ -13,10 +13,12 @@ Invariants every adapter keeps (``tests/eventlog/test_snapshot_contract.py`` che
 3. **Newest wins.** ``latest`` gives the snapshot with the highest offset written and not since
    superseded; a write whose offset is not above the newest is ignored, so the recovery floor
    never moves back.
-4. **The recovery floor.** :meth:`SnapshotStore.floor` is the offset of the newest durable
-   snapshot (0 when there is none): the oldest event a recovery may still need. Events below
-   it can leave the hot log (retention) without any recovery falling back to them. It is read
-   from what the store holds, not from what a writer meant to write.
+4. **The recovery floor.** :meth:`SnapshotStore.floor` is the offset of the oldest durable
+   snapshot a recovery may fall back to (files keep a few, so the oldest kept; Kafka and
+   memory keep the newest only), 0 when there is none: the oldest event a recovery may still
+   need. Events below it can leave the hot log (retention) without any recovery falling back
+   to them. It is read from what the store holds, not from what a writer meant to write, and
+   it never moves back (invariant 3).
 
 Adapters: :class:`MemorySnapshots` (the reference), :class:`FileSnapshots` (embedded: one file a
 snapshot, written to a temporary name, fsynced, renamed, directory fsynced) and
@@ -57,9 +59,14 @@ class SnapshotStore(Protocol):
     def latest(self, partition: int) -> StoredSnapshot | None:
         """The newest snapshot of ``partition``, or None."""
 
+    def older(self, partition: int, below: int) -> StoredSnapshot | None:
+        """The newest snapshot with an offset below ``below``, where the store keeps older ones
+        (a fallback when the newer one cannot be restored; time travel); None otherwise."""
+
     def floor(self, partition: int) -> int:
-        """The offset of the newest durable snapshot of ``partition``, 0 when there is none:
-        events from here on are what a recovery still needs."""
+        """The offset of the oldest snapshot of ``partition`` a recovery may fall back to (the
+        newest, where only it is kept), 0 when there is none: events from here on are what a
+        recovery still needs."""
 
     def close(self) -> None: ...
 
@@ -84,6 +91,9 @@ class MemorySnapshots:
     def latest(self, partition: int) -> StoredSnapshot | None:
         with self._lock:
             return self._newest.get(partition)
+
+    def older(self, partition: int, below: int) -> StoredSnapshot | None:
+        return None  # only the newest is kept
 
     def floor(self, partition: int) -> int:
         newest = self.latest(partition)
@@ -155,8 +165,8 @@ class FileSnapshots:
         return self._read(partition, offsets[-1]) if offsets else None
 
     def floor(self, partition: int) -> int:
-        offsets = self._offsets(partition)
-        return offsets[-1] if offsets else 0
+        offsets = self._offsets(partition)  # the oldest kept: recovery falls back to it
+        return offsets[0] if offsets else 0
 
     def close(self) -> None:
         pass

@@ -55,7 +55,7 @@ from core.events import AnyEvent, JobRegistered, RunEvent, RunMaterialised
 from core.state import JobState, PartitionState, RunState, evolve, rebuild_index
 from eventlog.port import EventLog
 from eventlog.rocks import checked_reads, is_damage, iterator_error
-from eventlog.snapshots import SnapshotStore
+from eventlog.snapshots import SnapshotStore, StoredSnapshot
 from projections.aside import set_aside
 from projections.decoding import EventDecoder
 from projections.snapshot import SnapshotUnusable, decode
@@ -63,6 +63,7 @@ from projections.snapshot import SnapshotUnusable, decode
 log = logging.getLogger(__name__)
 
 _U64 = struct.Struct(">Q")
+KEPT_SNAPSHOTS_TRIED = 8  # a store keeps a few; the bound only guards the loop
 VIEW_WAIT_S = 60.0  # how long closing a store waits for a snapshot's read of it
 JOB = b"j/"
 RUN = b"r/"
@@ -530,45 +531,76 @@ def _restore_newer(
     snapshots: SnapshotStore | None,
     on_unusable: Callable[[Exception], None] | None,
 ) -> tuple[PartitionState, int] | None:
-    """The newest snapshot's state and offset, written into ``store``, if it is newer than
-    what the store holds and can be restored; None otherwise (nothing changed)."""
+    """The newest restorable snapshot's state and offset, written into ``store``, if it is
+    newer than what the store holds; None otherwise (nothing changed). A snapshot that cannot
+    be restored is reported, and the one before it (where the store keeps one) tried next."""
     if snapshots is None:
         return None
     try:
-        stored = snapshots.latest(partition)
-        if stored is None:
+        local = store.offset()
+    except Exception as exc:  # the store's own damage is found by load, after this
+        log.warning("state store of partition %d: offset unreadable: %r", partition, exc)
+        local = -1
+    stored = _newest(snapshots, partition, on_unusable)
+    for _ in range(KEPT_SNAPSHOTS_TRIED):
+        if stored is None or stored.offset <= local:
             return None
         try:
-            local = store.offset()
-        except Exception as exc:  # the store's own damage is found by load, below
-            log.warning("state store of partition %d: offset unreadable: %r", partition, exc)
-            local = -1
-        if stored.offset <= local:
-            return None
-        snapshot = decode(stored.data, partition)
-        state, offset = build(partition, snapshot.items)
-        if offset != snapshot.offset:
-            raise SnapshotUnusable(
-                f"snapshot of partition {partition} says offset {snapshot.offset}, its state "
-                f"{offset}"
+            snapshot = decode(stored.data, partition)
+            state, offset = build(partition, snapshot.items)
+            if offset != snapshot.offset or offset != stored.offset:
+                raise SnapshotUnusable(
+                    f"snapshot of partition {partition} stored at offset {stored.offset} holds"
+                    f" a state at offset {offset}"
+                )
+        except Exception as exc:
+            log.error(
+                "partition %d: the snapshot at offset %d cannot be restored (%s); trying an"
+                " older one, else the state store and the log",
+                partition,
+                stored.offset,
+                exc,
             )
-    except Exception as exc:
-        log.error(
-            "partition %d: the newest snapshot cannot be restored (%s); recovering from the "
-            "state store and the log",
+            if on_unusable is not None:
+                on_unusable(exc)
+            stored = _older(snapshots, partition, stored.offset, on_unusable)
+            continue
+        store.replace(snapshot.items)
+        log.info(
+            "partition %d: restored the snapshot at offset %d (%d jobs, %d runs); the store"
+            " was at %d",
             partition,
-            exc,
+            offset,
+            len(state.jobs),
+            len(state.runs),
+            local,
         )
+        return state, offset
+    return None
+
+
+def _newest(
+    snapshots: SnapshotStore, partition: int, on_unusable: Callable[[Exception], None] | None
+) -> StoredSnapshot | None:
+    try:
+        return snapshots.latest(partition)
+    except Exception as exc:  # the snapshots cannot be read: the store and the log still can
+        log.error("partition %d: snapshots unreadable (%s)", partition, exc)
         if on_unusable is not None:
             on_unusable(exc)
         return None
-    store.replace(snapshot.items)
-    log.info(
-        "partition %d: restored the snapshot at offset %d (%d jobs, %d runs); the store was at %d",
-        partition,
-        snapshot.offset,
-        len(state.jobs),
-        len(state.runs),
-        local,
-    )
-    return state, snapshot.offset
+
+
+def _older(
+    snapshots: SnapshotStore,
+    partition: int,
+    below: int,
+    on_unusable: Callable[[Exception], None] | None,
+) -> StoredSnapshot | None:
+    try:
+        return snapshots.older(partition, below)
+    except Exception as exc:
+        log.error("partition %d: older snapshots unreadable (%s)", partition, exc)
+        if on_unusable is not None:
+            on_unusable(exc)
+        return None

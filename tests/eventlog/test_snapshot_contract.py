@@ -44,7 +44,7 @@ def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Reopen]:
     maker = request.param(request, tmp_path)
 
     def again() -> SnapshotStore:
-        store = maker()
+        store: SnapshotStore = maker()
         opened.append(store)
         return store
 
@@ -66,11 +66,16 @@ def test_the_newest_snapshot_wins_and_survives_a_restart(reopen: Reopen) -> None
     assert store.write(2, 7, b"two")
     newest = store.latest(1)
     assert newest is not None and (newest.offset, newest.data) == (250, b"at 250")
-    assert store.floor(1) == 250 and store.floor(2) == 7 and store.floor(0) == 0
+    # The floor is the oldest snapshot a recovery may fall back to: the one before the newest
+    # where the store keeps it, else the newest.
+    kept = store.older(1, below=250)
+    assert kept is None or (kept.offset, kept.data) == (100, b"at 100")
+    assert store.floor(1) == (250 if kept is None else 100)
+    assert store.floor(2) == 7 and store.floor(0) == 0
     again = reopen()
     found = again.latest(1)
     assert found is not None and (found.partition, found.offset, found.data) == (1, 250, b"at 250")
-    assert again.floor(1) == 250
+    assert again.floor(1) == store.floor(1)
 
 
 def test_an_older_snapshot_never_replaces_a_newer_one(reopen: Reopen) -> None:
@@ -81,6 +86,9 @@ def test_an_older_snapshot_never_replaces_a_newer_one(reopen: Reopen) -> None:
     newest = reopen().latest(0)
     assert newest is not None and newest.data == b"new"
     assert store.floor(0) == 500  # the recovery floor never moves back
+    assert store.write(0, 600, b"newer")
+    assert store.write(0, 700, b"newest")
+    assert store.floor(0) in (600, 700)  # the floor moves on with the snapshots kept
 
 
 def test_a_large_snapshot_is_stored_whole(reopen: Reopen) -> None:

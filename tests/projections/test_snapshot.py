@@ -119,6 +119,26 @@ def test_a_damaged_snapshot_is_passed_over_to_the_log(
     assert len(unusable) == 1 and "checksum" in str(unusable[0])
 
 
+def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(
+    history: tuple[EmbeddedLog, list[bytes]], tmp_path: Path
+) -> None:
+    log, records = history
+    snapshots = FileSnapshots(tmp_path / "snapshots")
+    snapshots.write(1, 30, snapshot_at(log, 30, tmp_path / "a"))
+    late = bytearray(snapshot_at(log, 60, tmp_path / "b"))
+    late[-3] ^= 0x01
+    snapshots.write(1, 60, bytes(late))
+    assert snapshots.floor(1) == 30  # retention keeps what the fallback needs
+    unusable: list[Exception] = []
+    restored: list[int] = []
+    state = catch_up(
+        MemoryStateStore(1), log, 1, snapshots=snapshots,
+        on_unusable=unusable.append, on_restored=restored.append,
+    )  # fmt: skip
+    assert restored == [30] and len(unusable) == 1
+    assert state.snapshot() == folded_from_zero(records).snapshot()
+
+
 def test_a_store_newer_than_the_snapshot_keeps_its_state(
     history: tuple[EmbeddedLog, list[bytes]], tmp_path: Path
 ) -> None:

@@ -183,8 +183,6 @@ def _nearest(
             return None
         if candidate.offset <= until and (instant is None or _taken_at(candidate) <= instant):
             return candidate
-        if not isinstance(snapshots, FileSnapshots):
-            return None
         candidate = snapshots.older(partition, below=candidate.offset)
     return None
 
