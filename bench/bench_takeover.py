@@ -2,6 +2,7 @@
 
     python -m bench.bench_takeover                   # short form: 1M events, 100k live jobs
     python -m bench.bench_takeover --events 10000000 # the full form (on demand: minutes)
+    python -m bench.bench_takeover --kafka           # on Kafka (KAFKA_BOOTSTRAP_SERVERS or own)
 
 The history is real: one partition's events, decided by ``core.partition.Partition``
 (decide, evolve, the timing wheel) on a simulated clock and appended to a fresh embedded log.
@@ -38,6 +39,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,8 @@ from core.jobs import HttpTarget, JobSpec
 from core.partition import Partition
 from core.state import RunState
 from eventlog.embedded import EmbeddedLog
-from eventlog.snapshots import FileSnapshots
+from eventlog.port import EventLog, Membership
+from eventlog.snapshots import FileSnapshots, SnapshotStore
 from node.runner import Dispatcher, PartitionRunner
 from node.snapshotter import SnapshotPolicy, Snapshotter, Written
 from projections.state_store import RocksStateStore, catch_up
@@ -117,7 +120,7 @@ class Measured:
 class History:
     """Decides the partition's history on a simulated clock and appends it to the log."""
 
-    def __init__(self, log: EmbeddedLog, start: Millis, live_jobs: int, hot: int) -> None:
+    def __init__(self, log: EventLog, start: Millis, live_jobs: int, hot: int) -> None:
         self.writers = Writers(log)
         self.now = start
         self.partition = Partition(PARTITION, start)
@@ -179,7 +182,7 @@ class History:
         self.writers.close()
 
 
-def leave_snapshot(log: EmbeddedLog, data: Path, snapshots: FileSnapshots) -> dict[str, Any]:
+def leave_snapshot(log: EventLog, data: Path, snapshots: SnapshotStore) -> dict[str, Any]:
     """What the previous owner did: a store caught up, and a snapshot of it written."""
     measured = Measured()
     snapshotter = Snapshotter(snapshots, SnapshotPolicy(), measured)
@@ -202,7 +205,7 @@ def leave_snapshot(log: EmbeddedLog, data: Path, snapshots: FileSnapshots) -> di
 
 
 def take_over(
-    log: EmbeddedLog, data: Path, clock_start: Millis, snapshots: FileSnapshots | None
+    log: EventLog, data: Path, clock_start: Millis, snapshots: SnapshotStore | None
 ) -> dict[str, Any]:
     """A runner with an empty data directory takes the partition: seconds to deciding and to
     the first fire at or after assignment."""
@@ -217,7 +220,15 @@ def take_over(
     if snapshotter is not None:
         snapshotter.start()
     member = log.join(_Quiet())
-    member.poll(0)
+    deadline = time.monotonic() + 120
+    while PARTITION not in member.owned():  # Kafka: the group's assignment takes a moment
+        if time.monotonic() > deadline:
+            raise SystemExit("the partition was never assigned")
+        member.poll(0.1)
+    polling = threading.Event()
+    # A Kafka member must poll within max.poll.interval.ms or lose its partitions.
+    poller = threading.Thread(target=_keep_polling, args=(member, polling), daemon=True)
+    poller.start()
     first_fire = threading.Event()
     fired_at: list[float] = []
     assigned_ms = clock_start  # the hot jobs' next slots are due at this very instant
@@ -258,12 +269,23 @@ def take_over(
             result["snapshot_pause_ms"] = round(measured.pauses[0] * 1000, 3)
             result["snapshot_write_s"] = round(measured.written[0].seconds, 3)
             result["snapshot_bytes"] = measured.written[0].size
+        result["next_slot"] = min(
+            job.next_slot for job in runner.state.jobs.values()
+            if job.job_id.startswith("h") and job.next_slot is not None
+        )  # fmt: skip
         return result
     finally:
         runner.stop()
+        polling.set()
+        poller.join(10)
         member.close()
         if snapshotter is not None:
             snapshotter.stop()
+
+
+def _keep_polling(member: Membership, stop: threading.Event) -> None:
+    while not stop.is_set():
+        member.poll(0.1)
 
 
 class _Quiet:
@@ -274,17 +296,30 @@ class _Quiet:
         pass
 
 
+def build(
+    log: EventLog,
+    tmp: Path,
+    snapshots: SnapshotStore,
+    events: int,
+    live_jobs: int,
+    hot: int,
+    tail: int,
+) -> tuple[History, dict[str, Any], float]:
+    """The partition's history with a snapshot ``tail`` events before its end."""
+    start = int(datetime(2026, 6, 1, tzinfo=UTC).timestamp() * 1000)
+    built = time.perf_counter()
+    history = History(log, start, live_jobs, hot)
+    history.run_until(events - tail)
+    snapshot = leave_snapshot(log, tmp / "previous-owner", snapshots)
+    history.run_until(events)
+    history.close()
+    return history, snapshot, time.perf_counter() - built
+
+
 def bench(tmp: Path, events: int, live_jobs: int, hot: int, tail: int) -> dict[str, Any]:
     snapshots = FileSnapshots(tmp / "snapshots")
     with EmbeddedLog.open(tmp / "log", 1) as log:
-        start = int(datetime(2026, 6, 1, tzinfo=UTC).timestamp() * 1000)
-        built = time.perf_counter()
-        history = History(log, start, live_jobs, hot)
-        history.run_until(events - tail)
-        snapshot = leave_snapshot(log, tmp / "previous-owner", snapshots)
-        history.run_until(events)
-        history.close()
-        build_s = time.perf_counter() - built
+        history, snapshot, build_s = build(log, tmp, snapshots, events, live_jobs, hot, tail)
         end = history.now + 1000  # the hot jobs' next slot
         total = log.end_offset("events", PARTITION)
     # Side by side, each from an empty data directory, each on its own copy of the same log
@@ -294,7 +329,43 @@ def bench(tmp: Path, events: int, live_jobs: int, hot: int, tail: int) -> dict[s
         from_zero = take_over(log, tmp / "owner-from-zero", end, None)
     with EmbeddedLog.open(tmp / "log-copy", 1) as log:
         from_snapshot = take_over(log, tmp / "owner-from-snapshot", end, snapshots)
+    return _figures("embedded", total, live_jobs, hot, snapshot, build_s, from_zero, from_snapshot)
+
+
+def bench_kafka(
+    tmp: Path, bootstrap: str, events: int, live_jobs: int, hot: int, tail: int
+) -> dict[str, Any]:
+    """The same on Kafka. A topic cannot be copied, so the snapshot's takeover comes second on
+    the same log, its clock started at the hot jobs' next slot after the first takeover's
+    (its tail then also holds what the first takeover decided: a little more to read)."""
+    from eventlog.kafka import KafkaLog
+    from eventlog.kafka_snapshots import KafkaSnapshots
+
+    opened: dict[str, Any] = {
+        "prefix": f"takeover-{uuid.uuid4().hex[:12]}", "replication_factor": -1,
+        "min_insync_replicas": None,
+    }  # fmt: skip
+    log = KafkaLog.open(bootstrap, 1, **opened)
+    snapshots = KafkaSnapshots.open(bootstrap, 1, **opened)
+    try:
+        history, snapshot, build_s = build(log, tmp, snapshots, events, live_jobs, hot, tail)
+        total = log.end_offset("events", PARTITION)
+        from_zero = take_over(log, tmp / "owner-from-zero", history.now + 1000, None)
+        from_snapshot = take_over(
+            log, tmp / "owner-from-snapshot", from_zero["next_slot"], snapshots
+        )
+    finally:
+        snapshots.close()
+        log.close()
+    return _figures("kafka", total, live_jobs, hot, snapshot, build_s, from_zero, from_snapshot)
+
+
+def _figures(
+    log: str, total: int, live_jobs: int, hot: int, snapshot: dict[str, Any], build_s: float,
+    from_zero: dict[str, Any], from_snapshot: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
     return {
+        "log": log,
         "events": total,
         "live_jobs": live_jobs,
         "hot_jobs": hot,
@@ -314,10 +385,29 @@ def main() -> None:
     parser.add_argument(
         "--tail", type=int, default=50_000, help="events decided after the snapshot"
     )
+    parser.add_argument(
+        "--kafka",
+        action="store_true",
+        help="on Kafka: KAFKA_BOOTSTRAP_SERVERS, or a one-node broker of its own",
+    )
     args = parser.parse_args()
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-takeover-") as tmp:
-        figures = bench(Path(tmp), args.events, args.live_jobs, args.hot, args.tail)
+        if args.kafka:
+            from tools.kafka import broker
+
+            external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+            cluster = None if external else broker.start(1, Path(tmp) / "broker")
+            try:
+                bootstrap = external or cluster.bootstrap_servers  # type: ignore[union-attr]
+                figures = bench_kafka(
+                    Path(tmp), bootstrap, args.events, args.live_jobs, args.hot, args.tail
+                )
+            finally:
+                if cluster is not None:
+                    cluster.stop()
+        else:
+            figures = bench(Path(tmp), args.events, args.live_jobs, args.hot, args.tail)
     record = {
         "bench": "takeover",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -331,7 +421,8 @@ def main() -> None:
         out.write(json.dumps(record) + "\n")
     zero, snap = figures["from_zero"], figures["snapshot"]
     print(
-        f"partition of {figures['events']:,} events, {figures['live_jobs']:,} live jobs;"
+        f"{figures['log']}: partition of {figures['events']:,} events,"
+        f" {figures['live_jobs']:,} live jobs;"
         f" snapshot at {figures['previous_owner_snapshot']['offset']:,}"
         f" ({figures['previous_owner_snapshot']['bytes']:,} bytes), tail {figures['tail']:,}"
     )
