@@ -58,6 +58,10 @@ from projections.state_store import StateStore, catch_up
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 2000  # requests decided per append
+# Events folded per store save while recovering: a save re-encodes every job and run its batch
+# touched, so larger batches write a busy job once instead of once per thousand events
+# (measured: a 48,000-event tail costs about a third less CPU than at 1,000).
+RECOVERY_BATCH = 5000
 # Timers decided per append: smaller, so the first runs of a herd are durable (and started)
 # within milliseconds instead of after the whole herd was decided.
 MAX_TIMERS = 500
@@ -226,6 +230,7 @@ class PartitionRunner:
             self._store,
             self._log,
             self.partition,
+            batch_size=RECOVERY_BATCH,
             decoder=self._decoder,
             snapshots=snapshots,
             on_restored=self._restored,
