@@ -67,7 +67,6 @@ def test_the_owner_snapshots_and_a_new_owner_replays_only_the_tail(tmp_path: Pat
         assert newest is not None and newest.offset == seen.written[-1].offset
         assert len(seen.pauses) == 2 and seen.failed == 0
 
-        replayed: list[int] = []
         new_owner = started(
             log, lambda: RocksStateStore.open(tmp_path / "new-owner", 0), snapshotter=snapshotter
         )
@@ -76,8 +75,7 @@ def test_the_owner_snapshots_and_a_new_owner_replays_only_the_tail(tmp_path: Pat
             assert new_owner.restored_from == newest.offset
             assert seen.restored == 1
             assert new_owner.state.snapshot() == folded(log).snapshot()
-            replayed = [r.offset for r in log.read_events(0, newest.offset, 100) if r.offset >= 0]
-            assert len(replayed) == 5  # the tail after the snapshot
+            assert len(log.read_events(0, newest.offset, 100)) == 5  # the tail it read
             assert not isinstance(put(new_owner, "after").result(timeout=10), Exception)
             assert new_owner.state.snapshot() == folded(log).snapshot()
         finally:
