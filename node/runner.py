@@ -267,11 +267,16 @@ class PartitionRunner:
         ) or snapshotter.busy(self.partition):
             return
         started = time.perf_counter()
-        view = self._store.view()
-        snapshotter.take(self.partition, view, self._clock.now_ms())
-        snapshotter.metrics.snapshot_paused(time.perf_counter() - started)
         self._since_snapshot = 0
         self._snapshot_at = time.monotonic()
+        try:
+            view = self._store.view()
+        except Exception:  # the batch is durable and saved: a snapshot is only a shortcut
+            log.exception("partition %d: no view of the store for a snapshot", self.partition)
+            snapshotter.metrics.snapshot_failed()
+            return
+        snapshotter.take(self.partition, view, self._clock.now_ms())
+        snapshotter.metrics.snapshot_paused(time.perf_counter() - started)
 
     # -- the loop --------------------------------------------------------------------------
 

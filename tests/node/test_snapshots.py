@@ -10,7 +10,7 @@ from core.state import PartitionState, evolve
 from eventlog.memory import MemoryLog
 from eventlog.snapshots import MemorySnapshots
 from node.snapshotter import SnapshotPolicy, Snapshotter, Written
-from projections.state_store import RocksStateStore
+from projections.state_store import MemoryStateStore, RocksStateStore, StoreView
 from tests.node.test_runner import put, started
 
 
@@ -99,3 +99,36 @@ def test_without_snapshots_a_new_owner_folds_from_zero(tmp_path: Path) -> None:
         assert new_owner.state.snapshot() == folded(log).snapshot()
     finally:
         new_owner.stop()
+
+
+class NoViewOnce(MemoryStateStore):
+    """A store whose first point-in-time view fails."""
+
+    views = 0
+
+    def view(self) -> StoreView:
+        NoViewOnce.views += 1
+        if NoViewOnce.views == 1:
+            raise OSError("no snapshot of the store now")
+        return super().view()
+
+
+def test_a_snapshot_that_cannot_be_taken_is_counted_and_deciding_goes_on() -> None:
+    log = MemoryLog(1)
+    snapshots = MemorySnapshots()
+    seen = Seen()
+    snapshotter = Snapshotter(snapshots, SnapshotPolicy(every_events=1, every_s=3600), seen)
+    snapshotter.start()
+    runner = started(log, lambda: NoViewOnce(0), snapshotter=snapshotter)
+    try:
+        # A caller is answered before its batch is saved and snapshotted; the runner decides
+        # one batch at a time, so the answer to the next request comes after that.
+        for job in ("a", "b", "c"):
+            assert not isinstance(put(runner, job).result(timeout=10), Exception)
+        assert seen.failed == 1 and runner.restarts == 0 and runner.deciding.is_set()
+        assert snapshotter.wait_idle(0, 10)
+        newest = snapshots.latest(0)
+        assert newest is not None and newest.offset >= 2
+    finally:
+        runner.stop()
+        snapshotter.stop()
