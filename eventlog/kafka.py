@@ -60,7 +60,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from core.errors import CronlogError, Fenced
+from core.errors import CronlogError, Fenced, Pruned
 from eventlog.port import OwnershipListener, Record, partition_for
 
 if TYPE_CHECKING:
@@ -215,6 +215,13 @@ class KafkaLog:
             tp = TopicPartition(self._topic(stream), partition)
             return _end_offset(consumer, tp, self._timeout_s)
 
+    def start_offset(self, stream: str, partition: int) -> int:
+        """The partition's low watermark: Kafka's log start offset, which retention moves."""
+        self._check_partition(partition)
+        with self._reader() as consumer:
+            tp = TopicPartition(self._topic(stream), partition)
+            return _start_offset(consumer, tp, self._timeout_s)
+
     def join(self, listener: OwnershipListener) -> KafkaMembership:
         self._check_open()
         member = KafkaMembership(self, listener)
@@ -340,6 +347,17 @@ class KafkaLog:
                     if err.code() == KafkaError._PARTITION_EOF:
                         at_end = True
                         continue
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        # Below the log start (retention deleted it): say so, never skip ahead.
+                        consumer.unassign()
+                        start = _start_offset(consumer, TopicPartition(topic, partition), 5.0)
+                        raise Pruned(
+                            f"{topic}[{partition}] starts at offset {start} (retention deleted "
+                            f"what was before it); offset {from_offset} is in the archive, if any",
+                            stream=stream,
+                            partition=partition,
+                            start=start,
+                        )
                     raise CronlogError(f"reading {topic}[{partition}]: {err}")
                 offset = _offset(msg)
                 if offset >= from_offset and (not records or offset > records[-1].offset):
@@ -361,7 +379,8 @@ class KafkaLog:
                         "enable.auto.commit": False,
                         "isolation.level": "read_committed",
                         "enable.partition.eof": True,
-                        "auto.offset.reset": "latest",
+                        # An offset retention deleted is an error to report, not a reset.
+                        "auto.offset.reset": "error",
                         "fetch.wait.max.ms": 100,
                     }
                 )
@@ -739,6 +758,11 @@ def _end_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float)
             if not settling or time.monotonic() >= deadline:
                 raise
             time.sleep(0.1)  # leadership settling has no event to wait on
+
+
+def _start_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float) -> int:
+    low, _ = consumer.get_watermark_offsets(partition, timeout=timeout_s)
+    return int(low)
 
 
 def _retrying(call: Callable[[], T], attempts: int = 5) -> T:
