@@ -70,7 +70,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
 
 class _Line(msgspec.Struct, kw_only=True, omit_defaults=True):
     offset: int
-    event: msgspec.Raw | None = None
+    event: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # empty when absent
     value_b64: str | None = None
     key_b64: str | None = None
 
@@ -142,7 +142,7 @@ def decode_records(data: bytes, partition: int, key: str) -> list[Record]:
             parsed = _line_decoder.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise ArchiveDamaged(f"archive file {key} line {number}: {exc}") from None
-        if parsed.event is not None:
+        if len(parsed.event):
             value = bytes(parsed.event)
         elif parsed.value_b64 is not None:
             value = base64.b64decode(parsed.value_b64)

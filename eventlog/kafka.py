@@ -58,10 +58,18 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from core.errors import CronlogError, Fenced, Pruned
 from eventlog.port import OwnershipListener, Record, partition_for
+from eventlog.retention import Retention
 
 if TYPE_CHECKING:
     from eventlog.port import EventLog
@@ -137,6 +145,7 @@ class KafkaLog:
         replication_factor: int = 3,
         min_insync_replicas: int | None = 2,
         topic_config: dict[str, str] | None = None,
+        retention: Retention | None = None,
         client_config: dict[str, Any] | None = None,
         session_timeout_ms: int = 6000,
         max_poll_interval_ms: int = 10000,
@@ -146,9 +155,14 @@ class KafkaLog:
 
         Topics that exist already are accepted when their partition count matches; any other
         count is an error, since it would move jobs between partitions. The log is the source
-        of truth, so the commands and events topics keep records forever unless
-        ``topic_config`` says otherwise; the replies topic keeps them an hour.
+        of truth, so the commands and events topics keep records forever unless ``retention``
+        or ``topic_config`` says otherwise; the replies topic keeps them an hour.
         ``replication_factor=-1`` and ``min_insync_replicas=None`` take the broker's defaults.
+
+        ``retention`` (what ``cronlog serve`` passes) sets the events topic's ``retention.ms``
+        and ``retention.bytes`` and the commands topic's ``retention.ms`` (never a size bound:
+        that could delete commands nobody consumed yet), at creation and, when an existing
+        topic says otherwise, by altering it: the nodes' settings are the source of truth.
         """
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
@@ -161,8 +175,14 @@ class KafkaLog:
             config["min.insync.replicas"] = str(min_insync_replicas)
         config.update(topic_config or {})
         admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(client_config or {})})
-        names = [f"{prefix}.{stream}" for stream in STREAMS]
-        _ensure_topics(admin, names, num_partitions, replication_factor, config, timeout_s)
+        per_topic = retention_configs(retention) if retention is not None else {}
+        for stream in STREAMS:
+            name = f"{prefix}.{stream}"
+            wanted = per_topic.get(stream, {})
+            topic = {**config, **wanted}
+            _ensure_topics(admin, [name], num_partitions, replication_factor, topic, timeout_s)
+            if wanted:
+                _align_configs(admin, name, wanted, timeout_s)
         replies = {**config, "retention.ms": str(REPLY_RETENTION_MS)}
         _ensure_topics(
             admin, [f"{prefix}.replies"], REPLY_PARTITIONS, replication_factor, replies, timeout_s
@@ -776,6 +796,57 @@ def _retrying(call: Callable[[], T], attempts: int = 5) -> T:
             if not plain_retry or attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def retention_configs(retention: Retention) -> dict[str, dict[str, str]]:
+    """The topic configs ``retention`` means, per stream (``-1`` is Kafka's "no bound")."""
+
+    def bound(value: int | None) -> str:
+        return "-1" if value is None else str(value)
+
+    return {
+        "events": {
+            "retention.ms": bound(retention.retention_ms),
+            "retention.bytes": bound(retention.retention_bytes),
+        },
+        "commands": {
+            "retention.ms": bound(retention.command_retention_ms),
+            "retention.bytes": "-1",
+        },
+    }
+
+
+def topic_configs(admin: AdminClient, name: str, timeout_s: float) -> dict[str, str]:
+    """The topic's current configs (every one the broker reports)."""
+    resource = ConfigResource(ResourceType.TOPIC, name)
+    [future] = admin.describe_configs([resource], request_timeout=timeout_s).values()
+    return {key: entry.value for key, entry in future.result().items()}
+
+
+def _align_configs(admin: AdminClient, name: str, wanted: dict[str, str], timeout_s: float) -> None:
+    """Set the configs of ``wanted`` that the existing topic ``name`` has otherwise."""
+    current = topic_configs(admin, name, timeout_s)
+    changes = {k: v for k, v in wanted.items() if current.get(k) != v}
+    if not changes:
+        return
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        name,
+        incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+            for k, v in changes.items()
+        ],
+    )
+    [future] = admin.incremental_alter_configs([resource], request_timeout=timeout_s).values()
+    try:
+        future.result()
+    except KafkaException as e:
+        raise CronlogError(f"cannot set {changes} on topic {name}: {e.args[0]}") from e
+    logger.info(
+        "topic %s: %s",
+        name,
+        ", ".join(f"{k} {current.get(k)} -> {v}" for k, v in changes.items()),
+    )
 
 
 def _ensure_topics(
