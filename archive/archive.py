@@ -106,6 +106,14 @@ class Archive:
         self._append(partition, entry)
         return entry
 
+    def covering(self, partition: int, offset: int) -> ArchivedFile | None:
+        """The manifest entry whose range holds ``offset`` (a file or a gap), if any."""
+        files = self.files(partition, refresh=offset >= self.archived_through(partition))
+        i = bisect.bisect_right([f.from_offset for f in files], offset) - 1
+        if i < 0 or offset >= files[i].end_offset:
+            return None
+        return files[i]
+
     def read(self, partition: int, from_offset: int, max_records: int) -> list[Record]:
         """Archived records with offset >= ``from_offset``, from the file that covers it (and
         those after it while short of ``max_records``); empty when nothing archived covers it

@@ -44,20 +44,37 @@ class ArchivedLog:
         try:
             return self.log.read_events(partition, from_offset, max_records, timeout_s)
         except Pruned as pruned:
-            records = self.archive.read(partition, from_offset, max_records)
+            return self._from_archive(partition, from_offset, max_records, timeout_s, pruned)
+
+    def _from_archive(
+        self, partition: int, from_offset: int, max_records: int, timeout_s: float, pruned: Pruned
+    ) -> list[Record]:
+        offset = from_offset
+        for _ in range(len(self.archive.files(partition)) + 1):  # one step per manifest entry
+            records = self.archive.read(partition, offset, max_records)
             if records:
                 return records
-            through = self.archive.archived_through(partition)
-            if from_offset < through:  # covered, but by files without records at or past it
-                return self.log.read_events(partition, through, max_records, timeout_s)
-            raise Pruned(
-                f"events of partition {partition} from offset {from_offset} to "
-                f"{pruned.start - 1} are in neither the archive (it ends at {through}) nor the "
-                f"log (it starts at {pruned.start}): {pruned}",
-                stream="events",
-                partition=partition,
-                start=pruned.start,
-            ) from None
+            entry = self.archive.covering(partition, offset)
+            if entry is None or entry.gap:
+                break
+            # A file whose records all lie before ``offset`` (Kafka's markers follow them):
+            # the next record is past its range, in the next file or in the log.
+            offset = entry.end_offset
+            if offset >= pruned.start:
+                return self.log.read_events(partition, offset, max_records, timeout_s)
+        where = (
+            f"archive records a gap {entry.from_offset}..{entry.end_offset - 1} (they left the "
+            "log before they were archived)"
+            if entry is not None
+            else f"archive ends at {self.archive.archived_through(partition)}"
+        )
+        raise Pruned(
+            f"events of partition {partition} from offset {offset} are in neither the archive "
+            f"(the {where}) nor the log (it starts at {pruned.start}): {pruned}",
+            stream="events",
+            partition=partition,
+            start=pruned.start,
+        ) from None
 
     def start_offset(self, stream: str, partition: int) -> int:
         """For events: where the readable history starts, archive included."""

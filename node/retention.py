@@ -40,6 +40,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from archive.archiver import Archiver
 from archive.files import ArchivedFile, at_of
+from core.errors import Pruned
 from eventlog.embedded import EmbeddedLog
 from eventlog.retention import Retention, Segment, prune_before
 
@@ -118,7 +119,8 @@ class RetentionMetrics:
             self.pruned_bytes.labels(stream)
             self.pruned_records.labels(stream)
         self.lag = _PartitionGauges()
-        registry.register(_LagCollector(self.lag))
+        self.lag_collector = _LagCollector(self.lag)
+        registry.register(self.lag_collector)
 
     def archived(self, files: Iterable[ArchivedFile]) -> None:
         for f in files:
@@ -344,18 +346,24 @@ class KafkaArchiving(_Loop):
                 log.exception("archiving partition %d failed; trying again next pass", p)
 
     def _partition(self, p: int, now_ms: int) -> None:
+        log_, archive = self.archiver.log, self.archiver.archive
         backlog = self.archiver.backlog(p)
+        # The log starting past the archive means retention outran it: record that at once.
+        outran = archive.archived_through(p) < log_.start_offset("events", p)
         if backlog:
             since = self._waiting_since.setdefault(p, now_ms)
-            if backlog >= self.archiver.file_records or now_ms - since >= self.max_delay_ms:
-                end = self.archiver.log.end_offset("events", p)
-                self.metrics.archived(self.archiver.archive_until(p, end))
+            waited = now_ms - since >= self.max_delay_ms
+            if outran or waited or backlog >= self.archiver.file_records:
+                self.metrics.archived(self.archiver.archive_until(p, log_.end_offset("events", p)))
                 self._waiting_since.pop(p, None)
         else:
             self._waiting_since.pop(p, None)
-        through = self.archiver.archive.archived_through(p)
-        end = self.archiver.log.end_offset("events", p)
-        oldest = self.archiver.log.read_events(p, through, 1) if through < end else []
+        through = archive.archived_through(p)
+        end = log_.end_offset("events", p)
+        try:
+            oldest = log_.read_events(p, through, 1) if through < end else []
+        except Pruned:  # retention moved on meanwhile: the next pass records it
+            oldest = []
         at = at_of(oldest[0].value) if oldest else None
         age = None if at is None else max(0.0, (now_ms - at) / 1000)
         self.metrics.lag.set(p, max(0, end - through), age)
