@@ -602,6 +602,7 @@ class KafkaMembership:
                     f"committed offset of {self._commands}[{tp.partition}]: {tp.error}"
                 )
             position = tp.offset if tp.offset >= 0 else 0
+            _warn_if_commands_were_deleted(consumer, tp, position, log._timeout_s)
             writers[tp.partition]._position = position
             starts.append(
                 TopicPartition(self._commands, tp.partition, position or OFFSET_BEGINNING)
@@ -778,6 +779,31 @@ def _end_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float)
             if not settling or time.monotonic() >= deadline:
                 raise
             time.sleep(0.1)  # leadership settling has no event to wait on
+
+
+def _warn_if_commands_were_deleted(
+    consumer: Consumer, partition: TopicPartition, position: int, timeout_s: float
+) -> None:
+    """Say so loudly when the commands topic's retention deleted commands nobody decided:
+    consuming goes on from the topic's start (``auto.offset.reset``), which is all that can
+    be done, but it must not pass unnoticed. The commands' retention (7 days by default) is
+    meant to make this impossible short of a week without an owner."""
+    try:
+        start = _start_offset(
+            consumer, TopicPartition(partition.topic, partition.partition), timeout_s
+        )
+    except KafkaException as e:
+        logger.warning("start of %s[%d] unknown: %s", partition.topic, partition.partition, e)
+        return
+    if position < start:
+        logger.error(
+            "%s[%d]: commands %d..%d were deleted by the topic's retention before any owner "
+            "decided them; they are lost (raise --command-retention)",
+            partition.topic,
+            partition.partition,
+            position,
+            start - 1,
+        )
 
 
 def _start_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float) -> int:

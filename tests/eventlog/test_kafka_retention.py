@@ -126,3 +126,20 @@ def _sample(metrics: RetentionMetrics, name: str, partition: str) -> float:
             if sample.name == name and sample.labels.get("partition") == partition:
                 return float(sample.value)
     raise AssertionError(f"no {name} for partition {partition}")
+
+
+def test_commands_deleted_before_any_owner_decided_them_are_reported(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    prefix = f"retention-{uuid.uuid4().hex[:12]}"
+    log = _open(kafka_bootstrap, prefix, Retention())
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    try:
+        for i in range(3):
+            log.submit(1, b"command %d" % i)
+        _delete_records(admin, f"{prefix}.commands", 1, 2)
+        with caplog.at_level("ERROR", logger="eventlog.kafka"):
+            Writers(log).close()  # an owner takes the partition over from position 0
+        assert f"{prefix}.commands[1]: commands 0..1 were deleted" in caplog.text
+    finally:
+        log.close()
