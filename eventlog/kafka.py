@@ -368,9 +368,12 @@ class KafkaLog:
                         at_end = True
                         continue
                     if err.code() == KafkaError._AUTO_OFFSET_RESET:
-                        # Below the log start (retention deleted it): say so, never skip ahead.
+                        # Out of range: past the end (nothing there yet), or below the log's
+                        # start (retention deleted it): say so, never skip ahead.
                         consumer.unassign()
                         start = _start_offset(consumer, TopicPartition(topic, partition), 5.0)
+                        if from_offset >= start:
+                            return records
                         raise Pruned(
                             f"{topic}[{partition}] starts at offset {start} (retention deleted "
                             f"what was before it); offset {from_offset} is in the archive, if any",

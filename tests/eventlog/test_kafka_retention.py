@@ -96,6 +96,7 @@ def test_the_archive_keeps_what_the_brokers_deleted_and_the_lag_is_measured(
         with pytest.raises(Pruned) as pruned:  # an error, never a jump to the end
             log.read_events(0, 0, 10)
         assert pruned.value.start == through
+        assert log.read_events(0, end + 10, 10, timeout_s=0.1) == []  # past the end: nothing yet
         assert [r.value for r in events(ArchivedLog(log, archive), 0)] == values
 
         # Retention outran the archiver: the loss is recorded and counted, not skipped.
