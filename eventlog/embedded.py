@@ -103,6 +103,7 @@ _SEG = b"seg"
 _SEG_VALUE = struct.Struct(">QQQQ")
 _MAX_OFFSET = 2**64 - 1
 _KEY_BYTES = _KEY.size  # what a record's key takes, counted in a segment's bytes
+_EVENT_OVERHEAD = _KEY_BYTES + 1  # and an event's frame byte
 
 
 def _encode(value: bytes, key: bytes | None) -> bytes:
@@ -577,19 +578,24 @@ class EmbeddedLog(SingleProcessLog):
             )
         return found
 
-    def _grow(self, segments: list[Segment], at: int, offset: int, size: int, now: int) -> int:
-        """Add a record of ``size`` bytes at ``offset`` to a partition's segments (a copy the
-        committer owns); returns the index of the first segment this changed, given ``at``,
-        the first changed so far in the batch."""
+    def _grow(
+        self, segments: list[Segment], at: int, offset: int, count: int, size: int, now: int
+    ) -> int:
+        """Add ``count`` records of ``size`` bytes in all from ``offset`` on (one append, which
+        a segment takes whole: like Kafka's batches, an append is never split) to a partition's
+        segments (a copy the committer owns); returns the index of the first segment this
+        changed, given ``at``, the first changed so far in the batch."""
         last = segments[-1] if segments else None
         if (
             last is None
             or last.bytes >= self._segment_bytes
             or now - last.first_ms >= self._segment_ms
         ):
-            segments.append(Segment(offset, offset + 1, size, now, now))
+            segments.append(Segment(offset, offset + count, size, now, now))
         else:
-            segments[-1] = Segment(last.first, offset + 1, last.bytes + size, last.first_ms, now)
+            segments[-1] = Segment(
+                last.first, offset + count, last.bytes + size, last.first_ms, now
+            )
         return min(at, len(segments) - 1)
 
     def _damaged(self, damage: LogCorrupted) -> LogCorrupted:
@@ -660,12 +666,12 @@ class EmbeddedLog(SingleProcessLog):
         changed: dict[tuple[str, int], int] = {}  # first segment index written, per partition
         now = self._wall_ms()
 
-        def grow(stream: str, partition: int, offset: int, size: int) -> None:
+        def grow(stream: str, partition: int, offset: int, count: int, size: int) -> None:
             key = (stream, partition)
             if key not in changed:
                 segments[stream][partition] = list(segments[stream][partition])
             at = changed.get(key, len(segments[stream][partition]))
-            changed[key] = self._grow(segments[stream][partition], at, offset, size, now)
+            changed[key] = self._grow(segments[stream][partition], at, offset, count, size, now)
 
         owner: object | None = None
         took_over = False
@@ -678,7 +684,7 @@ class EmbeddedLog(SingleProcessLog):
                     next_offsets["commands"][partition] = offset + 1
                     stored = _encode(value, key)
                     wb.put(_KEY.pack(partition, offset), stored, self._cf["commands"])
-                    grow("commands", partition, offset, len(stored) + _KEY_BYTES)
+                    grow("commands", partition, offset, 1, len(stored) + _KEY_BYTES)
                     pending.offsets = [offset]
                 case _Append(partition, epoch, events, through):
                     if epoch != epochs[partition]:
@@ -688,9 +694,18 @@ class EmbeddedLog(SingleProcessLog):
                         )
                         continue
                     first = next_offsets["events"][partition]
+                    size = 0
                     for i, event in enumerate(events):
                         wb.put(_KEY.pack(partition, first + i), b"\x00" + event, self._cf["events"])
-                        grow("events", partition, first + i, len(event) + 1 + _KEY_BYTES)
+                        size += len(event)
+                    if events:
+                        grow(
+                            "events",
+                            partition,
+                            first,
+                            len(events),
+                            size + len(events) * _EVENT_OVERHEAD,
+                        )
                     next_offsets["events"][partition] = first + len(events)
                     pending.offsets = list(range(first, first + len(events)))
                     if through is not None:

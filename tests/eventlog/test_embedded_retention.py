@@ -41,10 +41,12 @@ def _fill(log: EmbeddedLog, partition: int, count: int, size: int = 100) -> list
 def test_segments_roll_at_their_size_and_age_and_cover_the_stream(tmp_path: Path) -> None:
     wall = Wall()
     with _open(tmp_path / "log", wall) as log:
-        _fill(log, 0, 40)  # 109 bytes a record (value, frame, 12-byte key): 10 reach 1000
+        # 110 bytes a record (value, frame, 12-byte key), appended 7 at a time: an append is
+        # never split, so a segment seals after the append that takes it past 1000 bytes.
+        _fill(log, 0, 40)
         segments = log.segments("events", 0)
-        assert [s.end - s.first for s in segments] == [10, 10, 10, 10]
-        assert [s.bytes for s in segments] == [1090, 1100, 1100, 1100]  # offsets 0-9 are short
+        assert [s.end - s.first for s in segments] == [14, 14, 12]
+        assert [s.bytes for s in segments] == [1530, 1540, 1320]  # offsets 0-9 are 1 byte short
         assert segments[0].first == 0 and segments[-1].end == 40
         assert all(a.end == b.first for a, b in itertools.pairwise(segments))
         wall.ms += DAY  # the active segment is now a day old: the next record starts another
