@@ -869,7 +869,23 @@ def topic_configs(admin: AdminClient, name: str, timeout_s: float) -> dict[str, 
 
 
 def _align_configs(admin: AdminClient, name: str, wanted: dict[str, str], timeout_s: float) -> None:
-    """Set the configs of ``wanted`` that the existing topic ``name`` has otherwise."""
+    """Set the configs of ``wanted`` that the existing topic ``name`` has otherwise. Asked
+    again while the error passes (a controller moving), as topic creation is."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _align_once(admin, name, wanted, timeout_s)
+            return
+        except KafkaException as e:
+            err = e.args[0]
+            passing = err.retriable() or err.code() in _CREATE_SETTLING
+            if not passing or time.monotonic() >= deadline:
+                raise CronlogError(f"cannot set the retention of topic {name}: {err}") from e
+            logger.warning("setting the retention of topic %s: %s; asking again", name, err)
+        time.sleep(0.2)  # a broker's failover has no event to wait on
+
+
+def _align_once(admin: AdminClient, name: str, wanted: dict[str, str], timeout_s: float) -> None:
     current = topic_configs(admin, name, timeout_s)
     changes = {k: v for k, v in wanted.items() if current.get(k) != v}
     if not changes:
@@ -883,10 +899,7 @@ def _align_configs(admin: AdminClient, name: str, wanted: dict[str, str], timeou
         ],
     )
     [future] = admin.incremental_alter_configs([resource], request_timeout=timeout_s).values()
-    try:
-        future.result()
-    except KafkaException as e:
-        raise CronlogError(f"cannot set {changes} on topic {name}: {e.args[0]}") from e
+    future.result()
     logger.info(
         "topic %s: %s",
         name,
