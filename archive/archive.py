@@ -53,9 +53,10 @@ class Archive:
                 self._manifests[partition] = self._load(partition)
             return list(self._manifests[partition])
 
-    def archived_through(self, partition: int) -> int:
-        """The offset after the newest archived range (0 when nothing is archived)."""
-        files = self.files(partition)
+    def archived_through(self, partition: int, *, refresh: bool = False) -> int:
+        """The offset after the newest archived range (0 when nothing is archived);
+        ``refresh`` reads the manifest again (another node may have archived since)."""
+        files = self.files(partition, refresh=refresh)
         return files[-1].end_offset if files else 0
 
     def first_offset(self, partition: int) -> int | None:

@@ -48,7 +48,9 @@ class Archiver:
         """Archive the partition's records below ``until`` that the archive lacks, in files
         of at most ``file_records`` records or about ``file_bytes`` bytes. Stops early where
         the log has nothing readable yet (Kafka: an open transaction); returns the files."""
-        through = self.archive.archived_through(partition)
+        # From the store, not this process's copy: the partition's previous owner (another
+        # node) may have archived since this one last looked.
+        through = self.archive.archived_through(partition, refresh=True)
         start = self.log.start_offset("events", partition)
         if through < start:
             self.archive.record_gap(partition, through, start)

@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from archive.archive import Archive
+from archive.archiver import Archiver
 from archive.files import ArchiveDamaged, manifest_key
 from archive.store import DirectoryStore
+from eventlog.memory import MemoryLog
 from eventlog.port import Record
+from tests.projections.histories import Writers
 
 
 def _event(n: int, at: int) -> bytes:
@@ -115,3 +118,19 @@ def test_keys_cannot_leave_the_directory(tmp_path: Path) -> None:
     assert not (tmp_path / "escape").exists()
     store.put("events/p00000/x", b"1")
     assert store.list("events/") == ["events/p00000/x"] and store.get("events/p00000/x") == b"1"
+
+
+def test_a_writer_goes_on_from_what_another_process_archived(tmp_path: Path) -> None:
+    """A partition's new owner archives after its old owner, each with its own Archive."""
+    log = MemoryLog(4)
+    writers = Writers(log)
+    writers.append(3, [r.value for r in RECORDS], chunk=2)
+    old_owner = Archive(DirectoryStore(tmp_path / "archive"))
+    new_owner = Archive(DirectoryStore(tmp_path / "archive"))
+    assert new_owner.archived_through(3) == 0  # it has looked before the old owner wrote
+    Archiver(log, old_owner).archive_until(3, 2)
+    Archiver(log, new_owner).archive_until(3, 5)
+    again = Archive(DirectoryStore(tmp_path / "archive"))
+    assert [(f.from_offset, f.end_offset) for f in again.files(3)] == [(0, 2), (2, 5)]
+    assert [r.value for r in again.read(3, 0, 10)] == [r.value for r in RECORDS]
+    writers.close()
