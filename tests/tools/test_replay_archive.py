@@ -4,6 +4,7 @@ that was never pruned."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -70,6 +71,13 @@ def test_dump_verify_and_rebuild_read_archive_and_log_as_the_whole_log(
     assert run(capsys, pruned.args("dump"))[1] == run(capsys, whole.args("dump"))[1]
     code, out, _ = run(capsys, pruned.args("verify"))
     assert code == 0 and "OK" in out
+    code, out, _ = run(capsys, pruned.args("stats", "--json"))
+    for line, other in zip(
+        out.splitlines(), run(capsys, whole.args("stats", "--json"))[1].splitlines(), strict=True
+    ):
+        mine, theirs = json.loads(line), json.loads(other)
+        assert 0 < mine["log_start"] <= mine["archived_through"] <= mine["events_end"]
+        assert mine["events_by_type"] == theirs["events_by_type"]  # counted from offset 0
     for p in range(PARTITIONS):
         shutil.rmtree(pruned.path / "node" / "state" / f"p{p}")
     shutil.rmtree(pruned.path / "node" / "read_model")
