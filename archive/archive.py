@@ -6,8 +6,9 @@ which the next write of the same range replaces with the same bytes). The manife
 says how far a partition is archived (:meth:`Archive.archived_through`): the archivers keep
 their progress there, so it survives any restart with the files it describes.
 
-Reads check each file against the manifest's SHA-256 before trusting it; the last few decoded
-files are kept, since a reader walks a file in batches.
+Reads check each file against the manifest's SHA-256 before trusting it; the most recently
+decoded files are kept (up to ``_DECODED_RECORDS`` records in all), since a reader walks a file
+in batches.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from archive.files import (
 from archive.store import ArchiveMissing, ObjectStore
 from eventlog.port import Record
 
-_DECODED_FILES = 4
+_DECODED_RECORDS = 250_000  # ~100 MB of decoded events at most, whatever the files' sizes
 
 
 class Archive:
@@ -43,7 +44,8 @@ class Archive:
         self.stream = stream
         self._lock = threading.Lock()
         self._manifests: dict[int, list[ArchivedFile]] = {}
-        self._decoded: OrderedDict[str, list[Record]] = OrderedDict()
+        # key -> (records, their offsets), most recently used last
+        self._decoded: OrderedDict[str, tuple[list[Record], list[int]]] = OrderedDict()
 
     def files(self, partition: int, *, refresh: bool = False) -> list[ArchivedFile]:
         """The partition's manifest, oldest range first (read once, then kept current by this
@@ -127,8 +129,8 @@ class Archive:
         for entry in files[i:]:
             if entry.gap or len(out) >= max_records:
                 break
-            records = self._decode(partition, entry)
-            start = bisect.bisect_left([r.offset for r in records], from_offset)
+            records, offsets = self._decode(partition, entry)
+            start = bisect.bisect_left(offsets, from_offset)
             out.extend(records[start : start + max_records - len(out)])
         return out
 
@@ -162,7 +164,7 @@ class Archive:
             raise ArchiveDamaged(f"archive manifest {key} describes another stream-partition")
         return list(manifest.files)
 
-    def _decode(self, partition: int, entry: ArchivedFile) -> list[Record]:
+    def _decode(self, partition: int, entry: ArchivedFile) -> tuple[list[Record], list[int]]:
         with self._lock:
             cached = self._decoded.get(entry.key)
             if cached is not None:
@@ -185,8 +187,11 @@ class Archive:
                 f"archive file {entry.key} holds {len(records)} records, its manifest says "
                 f"{entry.records}"
             )
+        decoded = (records, [r.offset for r in records])
         with self._lock:
-            self._decoded[entry.key] = records
-            while len(self._decoded) > _DECODED_FILES:
-                self._decoded.popitem(last=False)
-        return records
+            self._decoded[entry.key] = decoded
+            held = sum(len(r) for r, _ in self._decoded.values())
+            while held > _DECODED_RECORDS and len(self._decoded) > 1:
+                _, (gone, _) = self._decoded.popitem(last=False)
+                held -= len(gone)
+        return decoded
