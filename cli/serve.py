@@ -398,6 +398,17 @@ def _retention_loop(
                 " from offset 0 start at the log's start",
                 flush=True,
             )
+        else:
+            kept = (
+                "every event"
+                if retention.retention_ms is None
+                else f"{retention.retention_ms / 86_400_000:g} days of events"
+            )
+            print(
+                f"cronlog: the log keeps {kept}{_describe_bytes(retention.retention_bytes)};"
+                f" older ones are archived in {args.archive_dir or args.data_dir / 'archive'}",
+                flush=True,
+            )
         return EmbeddedRetention(
             raw_log,
             retention,
@@ -433,6 +444,10 @@ class _NoLoop:
 
 def _describe_ms(ms: int | None) -> str:
     return "never" if ms is None else f"after {ms / 86_400_000:g} days"
+
+
+def _describe_bytes(size: int | None) -> str:
+    return "" if size is None else f" (at most {size / 2**30:g} GiB a partition)"
 
 
 def make_private_dir(path: Path) -> None:
