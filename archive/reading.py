@@ -9,8 +9,8 @@ log starts::
 
     archive  [0 .. 4096) [4096 .. 9000)
     log                          [8192 ........ 12000)    start 8192
-    read(0)    -> archive, records 0..999        read(9000) -> log
-    read(8999) -> archive (the log has it too; either is the same record)
+    read(0)    -> log: Pruned -> archive, records 0..999
+    read(8192) -> log (the archive holds it too; from the log's start on, the log answers)
 
 Offsets below the log's start that the archive does not hold (archiving was off, or fell
 behind Kafka's retention) are never skipped: the read raises ``Pruned`` naming the hole.

@@ -9,8 +9,8 @@ stores and the log alone. Snapshots plug in through ``Node(snapshot_offset=...)`
 
 **Embedded mode** (:class:`EmbeddedRetention`): every ``interval_s``, for each partition,
 
-1. archive each sealed segment of the events stream the archive lacks (one archive file per
-   segment, so files and segments line up);
+1. archive each sealed segment of the events stream the archive lacks (a file per segment,
+   or several for a segment of more than 100,000 records, so files end where segments end);
 2. prune the events stream's sealed segments that are past ``retention_ms`` or over
    ``retention_bytes``, but only below ``min(recovery floor, archived through)``;
 3. prune the commands stream's sealed segments past ``command_retention_ms`` and below the
