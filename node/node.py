@@ -69,6 +69,7 @@ from node.executors import Executors
 from node.handoff import handoff_to
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
+from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
 from node.snapshotter import SnapshotPolicy, Snapshotter
 from node.standby import StandbyFollower
@@ -117,8 +118,15 @@ class Node:
         snapshots: SnapshotStore | None = None,
         snapshot_policy: SnapshotPolicy | None = None,
         standby_replicas: int = 0,
+        snapshot_offset: Callable[[int], int | None] | None = None,
     ) -> None:
         self.node_id = node_id
+        # The oldest snapshot a recovery may fall back to, per partition, once snapshots exist
+        # (the node's own snapshot store unless given); retention keeps the log from there
+        # (recovery_floor).
+        self._snapshot_offset = snapshot_offset or (
+            self._snapshot_floor if snapshots is not None else _no_snapshot
+        )
         self._fence_grace_s = fence_grace_s
         self._log = log_
         self._data_dir = Path(data_dir)
@@ -326,11 +334,17 @@ class Node:
         membership = self._membership
         return membership.owned() if membership is not None else frozenset()
 
-    def recovery_floor(self, partition: int) -> int:
-        """The oldest event offset of ``partition`` a recovery may still need: the offset of
-        its newest durable snapshot (0 without snapshots, or before the first). Retention may
-        drop the events below it; see ``eventlog.snapshots.SnapshotStore.floor``."""
-        return 0 if self.snapshotter is None else self.snapshotter.store.floor(partition)
+    def _snapshot_floor(self, partition: int) -> int | None:
+        """The oldest snapshot of ``partition`` a recovery may fall back to (the snapshot
+        store's ``floor``), None before the first; 0 (keep everything) when it cannot be read."""
+        if self.snapshotter is None:
+            return None
+        try:
+            floor = self.snapshotter.store.floor(partition)
+        except Exception as err:
+            log.warning("partition %d: snapshot floor unknown: %s", partition, err)
+            return 0
+        return floor or None
 
     def _runner_failed(self, partition: int, err: BaseException) -> None:
         self.metrics.runner_failures.inc()
@@ -462,6 +476,23 @@ class Node:
 
     def owned(self) -> list[int]:
         return sorted(self._runners)
+
+    def recovery_floor(self, partition: int) -> int | None:
+        """The lowest event offset a recovery of ``partition`` on this node may still read
+        from the log (:func:`node.retention.recovery_floor` over this node's durable
+        checkpoints); None while unknown, and then retention prunes nothing."""
+        runner = self._runners.get(partition)
+        state_store = None if runner is None else runner.checkpoint()
+        try:
+            read_model: int | None = self._history.durable_positions().get(partition, 0)
+        except Exception as err:  # closed or damaged: unknown, so nothing is pruned
+            log.warning("read model checkpoint unknown: %s", err)
+            read_model = None
+        return recovery_floor(
+            state_store=state_store,
+            read_model=read_model,
+            snapshot=self._snapshot_offset(partition),
+        )
 
     def gauges(self) -> Gauges:
         """The node as it is now, for the metrics' gauges (called at each scrape)."""
@@ -605,6 +636,10 @@ class Node:
             granted += [e for e in events if isinstance(e, ev.LeaseGranted)]
         self.metrics.claims.labels("granted" if granted else "empty").inc()
         return granted
+
+
+def _no_snapshot(partition: int) -> int | None:
+    return None
 
 
 def _backoff(failures: int) -> float:

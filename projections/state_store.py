@@ -114,6 +114,11 @@ class StateStore(Protocol):
         """Make the store hold exactly ``items`` (a snapshot's, as :meth:`view` gave them):
         atomic, so a crash leaves the old contents or the new."""
 
+    def durable_offset(self) -> int:
+        """The next event offset the store would load after a crash, made so now (what it
+        holds is forced to disk first): retention may prune the log below it, never above.
+        Safe to call from another thread than the one saving."""
+
     def set_aside(self) -> str:
         """Put the stored data out of the way (a damaged store) and start empty; returns where
         the old data went."""
@@ -286,6 +291,10 @@ class MemoryStateStore:
     def replace(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         self._data = dict(items)
 
+    def durable_offset(self) -> int:
+        stored = self._data.get(OFFSET)
+        return 0 if stored is None else int(_U64.unpack(stored)[0])
+
     def set_aside(self) -> str:
         self.aside = dict(self._data)  # what a test may look at
         self._data = {}
@@ -346,6 +355,13 @@ class RocksStateStore:
 
     def load(self) -> tuple[PartitionState, int]:
         return build(self._partition, self.dump())
+
+    def durable_offset(self) -> int:
+        # Saves are not synced (module docstring): sync the WAL, so what is read here
+        # survives a power loss too.
+        self._db.flush_wal(True)
+        stored = self._db.get(OFFSET)
+        return 0 if stored is None else int(_U64.unpack(stored)[0])
 
     def save(
         self,
