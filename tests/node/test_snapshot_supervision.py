@@ -87,3 +87,32 @@ def test_a_failed_snapshot_is_counted_and_snapshots_go_on(
             wait_for("no snapshot after the failure", lambda: store.latest(0) is not None)
         finally:
             node.stop()
+
+
+def test_the_nodes_recovery_floor_keeps_what_its_snapshots_need(tmp_path: Path) -> None:
+    """Retention asks the node what recovery still needs: with snapshots, the oldest snapshot
+    a recovery may fall back to counts, below the state store's and read model's checkpoints."""
+    store = MemorySnapshots()
+    with EmbeddedLog.open(tmp_path / "log", 1) as log:
+        node = Node(
+            log, tmp_path / "node", snapshots=store,
+            snapshot_policy=SnapshotPolicy(every_events=2, every_s=3600),
+        )  # fmt: skip
+        node.start()
+        try:
+            assert node.wait_ready(30)
+            assert node.recovery_floor(0) == 0  # nothing yet: the checkpoints are at 0
+            for i in range(5):
+                put(node, f"job-{i}")
+            assert node.snapshotter is not None
+            wait_for("no snapshot", lambda: store.latest(0) is not None)
+            assert node.snapshotter.wait_idle(0, 10)
+            newest = store.latest(0)
+            assert newest is not None and 0 < newest.offset < 5
+            # The state store is at 5 (and the read model soon); the snapshot is older.
+            wait_for(
+                "the floor never reached the snapshot",
+                lambda: node.recovery_floor(0) == store.floor(0),
+            )
+        finally:
+            node.stop()
