@@ -63,12 +63,16 @@ from core.errors import CronlogError, LogCorrupted, Unavailable
 from core.jobs import MAX_PRIORITY
 from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
+from eventlog.snapshots import SnapshotStore
 from node import decisions, wire
 from node.executors import Executors
 from node.handoff import handoff_to
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
+from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
+from node.snapshotter import SnapshotPolicy, Snapshotter
+from node.standby import StandbyFollower
 from projections.decoding import EventDecoder
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
@@ -111,8 +115,18 @@ class Node:
         clock: Clock | None = None,
         executors: Executors | None = None,
         fence_grace_s: float = FENCE_GRACE_S,
+        snapshots: SnapshotStore | None = None,
+        snapshot_policy: SnapshotPolicy | None = None,
+        standby_replicas: int = 0,
+        snapshot_offset: Callable[[int], int | None] | None = None,
     ) -> None:
         self.node_id = node_id
+        # The oldest snapshot a recovery may fall back to, per partition, once snapshots exist
+        # (the node's own snapshot store unless given); retention keeps the log from there
+        # (recovery_floor).
+        self._snapshot_offset = snapshot_offset or (
+            self._snapshot_floor if snapshots is not None else _no_snapshot
+        )
         self._fence_grace_s = fence_grace_s
         self._log = log_
         self._data_dir = Path(data_dir)
@@ -134,6 +148,10 @@ class Node:
             on_dropped=self.metrics.decision_lines_dropped.inc,
             on_failed=self.metrics.thread_failures.labels("decision-log").inc,
         )
+        # Where partitions' owners leave snapshots; a new owner restores the newest one.
+        self.snapshotter = (
+            Snapshotter(snapshots, snapshot_policy, self.metrics) if snapshots is not None else None
+        )
         # One decoder per reader of the events stream, so each foreign record is counted once.
         self._recovery_decoder = EventDecoder("recovery", self.metrics.foreign)
         self._stream_decoder = EventDecoder("events_stream", self.metrics.foreign)
@@ -152,12 +170,23 @@ class Node:
             "executor-process"
         ).inc
         self._wakeups = Wakeups(self._clock.now_ms)
+        # Partitions this node does not own, followed so that taking one over is quick.
+        self.standby = StandbyFollower(
+            log_,
+            lambda p: RocksStateStore.open(self._data_dir, p),
+            self._owned_now,
+            standby_replicas,
+            snapshots,
+            on_failed=lambda p, err: self.metrics.thread_failures.labels("standby").inc(),
+        )
         self._history.observe(self._wakeups)
 
     # -- life cycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         self._decisions.start()
+        if self.snapshotter is not None:
+            self.snapshotter.start()
         self.executors.start()
         self._history_runner.start()
         self._relay.start()
@@ -167,6 +196,7 @@ class Node:
         self._membership = self._log.join(self)
         self._poller = threading.Thread(target=self._poll, name="membership", daemon=True)
         self._poller.start()
+        self.standby.start()
 
     def stop(self, drain_s: float = 30.0) -> None:
         """Leave gracefully: let the calls in flight finish and record their outcomes (up to
@@ -177,6 +207,7 @@ class Node:
                 "%s: calls still in flight after %.0f s are abandoned", self.node_id, drain_s
             )
         self._stopping.set()
+        self.standby.stop()
         if self._poller is not None:
             self._poller.join(10)
         if self._mail_reader is not None:
@@ -189,6 +220,8 @@ class Node:
         self._stop_runners(list(self._runners), "the node is stopping")
         if self._membership is not None:
             self._membership.close()  # revokes what is left (nothing: every runner stopped)
+        if self.snapshotter is not None:
+            self.snapshotter.stop()
         self._relay.stop()
         self.executors.stop()
         self._history_runner.stop()
@@ -283,29 +316,59 @@ class Node:
         """Start deciding ``partition``: a runner that opens its store and recovers in its own
         thread, so nothing here can fail on the store."""
         assert self._membership is not None
+
+        def open_store() -> RocksStateStore:
+            self.standby.wait_released(partition)  # a standby's first catch-up may hold it
+            return RocksStateStore.open(self._data_dir, partition)
+
         runner = PartitionRunner(
             partition,
             self._log,
             TimedWriter(self._membership.writer(partition), self.metrics),
-            lambda: RocksStateStore.open(self._data_dir, partition),
+            open_store,
             self._clock,
             self.executors,
             on_appended=self._appended,
             on_recovered=self._relay.recovered,
             on_failed=self._runner_failed,
             decoder=self._recovery_decoder,
+            snapshotter=self.snapshotter,
+            warm=self.standby.hand_over(partition),
         )
         with self._lock:
             self._runners[partition] = runner
         runner.start()
+
+    def _owned_now(self) -> frozenset[int]:
+        membership = self._membership
+        return membership.owned() if membership is not None else frozenset()
+
+    def _snapshot_floor(self, partition: int) -> int | None:
+        """The oldest snapshot of ``partition`` a recovery may fall back to (the snapshot
+        store's ``floor``), None before the first; 0 (keep everything) when it cannot be read."""
+        if self.snapshotter is None:
+            return None
+        try:
+            floor = self.snapshotter.store.floor(partition)
+        except Exception as err:
+            log.warning("partition %d: snapshot floor unknown: %s", partition, err)
+            return 0
+        return floor or None
 
     def _runner_failed(self, partition: int, err: BaseException) -> None:
         self.metrics.runner_failures.inc()
 
     def _supervise(self) -> None:
         """(On the membership thread, after each poll.) Every owned partition has a live runner:
-        start one where a runner ended while the partition is still assigned here."""
+        start one where a runner ended while the partition is still assigned here. The
+        snapshotter and the standby follower are alive too (neither ends on a failure of its
+        own work; this catches whatever else could end them)."""
         assert self._membership is not None
+        for name, worker in (("snapshots", self.snapshotter), ("standby", self.standby)):
+            if worker is not None and worker.started and not worker.alive:
+                log.error("the %s thread ended; starting it again", name)
+                self.metrics.thread_failures.labels(name).inc()
+                worker.start()
         for p in sorted(self._membership.owned()):
             with self._lock:
                 runner = self._runners.get(p)
@@ -430,6 +493,23 @@ class Node:
 
     def owned(self) -> list[int]:
         return sorted(self._runners)
+
+    def recovery_floor(self, partition: int) -> int | None:
+        """The lowest event offset a recovery of ``partition`` on this node may still read
+        from the log (:func:`node.retention.recovery_floor` over this node's durable
+        checkpoints); None while unknown, and then retention prunes nothing."""
+        runner = self._runners.get(partition)
+        state_store = None if runner is None else runner.checkpoint()
+        try:
+            read_model: int | None = self._history.durable_positions().get(partition, 0)
+        except Exception as err:  # closed or damaged: unknown, so nothing is pruned
+            log.warning("read model checkpoint unknown: %s", err)
+            read_model = None
+        return recovery_floor(
+            state_store=state_store,
+            read_model=read_model,
+            snapshot=self._snapshot_offset(partition),
+        )
 
     def gauges(self) -> Gauges:
         """The node as it is now, for the metrics' gauges (called at each scrape)."""
@@ -573,6 +653,10 @@ class Node:
             granted += [e for e in events if isinstance(e, ev.LeaseGranted)]
         self.metrics.claims.labels("granted" if granted else "empty").inc()
         return granted
+
+
+def _no_snapshot(partition: int) -> int | None:
+    return None
 
 
 def _backoff(failures: int) -> float:
