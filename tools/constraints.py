@@ -63,7 +63,7 @@ def text() -> str:
 
 def read(path: Path = PATH) -> dict[str, str]:
     """The pins of a constraints file: name -> version."""
-    pins = {}
+    pins: dict[str, str] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
