@@ -224,6 +224,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_retention_arguments(serve)
     serve.add_argument("--log-level", default="info")
     serve.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text: one readable line a record; json: one JSON object a line, with the job,"
+        " run, partition and tenant ids of each decision as fields (docs/operations.md)",
+    )
+    serve.add_argument(
         "--access-log",
         action="store_true",
         help="log every HTTP request (off by default: at thousands of requests a second the"
@@ -265,14 +272,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     from api.app import create_app
     from eventlog.embedded import EmbeddedLog
+    from node import decisions
     from node.executors import DEFAULT_ERROR_EXCERPT, Executors
     from node.node import Node
     from node.secrets import Secrets
     from node.snapshotter import SnapshotPolicy
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(decisions.formatter(args.log_format))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     # Everything the node writes (the log, the stores, tokens, and the files RocksDB makes on
     # its own) is its owner's alone, whatever umask the node was started with.
     os.umask(0o077)
@@ -392,6 +400,9 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         lifespan="on",
         access_log=args.access_log,
+        # In JSON, uvicorn's own lines go through the root handler like every other; in text
+        # it keeps its usual look.
+        log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
     )
     server = _server(config, on_stop=node.wakeups.close)
     damaged: list[BaseException] = []

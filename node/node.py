@@ -64,7 +64,7 @@ from core.jobs import MAX_PRIORITY
 from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
 from eventlog.snapshots import SnapshotStore
-from node import wire
+from node import decisions, wire
 from node.executors import Executors
 from node.handoff import handoff_to
 from node.metrics import Gauges, NodeMetrics, TimedWriter
@@ -144,6 +144,10 @@ class Node:
         self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
         self._history = ReadModel.open(self._data_dir)
         self.metrics = NodeMetrics()
+        self._decisions = decisions.DecisionLog(
+            on_dropped=self.metrics.decision_lines_dropped.inc,
+            on_failed=self.metrics.thread_failures.labels("decision-log").inc,
+        )
         # Where partitions' owners leave snapshots; a new owner restores the newest one.
         self.snapshotter = (
             Snapshotter(snapshots, snapshot_policy, self.metrics) if snapshots is not None else None
@@ -180,6 +184,7 @@ class Node:
     # -- life cycle --------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._decisions.start()
         if self.snapshotter is not None:
             self.snapshotter.start()
         self.executors.start()
@@ -209,15 +214,19 @@ class Node:
             self._mail_reader.join(10)
         if self._mailbox is not None:
             self._mailbox.close()
+        # Stop deciding before leaving the group: leaving closes every partition's writer, and
+        # a runner still deciding would find its writer closed under it and take that for a
+        # fence by another node.
+        self._stop_runners(list(self._runners), "the node is stopping")
         if self._membership is not None:
-            self._membership.close()  # revokes every partition first
-        self.revoked(list(self._runners))
+            self._membership.close()  # revokes what is left (nothing: every runner stopped)
         if self.snapshotter is not None:
             self.snapshotter.stop()
         self._relay.stop()
         self.executors.stop()
         self._history_runner.stop()
         self._history.close()
+        self._decisions.close()
 
     def _poll(self) -> None:
         assert self._membership is not None
@@ -301,7 +310,7 @@ class Node:
         self._assigned.set()
         with self._ownership:
             self._ownership.notify_all()
-        log.info("%s owns partitions %s", self.node_id, sorted(self._runners))
+        decisions.moved(self.node_id, partitions, sorted(self._runners), assigned=True)
 
     def _start_runner(self, partition: int) -> None:
         """Start deciding ``partition``: a runner that opens its store and recovers in its own
@@ -384,14 +393,22 @@ class Node:
 
     def _appended(self, partition: int, offsets: list[int], events: list[ev.AnyEvent]) -> None:
         self.metrics.appended(partition, offsets, events)
+        self._decisions.appended(partition, events)
         self._relay.appended(partition, offsets, events)
 
     def revoked(self, partitions: list[int]) -> None:
+        reason = "the node is stopping" if self._stopping.is_set() else "the partition was revoked"
+        self._stop_runners(partitions, reason)
+
+    def _stop_runners(self, partitions: list[int], reason: str) -> None:
+        stopped = []
         for p in partitions:
             with self._lock:
                 runner = self._runners.pop(p, None)
             if runner is not None:
-                runner.stop()
+                runner.stop(reason=reason)
+                stopped.append(p)
+        decisions.moved(self.node_id, stopped, sorted(self._runners), assigned=False, reason=reason)
         with self._ownership:
             self._ownership.notify_all()
 

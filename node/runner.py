@@ -50,6 +50,7 @@ from core.events import AnyEvent
 from core.partition import Partition
 from core.state import PartitionState, RunState, RunStatus
 from eventlog.port import EventLog, PartitionWriter
+from node import decisions
 from node.snapshotter import Snapshotter
 from node.standby import Warm
 from projections.decoding import EventDecoder
@@ -146,6 +147,9 @@ class PartitionRunner:
         self._inbox: deque[Request] = deque()
         self._cv = threading.Condition()
         self._stopped = False
+        # Why ``stop`` was asked (the node stopping, the partition revoked): None while no one
+        # asked. A writer that closes after a stop was asked is the stop, not a fence.
+        self._stop_reason: str | None = None
         self._thread: threading.Thread | None = None
         # The partition's pure core: its state and timers (replaced by every recovery).
         self.core = Partition(partition, clock.now_ms())
@@ -168,9 +172,12 @@ class PartitionRunner:
         )
         self._thread.start()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop deciding at once; requests still waiting are answered "unavailable"."""
+    def stop(self, timeout_s: float = 10.0, reason: str = "the partition was revoked") -> None:
+        """Stop deciding at once; requests still waiting are answered "unavailable". ``reason``
+        is what the log says the partition stopped for."""
         with self._cv:
+            if self._stop_reason is None and not self._stopped:
+                self._stop_reason = reason
             self._stopped = True
             self._cv.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -299,8 +306,13 @@ class PartitionRunner:
                     self._recover()
                     self._decide_until_stopped()
                 except Fenced:
-                    self.fenced = True
-                    log.warning("partition %d: fenced, another node owns it now", self.partition)
+                    with self._cv:
+                        asked = self._stop_reason is not None
+                    if not asked:  # a newer writer took the partition: that is a fence
+                        self.fenced = True
+                        decisions.fenced(self.partition)
+                    # else the writer closed because this node gave the partition up: the
+                    # batch in hand was not written and its callers heard "unavailable".
                     return
                 except LogCorrupted as damage:  # the log failed itself: recovering cannot help
                     log.error("partition %d: runner stopped: %s", self.partition, damage)
@@ -314,6 +326,8 @@ class PartitionRunner:
             self._fail_waiting()
             self._close_store()
             self._ended_at = time.monotonic()
+            if self._stop_reason is not None:
+                log.info("partition %d: stopped deciding: %s", self.partition, self._stop_reason)
             self.ended.set()
 
     def _decide_until_stopped(self) -> None:
