@@ -1,7 +1,7 @@
 """Restart with many jobs: how long ``cronlog serve`` takes to answer ``/readyz`` 200 on a data
 directory holding ``--jobs`` jobs, and the memory it holds per job.
 
-    python -m bench.restart [--jobs 1000000] [--restarts 3] [--data-dir DIR]
+    python -m bench.restart [--jobs 1000000] [--restarts 3] [--data-dir DIR] [--baseline SRC]
 
 The data directory is built once, fast: through the node's batch endpoint when it serves one
 (``cronlog serve``, 4 requests at once), else by a :class:`~node.node.Node` in this process on
@@ -13,6 +13,9 @@ the first 200 from ``/readyz``; the node's RSS is read then and 5 s later (the l
 An empty node's RSS, measured the same way, gives the memory per job beside the total per job.
 
 ``--data-dir`` keeps the built directory (and reuses one already built with the same count).
+``--baseline SRC`` (a checkout of another commit, e.g. ``git archive main | tar -x -C SRC``)
+restarts that cronlog on the same directory in each round too, right after this one: before
+and after side by side, under the same load. Its figures are recorded under ``baseline``.
 Appends one JSON line per restart to bench/results/restart.jsonl.
 """
 
@@ -115,10 +118,10 @@ def build(data_dir: Path, jobs: int) -> dict[str, Any]:
     return {"jobs": jobs, "via": via, "seconds": round(time.monotonic() - began, 1)}
 
 
-def restart(data_dir: Path) -> dict[str, Any]:
+def restart(data_dir: Path, source: Path | None = None) -> dict[str, Any]:
     """One start of ``cronlog serve`` on ``data_dir``: seconds to /readyz, RSS."""
     load = loadavg()
-    serve = Serve(data_dir)
+    serve = Serve(data_dir, source=source)
     serve.start()
     try:
         ready_s = serve.wait_ready(timeout_s=600, poll_s=0.02)
@@ -139,24 +142,37 @@ def disk_mb(path: Path) -> float:
     return round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20, 1)
 
 
-def run(data_dir: Path, jobs: int, restarts: int, tmp: Path) -> list[dict[str, Any]]:
+def _per_job(full: dict[str, Any], empty: dict[str, Any], jobs: int) -> dict[str, Any]:
+    rss = full["rss_mb"] * 2**20
+    return {
+        **full,
+        "bytes_per_job": round(rss / jobs),
+        "bytes_per_job_over_empty": round((rss - empty["rss_mb"] * 2**20) / jobs),
+        "empty_node": empty,
+    }
+
+
+def run(
+    data_dir: Path, jobs: int, restarts: int, tmp: Path, baseline: Path | None = None
+) -> list[dict[str, Any]]:
     built = build(data_dir, jobs)
     log(f"data directory with {jobs:,} jobs: {built}")
     empty_dir = tmp / f"empty-{secrets.token_hex(4)}"
+    base_empty_dir = tmp / f"empty-base-{secrets.token_hex(4)}"
     records = []
     for _ in range(restarts):
         empty = restart(empty_dir)
         full = restart(data_dir)
-        rss = full["rss_mb"] * 2**20
         figures = {
-            **full,
+            **_per_job(full, empty, jobs),
             "jobs": jobs,
-            "bytes_per_job": round(rss / jobs),
-            "bytes_per_job_over_empty": round((rss - empty["rss_mb"] * 2**20) / jobs),
-            "empty_node": empty,
             "disk_mb": disk_mb(data_dir),
             "built": built,
         }
+        if baseline is not None:
+            base = _per_job(restart(data_dir, baseline), restart(base_empty_dir, baseline), jobs)
+            figures["baseline"] = {"source": str(baseline), **base}
+            log(f"baseline with {jobs:,} jobs: ready in {base['ready_s']} s, {base['rss_mb']} MB")
         records.append({"timestamp": stamp(), "scenario": "restart", "jobs": jobs,
                         "load_at_start": full["load_at_start"], "figures": figures})  # fmt: skip
         log(f"restart with {jobs:,} jobs: ready in {full['ready_s']} s, {full['rss_mb']} MB")
@@ -168,10 +184,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--restarts", type=int, default=3)
     parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--baseline", type=Path, help="a checkout to restart side by side")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cronlog-restart-") as tmp:
         data_dir = args.data_dir or Path(tmp) / "data"
-        for record in run(data_dir, args.jobs, args.restarts, Path(tmp)):
+        for record in run(data_dir, args.jobs, args.restarts, Path(tmp), args.baseline):
             append_result("restart", record)
 
 

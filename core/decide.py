@@ -31,6 +31,7 @@ from core.commands import (
     CancelRun,
     ClaimRuns,
     CompleteRun,
+    ForgetDue,
     HeartbeatRun,
     LeaseDue,
     Outcome,
@@ -51,6 +52,7 @@ from core.events import (
     DeadReason,
     Heartbeat,
     JobCancelled,
+    JobForgotten,
     JobPaused,
     JobRegistered,
     JobResumed,
@@ -85,7 +87,7 @@ from core.jobs import (
     slots_between,
     validate,
 )
-from core.state import JobState, JobStatus, PartitionState, RunState, RunStatus
+from core.state import JobState, JobStatus, PartitionState, RunState, RunStatus, has_ended
 
 MAX_SLOTS_PER_DECISION = 1000  # a longer backlog continues on the next timer
 MAX_CLAIM = 100
@@ -130,6 +132,8 @@ def decide(state: PartitionState, command: AnyCommand, now: Millis) -> list[AnyE
             return _slot_due(state, command.job_id, now)
         case LeaseDue():
             return _lease_due(state, command.run_id, now)
+        case ForgetDue():
+            return _forget_due(state, command, now)
 
 
 # -- lookups -----------------------------------------------------------------------------------
@@ -737,6 +741,24 @@ def _replay(state: PartitionState, cmd: ReplayRun, now: Millis) -> list[AnyEvent
     if run.status is not RunStatus.DEAD:
         raise Conflict(f"run {run.run_id} is {run.status}; only a dead run can be replayed")
     return [RunReplayed(**_ids(run, now, attempt=run.attempt + 1), available_at=now)]
+
+
+def _forget_due(state: PartitionState, cmd: ForgetDue, now: Millis) -> list[AnyEvent]:
+    """The job leaves the state a retention after it ended, if it is still over."""
+    job = state.jobs.get(cmd.job_id)
+    if job is None or job.ended_at is None or job.ended_at + cmd.retention_ms > now:
+        return []  # a stale timer: revived since, or forgotten already
+    if not has_ended(state, job):
+        return []
+    return [
+        JobForgotten(
+            at=now,
+            job_id=job.job_id,
+            tenant=job.spec.tenant,
+            ended_at=job.ended_at,
+            runs=tuple(state.kept.get(job.job_id, ())),
+        )
+    ]
 
 
 def spec_of(state: PartitionState, job_id: str) -> JobSpec | None:
