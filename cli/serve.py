@@ -115,6 +115,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         " built-in defaults",
     )
     serve.add_argument(
+        "--job-retention-hours",
+        type=float,
+        default=24.0,  # core.partition.DEFAULT_RETENTION_MS
+        metavar="H",
+        help="how long a job that ended (cancelled, a one-shot that ran, a recurring job past"
+        " its end_at) stays in its partition's state, so that a repeated request is answered"
+        " from it; after that only its history is kept (default 24)",
+    )
+    serve.add_argument(
+        "--rocksdb-memory-mb",
+        type=int,
+        default=64,  # eventlog.rocks.BLOCK_CACHE_BYTES
+        metavar="MB",
+        help="what RocksDB may hold in memory, for all of the node's stores together: one"
+        " block cache, which the memtables are charged to (default 64; docs/operations.md)",
+    )
+    serve.add_argument(
         "--skip-log-check",
         action="store_true",
         help="start without reading the whole embedded log first (every read still checks"
@@ -243,6 +260,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.secrets_dir is None and not secrets_dir.exists():
         secrets_dir.mkdir()
         secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
+    if args.job_retention_hours < 0:
+        sys.exit("cronlog: --job-retention-hours must not be negative")
+    if args.rocksdb_memory_mb < 8:
+        sys.exit("cronlog: --rocksdb-memory-mb must be at least 8")
+    from eventlog import rocks
+
+    rocks.set_memory_budget(args.rocksdb_memory_mb * rocks.MIB)
     log_: EventLog
     if args.kafka:
         from confluent_kafka import KafkaException
@@ -275,6 +299,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_,
         data_dir / "node",
         node_id=args.node_id,
+        retention_ms=round(args.job_retention_hours * 3_600_000),
         executors=Executors(
             args.node_id,
             max_in_flight=args.max_calls,

@@ -61,6 +61,7 @@ from core.commands import (
 from core.decide import job_id_of_run
 from core.errors import CronlogError, LogCorrupted, Unavailable
 from core.jobs import MAX_PRIORITY
+from core.partition import DEFAULT_RETENTION_MS
 from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
 from node import wire
@@ -111,8 +112,10 @@ class Node:
         clock: Clock | None = None,
         executors: Executors | None = None,
         fence_grace_s: float = FENCE_GRACE_S,
+        retention_ms: int = DEFAULT_RETENTION_MS,
     ) -> None:
         self.node_id = node_id
+        self._retention_ms = retention_ms
         self._fence_grace_s = fence_grace_s
         self._log = log_
         self._data_dir = Path(data_dir)
@@ -285,6 +288,7 @@ class Node:
             on_recovered=self._relay.recovered,
             on_failed=self._runner_failed,
             decoder=self._recovery_decoder,
+            retention_ms=self._retention_ms,
         )
         with self._lock:
             self._runners[partition] = runner

@@ -44,7 +44,7 @@ from core.clock import Clock
 from core.commands import AnyCommand, StartRun
 from core.errors import CronlogError, Fenced, LogCorrupted, Unavailable
 from core.events import AnyEvent
-from core.partition import Partition
+from core.partition import DEFAULT_RETENTION_MS, Partition
 from core.state import PartitionState, RunState, RunStatus
 from eventlog.port import EventLog, PartitionWriter
 from projections.decoding import EventDecoder
@@ -114,8 +114,10 @@ class PartitionRunner:
         on_recovered: Callable[[int], None] | None = None,
         on_failed: Callable[[int, BaseException], None] | None = None,
         decoder: EventDecoder | None = None,
+        retention_ms: int = DEFAULT_RETENTION_MS,
     ) -> None:
         self.partition = partition
+        self._retention_ms = retention_ms
         self._log = log_
         self._writer = writer
         self._open_store = open_store
@@ -131,7 +133,7 @@ class PartitionRunner:
         self._stopped = False
         self._thread: threading.Thread | None = None
         # The partition's pure core: its state and timers (replaced by every recovery).
-        self.core = Partition(partition, clock.now_ms())
+        self.core = Partition(partition, clock.now_ms(), retention_ms=retention_ms)
         self._granted: list[tuple[str, str]] = []  # (tenant, run id) given room by the dispatcher
         # Set while the runner decides: recovered, and not failing since. ``caught_up`` is the
         # same event under the name the node's start-up waits by.
@@ -201,7 +203,9 @@ class PartitionRunner:
         if self._store is None:
             self._store = self._open_store()
         state = catch_up(self._store, self._log, self.partition, decoder=self._decoder)
-        self.core = Partition(self.partition, self._clock.now_ms(), state)
+        self.core = Partition(
+            self.partition, self._clock.now_ms(), state, retention_ms=self._retention_ms
+        )
         self.deciding.set()
         if self._on_recovered is not None:
             self._on_recovered(self.partition)
