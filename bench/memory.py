@@ -89,13 +89,14 @@ def by_file(snapshot: tracemalloc.Snapshot, top: int = 15) -> list[tuple[str, in
     return rows
 
 
-def measure(data_dir: Path, jobs: int, settle_s: float) -> dict[str, Any]:
+def measure(data_dir: Path, jobs: int, settle_s: float, trace: bool = True) -> dict[str, Any]:
     from eventlog.embedded import EmbeddedLog
     from node.node import Node
 
     gc.collect()
     rss_before, _ = rss_bytes_self()
-    tracemalloc.start(1)
+    if trace:
+        tracemalloc.start(1)
     log_ = EmbeddedLog.open(data_dir / "log", 8)
     node = Node(log_, data_dir / "node", node_id="memory")
     began = time.monotonic()
@@ -106,8 +107,8 @@ def measure(data_dir: Path, jobs: int, settle_s: float) -> dict[str, Any]:
         ready_s = time.monotonic() - began
         time.sleep(settle_s)
         gc.collect()
-        snapshot = tracemalloc.take_snapshot()
-        traced, _ = tracemalloc.get_traced_memory()
+        snapshot = tracemalloc.take_snapshot() if trace else None
+        traced, _ = tracemalloc.get_traced_memory() if trace else (0, 0)
         tracemalloc.stop()
         rss_after, _ = rss_bytes_self()
         rocks = rocks_memory(node)
@@ -120,7 +121,7 @@ def measure(data_dir: Path, jobs: int, settle_s: float) -> dict[str, Any]:
         node.stop()
         log_.close()
     per_job = {k: round(v / max(1, counted)) for k, v in parts.items()}
-    files = by_file(snapshot)
+    files = by_file(snapshot) if snapshot is not None else []
     return {
         "jobs": jobs,
         "jobs_in_state": counted,
@@ -186,9 +187,12 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument("--settle", type=float, default=2.0)
+    parser.add_argument(
+        "--no-trace", action="store_true", help="without tracemalloc (whose records cost RSS)"
+    )
     args = parser.parse_args()
     load = loadavg()
-    figures = measure(args.data_dir, args.jobs, args.settle)
+    figures = measure(args.data_dir, args.jobs, args.settle, trace=not args.no_trace)
     for key, value in figures.items():
         if isinstance(value, dict):
             log(f"{key}:")

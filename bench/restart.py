@@ -9,7 +9,8 @@ the embedded log, writing what ``cronlog serve`` reads (``DIR/log``, ``DIR/node`
 partitions). The jobs: 100 teams of ``jobs / 100`` each, HTTP targets with a small payload, cron
 schedules at spread times of leap days only (so the wheel holds distinct far slots and nothing
 fires). Then each restart starts ``cronlog serve`` on it and times from the process start to
-the first 200 from ``/readyz``; the node's RSS is read then and 5 s later (the larger is kept).
+the first 200 from ``/readyz``; the node's RSS is read then and 5 s later (the larger is kept
+as ``rss_mb``; both are recorded, and the peak).
 An empty node's RSS, measured the same way, gives the memory per job beside the total per job.
 
 ``--data-dir`` keeps the built directory (and reuses one already built with the same count).
@@ -134,6 +135,8 @@ def restart(data_dir: Path, source: Path | None = None) -> dict[str, Any]:
         "load_at_start": load,
         "ready_s": round(ready_s, 3),
         "rss_mb": round(max(at_ready, settled) / 2**20, 1),
+        "rss_at_ready_mb": round(at_ready / 2**20, 1),
+        "rss_settled_mb": round(settled / 2**20, 1),
         "peak_rss_mb": round(peak / 2**20, 1),
     }
 
@@ -144,10 +147,16 @@ def disk_mb(path: Path) -> float:
 
 def _per_job(full: dict[str, Any], empty: dict[str, Any], jobs: int) -> dict[str, Any]:
     rss = full["rss_mb"] * 2**20
+    settled = full["rss_settled_mb"] * 2**20
     return {
         **full,
         "bytes_per_job": round(rss / jobs),
         "bytes_per_job_over_empty": round((rss - empty["rss_mb"] * 2**20) / jobs),
+        "bytes_per_job_settled": round(settled / jobs),
+        "bytes_per_job_settled_over_empty": round(
+            (settled - empty["rss_settled_mb"] * 2**20) / jobs
+        ),
+        "peak_bytes_per_job": round(full["peak_rss_mb"] * 2**20 / jobs),
         "empty_node": empty,
     }
 

@@ -87,7 +87,15 @@ from core.jobs import (
     slots_between,
     validate,
 )
-from core.state import JobState, JobStatus, PartitionState, RunState, RunStatus, has_ended
+from core.state import (
+    JobState,
+    JobStatus,
+    PartitionState,
+    RunState,
+    RunStatus,
+    compact_spec,
+    has_ended,
+)
 
 MAX_SLOTS_PER_DECISION = 1000  # a longer backlog continues on the next timer
 MAX_CLAIM = 100
@@ -235,7 +243,7 @@ def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
     if job.spec.tenant != spec.tenant:
         raise NotFound(f"job {cmd.job_id} not found")
     _not_cancelled(job)
-    if job.spec == spec:
+    if job.spec == compact_spec(spec):  # as the state holds a definition
         return []  # an upsert of the same definition changes nothing
     if cmd.create_only:
         raise Conflict(f"job {cmd.job_id} exists with another definition")

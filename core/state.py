@@ -153,8 +153,16 @@ def compact_spec(spec: JobSpec) -> JobSpec:
         target = _share(HttpTarget(url=target.url, max_calls_per_sec=target.max_calls_per_sec))
     elif not isinstance(target, HttpTarget):
         target = _share(target)
+    payload = spec.payload
+    if isinstance(payload, (dict, list)):
+        # Held encoded: a decoded JSON document costs several times its bytes in objects, and
+        # nothing in the partition reads inside it (the executor decodes it for each call:
+        # ``core.jobs.payload_of``). It encodes as the document it holds, so snapshots and
+        # stores hold the same bytes.
+        payload = msgspec.Raw(_snapshot_encoder.encode(payload))
     return msgspec.structs.replace(
         spec,
+        payload=payload,
         tenant=_share(spec.tenant),
         target=target,
         schedule=_share(spec.schedule) if spec.schedule is not None else None,
