@@ -33,6 +33,8 @@ import msgspec
 
 from bench.common import append_result, loadavg, log, rss_bytes, stamp
 
+RAW_OBJECT = 48  # PyObject header, buffer pointer, length, and the reference to its bytes
+
 
 def deep_size(root: object, seen: set[int]) -> int:
     """Bytes held by ``root`` and everything it reaches that ``seen`` does not hold yet."""
@@ -43,6 +45,10 @@ def deep_size(root: object, seen: set[int]) -> int:
         if id(obj) in seen or obj is None or isinstance(obj, (bool, type)):
             continue
         seen.add(id(obj))
+        if isinstance(obj, msgspec.Raw):
+            # Its own __sizeof__ is wrong; it is a small object holding a bytes object.
+            total += RAW_OBJECT + sys.getsizeof(b"") + len(memoryview(obj))
+            continue
         total += sys.getsizeof(obj)
         if isinstance(obj, dict):
             stack.extend(obj.keys())
@@ -139,29 +145,17 @@ def measure(data_dir: Path, jobs: int, settle_s: float, trace: bool = True) -> d
     }
 
 
-ROCKS_PROPERTIES = (
-    "rocksdb.cur-size-all-mem-tables",
-    "rocksdb.block-cache-usage",
-    "rocksdb.estimate-table-readers-mem",
-)
-
-
 def rocks_memory(node: Any) -> dict[str, int]:
-    """What RocksDB says its memtables, block caches and index/filter blocks hold, summed over
-    the partitions' state stores, the read model and the embedded log."""
-    dbs: dict[str, list[Any]] = {
-        "state_stores": [r._store._db for r in node._runners.values() if r._store is not None],
-        "read_model": [node._history._db],
-        "log": [getattr(node._log, "_db", None)],
-    }
-    out: dict[str, int] = {}
-    for name, handles in dbs.items():
-        for prop in ROCKS_PROPERTIES:
-            total = 0
-            for db in handles:
-                if db is not None:
-                    total += db.property_int_value(prop) or 0
-            out[f"{name} {prop.removeprefix('rocksdb.')}"] = total
+    """What RocksDB says it holds: the process's one block cache (the memtables charged to it,
+    ``eventlog.rocks``), and each kind of store's index and filter blocks."""
+    from eventlog import rocks
+
+    out = {"shared block cache (memtables included)": rocks.cache_usage()}
+    stores = [r._store._db for r in node._runners.values() if r._store is not None]
+    for name, handles in (("state stores", stores), ("read model", [node._history._db])):
+        out[f"{name}: table readers"] = sum(
+            db.property_int_value("rocksdb.estimate-table-readers-mem") or 0 for db in handles
+        )
     return out
 
 

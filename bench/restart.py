@@ -85,12 +85,26 @@ async def _build_in_process(data_dir: Path, jobs: int) -> None:
                     payload=fields["payload"],
                 )
                 commands.append(PutJob(job_id=log_job_id(tenant, f"job-{i:07d}"), spec=spec))
-            await asyncio.gather(*(node.execute(c) for c in commands))
+            await asyncio.gather(*(_execute(node, c) for c in commands))
             if start and start % 100_000 == 0:
                 log(f"built {start:,} jobs")
     finally:
         node.stop()
         log_.close()
+
+
+async def _execute(node: Any, command: Any, attempts: int = 10) -> None:
+    """A registration, again while the node says it was decided but is not readable yet (a
+    loaded machine's read model trails): a repeated PutJob of the same definition is a no-op."""
+    from core.errors import Unavailable
+
+    for attempt in range(attempts):
+        try:
+            await node.execute(command)
+            return
+        except Unavailable:
+            if attempt == attempts - 1:
+                raise
 
 
 def build(data_dir: Path, jobs: int) -> dict[str, Any]:

@@ -129,15 +129,18 @@ class _Snapshot(msgspec.Struct):
 # The empty map every job without upstream successes or trigger keys shares; never written.
 _NONE: dict[str, Any] = {}
 # Values many jobs repeat (a team's name, a time zone, a schedule, a URL, default retry
-# settings) are kept once. Bounded: past it a value is simply kept per job, as before.
+# settings) are kept once. Bounded: past it a value is simply kept per job, as before. Floats
+# have a table of their own: ``60.0 == 60`` and ``0.0 == -0.0`` are equal keys that encode
+# apart, and a zero is never shared.
 _SHARED_MAX = 65_536
 _shared: dict[Any, Any] = {}
+_floats: dict[float, float] = {}
 
 
-def _share(value: T) -> T:
-    """One object for equal values, so a million jobs on "UTC" hold one string. Values other
-    than strings are told apart by their encoding too (``0.0 == -0.0 == False``)."""
-    key = value if type(value) is str else (type(value), _snapshot_encoder.encode(value))
+def _share(value: T, key: Any = None) -> T:
+    """One object for equal values, so a million jobs on "UTC" hold one string. ``key``, when
+    given, stands for the value (it must tell apart what encodes apart)."""
+    key = value if key is None else key
     kept = _shared.get(key)
     if kept is not None:
         return kept  # type: ignore[no-any-return]
@@ -146,13 +149,31 @@ def _share(value: T) -> T:
     return value
 
 
+def _share_float(value: float) -> float:
+    if type(value) is not float or value == 0.0 or value != value:
+        return value
+    kept = _floats.get(value)
+    if kept is not None:
+        return kept
+    if len(_floats) < _SHARED_MAX:
+        _floats[value] = value
+    return value
+
+
 def compact_spec(spec: JobSpec) -> JobSpec:
     """``spec`` with its repeated parts shared (equal, so it is the same definition)."""
     target = spec.target
-    if isinstance(target, HttpTarget) and not target.headers:
-        target = _share(HttpTarget(url=target.url, max_calls_per_sec=target.max_calls_per_sec))
-    elif not isinstance(target, HttpTarget):
-        target = _share(target)
+    if isinstance(target, HttpTarget):
+        if not target.headers:
+            key = ("http", target.url, target.max_calls_per_sec)  # None, or positive
+            kept = _shared.get(key)
+            if kept is None:  # made without the decoder's own empty dict of headers
+                kept = _share(
+                    HttpTarget(target.url, max_calls_per_sec=target.max_calls_per_sec), key
+                )
+            target = kept
+    else:
+        target = _share(target)  # a topic or a pool: hashable, strings only
     payload = spec.payload
     if isinstance(payload, (dict, list)):
         # Held encoded: a decoded JSON document costs several times its bytes in objects, and
@@ -167,11 +188,12 @@ def compact_spec(spec: JobSpec) -> JobSpec:
         target=target,
         schedule=_share(spec.schedule) if spec.schedule is not None else None,
         timezone=_share(spec.timezone),
+        # Every field of a valid backoff is positive, so equal backoffs encode alike.
         backoff=_share(spec.backoff),
-        timeout_sec=_share(spec.timeout_sec),
-        lease_sec=_share(spec.lease_sec),
-        misfire_grace_sec=_share(spec.misfire_grace_sec),
-        allow_jitter_sec=_share(spec.allow_jitter_sec),
+        timeout_sec=_share_float(spec.timeout_sec),
+        lease_sec=_share_float(spec.lease_sec),
+        misfire_grace_sec=_share_float(spec.misfire_grace_sec),
+        allow_jitter_sec=_share_float(spec.allow_jitter_sec),
     )
 
 
