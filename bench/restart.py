@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import secrets
 import shutil
 import tempfile
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    RESULTS_DIR,
     Serve,
     append_result,
     find_batch_endpoint,
@@ -202,13 +204,41 @@ def run(
     return records
 
 
+def side_by_side(records: list[dict[str, Any]]) -> str:
+    """A markdown table of the restarts that ran a baseline beside this build, one row each."""
+    head = (
+        "| jobs | when | load (1 min) | build | /readyz | empty node's /readyz | RSS |"
+        " RSS per job | over an empty node | peak RSS |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [head]
+    for record in records:
+        figures = record["figures"]
+        if record.get("scenario") != "restart" or "baseline" not in figures:
+            continue
+        for build, f in (("before", figures["baseline"]), ("after", figures)):
+            rows.append(
+                f"| {record['jobs']:,} | {record['timestamp'][11:19]} | {f['load_at_start'][0]}"
+                f" | {build} | {f['ready_s']:.1f} s | {f['empty_node']['ready_s']:.1f} s"
+                f" | {f['rss_mb']:.0f} MB | {f['bytes_per_job']:,} B"
+                f" | {f['bytes_per_job_over_empty']:,} B | {f['peak_rss_mb']:.0f} MB |"
+            )
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--restarts", type=int, default=3)
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--baseline", type=Path, help="a checkout to restart side by side")
+    parser.add_argument(
+        "--table", action="store_true", help="print the side-by-side restarts recorded so far"
+    )
     args = parser.parse_args()
+    if args.table:
+        lines = (RESULTS_DIR / "restart.jsonl").read_text().splitlines()
+        print(side_by_side([json.loads(line) for line in lines if line.strip()]))
+        return
     with tempfile.TemporaryDirectory(prefix="cronlog-restart-") as tmp:
         data_dir = args.data_dir or Path(tmp) / "data"
         for record in run(data_dir, args.jobs, args.restarts, Path(tmp), args.baseline):
