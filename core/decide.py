@@ -94,7 +94,7 @@ from core.state import (
     RunState,
     RunStatus,
     compact_spec,
-    has_ended,
+    ended_at,
 )
 
 MAX_SLOTS_PER_DECISION = 1000  # a longer backlog continues on the next timer
@@ -754,16 +754,15 @@ def _replay(state: PartitionState, cmd: ReplayRun, now: Millis) -> list[AnyEvent
 def _forget_due(state: PartitionState, cmd: ForgetDue, now: Millis) -> list[AnyEvent]:
     """The job leaves the state a retention after it ended, if it is still over."""
     job = state.jobs.get(cmd.job_id)
-    if job is None or job.ended_at is None or job.ended_at + cmd.retention_ms > now:
+    ended = ended_at(state, job) if job is not None else None
+    if job is None or ended is None or ended + cmd.retention_ms > now:
         return []  # a stale timer: revived since, or forgotten already
-    if not has_ended(state, job):
-        return []
     return [
         JobForgotten(
             at=now,
             job_id=job.job_id,
             tenant=job.spec.tenant,
-            ended_at=job.ended_at,
+            ended_at=ended,
             runs=tuple(state.kept.get(job.job_id, ())),
         )
     ]

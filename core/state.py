@@ -296,6 +296,18 @@ def has_ended(state: PartitionState, job: JobState) -> bool:
     return not kept  # a dead run can still be replayed
 
 
+def ended_at(state: PartitionState, job: JobState) -> Millis | None:
+    """When the job ended, None while it has not. A job that ended before its state had an
+    ``ended_at`` (a store written by an earlier version) gives its registration time, the only
+    instant its state holds: such a job is forgotten a retention after the upgrade's first
+    start at the latest."""
+    if job.ended_at is not None:
+        return job.ended_at
+    if job.status is JobStatus.ACTIVE and job.next_slot is not None:
+        return None  # the common case, decided without looking further
+    return job.registered_at if has_ended(state, job) else None
+
+
 def _settle(state: PartitionState, job_id: str, at: Millis) -> None:
     job = state.jobs.get(job_id)
     if job is None:

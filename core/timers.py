@@ -44,7 +44,7 @@ from core.events import (
     UpstreamRecorded,
 )
 from core.jobs import PullTarget
-from core.state import JobStatus, PartitionState, RunState, RunStatus
+from core.state import JobStatus, PartitionState, RunState, RunStatus, ended_at
 
 TimerKey = tuple[str, str]
 # (key, deadline): a deadline of None cancels the timer
@@ -131,8 +131,8 @@ def all_timers(
         key, deadline = _slot_timer(state, job.job_id)
         if deadline is not None:
             yield key, deadline
-        if retention_ms is not None and job.ended_at is not None:
-            yield ("forget", job.job_id), job.ended_at + retention_ms
+        if retention_ms is not None and (ended := ended_at(state, job)) is not None:
+            yield ("forget", job.job_id), ended + retention_ms
     for run in state.runs.values():
         if run.lease_expires_at is not None:
             yield ("lease", run.run_id), run.lease_expires_at

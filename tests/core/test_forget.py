@@ -217,3 +217,25 @@ def test_the_retention_only_says_when_the_decision_is_taken() -> None:
     assert other.snapshot() == snapshot and "a" not in other.state.jobs
     with pytest.raises(ValueError):
         Partition(0, T0, retention_ms=-1)
+
+
+def test_a_job_that_ended_before_states_had_ended_at_is_forgotten_after_an_upgrade() -> None:
+    """A store written by an earlier version holds cancelled jobs without ``ended_at``: they are
+    forgotten a retention after their registration, so at the first start if that is past."""
+    sim = _sim()
+    sim.do(PutJob(job_id="a", spec=every_minute()))
+    sim.do(PutJob(job_id="b", spec=every_minute()))
+    sim.do(CancelJob(job_id="a", tenant="t1"))
+    old = sim.state
+    old.jobs["a"].ended_at = None  # as the earlier version stored it
+    later = sim.now + 2 * RETENTION
+    upgraded = Partition(0, later, PartitionState.restore(old.snapshot()), retention_ms=RETENTION)
+    upgraded.advance(later)
+    due = []
+    while (key := upgraded.next_due()) is not None:
+        due.append(key)
+    assert [k for k in due if k[0] == "forget"] == [("forget", "a")]
+    [gone] = upgraded.fire(("forget", "a"), later)
+    assert isinstance(gone, ev.JobForgotten)
+    assert gone.ended_at == old.jobs["a"].registered_at
+    assert "a" not in upgraded.state.jobs and "b" in upgraded.state.jobs
