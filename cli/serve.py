@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 from archive.reading import ArchivedLog
 from cli.retention_args import add_retention_arguments, retention_from
 from eventlog.retention import Retention
+from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
 
 if TYPE_CHECKING:
     from api.limits import Limits
     from archive.archive import Archive
     from core.egress import EgressPolicy
     from eventlog.port import EventLog
+    from eventlog.snapshots import SnapshotStore
     from node.node import Node
     from node.retention import EmbeddedRetention, KafkaArchiving
 
@@ -143,6 +145,41 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="start without reading the whole embedded log first (every read still checks"
         " what it reads; the full check takes about 0.6 s per million records)",
     )
+    snapshots = serve.add_argument_group(
+        "snapshots",
+        "each partition's owner snapshots its state so a new owner replays only the"
+        " tail after it (docs/operations.md, 'Snapshots')",
+    )
+    snapshots.add_argument(
+        "--snapshot-every-events",
+        type=int,
+        default=DEFAULT_EVERY_EVENTS,
+        metavar="N",
+        help=f"snapshot a partition after N events (default {DEFAULT_EVERY_EVENTS:,})",
+    )
+    snapshots.add_argument(
+        "--snapshot-every-sec",
+        type=float,
+        default=DEFAULT_EVERY_S,
+        metavar="S",
+        help="or after S seconds with at least one event since the last snapshot (default"
+        f" {DEFAULT_EVERY_S:.0f})",
+    )
+    snapshots.add_argument(
+        "--standby-replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --kafka: for each partition this node owns, keep the N partitions after it"
+        " warm (their state followed in memory and on disk), so a takeover reads only the"
+        " last events (default 0)",
+    )
+    snapshots.add_argument(
+        "--no-snapshots",
+        action="store_true",
+        help="neither write nor restore snapshots: every recovery without a local store folds"
+        " the partition's log from its first event",
+    )
     egress = serve.add_argument_group(
         "egress policy", "where jobs' targets may call (docs/security.md)"
     )
@@ -248,6 +285,7 @@ def _serve(args: argparse.Namespace) -> int:
     from node.executors import DEFAULT_ERROR_EXCERPT, Executors
     from node.node import Node
     from node.secrets import Secrets
+    from node.snapshotter import SnapshotPolicy
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -274,6 +312,11 @@ def _serve(args: argparse.Namespace) -> int:
     from eventlog import rocks
 
     rocks.set_memory_budget(args.rocksdb_memory_mb * rocks.MIB)
+    if args.snapshot_every_events < 1 or not args.snapshot_every_sec > 0:
+        sys.exit("cronlog: --snapshot-every-events and --snapshot-every-sec must be positive")
+    if args.standby_replicas < 0:
+        sys.exit("cronlog: --standby-replicas must not be negative")
+    snapshots: SnapshotStore | None = None
     retention = retention_from(args)
     raw_log: EventLog
     archive = None
@@ -302,6 +345,21 @@ def _serve(args: argparse.Namespace) -> int:
             )
         except (KafkaException, CronlogError) as e:
             sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")
+        if not args.no_snapshots:
+            from eventlog.kafka_snapshots import KafkaSnapshots
+
+            try:
+                snapshots = KafkaSnapshots.open(
+                    args.kafka,
+                    args.partitions,
+                    prefix=args.topic_prefix,
+                    replication_factor=args.replication_factor,
+                    min_insync_replicas=args.min_insync_replicas,
+                    client_config=kafka_config,
+                )
+            except (KafkaException, CronlogError) as e:
+                raw_log.close()
+                sys.exit(f"cronlog: cannot open the snapshots topic at {args.kafka}: {e}")
         target_kafka = args.target_kafka or args.kafka
     else:
         raw_log = EmbeddedLog.open(
@@ -316,6 +374,10 @@ def _serve(args: argparse.Namespace) -> int:
             except BaseException:
                 raw_log.close()
                 raise
+        if not args.no_snapshots:
+            from eventlog.snapshots import FileSnapshots
+
+            snapshots = FileSnapshots(data_dir / "snapshots")
         target_kafka = args.target_kafka
     # Every reader of the events stream reads archive + log, so offset 0 is still readable.
     log_: EventLog = raw_log if archive is None else ArchivedLog(raw_log, archive)
@@ -335,6 +397,9 @@ def _serve(args: argparse.Namespace) -> int:
             error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
             processes=args.executor_processes,
         ),
+        snapshots=snapshots,
+        snapshot_policy=SnapshotPolicy(args.snapshot_every_events, args.snapshot_every_sec),
+        standby_replicas=args.standby_replicas,
     )
     app = create_app(
         node,
@@ -394,6 +459,8 @@ def _serve(args: argparse.Namespace) -> int:
         retention_loop.stop()
         # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
         node.stop(drain_s=0 if damaged else args.drain_sec)
+        if snapshots is not None:
+            snapshots.close()
         log_.close()
     if damaged:
         raise damaged[0]

@@ -33,6 +33,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from core import events as ev
 from eventlog.port import PartitionWriter
+from node.snapshotter import Written
 from projections.decoding import ForeignRecord
 
 # Scheduling delay: the target is "within a second of the slot", aiming for milliseconds.
@@ -154,6 +155,57 @@ class NodeMetrics:
         )
         for reader in ("recovery", "read_model", "relay"):  # shown at 0 before the first one
             self.foreign_records.labels(reader)
+        self.snapshot_pause = Histogram(
+            "cronlog_snapshot_pause_seconds",
+            "How long a partition's runner stopped deciding to take a snapshot (opening a"
+            " point-in-time view of its state store; the rest happens on another thread).",
+            buckets=APPEND_BUCKETS,
+            registry=r,
+        )
+        self.snapshot_seconds = Histogram(
+            "cronlog_snapshot_write_seconds",
+            "Reading, encoding and durably writing one snapshot, off the deciding thread.",
+            buckets=DELAY_BUCKETS,
+            registry=r,
+        )
+        self.snapshot_bytes = Histogram(
+            "cronlog_snapshot_bytes",
+            "Size of each snapshot written (compressed).",
+            buckets=(1e3, 1e4, 1e5, 1e6, 4e6, 16e6, 64e6),
+            registry=r,
+        )
+        self.snapshot_failures = Counter(
+            "cronlog_snapshot_failures",
+            "Snapshots that could not be written (logged; the next due one is tried).",
+            registry=r,
+        )
+        self.snapshot_restores = Counter(
+            "cronlog_snapshot_restores",
+            "Recoveries that restored a snapshot and replayed only the tail after it.",
+            registry=r,
+        )
+        self.snapshots_unusable = Counter(
+            "cronlog_snapshots_unusable",
+            "Snapshots a recovery could not restore (damaged, of another format) and passed"
+            " over to the state store and the log.",
+            registry=r,
+        )
+
+    def snapshot_paused(self, seconds: float) -> None:
+        self.snapshot_pause.observe(seconds)
+
+    def snapshot_written(self, written: Written) -> None:
+        self.snapshot_seconds.observe(written.seconds)
+        self.snapshot_bytes.observe(written.size)
+
+    def snapshot_failed(self) -> None:
+        self.snapshot_failures.inc()
+
+    def snapshot_restored(self) -> None:
+        self.snapshot_restores.inc()
+
+    def snapshot_unusable(self) -> None:
+        self.snapshots_unusable.inc()
 
     def watch(self, gauges: Callable[[], Gauges]) -> None:
         """Read the gauges from ``gauges()`` at every scrape."""
