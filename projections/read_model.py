@@ -229,6 +229,7 @@ class ReadyRun:
     tenant: str
     pool: str
     available_at: int
+    partition: int = -1  # the partition whose events made it ready (-1: not said)
 
 
 class Observer(Protocol):
@@ -251,6 +252,7 @@ class _Pending:
     minutes: dict[bytes, Minute] = field(default_factory=dict)  # a team's figures by minute
     deleted_ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
     ready: list[ReadyRun] = field(default_factory=list)
+    partition: int = -1  # the partition of the event being folded
 
 
 class ReadModel:
@@ -461,6 +463,7 @@ class ReadModel:
             assert pending is not None
             if offset < pending.positions.get(partition, self.position(partition)):
                 return
+            pending.partition = partition
             with self._reading():
                 self._apply(pending, event, partition, offset)
             pending.positions[partition] = offset + 1
@@ -540,7 +543,7 @@ class ReadModel:
                     self._put_job(p, job)
                     if moved_to is not None and job.live and self._observers:
                         # its pending runs now wait in this pool
-                        p.ready.append(ReadyRun(view.tenant, moved_to, event.at))
+                        p.ready.append(ReadyRun(view.tenant, moved_to, event.at, p.partition))
             case JobPaused() | JobResumed() | JobCancelled():
                 job = self._job(p, event.job_id)
                 if job is not None:
@@ -723,7 +726,7 @@ class ReadModel:
             job = self._job(p, run.job_id)
             pool = job.view.spec.pool if job is not None else None
             if pool is not None:
-                p.ready.append(ReadyRun(run.tenant, pool, run.available_at))
+                p.ready.append(ReadyRun(run.tenant, pool, run.available_at, p.partition))
 
     def _unindex(self, p: _Pending, run: RunView) -> None:
         p.raw[self._state_key(run)] = None
