@@ -222,3 +222,39 @@ def test_concurrent_writers_share_synced_batches(tmp_path: Path) -> None:
             thread.join(timeout=60.0)
         assert sum(log.end_offset("commands", p) for p in range(4)) == 16 * 50
         assert log.synced_batches - before < 16 * 50
+
+
+def test_a_write_is_acknowledged_only_after_every_wal_file_is_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The committer syncs the WAL itself, with ``os.fdatasync`` (which lets other threads run
+    Python; rocksdict's synced write holds the GIL throughout its fsync), and syncs a WAL file
+    that appeared since (a memtable switch) before anyone is told, its directory entry too."""
+    synced: list[str] = []
+    real_fdatasync, real_fsync = os.fdatasync, os.fsync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name)
+        real_fdatasync(fd)
+
+    def fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name + "/")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = tmp_path / "log"
+    with EmbeddedLog.open(path, 2) as log:
+        synced.clear()
+        log.submit(0, b"first")
+        first_wal = {name for name in synced if name.endswith(".log")}
+        assert first_wal, synced
+        assert first_wal <= set(os.listdir(path))
+        log._tables["commands"].flush()  # a memtable switch: RocksDB starts a new WAL file
+        synced.clear()
+        log.submit(1, b"second")
+        new_wal = {name for name in synced if name.endswith(".log")} - first_wal
+        assert new_wal, synced
+        assert "log/" in synced  # the new file's directory entry
+    with EmbeddedLog.open(path, 2) as again:
+        assert [r.value for r in read_all(again, "commands", 1)] == [b"second"]
