@@ -300,6 +300,7 @@ class EmbeddedLog(SingleProcessLog):
 
         self._signal = ChangeSignal()
         self._readers = 0  # reads in flight; close waits for them (their iterators hold LOCK)
+        self._no_readers = threading.Condition(self._signal.lock)  # what close waits on
         self._queue: list[_Pending] = []
         self._synced_batches = 0
         self._queue_cond = threading.Condition()
@@ -360,7 +361,7 @@ class EmbeddedLog(SingleProcessLog):
                     with self._signal.cond:
                         self._readers -= 1
                         if not self._readers:
-                            self._signal.cond.notify_all()
+                            self._no_readers.notify_all()
         return total
 
     @property
@@ -403,7 +404,7 @@ class EmbeddedLog(SingleProcessLog):
             self._signal.closed = True
             self._signal.changed()
             while self._readers:
-                self._signal.cond.wait()
+                self._no_readers.wait()
         self._release_db()
         self._damage_seen.set()  # wakes wait_damaged: nothing more will be read
 
@@ -617,12 +618,18 @@ class EmbeddedLog(SingleProcessLog):
                 pending.error = CronlogError(f"write to event log {self._path} failed: {exc}")
                 pending.error.__cause__ = exc
         else:
+            moved = [
+                (stream, partition)
+                for stream, ends in next_offsets.items()
+                for partition, end in enumerate(ends)
+                if end != self._next[stream][partition]
+            ]
             with self._signal.cond:
                 self._next, self._epochs, self._positions = next_offsets, epochs, positions
                 self._visible = {s: list(ends) for s, ends in next_offsets.items()}
                 if took_over:
                     self._signal.owner = owner
-                self._signal.changed()
+                self._signal.changed(None if took_over else moved)
         for pending in batch:
             pending.done.set()
 
@@ -656,7 +663,7 @@ class EmbeddedLog(SingleProcessLog):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
-                self._signal.cond.wait(remaining)
+                self._signal.stream(stream, partition).wait(remaining)
             self._readers += 1
         try:
             return self._scan(stream, partition, from_offset, end, max_records)
@@ -666,7 +673,7 @@ class EmbeddedLog(SingleProcessLog):
             with self._signal.cond:
                 self._readers -= 1
                 if not self._readers:
-                    self._signal.cond.notify_all()
+                    self._no_readers.notify_all()
 
     def _scan(
         self, stream: str, partition: int, from_offset: int, end: int, max_records: int

@@ -258,3 +258,31 @@ def test_a_write_is_acknowledged_only_after_every_wal_file_is_synced(
         assert "log/" in synced  # the new file's directory entry
     with EmbeddedLog.open(path, 2) as again:
         assert [r.value for r in read_all(again, "commands", 1)] == [b"second"]
+
+
+def test_a_commit_wakes_the_readers_of_its_partition_only(tmp_path: Path) -> None:
+    """Every reader waiting on the one condition woke for every commit to any partition: a
+    node's dozen followers each took the lock and went back to sleep, every batch."""
+    with EmbeddedLog.open(tmp_path / "log", 3) as log:
+        writers = log._take_over(object())
+        wakes: list[int] = []
+        woke = threading.Event()
+        cond = log._signal.stream("events", 1)
+        real_wait = cond.wait
+
+        def wait(timeout: float | None = None) -> bool:
+            result = real_wait(timeout)
+            wakes.append(1)
+            woke.set()
+            return result
+
+        cond.wait = wait  # type: ignore[method-assign]
+        reader = threading.Thread(target=lambda: log.read_events(1, 0, 10, timeout_s=30.0))
+        reader.start()
+        for _ in range(5):
+            writers[0].append([b"elsewhere"])
+            writers[2].append([b"elsewhere"])
+        assert not woke.wait(0.2), "a commit to partitions 0 and 2 woke partition 1's reader"
+        writers[1].append([b"here"])
+        reader.join(10)
+        assert wakes == [1]
