@@ -50,7 +50,17 @@ import msgspec
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from core.errors import StoreDamaged
-from core.events import AnyEvent, JobRegistered, RunEvent, RunMaterialised
+from core.events import (
+    AnyEvent,
+    Heartbeat,
+    JobRegistered,
+    LeaseExpired,
+    LeaseGranted,
+    RetryScheduled,
+    RunEvent,
+    RunFailed,
+    RunMaterialised,
+)
 from core.state import JobState, PartitionState, RunState, evolve, rebuild_index
 from eventlog.port import EventLog
 from eventlog.rocks import checked_reads, is_damage, iterator_error
@@ -105,6 +115,12 @@ class StateStore(Protocol):
     def close(self) -> None: ...
 
 
+# Events whose fold (core.state.evolve) changes their run but not their job: saving them does
+# not re-encode the job (a job's spec is most of a run's bytes, and a run's lease, heartbeats
+# and failures are most of its events).
+_LEAVE_JOB = (LeaseGranted, Heartbeat, RunFailed, LeaseExpired, RetryScheduled)
+
+
 def changes(
     state: PartitionState, events: Sequence[tuple[int, AnyEvent]], through: int | None = None
 ) -> Changes:
@@ -117,7 +133,8 @@ def changes(
     jobs: set[str] = set()
     runs: set[str] = set()
     for offset, event in events:
-        jobs.add(event.job_id)
+        if not isinstance(event, _LEAVE_JOB):
+            jobs.add(event.job_id)
         if isinstance(event, JobRegistered):
             out[JOB_ORDER + event.job_id.encode()] = _U64.pack(offset)
         if isinstance(event, RunEvent):
