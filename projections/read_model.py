@@ -448,12 +448,15 @@ class ReadModel:
                 return 0
             pending = self._pending
             assert pending is not None
-            for record in records:
-                event = decoder.decode(record)
-                if event is not None:
-                    self.process(event, partition, record.offset)
-                elif record.offset >= pending.positions.get(partition, self.position(partition)):
-                    pending.positions[partition] = record.offset + 1
+            with self._reading():  # once for the batch: a context per event costs more
+                for record in records:
+                    event = decoder.decode(record)
+                    if event is not None:
+                        self._fold(pending, event, partition, record.offset)
+                    elif record.offset >= pending.positions.get(
+                        partition, self.position(partition)
+                    ):
+                        pending.positions[partition] = record.offset + 1
         return len(records)
 
     def process(self, event: AnyEvent, partition: int, offset: int) -> None:
@@ -461,12 +464,15 @@ class ReadModel:
         with self.batch():
             pending = self._pending
             assert pending is not None
-            if offset < pending.positions.get(partition, self.position(partition)):
-                return
-            pending.partition = partition
             with self._reading():
-                self._apply(pending, event, partition, offset)
-            pending.positions[partition] = offset + 1
+                self._fold(pending, event, partition, offset)
+
+    def _fold(self, pending: _Pending, event: AnyEvent, partition: int, offset: int) -> None:
+        if offset < pending.positions.get(partition, self.position(partition)):
+            return
+        pending.partition = partition
+        self._apply(pending, event, partition, offset)
+        pending.positions[partition] = offset + 1
 
     def _commit(self, pending: _Pending) -> None:
         wb = WriteBatch(raw_mode=True)
