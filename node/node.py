@@ -502,8 +502,8 @@ class Node:
         """Wait until the read model holds the events at ``offsets``, so the caller reads its
         own writes."""
         if offsets and self._history.position(partition) <= offsets[-1]:
-            caught_up = await asyncio.to_thread(
-                self._history.wait_for, partition, offsets[-1], READ_YOUR_WRITES_S
+            caught_up = await self._wakeups.folded_past(
+                partition, offsets[-1], self._history.position, READ_YOUR_WRITES_S
             )
             if not caught_up:
                 # The write is durable, but an answer read from the read model now would not
