@@ -99,6 +99,9 @@ def test_a_node_shows_its_ready_queue_its_appends_and_its_dead_letters(
     assert got["cronlog_log_append_seconds_count", ()] >= 1
     assert got["cronlog_log_appended_events_total", ()] >= 2  # the job and its run
     (lease,) = asyncio.run(node.claim("team-a", "crunch", "w1", 1))
+    # A claim is answered once its lease is durable and readable, before its owner counts the
+    # batch; the owner answers a later command of the partition only after counting it.
+    asyncio.run(node.execute(PauseJob(job_id="waits", tenant="team-a")))
     got = scrape(node.metrics)
     assert got["cronlog_runs_ready", (("priority", "7"),)] == 0
     assert got["cronlog_runs", (("state", "running"),)] == 1
