@@ -82,6 +82,18 @@ _LEADERSHIP_SETTLING = frozenset(
         KafkaError._TRANSPORT,
     }
 )
+# Errors of a topic creation that pass once the cluster settles (librdkafka flags some of them
+# not retriable): the broker asked went away, the controller moved, no broker answered in time.
+_CREATE_SETTLING = frozenset(
+    {
+        KafkaError._DESTROY_BROKER,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.BROKER_NOT_AVAILABLE,
+    }
+)
 REPLY_RETENTION_MS = 3_600_000  # replies are ephemeral: a node reads them within seconds
 T = TypeVar("T")
 
@@ -249,6 +261,10 @@ class KafkaLog:
         self._closed.set()
         self._reporter.join()
         self._producer.flush(self._timeout_s)
+        # Closed, not left to the garbage collector: a producer alive after its cluster went
+        # away keeps reconnecting and logging until the process ends.
+        with contextlib.suppress(KafkaException):
+            self._producer.close()
         with self._readers_lock:
             readers, self._readers = self._readers, []
         for consumer in readers:
@@ -762,19 +778,32 @@ def _ensure_topics(
     config: dict[str, str],
     timeout_s: float,
 ) -> None:
-    futures = admin.create_topics(
-        [NewTopic(name, num_partitions, replication_factor, config=config) for name in names],
-        operation_timeout=timeout_s,
-        request_timeout=timeout_s,
-    )
-    for name, future in futures.items():
-        try:
-            future.result()
-        except KafkaException as e:
-            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise CronlogError(f"cannot create topic {name}: {e.args[0]}") from e
-    # Wait until every partition has a leader, so the first produce does not race the metadata.
     deadline = time.monotonic() + timeout_s
+    pending = list(names)
+    while pending:
+        futures = admin.create_topics(
+            [NewTopic(n, num_partitions, replication_factor, config=config) for n in pending],
+            operation_timeout=timeout_s,
+            request_timeout=timeout_s,
+        )
+        pending = []
+        for name, future in futures.items():
+            try:
+                future.result()
+            except KafkaException as e:
+                err = e.args[0]
+                if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue
+                # A broker that dies with the request in flight, or a controller moving, passes:
+                # ask again rather than fail the node's start (it once exited here).
+                passing = err.retriable() or err.code() in _CREATE_SETTLING
+                if not passing or time.monotonic() >= deadline:
+                    raise CronlogError(f"cannot create topic {name}: {err}") from e
+                logger.warning("creating topic %s: %s; asking again", name, err)
+                pending.append(name)
+        if pending:
+            time.sleep(0.2)  # a broker's failover has no event to wait on
+    # Wait until every partition has a leader, so the first produce does not race the metadata.
     while True:
         topics = admin.list_topics(timeout=timeout_s).topics
         ready = True

@@ -113,9 +113,8 @@ def test_event_offsets_strictly_increase_and_read_back(log_factory: LogFactory) 
     member.close()
 
 
-def test_reopen_keeps_every_acknowledged_record(log_factory: LogFactory) -> None:
-    if not log_factory.reopenable:
-        pytest.skip(f"{log_factory.name}: no storage to reopen")
+def test_reopen_keeps_every_acknowledged_record(reopenable_log_factory: LogFactory) -> None:
+    log_factory = reopenable_log_factory
     log = log_factory.open()
     commands = [log.submit(2, f"c{i}".encode(), b"k") for i in range(5)]
     member, _ = own(log)
