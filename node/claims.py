@@ -1,10 +1,10 @@
 """How a claim is spread over partitions: which to ask, and how many runs each may grant.
 
 A claim for ``limit`` runs of a pool asks several partitions at once, each with a share of the
-limit (:func:`split`); the shares of one round add up to at most what is still wanted, and each
-partition grants at most its share (``core.decide`` refuses nothing and grants no more than a
-``ClaimRuns``' limit). So however the rounds go — a partition that answers late, or never, still
-granted at most its share — a claim never leases more runs than its limit.
+limit (:func:`split`: as few partitions as can hold it); the shares of one round add up to at
+most what is still wanted, and a partition grants at most its share (``core.decide`` grants
+no more than a ``ClaimRuns``' limit). So however the rounds go — a partition that answers late,
+or never, still granted at most its share — a claim never leases more runs than its limit.
 
 Which partitions to ask: this node's own, when their state holds entries of the pool (the
 runner's ``ready`` index, whose length is an upper bound of what they can grant); another
@@ -50,27 +50,32 @@ RECHECK_MS = 5_000  # a drained partition is asked again after this, whatever th
 
 def split(limit: int, capacity: Mapping[int, int | None]) -> dict[int, int]:
     """Shares of ``limit`` for the partitions of ``capacity`` (partition -> at most how many it
-    can grant, ``None`` for unknown), as even as the capacities allow, never more than a
-    partition's capacity, adding up to at most ``limit``. Partitions with no share are left out.
-    Which partitions get the odd runs is random, so none is always favoured."""
-    shares = dict.fromkeys(capacity, 0)
-    open_ = [p for p, cap in capacity.items() if cap is None or cap > 0]
-    random.shuffle(open_)
+    can grant, ``None`` for unknown), never more than a partition's capacity, adding up to at
+    most ``limit``; partitions with no share are left out.
+
+    Partitions of known capacity are filled one after another in a random order — the fewest
+    asks (a herd's claim is one partition's one batch), and no partition always first, as with
+    one ask at a time — and what they cannot hold is shared evenly by those of unknown
+    capacity."""
+    known = [p for p, cap in capacity.items() if cap is not None and cap > 0]
+    unknown = [p for p, cap in capacity.items() if cap is None]
+    random.shuffle(known)
+    random.shuffle(unknown)
+    shares: dict[int, int] = {}
     left = limit
-    while left > 0 and open_:  # each turn gives every open partition at least one, or closes it
-        each = max(1, left // len(open_))
-        still: list[int] = []
-        for p in open_:
-            cap = capacity[p]
-            give = min(each, left) if cap is None else min(each, left, cap - shares[p])
-            shares[p] += give
-            left -= give
-            if cap is None or shares[p] < cap:
-                still.append(p)
-            if left == 0:
-                break
-        open_ = still
-    return {p: n for p, n in shares.items() if n > 0}
+    for p in known:
+        if left <= 0:
+            break
+        cap = capacity[p]
+        assert cap is not None
+        shares[p] = min(cap, left)
+        left -= shares[p]
+    if left > 0 and unknown:
+        each, odd = divmod(left, len(unknown))
+        for i, p in enumerate(unknown):
+            if each + (i < odd) > 0:
+                shares[p] = each + (i < odd)
+    return shares
 
 
 @dataclass(slots=True)

@@ -49,7 +49,16 @@ def test_shares_never_exceed_the_limit_or_a_capacity_and_fill_what_they_can(
     assert sum(shares.values()) == can
 
 
-def test_shares_are_even_when_capacity_allows() -> None:
+def test_shares_take_the_fewest_partitions_that_hold_the_claim() -> None:
+    """A herd's claim is one partition's one batch, not a sliver of every partition's."""
+    shares = split(100, {p: 250 for p in range(8)})
+    assert list(shares.values()) == [100]
+    assert sorted(split(100, {0: 30, 1: 30, 2: 30, 3: 30}).values()) == [10, 30, 30, 30]
+    # which partition goes first is random, so none is always favoured
+    assert {next(iter(split(1, dict.fromkeys(range(4), 5)))) for _ in range(200)} == {0, 1, 2, 3}
+
+
+def test_what_known_partitions_cannot_hold_is_shared_evenly_by_unknown_ones() -> None:
     assert sorted(split(10, dict.fromkeys(range(5))).values()) == [2, 2, 2, 2, 2]
     assert sorted(split(10, {0: 1, 1: None, 2: None}).values()) == [1, 4, 5]
 
