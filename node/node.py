@@ -607,7 +607,9 @@ class Node:
                     for p, share in shares.items()
                 )
             )
-            before, capacity = capacity, {}
+            # the next round: those not asked, and those that granted their whole share
+            before = capacity
+            capacity = {p: cap for p, cap in before.items() if p not in shares}
             for (p, share), leases in zip(shares.items(), answers, strict=True):
                 if leases is None:  # no answer: asked again by the next claim
                     unanswered += share

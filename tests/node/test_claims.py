@@ -219,3 +219,26 @@ def test_another_nodes_partitions_are_asked_only_where_runs_of_the_pool_became_r
     [lease] = asyncio.run(old.claim(TENANT, POOL, "w", 10))
     assert partition_for(lease.job_id, PARTITIONS) == 2
     assert owner.asked - Counter(asked_first) == Counter({2: 1})
+
+
+def test_a_partition_that_held_less_than_its_index_said_leaves_the_rest_to_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition's ready index may hold stale entries (leased runs, tidied by the next claim
+    there), so it can grant less than its share; the partitions not asked then get the rest."""
+    import node.claims as claims_module
+
+    monkeypatch.setattr(claims_module.random, "shuffle", lambda xs: xs.sort())  # 0 first
+    log = MemoryLog(PARTITIONS, gaps=True)
+    node = Node(log, tmp_path / "node", node_id="only")
+    node.start()
+    try:
+        assert node.wait_ready(10)
+        make_ready(node, {0: 5})
+        assert len(asyncio.run(node.claim(TENANT, POOL, "w", 5))) == 5  # 5 stale entries left
+        make_ready(node, {1: 3})
+        leases = asyncio.run(node.claim(TENANT, POOL, "w", 5))
+        assert sorted(partition_for(lease.job_id, PARTITIONS) for lease in leases) == [1, 1, 1]
+    finally:
+        node.stop()
+        log.close()
