@@ -51,13 +51,13 @@ from api.wire import (
     SlotsOut,
 )
 from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
-from core.cron import CronSchedule, split_seconds, with_seconds
+from core.cron import CronSchedule, DayRule, split_seconds, with_seconds
 from core.decide import run_id_of
 from core.egress import EgressPolicy
 from core.errors import Conflict, InvalidDefinition
 from core.events import AnyEvent, JobRegistered, JobUpdated
 from core.ids import team_id
-from core.jobs import JobSpec, next_slot, slots_between, validate_job_id
+from core.jobs import TAG, JobSpec, next_slot, slots_between, validate_job_id
 from projections.views import JOB_STATUSES, JobView
 
 CATCH_UP_S = 5.0  # how long an upsert that decided nothing waits to read the job it names
@@ -160,6 +160,13 @@ async def get_job(request: Request) -> Response:
     return job_response(call, call.job_id(request.path_params["job_id"]))
 
 
+def query_tag(request: Request) -> str | None:
+    tag = request.query_params.get("tag")
+    if tag is not None and not TAG.fullmatch(tag):
+        raise bad_request("tag", "must be 1-64 characters of A-Z a-z 0-9 _ . : = -")
+    return tag
+
+
 async def list_jobs(request: Request) -> Response:
     call = authenticate(request)
     history = call.scheduler.history
@@ -169,6 +176,7 @@ async def list_jobs(request: Request) -> Response:
         page_size(call, request, 50),
         request.query_params.get("cursor"),
         search=query_text(request, "q", MAX_SEARCH_CHARS),
+        tag=query_tag(request),
     )
     jobs = [job_out(v, history.latest_run(call.tenant, v.job_id)) for v in page.items]
     return json_response(JobPage(jobs=jobs, next_cursor=page.next_cursor))
@@ -239,7 +247,7 @@ def fire_times(view: JobView, after: int, n: int) -> list[int]:
     if view.status in ("cancelled", "finished"):
         return []
     if spec.schedule is not None:
-        return CronSchedule.parse(spec.schedule, spec.timezone).preview(after, n)
+        return CronSchedule.parse(spec.schedule, spec.timezone, spec.day_rule).preview(after, n)
     if spec.interval_sec is not None:
         anchor = view.next_slot if view.next_slot is not None else spec.start_at or after
         fires: list[int] = []
@@ -320,7 +328,10 @@ async def preview_schedule(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, SchedulePreviewIn)
     check_five_fields(body.schedule)
-    schedule = CronSchedule.parse(with_seconds(body.schedule, body.seconds), body.timezone)
+    # As a job that sets this schedule now would read it.
+    schedule = CronSchedule.parse(
+        with_seconds(body.schedule, body.seconds), body.timezone, DayRule.CRONTAB
+    )
     after = call.scheduler.now_ms() if body.after is None else parse_rfc3339(body.after, "after")
     fires = schedule.preview(after, body.n)
     five, seconds = split_seconds(schedule.expression)

@@ -21,11 +21,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from archive.reading import ArchivedLog
+from cli.retention_args import add_retention_arguments, retention_from
+from eventlog.retention import Retention
+from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
+
 if TYPE_CHECKING:
     from api.limits import Limits
+    from archive.archive import Archive
     from core.egress import EgressPolicy
     from eventlog.port import EventLog
+    from eventlog.snapshots import SnapshotStore
     from node.node import Node
+    from node.retention import EmbeddedRetention, KafkaArchiving
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
 
@@ -120,6 +128,41 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="start without reading the whole embedded log first (every read still checks"
         " what it reads; the full check takes about 0.6 s per million records)",
     )
+    snapshots = serve.add_argument_group(
+        "snapshots",
+        "each partition's owner snapshots its state so a new owner replays only the"
+        " tail after it (docs/operations.md, 'Snapshots')",
+    )
+    snapshots.add_argument(
+        "--snapshot-every-events",
+        type=int,
+        default=DEFAULT_EVERY_EVENTS,
+        metavar="N",
+        help=f"snapshot a partition after N events (default {DEFAULT_EVERY_EVENTS:,})",
+    )
+    snapshots.add_argument(
+        "--snapshot-every-sec",
+        type=float,
+        default=DEFAULT_EVERY_S,
+        metavar="S",
+        help="or after S seconds with at least one event since the last snapshot (default"
+        f" {DEFAULT_EVERY_S:.0f})",
+    )
+    snapshots.add_argument(
+        "--standby-replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --kafka: for each partition this node owns, keep the N partitions after it"
+        " warm (their state followed in memory and on disk), so a takeover reads only the"
+        " last events (default 0)",
+    )
+    snapshots.add_argument(
+        "--no-snapshots",
+        action="store_true",
+        help="neither write nor restore snapshots: every recovery without a local store folds"
+        " the partition's log from its first event",
+    )
     egress = serve.add_argument_group(
         "egress policy", "where jobs' targets may call (docs/security.md)"
     )
@@ -178,7 +221,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="librdkafka settings for the producer of kafka:// targets only (default:"
         " --kafka-config); give it credentials whose ACLs deny the cluster's own topics",
     )
+    add_retention_arguments(serve)
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text: one readable line a record; json: one JSON object a line, with the job,"
+        " run, partition and tenant ids of each decision as fields (docs/operations.md)",
+    )
     serve.add_argument(
         "--access-log",
         action="store_true",
@@ -221,13 +272,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     from api.app import create_app
     from eventlog.embedded import EmbeddedLog
+    from node import decisions
     from node.executors import DEFAULT_ERROR_EXCERPT, Executors
     from node.node import Node
     from node.secrets import Secrets
+    from node.snapshotter import SnapshotPolicy
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(decisions.formatter(args.log_format))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     # Everything the node writes (the log, the stores, tokens, and the files RocksDB makes on
     # its own) is its owner's alone, whatever umask the node was started with.
     os.umask(0o077)
@@ -243,7 +296,21 @@ def _serve(args: argparse.Namespace) -> int:
     if args.secrets_dir is None and not secrets_dir.exists():
         secrets_dir.mkdir()
         secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
-    log_: EventLog
+    if args.snapshot_every_events < 1 or not args.snapshot_every_sec > 0:
+        sys.exit("cronlog: --snapshot-every-events and --snapshot-every-sec must be positive")
+    if args.standby_replicas < 0:
+        sys.exit("cronlog: --standby-replicas must not be negative")
+    snapshots: SnapshotStore | None = None
+    retention = retention_from(args)
+    raw_log: EventLog
+    archive = None
+    if args.archive_dir is not None or not (args.kafka or args.no_archive):
+        from archive.archive import Archive
+        from archive.store import DirectoryStore
+
+        archive_dir = args.archive_dir or data_dir / "archive"
+        make_private_dir(archive_dir)
+        archive = Archive(DirectoryStore(archive_dir))
     if args.kafka:
         from confluent_kafka import KafkaException
 
@@ -251,26 +318,53 @@ def _serve(args: argparse.Namespace) -> int:
         from eventlog.kafka import KafkaLog
 
         try:
-            log_ = KafkaLog.open(
+            raw_log = KafkaLog.open(
                 args.kafka,
                 args.partitions,
                 prefix=args.topic_prefix,
                 replication_factor=args.replication_factor,
                 min_insync_replicas=args.min_insync_replicas,
+                retention=retention,
                 client_config=kafka_config,
             )
         except (KafkaException, CronlogError) as e:
             sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")
+        if not args.no_snapshots:
+            from eventlog.kafka_snapshots import KafkaSnapshots
+
+            try:
+                snapshots = KafkaSnapshots.open(
+                    args.kafka,
+                    args.partitions,
+                    prefix=args.topic_prefix,
+                    replication_factor=args.replication_factor,
+                    min_insync_replicas=args.min_insync_replicas,
+                    client_config=kafka_config,
+                )
+            except (KafkaException, CronlogError) as e:
+                raw_log.close()
+                sys.exit(f"cronlog: cannot open the snapshots topic at {args.kafka}: {e}")
         target_kafka = args.target_kafka or args.kafka
     else:
-        log_ = EmbeddedLog.open(data_dir / "log", _stored_partitions(data_dir, args.partitions))
+        raw_log = EmbeddedLog.open(
+            data_dir / "log",
+            _stored_partitions(data_dir, args.partitions),
+            segment_bytes=retention.segment_bytes,
+            segment_ms=retention.segment_ms,
+        )
         if not args.skip_log_check:
             try:
-                _check_log(log_)
+                _check_log(raw_log)
             except BaseException:
-                log_.close()
+                raw_log.close()
                 raise
+        if not args.no_snapshots:
+            from eventlog.snapshots import FileSnapshots
+
+            snapshots = FileSnapshots(data_dir / "snapshots")
         target_kafka = args.target_kafka
+    # Every reader of the events stream reads archive + log, so offset 0 is still readable.
+    log_: EventLog = raw_log if archive is None else ArchivedLog(raw_log, archive)
     node = Node(
         log_,
         data_dir / "node",
@@ -286,6 +380,9 @@ def _serve(args: argparse.Namespace) -> int:
             error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
             processes=args.executor_processes,
         ),
+        snapshots=snapshots,
+        snapshot_policy=SnapshotPolicy(args.snapshot_every_events, args.snapshot_every_sec),
+        standby_replicas=args.standby_replicas,
     )
     app = create_app(
         node,
@@ -303,15 +400,20 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         lifespan="on",
         access_log=args.access_log,
+        # In JSON, uvicorn's own lines go through the root handler like every other; in text
+        # it keeps its usual look.
+        log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
     )
     server = _server(config, on_stop=node.wakeups.close)
     damaged: list[BaseException] = []
-    if isinstance(log_, EmbeddedLog):
+    if isinstance(raw_log, EmbeddedLog):
         # A read that finds damage later stops the node: nothing is served from a damaged log.
         threading.Thread(
-            target=_stop_on_damage, args=(log_, server, damaged), name="log-watch", daemon=True
+            target=_stop_on_damage, args=(raw_log, server, damaged), name="log-watch", daemon=True
         ).start()
+    retention_loop = _retention_loop(args, raw_log, archive, retention, node)
     node.start()
+    retention_loop.start()
     # Let allocation bursts (a midnight herd) run between collections, and once recovery has
     # loaded what lives as long as the node, keep the collector off it.
     gc.set_threshold(50_000, 20, 20)
@@ -340,12 +442,90 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         server.run()
     finally:
+        retention_loop.stop()
         # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
         node.stop(drain_s=0 if damaged else args.drain_sec)
+        if snapshots is not None:
+            snapshots.close()
         log_.close()
     if damaged:
         raise damaged[0]
     return 0
+
+
+def _retention_loop(
+    args: argparse.Namespace,
+    raw_log: EventLog,
+    archive: Archive | None,
+    retention: Retention,
+    node: Node,
+) -> EmbeddedRetention | KafkaArchiving | _NoLoop:
+    """What archives and prunes: the embedded log's retention loop, or in Kafka mode (where
+    the brokers prune) the archiver, if there is an archive."""
+    from archive.archiver import Archiver
+    from eventlog.embedded import EmbeddedLog
+    from node.retention import EmbeddedRetention, KafkaArchiving, RetentionMetrics, gap_counter
+
+    metrics = RetentionMetrics(node.metrics.registry)
+    archiver = None if archive is None else Archiver(raw_log, archive, on_gap=gap_counter(metrics))
+    interval_s = args.retention_check / 1000
+    if isinstance(raw_log, EmbeddedLog):
+        if archiver is None:
+            print(
+                "cronlog: --no-archive: retention deletes events for good; history and replay"
+                " from offset 0 start at the log's start",
+                flush=True,
+            )
+        else:
+            kept = (
+                "every event"
+                if retention.retention_ms is None
+                else f"{retention.retention_ms / 86_400_000:g} days of events"
+            )
+            print(
+                f"cronlog: the log keeps {kept}{_describe_bytes(retention.retention_bytes)};"
+                f" older ones are archived in {args.archive_dir or args.data_dir / 'archive'}",
+                flush=True,
+            )
+        return EmbeddedRetention(
+            raw_log,
+            retention,
+            node.recovery_floor,
+            metrics,
+            archiver=archiver,
+            interval_s=interval_s,
+        )
+    if archiver is None:
+        print(
+            "cronlog: no --archive-dir: events the brokers' retention removes"
+            f" ({_describe_ms(retention.retention_ms)}) are gone for good",
+            flush=True,
+        )
+        return _NoLoop()
+    return KafkaArchiving(
+        archiver,
+        node.owned,
+        metrics,
+        retention_ms=retention.retention_ms,
+        max_delay_ms=args.archive_delay,
+        interval_s=interval_s,
+    )
+
+
+class _NoLoop:
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def _describe_ms(ms: int | None) -> str:
+    return "never" if ms is None else f"after {ms / 86_400_000:g} days"
+
+
+def _describe_bytes(size: int | None) -> str:
+    return "" if size is None else f" (at most {size / 2**30:g} GiB a partition)"
 
 
 def make_private_dir(path: Path) -> None:

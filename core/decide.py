@@ -404,7 +404,9 @@ def _suppressed(job: JobState, first: Millis, through: Millis) -> list[Millis]:
     spec = job.spec
     if spec.schedule is None:
         return []
-    suppressed = suppressed_since_previous(spec.schedule, spec.timezone, first, through)
+    suppressed = suppressed_since_previous(
+        spec.schedule, spec.timezone, first, through, spec.day_rule
+    )
     return [s for s in suppressed if s > job.registered_at] if suppressed else []
 
 
@@ -570,6 +572,7 @@ def _granted(job: JobState, run: RunState, token: int, worker_id: str, now: Mill
         worker_id=worker_id,
         lease_expires_at=now + round(job.spec.lease_sec * 1000),
         lateness_ms=now - run.scheduled_for,
+        trigger=run.trigger,
     )
 
 

@@ -117,6 +117,9 @@ class LeaseGranted(RunEvent, tag=True, frozen=True, kw_only=True):
     worker_id: str
     lease_expires_at: Millis
     lateness_ms: Millis  # start minus slot, the timeliness measure
+    # What made the run: only a scheduled run's lateness is a scheduling delay (a backfill's
+    # slot may be days past). Events from before the field read as scheduled.
+    trigger: Trigger = Trigger.SCHEDULE
 
 
 class Heartbeat(RunEvent, tag=True, frozen=True, kw_only=True):

@@ -376,7 +376,6 @@ class Caller:
             await asyncio.to_thread(self._producer.poll, 0.1)
 
 
-
 class _Progress:
     """How far one call got: once connected, the request goes out at once, so a call that
     fails after this may have reached the target."""

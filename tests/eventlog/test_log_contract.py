@@ -159,6 +159,20 @@ def test_read_past_the_end_times_out_empty(log_factory: LogFactory) -> None:
     assert log.read_events(0, 0) == []
 
 
+def test_a_log_retention_has_not_touched_starts_at_its_first_record(
+    log_factory: LogFactory,
+) -> None:
+    log = log_factory.open()
+    assert log.start_offset("events", 0) == 0 and log.start_offset("commands", 1) == 0
+    first = log.submit(1, b"one")
+    log.submit(1, b"two")
+    assert log.start_offset("commands", 1) == first  # nothing was pruned (invariant 8)
+    assert [r.value for r in log.read_commands(1, log.start_offset("commands", 1))] == [
+        b"one",
+        b"two",
+    ]
+
+
 # -- one writer -------------------------------------------------------------------------------
 
 
