@@ -17,6 +17,7 @@ from api.edge import (
     job_response,
     job_view,
     json_response,
+    on_job,
     page_size,
     query_choice,
     query_int,
@@ -54,10 +55,10 @@ from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
 from core.cron import CronSchedule, DayRule, split_seconds, with_seconds
 from core.decide import run_id_of
 from core.egress import EgressPolicy
-from core.errors import Conflict, InvalidDefinition
+from core.errors import Conflict, InvalidDefinition, NotFound
 from core.events import AnyEvent, JobRegistered, JobUpdated
 from core.ids import team_id
-from core.jobs import TAG, JobSpec, next_slot, slots_between, validate_job_id
+from core.jobs import TAG, JobSpec, canonical, next_slot, slots_between, validate_job_id
 from projections.views import JOB_STATUSES, JobView
 
 CATCH_UP_S = 5.0  # how long an upsert that decided nothing waits to read the job it names
@@ -110,6 +111,14 @@ async def create_job(request: Request) -> Response:
         job_id = call.job_id(random_job_id())
     spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
     existing = call.scheduler.history.job(call.tenant, job_id)
+    if existing is not None and existing.status in ("cancelled", "finished"):
+        # A repeat of a create whose job is over, answered as the partition answers it while it
+        # holds the job, and after it forgot the job too (it would register it again).
+        if existing.status == "cancelled":
+            raise Conflict(f"job {team_id(job_id)} is cancelled")
+        if existing.spec != canonical(spec):
+            raise Conflict(f"job {team_id(job_id)} exists with another definition")
+        return job_response(call, job_id)
     not_past(call, body, spec, existing.spec if existing else None)
     check_definition(call, job_id, spec, existing.spec if existing else None)
     quota: JobQuota = request.state.quota
@@ -206,12 +215,12 @@ async def patch_job(request: Request) -> Response:
         )
         expected = next((e.version for e in events if isinstance(e, JobUpdated)), expected)
     if body.status == "paused":
-        await call.scheduler.execute(
-            PauseJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
+        await on_job(
+            call, job_id, PauseJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
         )
     elif body.status == "active":
-        await call.scheduler.execute(
-            ResumeJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
+        await on_job(
+            call, job_id, ResumeJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
         )
     return job_response(call, job_id)
 
@@ -220,9 +229,15 @@ async def delete_job(request: Request) -> Response:
     call = authenticate(request)
     job_id = call.job_id(request.path_params["job_id"])
     expected = expected_version(request)
-    await call.scheduler.execute(
-        CancelJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
-    )
+    try:
+        await call.scheduler.execute(
+            CancelJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
+        )
+    except NotFound:
+        # Forgotten by its partition a retention after it ended (docs/architecture.md): a
+        # repeated delete still answers with the job, as it did before.
+        if call.scheduler.history.job(call.tenant, job_id) is None:
+            raise
     return job_response(call, job_id)
 
 

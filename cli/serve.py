@@ -123,6 +123,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         " built-in defaults",
     )
     serve.add_argument(
+        "--job-retention-hours",
+        type=float,
+        default=24.0,  # core.partition.DEFAULT_RETENTION_MS
+        metavar="H",
+        help="how long a job that ended (cancelled, a one-shot that ran, a recurring job past"
+        " its end_at) stays in its partition's state, so that a repeated request is answered"
+        " from it; after that only its history is kept (default 24)",
+    )
+    serve.add_argument(
+        "--rocksdb-memory-mb",
+        type=int,
+        default=64,  # eventlog.rocks.BLOCK_CACHE_BYTES
+        metavar="MB",
+        help="what RocksDB may hold in memory, for all of the node's stores together: one"
+        " block cache, which the memtables are charged to (default 64; docs/operations.md)",
+    )
+    serve.add_argument(
         "--skip-log-check",
         action="store_true",
         help="start without reading the whole embedded log first (every read still checks"
@@ -296,6 +313,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.secrets_dir is None and not secrets_dir.exists():
         secrets_dir.mkdir()
         secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
+    if args.job_retention_hours < 0:
+        sys.exit("cronlog: --job-retention-hours must not be negative")
+    if args.rocksdb_memory_mb < 8:
+        sys.exit("cronlog: --rocksdb-memory-mb must be at least 8")
+    from eventlog import rocks
+
+    rocks.set_memory_budget(args.rocksdb_memory_mb * rocks.MIB)
     if args.snapshot_every_events < 1 or not args.snapshot_every_sec > 0:
         sys.exit("cronlog: --snapshot-every-events and --snapshot-every-sec must be positive")
     if args.standby_replicas < 0:
@@ -369,6 +393,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_,
         data_dir / "node",
         node_id=args.node_id,
+        retention_ms=round(args.job_retention_hours * 3_600_000),
         executors=Executors(
             args.node_id,
             max_in_flight=args.max_calls,
@@ -709,6 +734,21 @@ def _server(config: Any, on_stop: Callable[[], None]) -> Any:
 def _freeze_when_ready(node: Node) -> None:
     if node.wait_ready(600):
         gc.freeze()
+        _release_free_memory()
+
+
+def _release_free_memory() -> None:
+    """Hand the pages a recovery freed back to the system (glibc keeps them otherwise: each
+    partition's thread decoded its store in an arena of its own). A no-op elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def _exit_cleanly(signum: int, _frame: object) -> None:

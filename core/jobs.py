@@ -180,6 +180,15 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return self.target.pool if isinstance(self.target, PullTarget) else None
 
 
+def payload_of(spec: JobSpec) -> Any:
+    """The job's payload as a document, whether the spec holds it decoded (from an event or a
+    request) or encoded (the partition state's compact form: ``core.state.compact_spec``)."""
+    payload = spec.payload
+    if isinstance(payload, msgspec.Raw):
+        return msgspec.msgpack.decode(payload)
+    return payload
+
+
 def _positive(field: str, value: float, *, upper: float | None = None) -> None:
     if not value > 0:
         raise InvalidDefinition(field, f"must be positive, got {value!r}")

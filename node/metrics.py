@@ -128,6 +128,11 @@ class NodeMetrics:
             registry=r,
         )
         self.retries = Counter("cronlog_retries_scheduled", "Retries scheduled.", registry=r)
+        self.forgotten = Counter(
+            "cronlog_jobs_forgotten",
+            "Jobs that ended and left their partition's state after the retention.",
+            registry=r,
+        )
         self.succeeded = Counter("cronlog_runs_succeeded", "Runs that succeeded.", registry=r)
         self.failed = Counter(
             "cronlog_attempts_failed",
@@ -264,6 +269,8 @@ class NodeMetrics:
                     tally[self.cancelled, event.reason.value] += 1
                 case ev.RunReplayed():
                     tally[self.replayed, ""] += 1
+                case ev.JobForgotten():
+                    tally[self.forgotten, ""] += 1
                 case (
                     ev.JobRegistered()
                     | ev.JobUpdated()

@@ -60,6 +60,7 @@ from core.commands import (
 from core.decide import job_id_of_run
 from core.errors import CronlogError, LogCorrupted, Unavailable
 from core.jobs import MAX_PRIORITY
+from core.partition import DEFAULT_RETENTION_MS
 from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
 from eventlog.snapshots import SnapshotStore
@@ -124,8 +125,10 @@ class Node:
         snapshot_policy: SnapshotPolicy | None = None,
         standby_replicas: int = 0,
         snapshot_offset: Callable[[int], int | None] | None = None,
+        retention_ms: int = DEFAULT_RETENTION_MS,
     ) -> None:
         self.node_id = node_id
+        self._retention_ms = retention_ms
         # The oldest snapshot a recovery may fall back to, per partition, once snapshots exist
         # (the node's own snapshot store unless given); retention keeps the log from there
         # (recovery_floor).
@@ -341,6 +344,7 @@ class Node:
             decoder=self._recovery_decoder,
             snapshotter=self.snapshotter,
             warm=self.standby.hand_over(partition),
+            retention_ms=self._retention_ms,
         )
         with self._lock:
             self._runners[partition] = runner

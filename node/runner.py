@@ -47,7 +47,7 @@ from core.clock import Clock
 from core.commands import AnyCommand, StartRun
 from core.errors import CronlogError, Fenced, LogCorrupted, Unavailable
 from core.events import AnyEvent
-from core.partition import Partition
+from core.partition import DEFAULT_RETENTION_MS, Partition
 from core.state import PartitionState, RunState, RunStatus
 from eventlog.port import EventLog, PartitionWriter
 from node import decisions
@@ -126,8 +126,10 @@ class PartitionRunner:
         decoder: EventDecoder | None = None,
         snapshotter: Snapshotter | None = None,
         warm: Warm | None = None,
+        retention_ms: int = DEFAULT_RETENTION_MS,
     ) -> None:
         self.partition = partition
+        self._retention_ms = retention_ms
         self._log = log_
         self._writer = writer
         self._open_store = open_store
@@ -152,7 +154,7 @@ class PartitionRunner:
         self._stop_reason: str | None = None
         self._thread: threading.Thread | None = None
         # The partition's pure core: its state and timers (replaced by every recovery).
-        self.core = Partition(partition, clock.now_ms())
+        self.core = Partition(partition, clock.now_ms(), retention_ms=retention_ms)
         self._granted: list[tuple[str, str]] = []  # (tenant, run id) given room by the dispatcher
         # Set while the runner decides: recovered, and not failing since. ``caught_up`` is the
         # same event under the name the node's start-up waits by.
@@ -256,7 +258,9 @@ class PartitionRunner:
             on_unusable=self._unusable,
             loaded=loaded,
         )
-        self.core = Partition(self.partition, self._clock.now_ms(), state)
+        self.core = Partition(
+            self.partition, self._clock.now_ms(), state, retention_ms=self._retention_ms
+        )
         # A recovery that replayed a long tail (or, the first time, the whole log) leaves a
         # snapshot due at once, so the next owner need not replay it again.
         self._since_snapshot = self._store.offset() - (self.restored_from or 0)

@@ -81,6 +81,7 @@ from core.events import (
     AnyEvent,
     Heartbeat,
     JobCancelled,
+    JobForgotten,
     JobPaused,
     JobRegistered,
     JobResumed,
@@ -101,7 +102,7 @@ from core.events import (
 )
 from core.ids import is_scoped, team_id
 from eventlog.port import EventLog, Record
-from eventlog.rocks import checked_reads, is_damage, iterator_error
+from eventlog.rocks import bounded, checked_reads, is_damage, iterator_error
 from projections.aside import set_aside
 from projections.decoding import EventDecoder
 from projections.figures import HOUR_MS, RETENTION_MS, Minute, minute_of, observe
@@ -333,7 +334,7 @@ class ReadModel:
 
     def _open_db(self) -> Rdict:
         self._path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
+        options = bounded(Options(raw_mode=True))
         options.create_if_missing(True)
         options.set_paranoid_checks(True)
         try:
@@ -530,6 +531,14 @@ class ReadModel:
             case JobRegistered():
                 if not is_scoped(event.job_id):
                     p.raw[_UNSCOPED] = b"1"
+                # The id of a job the partition forgot (docs/architecture.md) registered again:
+                # the new job takes the record; its runs' history stays listed under the id.
+                earlier = self._job(p, event.job_id)
+                if earlier is not None:
+                    key = f"tjs/{earlier.view.tenant}/{earlier.view.status}/{event.job_id}"
+                    p.raw[key.encode()] = None
+                    if earlier.base != "cancelled":
+                        self._count_key(p, f"cj/{event.tenant}".encode(), -1)
                 self._put_job(
                     p,
                     _JobRecord(
@@ -660,8 +669,9 @@ class ReadModel:
                     run.attempt, run.available_at = event.attempt, event.available_at
                     run.finished_at, run.dead_reason, run.error = None, None, ""
                     self._move(p, run, "pending")
-            case Heartbeat() | UpstreamRecorded():
-                pass  # nothing the history shows
+            case Heartbeat() | UpstreamRecorded() | JobForgotten():
+                # The partition forgetting a job that ended changes nothing in its history.
+                pass
             case _:
                 assert_never(event)  # a new event must be shown here, or history misses it
 

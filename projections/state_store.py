@@ -28,6 +28,7 @@ Layout (raw mode, one store directory per partition, ``<data>/state/p<N>``)::
 
     j/<job_id>    -> msgpack JobState
     r/<run_id>    -> msgpack RunState            deleted when the run leaves the state
+                                                 (j/ and oj/ too, when the job does)
     oj/<job_id>   -> u64 offset of the event that put the job in ``jobs``
     or/<run_id>   -> u64 offset of the event that put the run in ``runs``
     m/offset      -> u64 next event offset to read
@@ -43,7 +44,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,6 +55,7 @@ from core.errors import StoreDamaged
 from core.events import (
     AnyEvent,
     Heartbeat,
+    JobForgotten,
     JobRegistered,
     LeaseExpired,
     LeaseGranted,
@@ -62,9 +64,9 @@ from core.events import (
     RunFailed,
     RunMaterialised,
 )
-from core.state import JobState, PartitionState, RunState, evolve, rebuild_index
+from core.state import JobState, PartitionState, RunState, compact_job, evolve, rebuild_index
 from eventlog.port import EventLog
-from eventlog.rocks import checked_reads, is_damage, iterator_error
+from eventlog.rocks import bounded, checked_reads, is_damage, iterator_error, scan_reads
 from eventlog.snapshots import SnapshotStore, StoredSnapshot
 from projections.aside import set_aside
 from projections.decoding import EventDecoder
@@ -162,10 +164,16 @@ def changes(
             runs.add(event.run_id)
             if isinstance(event, RunMaterialised):
                 out[RUN_ORDER + event.run_id.encode()] = _U64.pack(offset)
+        elif isinstance(event, JobForgotten):
+            runs.update(event.runs)
     for job_id in jobs:
         job = state.jobs.get(job_id)
-        if job is not None:  # jobs never leave the state; an unknown id changed nothing
-            out[JOB + job_id.encode()] = _encoder.encode(job)
+        key = job_id.encode()
+        if job is None:  # forgotten (an event names only jobs the state held)
+            out[JOB + key] = None
+            out[JOB_ORDER + key] = None
+        else:
+            out[JOB + key] = _encoder.encode(job)
     for run_id in runs:
         run = state.runs.get(run_id)
         key = run_id.encode()
@@ -179,29 +187,43 @@ def changes(
     return out
 
 
-def build(partition: int, items: Sequence[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
+def build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
     """The state and next offset from a store's key/values (any order).
 
-    Raises StoreDamaged when the items are not what :func:`changes` writes."""
+    ``items`` may be a stream: each job and run is decoded as it comes, so no more than one
+    stored value is held as bytes at a time (a recovery's peak memory is the state's, not
+    twice it). Raises StoreDamaged when the items are not what :func:`changes` writes."""
     try:
         return _build(partition, items)
     except (msgspec.DecodeError, msgspec.ValidationError, struct.error, UnicodeError) as exc:
         raise StoreDamaged(f"state store of partition {partition}: {exc}") from exc
 
 
-def _build(partition: int, items: Sequence[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
+def _build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
     state = PartitionState(partition)
     has_offset = False
     offset = 0
     job_order: dict[bytes, int] = {}
     run_order: dict[bytes, int] = {}
-    job_values: dict[bytes, bytes] = {}
-    run_values: dict[bytes, bytes] = {}
+    jobs: dict[bytes, JobState] = {}
+    runs: dict[bytes, RunState] = {}
+    seen = False
     for key, value in items:
+        seen = True
         if key.startswith(JOB):
-            job_values[key[len(JOB) :]] = value
+            job = compact_job(_job_decoder.decode(value))
+            if job.job_id.encode() != key[len(JOB) :]:
+                raise StoreDamaged(
+                    f"state store of partition {partition}: job {key!r} holds another"
+                )
+            jobs[key[len(JOB) :]] = job
         elif key.startswith(RUN):
-            run_values[key[len(RUN) :]] = value
+            run = _run_decoder.decode(value)
+            if run.run_id.encode() != key[len(RUN) :]:
+                raise StoreDamaged(
+                    f"state store of partition {partition}: run {key!r} holds another"
+                )
+            runs[key[len(RUN) :]] = run
         elif key.startswith(JOB_ORDER):
             job_order[key[len(JOB_ORDER) :]] = _U64.unpack(value)[0]
         elif key.startswith(RUN_ORDER):
@@ -212,28 +234,23 @@ def _build(partition: int, items: Sequence[tuple[bytes, bytes]]) -> tuple[Partit
             state.last_token = _U64.unpack(value)[0]
         else:
             raise StoreDamaged(f"state store of partition {partition}: unknown key {key!r}")
-    _check_paired(partition, "job", job_values, job_order)
-    _check_paired(partition, "run", run_values, run_order)
-    if items and not has_offset:
+    _check_paired(partition, "job", jobs, job_order)
+    _check_paired(partition, "run", runs, run_order)
+    if seen and not has_offset:
         raise StoreDamaged(f"state store of partition {partition}: no offset among its keys")
-    jobs = sorted(job_values, key=job_order.__getitem__)
-    runs = sorted(run_values, key=run_order.__getitem__)
-    for key in jobs:
-        job = _job_decoder.decode(job_values[key])
-        if job.job_id != key.decode():
-            raise StoreDamaged(f"state store of partition {partition}: job {key!r} holds another")
+    for key in sorted(jobs, key=job_order.__getitem__):
+        job = jobs[key]
         state.jobs[job.job_id] = job
-    for key in runs:
-        run = _run_decoder.decode(run_values[key])
-        if run.run_id != key.decode():
-            raise StoreDamaged(f"state store of partition {partition}: run {key!r} holds another")
+    del jobs, job_order
+    for key in sorted(runs, key=run_order.__getitem__):
+        run = runs[key]
         state.runs[run.run_id] = run
     rebuild_index(state)
     return state, offset
 
 
 def _check_paired(
-    partition: int, kind: str, values: dict[bytes, bytes], order: dict[bytes, int]
+    partition: int, kind: str, values: dict[bytes, Any], order: dict[bytes, int]
 ) -> None:
     """Every job (run) has its order key and every order key its job (run): written together."""
     if values.keys() != order.keys():
@@ -350,7 +367,7 @@ class RocksStateStore:
 
     def _open_db(self) -> Rdict:
         self._path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
+        options = bounded(Options(raw_mode=True))
         options.create_if_missing(True)
         options.set_paranoid_checks(True)
         try:
@@ -371,7 +388,11 @@ class RocksStateStore:
         return self._path
 
     def load(self) -> tuple[PartitionState, int]:
-        return build(self._partition, self.dump())
+        scan = self._scan(scan_reads())
+        try:
+            return build(self._partition, scan)
+        finally:
+            scan.close()  # let the iterator go now: a live one keeps the store's LOCK
 
     def durable_offset(self) -> int:
         # Saves are not synced (module docstring): sync the WAL, so what is read here
@@ -399,19 +420,23 @@ class RocksStateStore:
     def dump(self) -> list[tuple[bytes, bytes]]:
         """Every key and value, each block's checksum verified; StoreDamaged if one fails
         (rocksdict's own ``items()`` would just stop there, as if the store ended)."""
-        it: Any = self._db.iter(checked_reads())
-        it.seek_to_first()
-        items: list[tuple[bytes, bytes]] = []
-        while it.valid():
-            items.append((it.key(), it.value()))
-            it.next()
-        error = iterator_error(it)
-        del it  # a live iterator keeps the store's LOCK
+        return list(self._scan(checked_reads()))
+
+    def _scan(self, options: Any) -> Generator[tuple[bytes, bytes], None, None]:
+        """Every key and value in key order; StoreDamaged at the end if a block failed."""
+        it: Any = self._db.iter(options)
+        try:
+            it.seek_to_first()
+            while it.valid():
+                yield it.key(), it.value()
+                it.next()
+            error = iterator_error(it)
+        finally:
+            del it  # a live iterator keeps the store's LOCK
         if error is not None:
             raise StoreDamaged(
                 f"state store of partition {self._partition} ({self._path}): {error}"
             )
-        return items
 
     def offset(self) -> int:
         stored = self._db.get(OFFSET)
