@@ -52,18 +52,7 @@ import msgspec
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from core.errors import StoreDamaged
-from core.events import (
-    AnyEvent,
-    Heartbeat,
-    JobForgotten,
-    JobRegistered,
-    LeaseExpired,
-    LeaseGranted,
-    RetryScheduled,
-    RunEvent,
-    RunFailed,
-    RunMaterialised,
-)
+from core.events import AnyEvent, JobForgotten, JobRegistered, RunEvent, RunMaterialised
 from core.state import JobState, PartitionState, RunState, compact_job, evolve, rebuild_index
 from eventlog.port import EventLog
 from eventlog.rocks import bounded, checked_reads, is_damage, iterator_error, scan_reads
@@ -138,12 +127,6 @@ class StateStore(Protocol):
     def close(self) -> None: ...
 
 
-# Events whose fold (core.state.evolve) changes their run but not their job: saving them does
-# not re-encode the job (a job's spec is most of a run's bytes, and a run's lease, heartbeats
-# and failures are most of its events).
-_LEAVE_JOB = (LeaseGranted, Heartbeat, RunFailed, LeaseExpired, RetryScheduled)
-
-
 def changes(
     state: PartitionState, events: Sequence[tuple[int, AnyEvent]], through: int | None = None
 ) -> Changes:
@@ -156,8 +139,7 @@ def changes(
     jobs: set[str] = set()
     runs: set[str] = set()
     for offset, event in events:
-        if not isinstance(event, _LEAVE_JOB):
-            jobs.add(event.job_id)
+        jobs.add(event.job_id)
         if isinstance(event, JobRegistered):
             out[JOB_ORDER + event.job_id.encode()] = _U64.pack(offset)
         if isinstance(event, RunEvent):
