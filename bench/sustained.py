@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import profiling
 from bench.common import (
     PYTHON,
     ROOT,
@@ -70,10 +71,14 @@ def step(
     *,
     warm_s: int = 3,
     kafka: str | None = None,
+    profile: bool = False,
 ) -> dict[str, Any]:
-    """One rate for one window on a fresh node: the lags of the window's slots."""
+    """One rate for one window on a fresh node: the lags of the window's slots (and, with
+    ``profile``, where the node's CPU went over the window; such a step is not a figure)."""
     data = tmp / f"serve-{secrets.token_hex(4)}"
     out = tmp / f"claims-{secrets.token_hex(4)}"
+    raw = tmp / f"profile-{secrets.token_hex(4)}.txt"
+    profiled = None
     load = loadavg()
     with Serve(data, kafka=kafka) as serve:
         document = serve.openapi()
@@ -114,10 +119,12 @@ def step(
             cpu = CpuWindow(serve.pid)
             sleep_until_ms(begin)
             cpu.begin()
+            sampler = profiling.start(serve.pid, raw, window_s) if profile else None
             while now_ms() < end:
                 cpu.sample()
                 time.sleep(0.25)
             window = cpu.end()
+            profiled = profiling.finish(sampler, raw) if profile else None
             sleep_until_ms(end + SETTLE_MS)
             rss, _ = rss_bytes(serve.pid)
             if workers is not None:
@@ -150,6 +157,8 @@ def step(
         "rss_mb": round(rss / 2**20, 1),
         "registration": registered.figures(),
     }
+    if profiled is not None:
+        figures["profile"] = profiled
     if kind == "pull":
         figures["lag_received"] = lag_summary(received, expected)
         figures["workers"] = counts
@@ -173,13 +182,17 @@ def search(
     *,
     kafka: str | None = None,
     tags: dict[str, Any] | None = None,
+    profile: bool = False,
 ) -> dict[str, Any]:
     """Steps up ``rates`` until one does not hold; the highest that held and every step."""
     steps, best = [], 0
     for rate in rates:
-        record = step(kind, rate, window_s, tmp, recorder, kafka=kafka)
+        record = step(kind, rate, window_s, tmp, recorder, kafka=kafka, profile=profile)
         record.update(tags or {})
-        append_result("sustained", record)
+        if profile:
+            print(json.dumps(record["figures"].pop("profile", None), indent=1))
+        else:
+            append_result("sustained", record)
         lag = record["figures"]["lag"]
         log(
             f"sustained {kind} {rate}/s: p99 {lag.get('p99_ms')} ms, missing "
@@ -197,14 +210,19 @@ def main() -> None:
     parser.add_argument("--kind", choices=("http", "pull"), default="http")
     parser.add_argument("--rates", default="250,500,1000,2000,3000,4000")
     parser.add_argument("--window-s", type=int, default=60)
+    parser.add_argument(
+        "--profile", action="store_true", help="where the node's CPU goes (py-spy); not recorded"
+    )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
     with tempfile.TemporaryDirectory(prefix="cronlog-sustained-") as tmp:
         if args.kind == "http":
             with Recorder() as recorder:
-                result = search("http", rates, args.window_s, Path(tmp), recorder)
+                result = search(
+                    "http", rates, args.window_s, Path(tmp), recorder, profile=args.profile
+                )
         else:
-            result = search("pull", rates, args.window_s, Path(tmp), None)
+            result = search("pull", rates, args.window_s, Path(tmp), None, profile=args.profile)
     print(f"highest {args.kind} rate holding p99 <= 100 ms: {result['highest_holding_per_s']}/s")
 
 

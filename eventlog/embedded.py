@@ -16,13 +16,15 @@ A record is ``0x00 value`` or ``0x01 len(key):u32 key value``. Big-endian keys m
 byte order the (partition, offset) order, so a read is one seek and a forward scan. Offsets
 are contiguous from 0 in every stream-partition: the committer gives each record the next one.
 
-**Group commit.** A synced write costs a WAL fsync (~0.3 ms), so callers never write
-themselves. ``submit``, ``append`` and takeovers queue a pending write and wait; one committer
-thread drains the whole queue, assigns offsets (so they strictly increase per stream-partition
-in queue order), checks each append's writer epoch, puts everything accepted into one
-``WriteBatch``, writes it with ``WriteOptions.sync = True`` and only then publishes the new end
-offsets to readers and wakes every waiter with its offsets. While one batch is being synced
-the next one fills up, so sixteen writers share one fsync instead of queueing for sixteen::
+**Group commit.** A synced write costs a WAL fsync (~0.3 ms on a quiet disk, many times that
+on a busy one), so callers never write themselves. ``submit``, ``append`` and takeovers queue a
+pending write and wait; one committer thread drains the whole queue, assigns offsets (so they
+strictly increase per stream-partition in queue order), checks each append's writer epoch, puts
+everything accepted into one ``WriteBatch``, writes it and syncs the WAL (:class:`_WalSync`:
+without holding the GIL, which rocksdict's own synced write holds throughout) and only then
+publishes the new end offsets to readers and wakes every waiter with its offsets. While one
+batch is being synced the next one fills up, so sixteen writers share one fsync instead of
+queueing for sixteen::
 
     t1 submit ─┐                       ┌─> t1 gets [41]
     t2 append ─┼─> queue ─> committer ─┼─> t2 gets [17, 18]     one WriteBatch, one fsync
@@ -64,6 +66,7 @@ in-flight reads, drops the handles, then closes the database.
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 import threading
@@ -102,6 +105,7 @@ _START = b"start"
 _SEG = b"seg"
 _SEG_VALUE = struct.Struct(">QQQQ")
 _MAX_OFFSET = 2**64 - 1
+_WAL_FILE = re.compile(r"\d+\.log")
 _KEY_BYTES = _KEY.size  # what a record's key takes, counted in a segment's bytes
 _EVENT_OVERHEAD = _KEY_BYTES + 1  # and an event's frame byte
 
@@ -250,6 +254,55 @@ class EmbeddedWriter:
         self._closed = True
 
 
+class _WalSync:
+    """Makes what RocksDB has written to its write-ahead log durable, with ``fdatasync`` on the
+    WAL files, which lets other threads run Python meanwhile.
+
+    Why not ``WriteOptions.sync``: rocksdict holds the GIL through every call into RocksDB, a
+    synced write's fsync included, so while the committer synced nothing else in the node ran —
+    not the runners queueing the next batch (group commit shared little), not the API, not the
+    executors. An unsynced write still holds it, but only to copy the batch into the memtable
+    and hand the WAL record to the OS (RocksDB flushes the WAL to the OS after every write unless
+    ``manual_wal_flush`` is set, which the log never sets); this then syncs it.
+
+    Every live WAL file (``NNNNNN.log`` in the database's directory) is synced, not only the
+    newest: a memtable switch between the write and the sync puts the batch in the older one.
+    A WAL file seen for the first time also gets the directory synced, so its entry survives a
+    power loss (RocksDB does the same on its first synced write to a new WAL). A file RocksDB
+    deleted meanwhile held nothing unsynced: it deletes a WAL only once its memtable is in a
+    synced table file.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._dir_fd = os.open(directory, os.O_RDONLY)
+        self._files: dict[str, int] = {}
+
+    def sync(self) -> None:
+        names = {n for n in os.listdir(self._directory) if _WAL_FILE.fullmatch(n)}
+        for gone in [n for n in self._files if n not in names]:
+            os.close(self._files.pop(gone))
+        fresh = False
+        for name in sorted(names - self._files.keys()):
+            try:
+                self._files[name] = os.open(self._directory / name, os.O_RDONLY)
+            except FileNotFoundError:  # flushed to a table file and deleted since the listing
+                continue
+            fresh = True
+        for fd in self._files.values():
+            os.fdatasync(fd)
+        if fresh:
+            os.fsync(self._dir_fd)
+
+    def close(self) -> None:
+        for fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+
+
 class EmbeddedLog(SingleProcessLog):
     """``EmbeddedLog.open(path, num_partitions)``: the log port on local RocksDB.
 
@@ -282,6 +335,10 @@ class EmbeddedLog(SingleProcessLog):
         self._tables = {name: self._db.get_column_family(name) for name in (*STREAMS, _META)}
         self._sync = WriteOptions()
         self._sync.sync = True
+        # The committer's batches: written unsynced, then made durable by _WalSync (see there).
+        self._unsynced = WriteOptions()
+        self._unsynced.sync = False
+        self._wal = _WalSync(self._path)
 
         try:
             self._check_num_partitions()
@@ -303,6 +360,7 @@ class EmbeddedLog(SingleProcessLog):
 
         self._signal = ChangeSignal()
         self._readers = 0  # reads in flight; close waits for them (their iterators hold LOCK)
+        self._no_readers = threading.Condition(self._signal.lock)  # what close waits on
         self._queue: list[_Pending] = []
         self._synced_batches = 0
         self._queue_cond = threading.Condition()
@@ -364,7 +422,7 @@ class EmbeddedLog(SingleProcessLog):
                     with self._signal.cond:
                         self._readers -= 1
                         if not self._readers:
-                            self._signal.cond.notify_all()
+                            self._no_readers.notify_all()
         return total
 
     @property
@@ -446,7 +504,7 @@ class EmbeddedLog(SingleProcessLog):
             self._signal.closed = True
             self._signal.changed()
             while self._readers:
-                self._signal.cond.wait()
+                self._no_readers.wait()
         self._release_db()
         self._damage_seen.set()  # wakes wait_damaged: nothing more will be read
 
@@ -482,6 +540,7 @@ class EmbeddedLog(SingleProcessLog):
             raise
 
     def _release_db(self) -> None:
+        self._wal.close()
         # Every handle must go before close(), or rocksdict keeps the LOCK.
         self._cf.clear()
         self._tables.clear()
@@ -760,7 +819,8 @@ class EmbeddedLog(SingleProcessLog):
                 )
         try:
             if not wb.is_empty():
-                self._db.write(wb, self._sync)
+                self._db.write(wb, self._unsynced)
+                self._wal.sync()
                 self._synced_batches += 1
         except Exception as exc:
             for pending in accepted:
@@ -768,13 +828,19 @@ class EmbeddedLog(SingleProcessLog):
                 pending.error = CronlogError(f"write to event log {self._path} failed: {exc}")
                 pending.error.__cause__ = exc
         else:
+            moved = [
+                (stream, partition)
+                for stream, ends in next_offsets.items()
+                for partition, end in enumerate(ends)
+                if end != self._next[stream][partition]
+            ]
             with self._signal.cond:
                 self._next, self._epochs, self._positions = next_offsets, epochs, positions
                 self._starts, self._segments = starts, segments
                 self._visible = {s: list(ends) for s, ends in next_offsets.items()}
                 if took_over:
                     self._signal.owner = owner
-                self._signal.changed()
+                self._signal.changed(None if took_over else moved)
         for pending in batch:
             pending.done.set()
 
@@ -811,7 +877,7 @@ class EmbeddedLog(SingleProcessLog):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
-                self._signal.cond.wait(remaining)
+                self._signal.stream(stream, partition).wait(remaining)
             self._readers += 1
         try:
             return self._scan(stream, partition, from_offset, end, max_records)
@@ -825,7 +891,7 @@ class EmbeddedLog(SingleProcessLog):
             with self._signal.cond:
                 self._readers -= 1
                 if not self._readers:
-                    self._signal.cond.notify_all()
+                    self._no_readers.notify_all()
 
     def _scan(
         self, stream: str, partition: int, from_offset: int, end: int, max_records: int

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from core.errors import CronlogError, Fenced
 from eventlog.mailbox import LocalMailbox, LocalPostOffice
@@ -28,22 +28,45 @@ STREAMS = ("commands", "events")
 
 
 class ChangeSignal:
-    """One condition variable that in-process readers and pollers wait on.
+    """The condition variables that in-process readers and pollers wait on, over one lock.
 
     ``version`` grows on every commit, takeover and close, so a waiter that noted it before
-    reading cannot miss a change that lands between its read and its wait.
+    reading cannot miss a change that lands between its read and its wait. ``cond`` wakes on
+    every change (pollers of several partitions wait there); a reader of one stream-partition
+    waits on :meth:`stream` instead, woken only when that stream-partition moved (or on a
+    change of everything: a takeover, a close, damage), so a commit to one partition does not
+    wake the readers of all the others.
     """
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self._streams: dict[tuple[str, int], threading.Condition] = {}
         self.version = 0
         self.owner: object | None = None
         self.closed = False
 
-    def changed(self) -> None:
-        """Publish a change; the caller holds ``cond``."""
+    def stream(self, stream: str, partition: int) -> threading.Condition:
+        """The condition of one stream-partition's readers; the caller holds ``cond``."""
+        key = (stream, partition)
+        cond = self._streams.get(key)
+        if cond is None:
+            cond = self._streams[key] = threading.Condition(self.lock)
+        return cond
+
+    def changed(self, moved: Iterable[tuple[str, int]] | None = None) -> None:
+        """Publish a change of the stream-partitions ``moved`` (``None``: of everything); the
+        caller holds ``cond``."""
         self.version += 1
         self.cond.notify_all()
+        if moved is None:
+            for cond in self._streams.values():
+                cond.notify_all()
+            return
+        for key in moved:
+            readers = self._streams.get(key)
+            if readers is not None:
+                readers.notify_all()
 
     def wait_for_change(self, seen: int, deadline: float) -> bool:
         """Wait until ``version`` moves past ``seen``; False once ``deadline`` has passed."""
@@ -266,7 +289,7 @@ class MemoryLog(SingleProcessLog):
         with self._signal.cond:
             self._check_open()
             [offset] = self._add("commands", partition, [value], key)
-            self._signal.changed()
+            self._signal.changed([("commands", partition)])
             return offset
 
     def read_events(
@@ -319,7 +342,7 @@ class MemoryLog(SingleProcessLog):
             offsets = self._add("events", partition, events, None)
             if commands_through is not None:
                 self._positions[partition] = commands_through
-            self._signal.changed()
+            self._signal.changed([("events", partition)])
             return offsets
 
     def _command_position(self, partition: int) -> int:
@@ -358,6 +381,7 @@ class MemoryLog(SingleProcessLog):
         s = self._stream(stream, partition)
         deadline = time.monotonic() + timeout_s
         with self._signal.cond:
+            moved = self._signal.stream(stream, partition)
             while True:
                 self._check_open()
                 start = bisect.bisect_left(s.offsets, from_offset)
@@ -366,7 +390,7 @@ class MemoryLog(SingleProcessLog):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
-                self._signal.cond.wait(remaining)
+                moved.wait(remaining)
 
     def _stream(self, stream: str, partition: int) -> _Stream:
         if stream not in self._streams:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
 import time
 import uuid
@@ -66,6 +65,7 @@ from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
 from eventlog.snapshots import SnapshotStore
 from node import decisions, wire
+from node.claims import ReadyHints, split
 from node.executors import Executors
 from node.handoff import handoff_to
 from node.metrics import Gauges, NodeMetrics, TimedWriter
@@ -83,6 +83,11 @@ log = logging.getLogger(__name__)
 
 READ_YOUR_WRITES_S = 5.0
 FORWARD_TIMEOUT_S = 10.0
+# A claim's ask of another node's partition: short, so a slow or lost owner delays a pull
+# worker's claim by this much at most, once (all such asks of a claim go at once). A lease
+# granted after it ran out is never handed out, and runs out unused.
+REMOTE_CLAIM_TIMEOUT_S = 2.0
+CLAIM_ROUNDS = 3  # rounds of asks per claim (those that granted their whole share go again)
 # A local runner answers every request it takes, even when it fails; this bounds the wait
 # should that ever not hold, so no caller waits forever.
 LOCAL_TIMEOUT_S = 60.0
@@ -183,6 +188,8 @@ class Node:
             on_failed=lambda p, err: self.metrics.thread_failures.labels("standby").inc(),
         )
         self._history.observe(self._wakeups)
+        self._ready_hints = ReadyHints()
+        self._history.observe(self._ready_hints)
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -556,11 +563,18 @@ class Node:
         return await self._execute_on(partition, command, visible=False)
 
     async def _execute_on(
-        self, partition: int, command: AnyCommand, *, visible: bool = True
+        self,
+        partition: int,
+        command: AnyCommand,
+        *,
+        visible: bool = True,
+        timeout_s: float | None = None,
     ) -> list[ev.AnyEvent]:
         runner = self._runners.get(partition)
         if runner is None:
-            return await self._forward(partition, command, visible=visible)
+            return await self._forward(
+                partition, command, visible=visible, timeout_s=timeout_s or FORWARD_TIMEOUT_S
+            )
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Decided | CronlogError] = loop.create_future()
 
@@ -589,8 +603,8 @@ class Node:
         """Wait until the read model holds the events at ``offsets``, so the caller reads its
         own writes."""
         if offsets and self._history.position(partition) <= offsets[-1]:
-            caught_up = await asyncio.to_thread(
-                self._history.wait_for, partition, offsets[-1], READ_YOUR_WRITES_S
+            caught_up = await self._wakeups.folded_past(
+                partition, offsets[-1], self._history.position, READ_YOUR_WRITES_S
             )
             if not caught_up:
                 # The write is durable, but an answer read from the read model now would not
@@ -600,7 +614,12 @@ class Node:
                 )
 
     async def _forward(
-        self, partition: int, command: AnyCommand, *, visible: bool = True
+        self,
+        partition: int,
+        command: AnyCommand,
+        *,
+        visible: bool = True,
+        timeout_s: float = FORWARD_TIMEOUT_S,
     ) -> list[ev.AnyEvent]:
         """Ask the partition's owner, wherever it runs, through the log."""
         loop = asyncio.get_running_loop()
@@ -621,7 +640,7 @@ class Node:
         envelope = wire.Envelope(command=command, request_id=request_id, reply_to=self.node_id)
         try:
             await asyncio.to_thread(self._log.submit, partition, wire.encode(envelope))
-            reply = await asyncio.wait_for(answer, FORWARD_TIMEOUT_S)
+            reply = await asyncio.wait_for(answer, timeout_s)
         except TimeoutError:
             raise Unavailable(f"no answer from the owner of partition {partition}") from None
         finally:
@@ -637,26 +656,83 @@ class Node:
     async def claim(
         self, tenant: str, pool: str, worker_id: str, limit: int
     ) -> list[ev.LeaseGranted]:
-        granted: list[ev.LeaseGranted] = []
-        local = [p for p, r in list(self._runners.items()) if r.state.ready.get(pool)]
-        remote = [p for p in range(self._log.num_partitions) if p not in self._runners]
-        random.shuffle(local)  # no partition is always asked first
-        random.shuffle(remote)
-        # Local partitions first, and only those with runs of the pool; another node's
-        # partitions are asked through the log only when this node's could not fill the claim.
-        for p in local + remote:
-            if len(granted) >= limit:
-                break
-            command = ClaimRuns(
-                tenant=tenant, pool=pool, worker_id=worker_id, limit=limit - len(granted)
-            )
-            try:
-                events = await self._execute_on(p, command)
-            except Unavailable:
-                continue
-            granted += [e for e in events if isinstance(e, ev.LeaseGranted)]
+        """Lease up to ``limit`` ready runs of the pool (never more: see :mod:`node.claims`).
+
+        This node's partitions that hold runs of the pool are asked at once, each for a share;
+        only if they cannot fill the claim are other nodes' partitions asked — those whose runs
+        of the pool this node's read model saw become ready — again all at once, each given at
+        most ``REMOTE_CLAIM_TIMEOUT_S``: a slow or lost owner costs a claim that long, once."""
+        local: dict[int, int | None] = {
+            p: len(heap)  # an upper bound: stale entries are tidied by the claim itself
+            for p, runner in list(self._runners.items())
+            if (heap := runner.state.ready.get(pool))
+        }
+        granted, spent = await self._claim_rounds(tenant, pool, worker_id, limit, local, None)
+        if spent < limit:
+            remote = [p for p in range(self._log.num_partitions) if p not in self._runners]
+            hinted = self._ready_hints.worth_asking(tenant, pool, remote, self._clock.now_ms())
+            if hinted:
+                more, _ = await self._claim_rounds(
+                    tenant, pool, worker_id, limit - spent, dict.fromkeys(hinted), hinted
+                )
+                granted += more
         self.metrics.claims.labels("granted" if granted else "empty").inc()
         return granted
+
+    async def _claim_rounds(
+        self,
+        tenant: str,
+        pool: str,
+        worker_id: str,
+        limit: int,
+        capacity: dict[int, int | None],
+        hints: dict[int, int] | None,
+    ) -> tuple[list[ev.LeaseGranted], int]:
+        """Ask the partitions of ``capacity`` concurrently, each for a share of ``limit``; ask
+        again those that granted their whole share while the claim is not full (at most
+        ``CLAIM_ROUNDS`` rounds). ``hints``: the partitions are another node's, at these hint
+        versions. Returns the leases and how much of ``limit`` is spent: the leases, and the
+        shares of asks that did not answer (they may still grant, to nobody, and must not
+        make the claim lease more than its limit)."""
+        granted: list[ev.LeaseGranted] = []
+        unanswered = 0
+        timeout_s = LOCAL_TIMEOUT_S if hints is None else REMOTE_CLAIM_TIMEOUT_S
+        for _ in range(CLAIM_ROUNDS):
+            shares = split(limit - len(granted) - unanswered, capacity)
+            if not shares:
+                break
+            asked_at = self._clock.now_ms()
+            answers = await asyncio.gather(
+                *(
+                    self._claim_one(p, tenant, pool, worker_id, share, timeout_s)
+                    for p, share in shares.items()
+                )
+            )
+            # the next round: those not asked, and those that granted their whole share
+            before = capacity
+            capacity = {p: cap for p, cap in before.items() if p not in shares}
+            for (p, share), leases in zip(shares.items(), answers, strict=True):
+                if leases is None:  # no answer: asked again by the next claim
+                    unanswered += share
+                    continue
+                granted += leases
+                if len(leases) >= share:  # it may hold more
+                    cap = before[p]
+                    capacity[p] = None if cap is None else cap - share
+                elif hints is not None:
+                    self._ready_hints.drained(tenant, pool, p, hints[p], asked_at)
+        return granted, len(granted) + unanswered
+
+    async def _claim_one(
+        self, partition: int, tenant: str, pool: str, worker_id: str, limit: int, timeout_s: float
+    ) -> list[ev.LeaseGranted] | None:
+        """One partition's leases for a claim; ``None`` when it did not answer."""
+        command = ClaimRuns(tenant=tenant, pool=pool, worker_id=worker_id, limit=limit)
+        try:
+            events = await self._execute_on(partition, command, timeout_s=timeout_s)
+        except Unavailable:
+            return None
+        return [e for e in events if isinstance(e, ev.LeaseGranted)]
 
 
 def _no_snapshot(partition: int) -> int | None:

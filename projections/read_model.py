@@ -237,6 +237,7 @@ class ReadyRun:
     tenant: str
     pool: str
     available_at: int
+    partition: int = -1  # the partition whose events made it ready (-1: not said)
 
 
 class Observer(Protocol):
@@ -259,6 +260,7 @@ class _Pending:
     minutes: dict[bytes, Minute] = field(default_factory=dict)  # a team's figures by minute
     deleted_ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
     ready: list[ReadyRun] = field(default_factory=list)
+    partition: int = -1  # the partition of the event being folded
 
 
 class ReadModel:
@@ -461,12 +463,15 @@ class ReadModel:
                 return 0
             pending = self._pending
             assert pending is not None
-            for record in records:
-                event = decoder.decode(record)
-                if event is not None:
-                    self.process(event, partition, record.offset)
-                elif record.offset >= pending.positions.get(partition, self.position(partition)):
-                    pending.positions[partition] = record.offset + 1
+            with self._reading():  # once for the batch: a context per event costs more
+                for record in records:
+                    event = decoder.decode(record)
+                    if event is not None:
+                        self._fold(pending, event, partition, record.offset)
+                    elif record.offset >= pending.positions.get(
+                        partition, self.position(partition)
+                    ):
+                        pending.positions[partition] = record.offset + 1
         return len(records)
 
     def process(self, event: AnyEvent, partition: int, offset: int) -> None:
@@ -474,11 +479,15 @@ class ReadModel:
         with self.batch():
             pending = self._pending
             assert pending is not None
-            if offset < pending.positions.get(partition, self.position(partition)):
-                return
             with self._reading():
-                self._apply(pending, event, partition, offset)
-            pending.positions[partition] = offset + 1
+                self._fold(pending, event, partition, offset)
+
+    def _fold(self, pending: _Pending, event: AnyEvent, partition: int, offset: int) -> None:
+        if offset < pending.positions.get(partition, self.position(partition)):
+            return
+        pending.partition = partition
+        self._apply(pending, event, partition, offset)
+        pending.positions[partition] = offset + 1
 
     def _commit(self, pending: _Pending) -> None:
         wb = WriteBatch(raw_mode=True)
@@ -566,7 +575,7 @@ class ReadModel:
                     self._put_job(p, job)
                     if moved_to is not None and job.live and self._observers:
                         # its pending runs now wait in this pool
-                        p.ready.append(ReadyRun(view.tenant, moved_to, event.at))
+                        p.ready.append(ReadyRun(view.tenant, moved_to, event.at, p.partition))
             case JobPaused() | JobResumed() | JobCancelled():
                 job = self._job(p, event.job_id)
                 if job is not None:
@@ -750,7 +759,7 @@ class ReadModel:
             job = self._job(p, run.job_id)
             pool = job.view.spec.pool if job is not None else None
             if pool is not None:
-                p.ready.append(ReadyRun(run.tenant, pool, run.available_at))
+                p.ready.append(ReadyRun(run.tenant, pool, run.available_at, p.partition))
 
     def _unindex(self, p: _Pending, run: RunView) -> None:
         p.raw[self._state_key(run)] = None

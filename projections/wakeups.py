@@ -8,6 +8,10 @@ and neither polls:
 - an **event stream** (``GET /v1/events``) that has read everything waits on :attr:`events`,
   bumped after every batch the read model folds: the events up to the model's positions are
   committed, so there is something new to read;
+- a **write** that must be readable before it is answered (read-your-writes) waits in
+  :meth:`Wakeups.folded_past` until the model's position of its partition passes its last
+  event's offset: woken once, by the fold that passes it, in the event loop (no thread of the
+  pool blocked per waiting request);
 - a **claim** with ``wait_sec`` that found nothing waits on its pool's signal, bumped when a run
   of that pool becomes ready (``ReadyRun``: materialised, released, replayed, retried, moved in).
   A run that becomes ready later (jitter, a retry's backoff) is remembered by when, and wakes
@@ -31,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import heapq
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -84,6 +90,14 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _settle_all(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        _settle(future)
+
+
+_Write = tuple[int, int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+
+
 class Wakeups:
     """The node's signals; ``clock()`` is the node's time in epoch milliseconds."""
 
@@ -96,13 +110,22 @@ class Wakeups:
         self._pools: dict[tuple[str, str], tuple[AsyncSignal, int]] = {}  # signal, waiters
         self._due: dict[tuple[str, str], list[int]] = {}
         self._dropped_pools = 0
+        # partition -> heap of (offset, n, loop, future): writes waiting to become readable
+        self._writes: dict[int, list[_Write]] = {}
+        self._order = itertools.count()
 
     # -- the read model's side ----------------------------------------------------------------
 
     def folded(self, positions: dict[int, int], ready: list[ReadyRun]) -> None:
         now = self._clock()
         wake: set[tuple[str, str]] = set()
+        readable: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
         with self._lock:
+            for partition, position in positions.items():
+                waiting = self._writes.get(partition)
+                while waiting and waiting[0][0] < position:
+                    _, _, loop, future = heapq.heappop(waiting)
+                    readable.setdefault(loop, []).append(future)
             for run in ready:
                 key = (run.tenant, run.pool)
                 if run.available_at > now:
@@ -112,8 +135,30 @@ class Wakeups:
             signals = [self._pools[key][0] for key in wake if key in self._pools]
         for signal in signals:
             signal.bump()
+        for loop, futures in readable.items():
+            with contextlib.suppress(RuntimeError):  # that loop has closed: nobody waits there
+                loop.call_soon_threadsafe(_settle_all, futures)
         if positions:
             self.events.bump()
+
+    async def folded_past(
+        self, partition: int, offset: int, position: Callable[[int], int], timeout_s: float
+    ) -> bool:
+        """Wait until ``position(partition)`` (the read model's) is past ``offset``; False when
+        ``timeout_s`` passed first."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:  # folded() takes it after the model moved: no wake falls between
+            if position(partition) > offset:
+                return True
+            heapq.heappush(
+                self._writes.setdefault(partition, []), (offset, next(self._order), loop, future)
+            )
+        try:
+            await asyncio.wait_for(future, timeout_s)
+            return True
+        except TimeoutError:  # its entry goes with the first fold past it
+            return position(partition) > offset
 
     def _remember(self, key: tuple[str, str], at: int, now: int) -> None:
         due = self._due.get(key)

@@ -222,3 +222,67 @@ def test_concurrent_writers_share_synced_batches(tmp_path: Path) -> None:
             thread.join(timeout=60.0)
         assert sum(log.end_offset("commands", p) for p in range(4)) == 16 * 50
         assert log.synced_batches - before < 16 * 50
+
+
+def test_a_write_is_acknowledged_only_after_every_wal_file_is_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The committer syncs the WAL itself, with ``os.fdatasync`` (which lets other threads run
+    Python; rocksdict's synced write holds the GIL throughout its fsync), and syncs a WAL file
+    that appeared since (a memtable switch) before anyone is told, its directory entry too."""
+    synced: list[str] = []
+    real_fdatasync, real_fsync = os.fdatasync, os.fsync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name)
+        real_fdatasync(fd)
+
+    def fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name + "/")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = tmp_path / "log"
+    with EmbeddedLog.open(path, 2) as log:
+        synced.clear()
+        log.submit(0, b"first")
+        first_wal = {name for name in synced if name.endswith(".log")}
+        assert first_wal, synced
+        assert first_wal <= set(os.listdir(path))
+        log._tables["commands"].flush()  # a memtable switch: RocksDB starts a new WAL file
+        synced.clear()
+        log.submit(1, b"second")
+        new_wal = {name for name in synced if name.endswith(".log")} - first_wal
+        assert new_wal, synced
+        assert "log/" in synced  # the new file's directory entry
+    with EmbeddedLog.open(path, 2) as again:
+        assert [r.value for r in read_all(again, "commands", 1)] == [b"second"]
+
+
+def test_a_commit_wakes_the_readers_of_its_partition_only(tmp_path: Path) -> None:
+    """Every reader waiting on the one condition woke for every commit to any partition: a
+    node's dozen followers each took the lock and went back to sleep, every batch."""
+    with EmbeddedLog.open(tmp_path / "log", 3) as log:
+        writers = log._take_over(object())
+        wakes: list[int] = []
+        woke = threading.Event()
+        cond = log._signal.stream("events", 1)
+        real_wait = cond.wait
+
+        def wait(timeout: float | None = None) -> bool:
+            result = real_wait(timeout)
+            wakes.append(1)
+            woke.set()
+            return result
+
+        cond.wait = wait  # type: ignore[method-assign]
+        reader = threading.Thread(target=lambda: log.read_events(1, 0, 10, timeout_s=30.0))
+        reader.start()
+        for _ in range(5):
+            writers[0].append([b"elsewhere"])
+            writers[2].append([b"elsewhere"])
+        assert not woke.wait(0.2), "a commit to partitions 0 and 2 woke partition 1's reader"
+        writers[1].append([b"here"])
+        reader.join(10)
+        assert wakes == [1]

@@ -242,3 +242,51 @@ def test_a_write_the_read_model_has_not_caught_up_with_is_unavailable_not_missin
         asyncio.run(node.execute(PutJob(job_id="behind", spec=spec(target.url, run_at=now_ms()))))
     assert node.history.job("team-a", "behind") is None  # it is behind...
     assert any("behind" in r.state.jobs for r in node._runners.values())  # ...the log is not
+
+
+def test_an_answer_waits_for_the_read_model_without_a_thread_of_the_pool(
+    node: Node, target: Target
+) -> None:
+    """Read-your-writes waited in ``asyncio.to_thread``: with the pool's threads busy (they are
+    few: cores + 4), every write's answer queued behind them."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    release, model_held, model_free = threading.Event(), threading.Event(), threading.Event()
+    once = {"schedule": "0 0 1 1 *"}
+
+    def hold_the_read_model() -> None:  # it folds nothing until the writes wait for it
+        with node.history._write_lock:
+            model_held.set()
+            model_free.wait(30)
+
+    holder = threading.Thread(target=hold_the_read_model)
+    holder.start()
+    assert model_held.wait(10)
+
+    async def go() -> int:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+        busy = loop.run_in_executor(None, release.wait, 30)  # the pool's only thread, taken
+        try:
+            writes = asyncio.gather(
+                *(
+                    node.execute(PutJob(job_id=f"j{i}", spec=spec(target.url, **once)))
+                    for i in range(8)
+                )
+            )
+            deadline = time.monotonic() + 10
+            while sum(node.events_end(p) for p in range(4)) < 8:  # all decided, none readable
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            model_free.set()
+            answers = await asyncio.wait_for(writes, 10)
+        finally:
+            model_free.set()
+            release.set()
+            await busy
+        return len(answers)
+
+    assert asyncio.run(go()) == 8
+    holder.join(10)
+    assert all(node.history.job("team-a", f"j{i}") is not None for i in range(8))
