@@ -96,9 +96,9 @@ def within_egress(request: Request, spec: JobSpec) -> JobSpec:
     return spec
 
 
-async def create_job(request: Request) -> Response:
-    call = authenticate(request)
-    body = await decode(request, NewJob)
+def new_job(call: Call, policy: EgressPolicy, body: NewJob, key: str | None = None) -> PutJob:
+    """The create ``body`` asks for, checked as every create is; a refusal names the field.
+    ``key`` stands in for an ``idempotency_key`` the body does not give (a batch's items)."""
     if body.job_id is not UNSET and body.idempotency_key is not UNSET:
         raise InvalidDefinition("idempotency_key", "give job_id or idempotency_key, not both")
     if body.job_id is not UNSET:
@@ -106,17 +106,27 @@ async def create_job(request: Request) -> Response:
         job_id = call.job_id(body.job_id)
     elif body.idempotency_key is not UNSET:
         job_id = call.job_id(job_id_for_key(call.tenant, body.idempotency_key))
+    elif key is not None:
+        job_id = call.job_id(job_id_for_key(call.tenant, key))
     else:
         job_id = call.job_id(random_job_id())
-    spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
+    spec = spec_of(body, call.tenant, scope=call.job_id)
+    policy.check_target(spec.tenant, spec.target)
     existing = call.scheduler.history.job(call.tenant, job_id)
     not_past(call, body, spec, existing.spec if existing else None)
     check_definition(call, job_id, spec, existing.spec if existing else None)
+    # create_only: a repeat with the same body changes nothing, another body is a conflict
+    return PutJob(job_id=job_id, spec=spec, create_only=True)
+
+
+async def create_job(request: Request) -> Response:
+    call = authenticate(request)
+    body = await decode(request, NewJob)
+    command = new_job(call, request.state.egress, body)
     quota: JobQuota = request.state.quota
-    with quota.admit(call, job_id):
-        # create_only: a repeat with the same body changes nothing, another body is a conflict
-        events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
-    return await _upserted(call, job_id, events)
+    with quota.admit(call, command.job_id):
+        events = await call.scheduler.execute(command)
+    return await _upserted(call, command.job_id, events)
 
 
 async def put_job(request: Request) -> Response:
