@@ -57,8 +57,10 @@ class JobQuota:
         it was admitted. An id the tenant has already, or one named earlier in the list, takes
         no place."""
         history = call.scheduler.history
-        room = call.limits.max_jobs - history.job_count(call.tenant) - self._admitted.get(
-            call.tenant, 0
+        room = (
+            call.limits.max_jobs
+            - history.job_count(call.tenant)
+            - self._admitted.get(call.tenant, 0)
         )
         new: set[str] = set()
         admitted: list[bool] = []
