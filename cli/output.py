@@ -149,6 +149,13 @@ JOB_COLUMNS: list[Column] = [
     ("NEXT RUN", lambda j: j.get("next_fire_at") or j.get("next_run_at")),
     ("TARGET", lambda j: target_text(j["target"])),
 ]
+BATCH_COLUMNS: list[Column] = [
+    ("#", lambda r: r["index"]),
+    ("STATUS", lambda r: r["status"]),
+    ("JOB", lambda r: r.get("job_id")),
+    ("FIELD", lambda r: (r.get("error") or {}).get("field")),
+    ("ERROR", lambda r: (r.get("error") or {}).get("message", "")[:80] or None),
+]
 RUN_COLUMNS: list[Column] = [
     ("RUN", lambda r: r["run_id"]),
     ("STATE", lambda r: r["state"]),
