@@ -229,6 +229,8 @@ class EmbeddedLog(SingleProcessLog):
         self._tables = {name: self._db.get_column_family(name) for name in (*STREAMS, _META)}
         self._sync = WriteOptions()
         self._sync.sync = True
+        self._unsynced = WriteOptions()
+        self._unsynced.sync = False
 
         try:
             self._check_num_partitions()
@@ -550,7 +552,11 @@ class EmbeddedLog(SingleProcessLog):
                     wb.put(_end_key(stream, partition), _U64.pack(end), self._cf[_META])
         try:
             if not wb.is_empty():
-                self._db.write(wb, self._sync)
+                # Written, then the WAL synced: durable on return as a synced write is, but
+                # rocksdict holds the GIL through a synced write's fsync (every thread of the
+                # node stopped for it), and releases it through flush_wal's.
+                self._db.write(wb, self._unsynced)
+                self._db.flush_wal(True)
                 self._synced_batches += 1
         except Exception as exc:
             for pending in accepted:

@@ -69,6 +69,7 @@ from node.handoff import handoff_to
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.runner import Decided, PartitionRunner, Request
+from node.visibility import Visibility
 from projections.decoding import EventDecoder
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
@@ -149,6 +150,8 @@ class Node:
         ).inc
         self._wakeups = Wakeups(self._clock.now_ms)
         self._history.observe(self._wakeups)
+        self._visibility = Visibility(self._history)
+        self._history.observe(self._visibility)
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -560,16 +563,12 @@ class Node:
     async def _visible(self, partition: int, offsets: list[int]) -> None:
         """Wait until the read model holds the events at ``offsets``, so the caller reads its
         own writes."""
-        if offsets and self._history.position(partition) <= offsets[-1]:
-            caught_up = await asyncio.to_thread(
-                self._history.wait_for, partition, offsets[-1], READ_YOUR_WRITES_S
-            )
-            if not caught_up:
-                # The write is durable, but an answer read from the read model now would not
-                # show it (a create would say "not found"): the caller must try again.
-                raise Unavailable(
-                    f"partition {partition}: decided, but not yet readable; try again"
-                )
+        if offsets and not await self._visibility.wait(
+            partition, offsets[-1], READ_YOUR_WRITES_S
+        ):
+            # The write is durable, but an answer read from the read model now would not
+            # show it (a create would say "not found"): the caller must try again.
+            raise Unavailable(f"partition {partition}: decided, but not yet readable; try again")
 
     async def _forward(
         self, partition: int, command: AnyCommand, *, visible: bool = True
