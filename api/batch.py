@@ -51,6 +51,8 @@ from core.events import AnyEvent, JobRegistered
 from core.ids import team_id
 
 MAX_BATCH_JOBS = 1000
+# A batch's key, with "#<index>" after it, is each item's idempotency key: it leaves room.
+MAX_BATCH_KEY = MAX_IDEMPOTENCY_KEY - 16
 # A batch's body may be larger than one job's: 1,000 jobs of a few KiB each.
 MAX_BATCH_BODY_BYTES = 16 << 20
 
@@ -61,9 +63,9 @@ class JobBatchIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     job of ``<idempotency_key>#<its index>``, so the batch may be sent again safely."""
 
     jobs: Annotated[list[NewJob], Meta(min_length=1, max_length=MAX_BATCH_JOBS)]
-    idempotency_key: (
-        Annotated[str, Meta(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | UnsetType
-    ) = UNSET
+    idempotency_key: Annotated[str, Meta(min_length=1, max_length=MAX_BATCH_KEY)] | UnsetType = (
+        UNSET
+    )
 
 
 class _Shape(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -71,9 +73,9 @@ class _Shape(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     itself."""
 
     jobs: list[Any]
-    idempotency_key: (
-        Annotated[str, Meta(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | UnsetType
-    ) = UNSET
+    idempotency_key: Annotated[str, Meta(min_length=1, max_length=MAX_BATCH_KEY)] | UnsetType = (
+        UNSET
+    )
 
 
 class JobResult(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -98,6 +98,7 @@ async def test_a_bad_item_changes_nothing_and_the_good_ones_are_created(api: Api
         ({"jobs": {"name": "x"}}, 400, "jobs"),
         ([JOB], 400, None),
         ({"jobs": [JOB], "extra": 1}, 400, "extra"),
+        ({"jobs": [JOB], "idempotency_key": "k" * 241}, 400, "idempotency_key"),
         ({"jobs": [JOB] * (MAX_BATCH_JOBS + 1)}, 413, "jobs"),
     ],
 )
