@@ -4,6 +4,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY core core
 COPY eventlog eventlog
+COPY archive archive
 COPY projections projections
 COPY node node
 COPY api api

@@ -21,11 +21,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from archive.reading import ArchivedLog
+from cli.retention_args import add_retention_arguments, retention_from
+from eventlog.retention import Retention
+
 if TYPE_CHECKING:
     from api.limits import Limits
+    from archive.archive import Archive
     from core.egress import EgressPolicy
     from eventlog.port import EventLog
     from node.node import Node
+    from node.retention import EmbeddedRetention, KafkaArchiving
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
 
@@ -178,6 +184,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="librdkafka settings for the producer of kafka:// targets only (default:"
         " --kafka-config); give it credentials whose ACLs deny the cluster's own topics",
     )
+    add_retention_arguments(serve)
     serve.add_argument("--log-level", default="info")
     serve.add_argument(
         "--access-log",
@@ -243,7 +250,16 @@ def _serve(args: argparse.Namespace) -> int:
     if args.secrets_dir is None and not secrets_dir.exists():
         secrets_dir.mkdir()
         secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
-    log_: EventLog
+    retention = retention_from(args)
+    raw_log: EventLog
+    archive = None
+    if args.archive_dir is not None or not (args.kafka or args.no_archive):
+        from archive.archive import Archive
+        from archive.store import DirectoryStore
+
+        archive_dir = args.archive_dir or data_dir / "archive"
+        make_private_dir(archive_dir)
+        archive = Archive(DirectoryStore(archive_dir))
     if args.kafka:
         from confluent_kafka import KafkaException
 
@@ -251,12 +267,13 @@ def _serve(args: argparse.Namespace) -> int:
         from eventlog.kafka import KafkaLog
 
         try:
-            log_ = KafkaLog.open(
+            raw_log = KafkaLog.open(
                 args.kafka,
                 args.partitions,
                 prefix=args.topic_prefix,
                 replication_factor=args.replication_factor,
                 min_insync_replicas=args.min_insync_replicas,
+                retention=retention,
                 client_config=kafka_config,
                 # The node answers a write once its read model holds it: that is the wait.
                 readable_appends=False,
@@ -265,14 +282,21 @@ def _serve(args: argparse.Namespace) -> int:
             sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")
         target_kafka = args.target_kafka or args.kafka
     else:
-        log_ = EmbeddedLog.open(data_dir / "log", _stored_partitions(data_dir, args.partitions))
+        raw_log = EmbeddedLog.open(
+            data_dir / "log",
+            _stored_partitions(data_dir, args.partitions),
+            segment_bytes=retention.segment_bytes,
+            segment_ms=retention.segment_ms,
+        )
         if not args.skip_log_check:
             try:
-                _check_log(log_)
+                _check_log(raw_log)
             except BaseException:
-                log_.close()
+                raw_log.close()
                 raise
         target_kafka = args.target_kafka
+    # Every reader of the events stream reads archive + log, so offset 0 is still readable.
+    log_: EventLog = raw_log if archive is None else ArchivedLog(raw_log, archive)
     node = Node(
         log_,
         data_dir / "node",
@@ -308,12 +332,14 @@ def _serve(args: argparse.Namespace) -> int:
     )
     server = _server(config, on_stop=node.wakeups.close)
     damaged: list[BaseException] = []
-    if isinstance(log_, EmbeddedLog):
+    if isinstance(raw_log, EmbeddedLog):
         # A read that finds damage later stops the node: nothing is served from a damaged log.
         threading.Thread(
-            target=_stop_on_damage, args=(log_, server, damaged), name="log-watch", daemon=True
+            target=_stop_on_damage, args=(raw_log, server, damaged), name="log-watch", daemon=True
         ).start()
+    retention_loop = _retention_loop(args, raw_log, archive, retention, node)
     node.start()
+    retention_loop.start()
     # Let allocation bursts (a midnight herd) run between collections, and once recovery has
     # loaded what lives as long as the node, keep the collector off it.
     gc.set_threshold(50_000, 20, 20)
@@ -342,12 +368,88 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         server.run()
     finally:
+        retention_loop.stop()
         # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
         node.stop(drain_s=0 if damaged else args.drain_sec)
         log_.close()
     if damaged:
         raise damaged[0]
     return 0
+
+
+def _retention_loop(
+    args: argparse.Namespace,
+    raw_log: EventLog,
+    archive: Archive | None,
+    retention: Retention,
+    node: Node,
+) -> EmbeddedRetention | KafkaArchiving | _NoLoop:
+    """What archives and prunes: the embedded log's retention loop, or in Kafka mode (where
+    the brokers prune) the archiver, if there is an archive."""
+    from archive.archiver import Archiver
+    from eventlog.embedded import EmbeddedLog
+    from node.retention import EmbeddedRetention, KafkaArchiving, RetentionMetrics, gap_counter
+
+    metrics = RetentionMetrics(node.metrics.registry)
+    archiver = None if archive is None else Archiver(raw_log, archive, on_gap=gap_counter(metrics))
+    interval_s = args.retention_check / 1000
+    if isinstance(raw_log, EmbeddedLog):
+        if archiver is None:
+            print(
+                "cronlog: --no-archive: retention deletes events for good; history and replay"
+                " from offset 0 start at the log's start",
+                flush=True,
+            )
+        else:
+            kept = (
+                "every event"
+                if retention.retention_ms is None
+                else f"{retention.retention_ms / 86_400_000:g} days of events"
+            )
+            print(
+                f"cronlog: the log keeps {kept}{_describe_bytes(retention.retention_bytes)};"
+                f" older ones are archived in {args.archive_dir or args.data_dir / 'archive'}",
+                flush=True,
+            )
+        return EmbeddedRetention(
+            raw_log,
+            retention,
+            node.recovery_floor,
+            metrics,
+            archiver=archiver,
+            interval_s=interval_s,
+        )
+    if archiver is None:
+        print(
+            "cronlog: no --archive-dir: events the brokers' retention removes"
+            f" ({_describe_ms(retention.retention_ms)}) are gone for good",
+            flush=True,
+        )
+        return _NoLoop()
+    return KafkaArchiving(
+        archiver,
+        node.owned,
+        metrics,
+        retention_ms=retention.retention_ms,
+        max_delay_ms=args.archive_delay,
+        interval_s=interval_s,
+    )
+
+
+class _NoLoop:
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def _describe_ms(ms: int | None) -> str:
+    return "never" if ms is None else f"after {ms / 86_400_000:g} days"
+
+
+def _describe_bytes(size: int | None) -> str:
+    return "" if size is None else f" (at most {size / 2**30:g} GiB a partition)"
 
 
 def make_private_dir(path: Path) -> None:

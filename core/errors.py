@@ -68,3 +68,15 @@ class EgressDenied(InvalidDefinition):
 
     def __init__(self, reason: str, field: str = "target") -> None:
         super().__init__(field, f"egress policy: {reason}")
+
+
+class Pruned(CronlogError):
+    """The records asked for have left the hot log (retention removed them): the partition's
+    ``stream`` now starts at ``start``. A reader that needs them reads the archive
+    (``archive.reading.ArchivedLog`` does that for every reader of the log)."""
+
+    def __init__(self, message: str, *, stream: str, partition: int, start: int) -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.partition = partition
+        self.start = start

@@ -8,6 +8,9 @@ Layout (raw mode, three column families)::
                b"epoch"   + partition:u32   -> u64   writer epoch, bumped on every takeover
                b"through" + partition:u32   -> u64   next command offset to process
                b"end" + stream:u8 + partition:u32 -> u64   records in the stream-partition
+               b"start" + stream:u8 + partition:u32 -> u64  first offset retention left
+               b"seg" + stream:u8 + partition:u32 + first:u64
+                                                  -> end, bytes, first_ms, last_ms (u64 each)
 
 A record is ``0x00 value`` or ``0x01 len(key):u32 key value``. Big-endian keys make RocksDB's
 byte order the (partition, offset) order, so a read is one seek and a forward scan. Offsets
@@ -45,6 +48,15 @@ read and write raises the same error, and :meth:`EmbeddedLog.wait_damaged` wakes
 that owns the log stops rather than serve from it. What the records *mean* is the readers'
 business: a record that is not an event is reported by ``projections.decoding``.
 
+**Segments and retention.** Each stream-partition is cut into segments
+(:mod:`eventlog.retention`): the committer adds every record to its partition's active segment
+and starts a new one when the active one reaches ``segment_bytes`` or has been open
+``segment_ms``; the segments' meta keys are written in the same batch as the records, so they
+always agree. :meth:`EmbeddedLog.prune` removes whole sealed segments from the front (one
+``delete_range`` and the new start, in one synced batch through the committer) and then
+compacts the range so the disk space comes back. A read from below the start raises
+:class:`core.errors.Pruned`; which segments go is decided above the log (``node.retention``).
+
 **Closing.** rocksdict keeps the ``LOCK`` while any column-family handle, iterator or snapshot
 is alive, even after ``close()``. Iterators live only inside a read; ``close`` waits for
 in-flight reads, drops the handles, then closes the database.
@@ -56,7 +68,7 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,10 +81,11 @@ from rocksdict import (
     WriteOptions,
 )
 
-from core.errors import CronlogError, Fenced, LogCorrupted
+from core.errors import CronlogError, Fenced, LogCorrupted, Pruned
 from eventlog.mailbox import LocalPostOffice
 from eventlog.memory import ChangeSignal, SingleProcessLog
 from eventlog.port import PartitionWriter, Record
+from eventlog.retention import DEFAULT_SEGMENT_BYTES, DEFAULT_SEGMENT_MS, Segment
 from eventlog.rocks import checked_reads, is_damage, iterator_error
 
 STREAMS = ("commands", "events")
@@ -85,7 +98,12 @@ _NUM_PARTITIONS = b"num_partitions"
 _EPOCH = b"epoch"
 _THROUGH = b"through"
 _END = b"end"
+_START = b"start"
+_SEG = b"seg"
+_SEG_VALUE = struct.Struct(">QQQQ")
 _MAX_OFFSET = 2**64 - 1
+_KEY_BYTES = _KEY.size  # what a record's key takes, counted in a segment's bytes
+_EVENT_OVERHEAD = _KEY_BYTES + 1  # and an event's frame byte
 
 
 def _encode(value: bytes, key: bytes | None) -> bytes:
@@ -114,6 +132,18 @@ def _unframe(path: Path, stream: str, partition: int, offset: int, stored: bytes
 
 def _end_key(stream: str, partition: int) -> bytes:
     return _END + _STREAM_ID[stream] + _U32.pack(partition)
+
+
+def _start_key(stream: str, partition: int) -> bytes:
+    return _START + _STREAM_ID[stream] + _U32.pack(partition)
+
+
+def _segment_key(stream: str, partition: int, first: int) -> bytes:
+    return _SEG + _STREAM_ID[stream] + _U32.pack(partition) + _U64.pack(first)
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 # RocksDB names the file in its messages: "... in /data/log/000009.sst offset 13099 ...",
@@ -171,11 +201,18 @@ class _TakeOver:
     member: object
 
 
+@dataclass(frozen=True, slots=True)
+class _Prune:
+    stream: str
+    partition: int
+    before: int
+
+
 @dataclass(slots=True)
 class _Pending:
     """A write waiting for the committer; ``done`` is set once it is durable or refused."""
 
-    op: _Submit | _Append | _TakeOver
+    op: _Submit | _Append | _TakeOver | _Prune
     done: threading.Event = field(default_factory=threading.Event)
     offsets: list[int] = field(default_factory=list)
     error: BaseException | None = None
@@ -214,11 +251,27 @@ class EmbeddedWriter:
 
 
 class EmbeddedLog(SingleProcessLog):
-    """``EmbeddedLog.open(path, num_partitions)``: the log port on local RocksDB."""
+    """``EmbeddedLog.open(path, num_partitions)``: the log port on local RocksDB.
 
-    def __init__(self, path: str | Path, num_partitions: int) -> None:
+    ``segment_bytes``/``segment_ms`` say when a segment is sealed (the unit retention prunes);
+    ``wall_ms`` is the clock that stamps segments (tests pass a fake one)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        num_partitions: int,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        segment_ms: int = DEFAULT_SEGMENT_MS,
+        wall_ms: Callable[[], int] = _wall_ms,
+    ) -> None:
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
+        if segment_bytes < 1 or segment_ms < 1:
+            raise ValueError("segment_bytes and segment_ms must be positive")
+        self._segment_bytes = segment_bytes
+        self._segment_ms = segment_ms
+        self._wall_ms = wall_ms
         self._path = Path(path)
         self._num_partitions = num_partitions
         self._post_office = LocalPostOffice()
@@ -234,8 +287,15 @@ class EmbeddedLog(SingleProcessLog):
 
         try:
             self._check_num_partitions()
+            self._starts = {
+                s: [self._meta_u64(_start_key(s, p), None) for p in self._partitions()]
+                for s in STREAMS
+            }
             # Owned by the committer; readers see ``_visible``, published after each fsync.
             self._next = {s: [self._checked_end(s, p) for p in self._partitions()] for s in STREAMS}
+            self._segments = {
+                s: [self._load_segments(s, p) for p in self._partitions()] for s in STREAMS
+            }
             self._epochs = [self._meta_u64(_EPOCH, p) for p in self._partitions()]
             self._positions = [self._meta_u64(_THROUGH, p) for p in self._partitions()]
         except BaseException:
@@ -256,9 +316,10 @@ class EmbeddedLog(SingleProcessLog):
         self._committer.start()
 
     @classmethod
-    def open(cls, path: str | Path, num_partitions: int) -> EmbeddedLog:
-        """Open the log at ``path``, creating it; the partition count is fixed at creation."""
-        return cls(path, num_partitions)
+    def open(cls, path: str | Path, num_partitions: int, **segments: Any) -> EmbeddedLog:
+        """Open the log at ``path``, creating it; the partition count is fixed at creation.
+        ``segments``: ``segment_bytes``, ``segment_ms``, ``wall_ms`` (see the class)."""
+        return cls(path, num_partitions, **segments)
 
     @property
     def num_partitions(self) -> int:
@@ -295,10 +356,10 @@ class EmbeddedLog(SingleProcessLog):
                         raise known
                     if self._signal.closed:
                         raise CronlogError(f"event log {self._path} is closed")
-                    end = self._visible[stream][partition]
+                    start, end = self._starts[stream][partition], self._visible[stream][partition]
                     self._readers += 1
                 try:
-                    total += self._check(stream, partition, end)
+                    total += self._check(stream, partition, start, end)
                 except LogCorrupted as found:
                     raise self._damaged(found) from None
                 finally:
@@ -335,6 +396,45 @@ class EmbeddedLog(SingleProcessLog):
         self._check_partition(partition)
         with self._signal.cond:
             return self._visible[stream][partition]
+
+    def start_offset(self, stream: str, partition: int) -> int:
+        self._check_stream(stream)
+        self._check_partition(partition)
+        with self._signal.cond:
+            return self._starts[stream][partition]
+
+    def segments(self, stream: str, partition: int) -> list[Segment]:
+        """The stream-partition's segments, oldest first; the last is the active one."""
+        self._check_stream(stream)
+        self._check_partition(partition)
+        with self._signal.cond:
+            return list(self._segments[stream][partition])
+
+    def command_position(self, partition: int) -> int:
+        """The next command offset the partition's owner will process: every command below
+        it has been decided, so no owner needs it again."""
+        self._check_partition(partition)
+        return self._command_position(partition)
+
+    def prune(self, stream: str, partition: int, before: int) -> int:
+        """Remove the sealed segments wholly below ``before``, which must be where a segment
+        starts (never the active one's end); returns the new start offset. Durable on return.
+        The disk space comes back as RocksDB compacts the range, asked for here at once."""
+        self._check_stream(stream)
+        self._check_partition(partition)
+        [start] = self._commit(_Prune(stream, partition, before))
+        with self._signal.cond:
+            if self._signal.closed:
+                return start
+            self._readers += 1
+        try:
+            self._tables[stream].compact_range(_KEY.pack(partition, 0), _KEY.pack(partition, start))
+        finally:
+            with self._signal.cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._signal.cond.notify_all()
+        return start
 
     def close(self) -> None:
         """Finish queued writes, wake every waiter, wait for reads, then release the LOCK."""
@@ -403,7 +503,8 @@ class EmbeddedLog(SingleProcessLog):
             )
 
     def _scan_end(self, stream: str, partition: int, recorded: int | None = None) -> int:
-        """The offset after the last stored record of a stream-partition (0 when empty).
+        """The offset after the last stored record of a stream-partition (its start when
+        empty: 0, or where retention left it).
         ``recorded``: the end the log recorded, which names the record that cannot be read."""
         it = self._tables[stream].iter(checked_reads())
         it.seek_for_prev(_KEY.pack(partition, _MAX_OFFSET))
@@ -413,10 +514,11 @@ class EmbeddedLog(SingleProcessLog):
         if error is not None:
             last_written = None if not recorded else recorded - 1
             raise _rocksdb_damage(self._path, error, stream, partition, last_written)
+        start = self._starts[stream][partition]
         if last is None:
-            return 0
+            return start
         found, offset = _KEY.unpack(last)
-        return offset + 1 if found == partition else 0
+        return offset + 1 if found == partition else start
 
     def _checked_end(self, stream: str, partition: int) -> int:
         """The scanned end, which must be the end recorded with the last batch.
@@ -442,9 +544,61 @@ class EmbeddedLog(SingleProcessLog):
             )
         return end
 
-    def _meta_u64(self, prefix: bytes, partition: int) -> int:
-        stored = self._tables[_META].get(prefix + _U32.pack(partition))
+    def _meta_u64(self, prefix: bytes, partition: int | None) -> int:
+        key = prefix if partition is None else prefix + _U32.pack(partition)
+        stored = self._tables[_META].get(key)
         return 0 if stored is None else int(_U64.unpack(stored)[0])
+
+    def _load_segments(self, stream: str, partition: int) -> list[Segment]:
+        """The stored segments; a log written before segments existed gets one segment over
+        what it holds, stamped now (so time-based retention counts from its first start)."""
+        prefix = _SEG + _STREAM_ID[stream] + _U32.pack(partition)
+        it = self._tables[_META].iter(checked_reads())
+        it.seek(prefix)
+        found: list[Segment] = []
+        while it.valid() and it.key().startswith(prefix):
+            (first,) = _U64.unpack(it.key()[len(prefix) :])
+            end, size, first_ms, last_ms = _SEG_VALUE.unpack(it.value())
+            found.append(Segment(first, end, size, first_ms, last_ms))
+            it.next()
+        error = iterator_error(it)
+        del it
+        if error is not None:
+            raise _rocksdb_damage(self._path, error, _META, None, None)
+        start, end = self._starts[stream][partition], self._next[stream][partition]
+        if not found and end > start:
+            now = self._wall_ms()
+            return [Segment(start, end, 0, now, now)]
+        if found and (found[0].first != start or found[-1].end != end):
+            raise LogCorrupted(
+                f"event log {self._path} is damaged: {stream} partition {partition} holds "
+                f"offsets {start}..{end - 1}, but its segments cover "
+                f"{found[0].first}..{found[-1].end - 1}",
+                stream=stream,
+                partition=partition,
+                offset=start,
+            )
+        return found
+
+    def _grow(
+        self, segments: list[Segment], at: int, offset: int, count: int, size: int, now: int
+    ) -> int:
+        """Add ``count`` records of ``size`` bytes in all from ``offset`` on (one append, which
+        a segment takes whole: like Kafka's batches, an append is never split) to a partition's
+        segments (a copy the committer owns); returns the index of the first segment this
+        changed, given ``at``, the first changed so far in the batch."""
+        last = segments[-1] if segments else None
+        if (
+            last is None
+            or last.bytes >= self._segment_bytes
+            or now - last.first_ms >= self._segment_ms
+        ):
+            segments.append(Segment(offset, offset + count, size, now, now))
+        else:
+            segments[-1] = Segment(
+                last.first, offset + count, last.bytes + size, last.first_ms, now
+            )
+        return min(at, len(segments) - 1)
 
     def _damaged(self, damage: LogCorrupted) -> LogCorrupted:
         """Record the first damage found: from now on the log refuses reads and writes.
@@ -463,7 +617,7 @@ class EmbeddedLog(SingleProcessLog):
 
     # -- writing: callers queue, the committer batches ----------------------------------
 
-    def _commit(self, op: _Submit | _Append | _TakeOver) -> list[int]:
+    def _commit(self, op: _Submit | _Append | _TakeOver | _Prune) -> list[int]:
         pending = _Pending(op)
         damage = self._known_damage()
         if damage is not None:
@@ -509,6 +663,18 @@ class EmbeddedLog(SingleProcessLog):
         next_offsets = {s: list(ends) for s, ends in self._next.items()}
         epochs = list(self._epochs)
         positions = list(self._positions)
+        starts = {s: list(firsts) for s, firsts in self._starts.items()}
+        segments = {s: list(parts) for s, parts in self._segments.items()}  # copied when touched
+        changed: dict[tuple[str, int], int] = {}  # first segment index written, per partition
+        now = self._wall_ms()
+
+        def grow(stream: str, partition: int, offset: int, count: int, size: int) -> None:
+            key = (stream, partition)
+            if key not in changed:
+                segments[stream][partition] = list(segments[stream][partition])
+            at = changed.get(key, len(segments[stream][partition]))
+            changed[key] = self._grow(segments[stream][partition], at, offset, count, size, now)
+
         owner: object | None = None
         took_over = False
         wb = WriteBatch(raw_mode=True)
@@ -518,7 +684,9 @@ class EmbeddedLog(SingleProcessLog):
                 case _Submit(partition, value, key):
                     offset = next_offsets["commands"][partition]
                     next_offsets["commands"][partition] = offset + 1
-                    wb.put(_KEY.pack(partition, offset), _encode(value, key), self._cf["commands"])
+                    stored = _encode(value, key)
+                    wb.put(_KEY.pack(partition, offset), stored, self._cf["commands"])
+                    grow("commands", partition, offset, 1, len(stored) + _KEY_BYTES)
                     pending.offsets = [offset]
                 case _Append(partition, epoch, events, through):
                     if epoch != epochs[partition]:
@@ -528,8 +696,18 @@ class EmbeddedLog(SingleProcessLog):
                         )
                         continue
                     first = next_offsets["events"][partition]
+                    size = 0
                     for i, event in enumerate(events):
                         wb.put(_KEY.pack(partition, first + i), b"\x00" + event, self._cf["events"])
+                        size += len(event)
+                    if events:
+                        grow(
+                            "events",
+                            partition,
+                            first,
+                            len(events),
+                            size + len(events) * _EVENT_OVERHEAD,
+                        )
                     next_offsets["events"][partition] = first + len(events)
                     pending.offsets = list(range(first, first + len(events)))
                     if through is not None:
@@ -545,11 +723,43 @@ class EmbeddedLog(SingleProcessLog):
                         )
                     pending.offsets = list(epochs)
                     owner, took_over = member, True
+                case _Prune(stream, partition, before):
+                    kept = segments[stream][partition]
+                    start = starts[stream][partition]
+                    if before <= start:
+                        pending.offsets = [start]
+                        continue
+                    firsts = [segment.first for segment in kept[1:]]
+                    if before not in firsts:
+                        pending.error = ValueError(
+                            f"cannot prune {stream} partition {partition} before offset {before}:"
+                            f" not where a sealed segment ends (segments start at "
+                            f"{[start, *firsts]}; the active one is never pruned)"
+                        )
+                        continue
+                    cut = firsts.index(before) + 1
+                    cf = self._cf[stream]
+                    wb.delete_range(_KEY.pack(partition, start), _KEY.pack(partition, before), cf)
+                    for gone in kept[:cut]:
+                        wb.delete(_segment_key(stream, partition, gone.first), self._cf[_META])
+                    wb.put(_start_key(stream, partition), _U64.pack(before), self._cf[_META])
+                    segments[stream][partition] = kept[cut:]
+                    starts[stream][partition] = before
+                    if (stream, partition) in changed:  # indexes moved down with the cut
+                        changed[stream, partition] = max(0, changed[stream, partition] - cut)
+                    pending.offsets = [before]
             accepted.append(pending)
         for stream, ends in next_offsets.items():
             for partition, end in enumerate(ends):
                 if end != self._next[stream][partition]:
                     wb.put(_end_key(stream, partition), _U64.pack(end), self._cf[_META])
+        for (stream, partition), at in changed.items():
+            for segment in segments[stream][partition][at:]:
+                wb.put(
+                    _segment_key(stream, partition, segment.first),
+                    _SEG_VALUE.pack(segment.end, segment.bytes, segment.first_ms, segment.last_ms),
+                    self._cf[_META],
+                )
         try:
             if not wb.is_empty():
                 # Written, then the WAL synced: durable on return as a synced write is, but
@@ -566,6 +776,7 @@ class EmbeddedLog(SingleProcessLog):
         else:
             with self._signal.cond:
                 self._next, self._epochs, self._positions = next_offsets, epochs, positions
+                self._starts, self._segments = starts, segments
                 self._visible = {s: list(ends) for s, ends in next_offsets.items()}
                 if took_over:
                     self._signal.owner = owner
@@ -597,6 +808,9 @@ class EmbeddedLog(SingleProcessLog):
                 known = self._known_damage()
                 if known is not None:
                     raise known
+                start = self._starts[stream][partition]
+                if from_offset < start:
+                    raise self._pruned(stream, partition, from_offset, start)
                 end = self._visible[stream][partition]
                 if end > from_offset:
                     break
@@ -608,6 +822,10 @@ class EmbeddedLog(SingleProcessLog):
         try:
             return self._scan(stream, partition, from_offset, end, max_records)
         except LogCorrupted as found:
+            with self._signal.cond:
+                start = self._starts[stream][partition]
+            if from_offset < start:  # pruned while the scan ran: not damage
+                raise self._pruned(stream, partition, from_offset, start) from None
             raise self._damaged(found) from None
         finally:
             with self._signal.cond:
@@ -665,13 +883,23 @@ class EmbeddedLog(SingleProcessLog):
             )
         return records
 
-    def _check(self, stream: str, partition: int, end: int) -> int:
-        """:meth:`_scan`'s checks over ``[0, end)``, one iterator, no records made."""
+    def _pruned(self, stream: str, partition: int, offset: int, start: int) -> Pruned:
+        return Pruned(
+            f"event log {self._path}: {stream} partition {partition} starts at offset {start} "
+            f"(retention pruned what was before it); offset {offset} is in the archive, if any",
+            stream=stream,
+            partition=partition,
+            start=start,
+        )
+
+    def _check(self, stream: str, partition: int, start: int, end: int) -> int:
+        """:meth:`_scan`'s checks over ``[start, end)``, one iterator, no records made; returns
+        how many records there are."""
         read_options = checked_reads()
         read_options.set_iterate_upper_bound(_KEY.pack(partition, end))
         it: Any = self._tables[stream].iter(read_options)
-        it.seek(_KEY.pack(partition, 0))
-        expected = 0
+        it.seek(_KEY.pack(partition, start))
+        expected = start
         problem: LogCorrupted | None = None
         while it.valid():
             key, value = it.key(), it.value()
@@ -707,7 +935,7 @@ class EmbeddedLog(SingleProcessLog):
                 partition=partition,
                 offset=expected,
             )
-        return expected
+        return expected - start
 
     # -- checks ---------------------------------------------------------------------------
 

@@ -62,10 +62,18 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
-from core.errors import CronlogError, Fenced
+from core.errors import CronlogError, Fenced, Pruned
 from eventlog.port import OwnershipListener, Record, partition_for
+from eventlog.retention import Retention
 
 if TYPE_CHECKING:
     from eventlog.port import EventLog
@@ -91,6 +99,18 @@ _LEADERSHIP_SETTLING = frozenset(
 # when this ran out: at 100 ms, every write waited a tenth of a second for the read model to see
 # it. An idle node pays for the shorter wait in fetches (about 0.03 of a core more, 8 partitions).
 READ_WAIT_MS = 10
+# Errors of a topic creation that pass once the cluster settles (librdkafka flags some of them
+# not retriable): the broker asked went away, the controller moved, no broker answered in time.
+_CREATE_SETTLING = frozenset(
+    {
+        KafkaError._DESTROY_BROKER,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.BROKER_NOT_AVAILABLE,
+    }
+)
 REPLY_RETENTION_MS = 3_600_000  # replies are ephemeral: a node reads them within seconds
 T = TypeVar("T")
 
@@ -148,6 +168,7 @@ class KafkaLog:
         replication_factor: int = 3,
         min_insync_replicas: int | None = 2,
         topic_config: dict[str, str] | None = None,
+        retention: Retention | None = None,
         client_config: dict[str, Any] | None = None,
         session_timeout_ms: int = 6000,
         max_poll_interval_ms: int = 10000,
@@ -158,9 +179,14 @@ class KafkaLog:
 
         Topics that exist already are accepted when their partition count matches; any other
         count is an error, since it would move jobs between partitions. The log is the source
-        of truth, so the commands and events topics keep records forever unless
-        ``topic_config`` says otherwise; the replies topic keeps them an hour.
+        of truth, so the commands and events topics keep records forever unless ``retention``
+        or ``topic_config`` says otherwise; the replies topic keeps them an hour.
         ``replication_factor=-1`` and ``min_insync_replicas=None`` take the broker's defaults.
+
+        ``retention`` (what ``cronlog serve`` passes) sets the events topic's ``retention.ms``
+        and ``retention.bytes`` and the commands topic's ``retention.ms`` (never a size bound:
+        that could delete commands nobody consumed yet), at creation and, when an existing
+        topic says otherwise, by altering it: the nodes' settings are the source of truth.
         """
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
@@ -173,8 +199,14 @@ class KafkaLog:
             config["min.insync.replicas"] = str(min_insync_replicas)
         config.update(topic_config or {})
         admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(client_config or {})})
-        names = [f"{prefix}.{stream}" for stream in STREAMS]
-        _ensure_topics(admin, names, num_partitions, replication_factor, config, timeout_s)
+        per_topic = retention_configs(retention) if retention is not None else {}
+        for stream in STREAMS:
+            name = f"{prefix}.{stream}"
+            wanted = per_topic.get(stream, {})
+            topic = {**config, **wanted}
+            _ensure_topics(admin, [name], num_partitions, replication_factor, topic, timeout_s)
+            if wanted:
+                _align_configs(admin, name, wanted, timeout_s)
         replies = {**config, "retention.ms": str(REPLY_RETENTION_MS)}
         _ensure_topics(
             admin, [f"{prefix}.replies"], REPLY_PARTITIONS, replication_factor, replies, timeout_s
@@ -228,6 +260,13 @@ class KafkaLog:
             tp = TopicPartition(self._topic(stream), partition)
             return _end_offset(consumer, tp, self._timeout_s)
 
+    def start_offset(self, stream: str, partition: int) -> int:
+        """The partition's low watermark: Kafka's log start offset, which retention moves."""
+        self._check_partition(partition)
+        with self._reader() as consumer:
+            tp = TopicPartition(self._topic(stream), partition)
+            return _start_offset(consumer, tp, self._timeout_s)
+
     def join(self, listener: OwnershipListener) -> KafkaMembership:
         self._check_open()
         member = KafkaMembership(self, listener)
@@ -262,6 +301,10 @@ class KafkaLog:
         self._closed.set()
         self._reporter.join()
         self._producer.flush(self._timeout_s)
+        # Closed, not left to the garbage collector: a producer alive after its cluster went
+        # away keeps reconnecting and logging until the process ends.
+        with contextlib.suppress(KafkaException):
+            self._producer.close()
         with self._readers_lock:
             readers, self._readers = self._readers, []
         for consumer in readers:
@@ -361,6 +404,20 @@ class KafkaLog:
                     if err.code() == KafkaError._PARTITION_EOF:
                         at_end = True
                         continue
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        # Out of range: past the end (nothing there yet), or below the log's
+                        # start (retention deleted it): say so, never skip ahead.
+                        consumer.unassign()
+                        start = _start_offset(consumer, TopicPartition(topic, partition), 5.0)
+                        if from_offset >= start:
+                            return records
+                        raise Pruned(
+                            f"{topic}[{partition}] starts at offset {start} (retention deleted "
+                            f"what was before it); offset {from_offset} is in the archive, if any",
+                            stream=stream,
+                            partition=partition,
+                            start=start,
+                        )
                     raise CronlogError(f"reading {topic}[{partition}]: {err}")
                 offset = _offset(msg)
                 if offset >= from_offset and (not records or offset > records[-1].offset):
@@ -382,7 +439,8 @@ class KafkaLog:
                         "enable.auto.commit": False,
                         "isolation.level": "read_committed",
                         "enable.partition.eof": True,
-                        "auto.offset.reset": "latest",
+                        # An offset retention deleted is an error to report, not a reset.
+                        "auto.offset.reset": "error",
                         "fetch.wait.max.ms": READ_WAIT_MS,
                     }
                 )
@@ -584,6 +642,7 @@ class KafkaMembership:
                     f"committed offset of {self._commands}[{tp.partition}]: {tp.error}"
                 )
             position = tp.offset if tp.offset >= 0 else 0
+            _warn_if_commands_were_deleted(consumer, tp, position, log._timeout_s)
             writers[tp.partition]._position = position
             starts.append(
                 TopicPartition(self._commands, tp.partition, position or OFFSET_BEGINNING)
@@ -762,6 +821,36 @@ def _end_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float)
             time.sleep(0.1)  # leadership settling has no event to wait on
 
 
+def _warn_if_commands_were_deleted(
+    consumer: Consumer, partition: TopicPartition, position: int, timeout_s: float
+) -> None:
+    """Say so loudly when the commands topic's retention deleted commands nobody decided:
+    consuming goes on from the topic's start (``auto.offset.reset``), which is all that can
+    be done, but it must not pass unnoticed. The commands' retention (7 days by default) is
+    meant to make this impossible short of a week without an owner."""
+    try:
+        start = _start_offset(
+            consumer, TopicPartition(partition.topic, partition.partition), timeout_s
+        )
+    except KafkaException as e:
+        logger.warning("start of %s[%d] unknown: %s", partition.topic, partition.partition, e)
+        return
+    if position < start:
+        logger.error(
+            "%s[%d]: commands %d..%d were deleted by the topic's retention before any owner "
+            "decided them; they are lost (raise --command-retention)",
+            partition.topic,
+            partition.partition,
+            position,
+            start - 1,
+        )
+
+
+def _start_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float) -> int:
+    low, _ = consumer.get_watermark_offsets(partition, timeout=timeout_s)
+    return int(low)
+
+
 def _retrying(call: Callable[[], T], attempts: int = 5) -> T:
     """Run a transactional call, repeating it while librdkafka flags its error retriable."""
     for attempt in range(attempts):
@@ -775,6 +864,70 @@ def _retrying(call: Callable[[], T], attempts: int = 5) -> T:
     raise AssertionError("unreachable")
 
 
+def retention_configs(retention: Retention) -> dict[str, dict[str, str]]:
+    """The topic configs ``retention`` means, per stream (``-1`` is Kafka's "no bound")."""
+
+    def bound(value: int | None) -> str:
+        return "-1" if value is None else str(value)
+
+    return {
+        "events": {
+            "retention.ms": bound(retention.retention_ms),
+            "retention.bytes": bound(retention.retention_bytes),
+        },
+        "commands": {
+            "retention.ms": bound(retention.command_retention_ms),
+            "retention.bytes": "-1",
+        },
+    }
+
+
+def topic_configs(admin: AdminClient, name: str, timeout_s: float) -> dict[str, str]:
+    """The topic's current configs (every one the broker reports)."""
+    resource = ConfigResource(ResourceType.TOPIC, name)
+    [future] = admin.describe_configs([resource], request_timeout=timeout_s).values()
+    return {key: entry.value for key, entry in future.result().items()}
+
+
+def _align_configs(admin: AdminClient, name: str, wanted: dict[str, str], timeout_s: float) -> None:
+    """Set the configs of ``wanted`` that the existing topic ``name`` has otherwise. Asked
+    again while the error passes (a controller moving), as topic creation is."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _align_once(admin, name, wanted, timeout_s)
+            return
+        except KafkaException as e:
+            err = e.args[0]
+            passing = err.retriable() or err.code() in _CREATE_SETTLING
+            if not passing or time.monotonic() >= deadline:
+                raise CronlogError(f"cannot set the retention of topic {name}: {err}") from e
+            logger.warning("setting the retention of topic %s: %s; asking again", name, err)
+        time.sleep(0.2)  # a broker's failover has no event to wait on
+
+
+def _align_once(admin: AdminClient, name: str, wanted: dict[str, str], timeout_s: float) -> None:
+    current = topic_configs(admin, name, timeout_s)
+    changes = {k: v for k, v in wanted.items() if current.get(k) != v}
+    if not changes:
+        return
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        name,
+        incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+            for k, v in changes.items()
+        ],
+    )
+    [future] = admin.incremental_alter_configs([resource], request_timeout=timeout_s).values()
+    future.result()
+    logger.info(
+        "topic %s: %s",
+        name,
+        ", ".join(f"{k} {current.get(k)} -> {v}" for k, v in changes.items()),
+    )
+
+
 def _ensure_topics(
     admin: AdminClient,
     names: list[str],
@@ -783,19 +936,32 @@ def _ensure_topics(
     config: dict[str, str],
     timeout_s: float,
 ) -> None:
-    futures = admin.create_topics(
-        [NewTopic(name, num_partitions, replication_factor, config=config) for name in names],
-        operation_timeout=timeout_s,
-        request_timeout=timeout_s,
-    )
-    for name, future in futures.items():
-        try:
-            future.result()
-        except KafkaException as e:
-            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise CronlogError(f"cannot create topic {name}: {e.args[0]}") from e
-    # Wait until every partition has a leader, so the first produce does not race the metadata.
     deadline = time.monotonic() + timeout_s
+    pending = list(names)
+    while pending:
+        futures = admin.create_topics(
+            [NewTopic(n, num_partitions, replication_factor, config=config) for n in pending],
+            operation_timeout=timeout_s,
+            request_timeout=timeout_s,
+        )
+        pending = []
+        for name, future in futures.items():
+            try:
+                future.result()
+            except KafkaException as e:
+                err = e.args[0]
+                if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue
+                # A broker that dies with the request in flight, or a controller moving, passes:
+                # ask again rather than fail the node's start (it once exited here).
+                passing = err.retriable() or err.code() in _CREATE_SETTLING
+                if not passing or time.monotonic() >= deadline:
+                    raise CronlogError(f"cannot create topic {name}: {err}") from e
+                logger.warning("creating topic %s: %s; asking again", name, err)
+                pending.append(name)
+        if pending:
+            time.sleep(0.2)  # a broker's failover has no event to wait on
+    # Wait until every partition has a leader, so the first produce does not race the metadata.
     while True:
         topics = admin.list_topics(timeout=timeout_s).topics
         ready = True

@@ -284,6 +284,13 @@ class MemoryLog(SingleProcessLog):
         with self._signal.cond:
             return self._stream(stream, partition).next_offset
 
+    def start_offset(self, stream: str, partition: int) -> int:
+        """The in-memory log keeps everything: its first record's offset (0 for the first)."""
+        self._check_partition(partition)
+        with self._signal.cond:
+            s = self._stream(stream, partition)
+            return s.offsets[0] if s.offsets else s.next_offset
+
     def close(self) -> None:
         with self._signal.cond:
             self._signal.closed = True

@@ -34,6 +34,11 @@ Invariants every adapter keeps (the contract suite in ``tests/eventlog`` checks 
    is durable. A reply may be lost (its node restarted): the caller times out and may retry,
    which is safe because every request is idempotent or fenced by its token.
 
+8. **Retention is explicit.** A stream-partition may lose its oldest records to retention;
+   :meth:`EventLog.start_offset` says where it starts now. A read from below the start raises
+   :class:`core.errors.Pruned` (never a silent jump forward), so a reader that needs them turns
+   to the archive (:class:`archive.reading.ArchivedLog` does it for every reader).
+
 All calls are blocking; the node runtime calls them from worker threads.
 """
 
@@ -133,6 +138,10 @@ class EventLog(Protocol):
 
     def end_offset(self, stream: str, partition: int) -> int:
         """The offset the next record of ``stream`` ("commands" or "events") will get, or later."""
+
+    def start_offset(self, stream: str, partition: int) -> int:
+        """The offset of the oldest record retention has left in ``stream`` (invariant 8): every
+        record below it is gone from the log; ``end_offset`` when the stream is empty."""
 
     def join(self, listener: OwnershipListener) -> Membership: ...
 

@@ -68,6 +68,7 @@ from node.executors import Executors
 from node.handoff import handoff_to
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
+from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
 from node.visibility import Visibility
 from projections.decoding import EventDecoder
@@ -112,8 +113,12 @@ class Node:
         clock: Clock | None = None,
         executors: Executors | None = None,
         fence_grace_s: float = FENCE_GRACE_S,
+        snapshot_offset: Callable[[int], int | None] | None = None,
     ) -> None:
         self.node_id = node_id
+        # The newest durable snapshot's offset per partition, once snapshots exist; retention
+        # keeps the log from there (recovery_floor).
+        self._snapshot_offset = snapshot_offset or _no_snapshot
         self._fence_grace_s = fence_grace_s
         self._log = log_
         self._data_dir = Path(data_dir)
@@ -417,6 +422,23 @@ class Node:
     def owned(self) -> list[int]:
         return sorted(self._runners)
 
+    def recovery_floor(self, partition: int) -> int | None:
+        """The lowest event offset a recovery of ``partition`` on this node may still read
+        from the log (:func:`node.retention.recovery_floor` over this node's durable
+        checkpoints); None while unknown, and then retention prunes nothing."""
+        runner = self._runners.get(partition)
+        state_store = None if runner is None else runner.checkpoint()
+        try:
+            read_model: int | None = self._history.durable_positions().get(partition, 0)
+        except Exception as err:  # closed or damaged: unknown, so nothing is pruned
+            log.warning("read model checkpoint unknown: %s", err)
+            read_model = None
+        return recovery_floor(
+            state_store=state_store,
+            read_model=read_model,
+            snapshot=self._snapshot_offset(partition),
+        )
+
     def gauges(self) -> Gauges:
         """The node as it is now, for the metrics' gauges (called at each scrape)."""
         now = self._clock.now_ms()
@@ -628,6 +650,10 @@ class Node:
             granted += [e for e in events if isinstance(e, ev.LeaseGranted)]
         self.metrics.claims.labels("granted" if granted else "empty").inc()
         return granted
+
+
+def _no_snapshot(partition: int) -> int | None:
+    return None
 
 
 def _backoff(failures: int) -> float:

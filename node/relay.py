@@ -93,7 +93,8 @@ class DependencyRelay:
 
     async def _relay_recent(self, partition: int) -> None:
         end = await asyncio.to_thread(self._log.end_offset, "events", partition)
-        offset = max(0, end - RECENT_EVENTS)
+        start = await asyncio.to_thread(self._log.start_offset, "events", partition)
+        offset = max(start, end - RECENT_EVENTS)
         while offset < end:
             records = await asyncio.to_thread(self._log.read_events, partition, offset, 1000)
             if not records:

@@ -202,6 +202,18 @@ class PartitionRunner:
         """The partition's state as last decided (read by the node's gauges and executors)."""
         return self.core.state
 
+    def checkpoint(self) -> int | None:
+        """The next event offset the partition's state store holds durably: where its next
+        recovery starts reading. None while no store is open (recovering, failed, stopped)."""
+        store = self._store
+        if store is None:
+            return None
+        try:
+            return store.durable_offset()
+        except Exception as err:  # closed under us by a failure: unknown, so nothing is pruned
+            log.warning("partition %d: state store checkpoint unknown: %s", self.partition, err)
+            return None
+
     def ended_for(self) -> float:
         """Seconds since the loop ended (0 while it runs)."""
         return 0.0 if self._ended_at is None else time.monotonic() - self._ended_at

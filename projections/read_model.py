@@ -334,6 +334,13 @@ class ReadModel:
                 raise StoreDamaged(f"read model {self._path}: {exc}") from exc
             raise
 
+    def durable_positions(self) -> dict[int, int]:
+        """Each partition's next event offset as the model would reopen after a crash, made
+        so now (the WAL is synced first): retention may prune the log below it, never above."""
+        with self._db_lock:
+            self._db.flush_wal(True)
+            return self._stored_positions()
+
     def _stored_positions(self) -> dict[int, int]:
         with self._reading():
             return {

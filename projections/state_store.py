@@ -98,6 +98,11 @@ class StateStore(Protocol):
     def dump(self) -> list[tuple[bytes, bytes]]:
         """Every stored key and value in key order: equal histories give equal dumps."""
 
+    def durable_offset(self) -> int:
+        """The next event offset the store would load after a crash, made so now (what it
+        holds is forced to disk first): retention may prune the log below it, never above.
+        Safe to call from another thread than the one saving."""
+
     def set_aside(self) -> str:
         """Put the stored data out of the way (a damaged store) and start empty; returns where
         the old data went."""
@@ -236,6 +241,10 @@ class MemoryStateStore:
     def dump(self) -> list[tuple[bytes, bytes]]:
         return sorted(self._data.items())
 
+    def durable_offset(self) -> int:
+        stored = self._data.get(OFFSET)
+        return 0 if stored is None else int(_U64.unpack(stored)[0])
+
     def set_aside(self) -> str:
         self.aside = dict(self._data)  # what a test may look at
         self._data = {}
@@ -294,6 +303,13 @@ class RocksStateStore:
 
     def load(self) -> tuple[PartitionState, int]:
         return build(self._partition, self.dump())
+
+    def durable_offset(self) -> int:
+        # Saves are not synced (module docstring): sync the WAL, so what is read here
+        # survives a power loss too.
+        self._db.flush_wal(True)
+        stored = self._db.get(OFFSET)
+        return 0 if stored is None else int(_U64.unpack(stored)[0])
 
     def save(
         self,

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -41,8 +41,10 @@ class Serve:
         tokens: str | None = TOKENS,
         env: dict[str, str] | None = None,
         partitions: int = 4,
+        args: Sequence[str] = (),
     ) -> None:
         self.data_dir = data_dir
+        self.args = list(args)
         self.tokens = tokens
         self.env = env or {}
         self.partitions = partitions
@@ -72,6 +74,7 @@ class Serve:
                 "127.0.0.0/8",
                 "--log-level",
                 "warning",
+                *self.args,
             ],
             env=env,
             stdout=subprocess.DEVNULL,

@@ -1,6 +1,6 @@
-"""A partition's end offset is asked again while the cluster settles: a topic another node has
-just created, or a broker that went away with the request in flight (a node starting while one
-of three brokers is down once exited here)."""
+"""A partition's end offset and a topic's creation are asked again while the cluster settles:
+a topic another node has just created, or a broker that went away with the request in flight
+(a node starting while one of three brokers is down once exited here)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from eventlog.kafka import _end_offset
+from core.errors import CronlogError
+from eventlog.kafka import _end_offset, _ensure_topics
 
 
 class Settling:
@@ -46,3 +47,67 @@ def test_an_error_that_will_not_pass_is_raised_at_once() -> None:
     with pytest.raises(KafkaException):
         _end_offset(consumer, TopicPartition("t", 0), timeout_s=10)
     assert consumer.asked == 1
+
+
+class Future:
+    def __init__(self, error: int | None) -> None:
+        self.error = error
+
+    def result(self) -> None:
+        if self.error is not None:
+            raise KafkaException(KafkaError(self.error))
+
+
+class Partition:
+    leader = 1
+
+
+class Topic:
+    error = None
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = {p: Partition() for p in range(partitions)}
+
+
+class Metadata:
+    def __init__(self, topics: dict[str, Topic]) -> None:
+        self.topics = topics
+
+
+class FlakyAdmin:
+    """An admin client whose first creations fail with the given errors, topic by topic."""
+
+    def __init__(self, errors: dict[str, list[int]]) -> None:
+        self.errors = errors
+        self.asked: list[list[str]] = []
+        self.created: set[str] = set()
+
+    def create_topics(self, topics: list[Any], **_: Any) -> dict[str, Future]:
+        self.asked.append([t.topic for t in topics])
+        futures = {}
+        for t in topics:
+            queue = self.errors.get(t.topic, [])
+            error = queue.pop(0) if queue else None
+            if error is None:
+                self.created.add(t.topic)
+            futures[t.topic] = Future(error)
+        return futures
+
+    def list_topics(self, timeout: float) -> Metadata:
+        return Metadata({name: Topic(3) for name in self.created})
+
+
+def test_a_topic_creation_a_dying_broker_interrupted_is_asked_again() -> None:
+    """A node starting while a broker died during its topic check once exited with
+    'cannot create topic ...: _DESTROY_BROKER'."""
+    admin: Any = FlakyAdmin({"P.events": [KafkaError._DESTROY_BROKER, KafkaError.NOT_CONTROLLER]})
+    _ensure_topics(admin, ["P.events", "P.commands"], 3, 3, {}, timeout_s=10)
+    assert admin.asked == [["P.events", "P.commands"], ["P.events"], ["P.events"]]
+    assert admin.created == {"P.events", "P.commands"}
+
+
+def test_a_topic_creation_refused_for_good_fails_at_once() -> None:
+    admin: Any = FlakyAdmin({"P.events": [KafkaError.TOPIC_AUTHORIZATION_FAILED]})
+    with pytest.raises(CronlogError, match=r"cannot create topic P\.events"):
+        _ensure_topics(admin, ["P.events"], 3, 3, {}, timeout_s=10)
+    assert len(admin.asked) == 1

@@ -113,9 +113,8 @@ def test_event_offsets_strictly_increase_and_read_back(log_factory: LogFactory) 
     member.close()
 
 
-def test_reopen_keeps_every_acknowledged_record(log_factory: LogFactory) -> None:
-    if not log_factory.reopenable:
-        pytest.skip(f"{log_factory.name}: no storage to reopen")
+def test_reopen_keeps_every_acknowledged_record(reopenable_log_factory: LogFactory) -> None:
+    log_factory = reopenable_log_factory
     log = log_factory.open()
     commands = [log.submit(2, f"c{i}".encode(), b"k") for i in range(5)]
     member, _ = own(log)
@@ -158,6 +157,20 @@ def test_read_past_the_end_times_out_empty(log_factory: LogFactory) -> None:
     assert log.read_commands(0, end, timeout_s=0.2) == []
     assert time.monotonic() - began >= 0.2
     assert log.read_events(0, 0) == []
+
+
+def test_a_log_retention_has_not_touched_starts_at_its_first_record(
+    log_factory: LogFactory,
+) -> None:
+    log = log_factory.open()
+    assert log.start_offset("events", 0) == 0 and log.start_offset("commands", 1) == 0
+    first = log.submit(1, b"one")
+    log.submit(1, b"two")
+    assert log.start_offset("commands", 1) == first  # nothing was pruned (invariant 8)
+    assert [r.value for r in log.read_commands(1, log.start_offset("commands", 1))] == [
+        b"one",
+        b"two",
+    ]
 
 
 # -- one writer -------------------------------------------------------------------------------

@@ -79,6 +79,10 @@ class Target:
 
     def wait_for(self, n: int, timeout_s: float) -> list[Call]:
         """Block until ``n`` calls arrived (or the timeout passed); return the calls so far."""
+        return self.wait_until(lambda calls: len(calls) >= n, timeout_s)
+
+    def wait_until(self, done: Callable[[list[Call]], bool], timeout_s: float) -> list[Call]:
+        """Block until ``done(calls)`` holds (or the timeout passed); return the calls so far."""
         with self._cv:
-            self._cv.wait_for(lambda: len(self.calls) >= n, timeout_s)
+            self._cv.wait_for(lambda: done(self.calls), timeout_s)
             return list(self.calls)

@@ -175,7 +175,11 @@ def test_a_downstream_gets_no_more_than_its_rate(tmp_path: Path) -> None:
         arrived = sorted(c.received_at for c in calls)
         # Four at once, then one every quarter second: the eighth a second after the fourth.
         assert arrived[3] - arrived[0] < 0.5
-        assert arrived[7] - arrived[0] >= 0.9  # four more tokens take a second
+        # Four more tokens take a second from the first call's start. Arrivals are noted by the
+        # target once its thread runs: a first arrival delayed on a busy machine shortens the
+        # span, so the bound leaves room for that. Unlimited, all eight arrive within
+        # milliseconds of each other.
+        assert arrived[7] - arrived[0] >= 0.6
         for earlier, later in itertools.pairwise(arrived[3:]):
             assert later - earlier >= 0.15, arrived  # a quarter second, less dispatch jitter
         # The same team's call to another origin did not wait behind the throttled ones.

@@ -231,6 +231,16 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         expect(page.locator("h1")).to_contain_text("Report")
         assert api.get("/v1/jobs/report").json()["schedule"] == "*/30 * * * *"
 
+        # -- seconds go in their own field, never as a sixth field of the expression
+        page.goto(f"{node.url}/ui/#/jobs/report/edit")
+        expect(page.get_by_test_id("diff-summary")).to_contain_text("No slot added or dropped")
+        page.locator("#f-seconds").fill("0,30")
+        expect(page.get_by_test_id("diff-summary")).to_contain_text("added, 0 dropped")
+        page.get_by_test_id("save").click()
+        expect(page.locator("h1")).to_contain_text("Report")
+        saved = api.get("/v1/jobs/report").json()
+        assert (saved["schedule"], saved["seconds"]) == ("*/30 * * * *", "0,30")
+
         # -- pause from the list; the search finds it
         page.get_by_test_id("nav-jobs").click()
         page.get_by_test_id("search").fill("heart")

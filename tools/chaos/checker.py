@@ -915,6 +915,8 @@ def summary(report: Report) -> str:
         f"(started again) {len(f.get('nodes_exited_by_themselves', []))}",
         "recovery (fault -> every-second jobs on time again):",
     ]
+    if "load_1m" in f:
+        lines.insert(-1, f"machine's 1-minute load average through the run {f['load_1m']}")
     for r in report.recovery:
         lines.append(
             f"  {r['kind']:<18} {r['what']}  ready {r['ready_s']} s, on time again "

@@ -23,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
+import statistics
 import subprocess
 import sys
 import threading
@@ -154,6 +156,10 @@ class Run:
         self._closing = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="supervisor")
         self._probing: list[threading.Thread] = []
+        # The machine's 1-minute load average through the run: lateness, duplicates after a
+        # lease ran out and outcome_unknown all grow on a busy machine, so a report says how
+        # busy it was.
+        self.load_1m: list[float] = []
 
     # -- processes ----------------------------------------------------------------------------
 
@@ -317,6 +323,13 @@ class Run:
         report.figures["pauses_not_acknowledged"] = pauses
         report.figures["live_runs_after_settle"] = len(live)
         report.figures["node_log"] = node_log_figures(self.out, NODES)
+        if self.load_1m:
+            report.figures["load_1m"] = {
+                "min": round(min(self.load_1m), 2),
+                "median": round(statistics.median(self.load_1m), 2),
+                "max": round(max(self.load_1m), 2),
+                "cores": os.cpu_count(),
+            }
         write_report(self.out, report)
         return report
 
@@ -335,7 +348,11 @@ class Run:
         """Start again a node that exited by itself, as a process supervisor would, and say so
         in the faults log (a finding, not a fault the plan made)."""
         assert self.cluster is not None
+        ticks = 0
         while not self._closing.wait(0.5):
+            if ticks % 10 == 0:
+                self.load_1m.append(os.getloadavg()[0])
+            ticks += 1
             for node in self.cluster.nodes.values():
                 code = node.revive()
                 if code is None:

@@ -6,12 +6,17 @@ A data directory, as ``cronlog serve`` lays it out::
     <data>/log                 the embedded event log (RocksDB)
     <data>/node/state/p<N>     partition N's state store
     <data>/node/read_model     the read model
+    <data>/archive             events retention removed from the log (``archive.files``)
 
 The embedded log has one owner: its RocksDB ``LOCK`` refuses a second opener. The tools lean on
 that to refuse a directory a node is serving, since rebuilding or verifying under a live owner
 would race it. Opening never creates anything: a mistyped path is an error, not a new log.
 With ``--kafka`` the log is read from the brokers (a running cluster is fine to read), and
 ``--data-dir`` names the node directory whose stores ``verify``, ``rebuild`` and ``stats`` use.
+
+Every tool reads the events stream through :class:`archive.reading.ArchivedLog` when there is an
+archive (``<data>/archive``, or ``--archive-dir``), so "from offset 0" still means from the
+first event ever written after retention has pruned the log.
 """
 
 from __future__ import annotations
@@ -57,6 +62,10 @@ class Layout:
     def read_model_dir(self) -> Path:
         return self.node_dir / "read_model"
 
+    @property
+    def archive_dir(self) -> Path:
+        return self.data_dir / "archive"
+
 
 def add_source_arguments(parser: argparse.ArgumentParser, default_data_dir: Path) -> None:
     parser.add_argument(
@@ -68,10 +77,31 @@ def add_source_arguments(parser: argparse.ArgumentParser, default_data_dir: Path
     parser.add_argument("--kafka", metavar="HOST:PORT", help="read the log from this Kafka")
     parser.add_argument("--topic-prefix", default="cronlog", help="with --kafka (default cronlog)")
     parser.add_argument("--partitions", type=int, help="with --kafka: the topics' partition count")
+    parser.add_argument(
+        "--archive-dir",
+        type=Path,
+        help="the archive `cronlog serve` writes (default DATA_DIR/archive when it exists)",
+    )
 
 
 def open_log(args: argparse.Namespace) -> EventLog:
-    """The log ``args`` name: Kafka with ``--kafka``, else the data directory's embedded log."""
+    """The log ``args`` name: Kafka with ``--kafka``, else the data directory's embedded log;
+    read through the archive when there is one."""
+    log = _open_bare(args)
+    archive_dir = args.archive_dir or Layout(args.data_dir).archive_dir
+    if args.archive_dir is None and (args.kafka or not archive_dir.is_dir()):
+        return log
+    if not archive_dir.is_dir():
+        log.close()
+        raise ReplayError(f"--archive-dir {archive_dir} is not a directory")
+    from archive.archive import Archive
+    from archive.reading import ArchivedLog
+    from archive.store import DirectoryStore
+
+    return ArchivedLog(log, Archive(DirectoryStore(archive_dir)))
+
+
+def _open_bare(args: argparse.Namespace) -> EventLog:
     if args.kafka:
         if args.partitions is None:
             raise ReplayError("--kafka needs --partitions (the topics' partition count)")

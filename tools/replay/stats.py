@@ -1,6 +1,7 @@
 """``stats``: what each partition holds and how far the derived stores are behind it.
 
-Per partition: the end offsets of the events and commands streams, events per type (records
+Per partition: the end offsets of the events and commands streams, where the events stream's
+hot log starts (retention) and how far the archive reaches, events per type (records
 that are not events counted as ``(foreign)``), and, where the data directory has them, the
 state store's offset and the read model's position (``damaged`` for a store that cannot be read
 back). A store's
@@ -17,6 +18,7 @@ from typing import TextIO
 
 import msgspec
 
+from archive.reading import ArchivedLog
 from core.errors import StoreDamaged
 from eventlog.port import EventLog
 from projections.decoding import EventDecoder
@@ -37,6 +39,8 @@ class PartitionStats:
     state_offset: int | None = None  # None: no state store in this data directory
     read_model_position: int | None = None  # None: no read model in this data directory
     damaged: list[str] = field(default_factory=list)  # stores that cannot be read back
+    log_start: int = 0  # the hot log's first offset: retention removed what is below it
+    archived_through: int | None = None  # None: no archive
 
     @property
     def state_lag(self) -> int | None:
@@ -56,6 +60,11 @@ def collect(log: EventLog, layout: Layout | None) -> list[PartitionStats]:
         stats = PartitionStats(
             partition, log.end_offset("events", partition), log.end_offset("commands", partition)
         )
+        if isinstance(log, ArchivedLog):
+            stats.log_start = log.log.start_offset("events", partition)
+            stats.archived_through = log.archive.archived_through(partition)
+        else:
+            stats.log_start = log.start_offset("events", partition)
         counts = Counter(
             FOREIGN if event is None else type(event).__name__
             for _, event in decoded(log, partition, decoder, 0, stats.events_end)
@@ -91,6 +100,8 @@ def report(found: list[PartitionStats], as_json: bool, out: TextIO | None = None
                         "partition": stats.partition,
                         "events_end": stats.events_end,
                         "commands_end": stats.commands_end,
+                        "log_start": stats.log_start,
+                        "archived_through": stats.archived_through,
                         "events_by_type": stats.by_type,
                         "state_offset": stats.state_offset,
                         "state_lag": stats.state_lag,
@@ -111,9 +122,13 @@ def report(found: list[PartitionStats], as_json: bool, out: TextIO | None = None
             if stats.read_model_position is None
             else f"{stats.read_model_position} (lag {stats.read_model_lag})"
         )
+        archived = (
+            "" if stats.archived_through is None else f", archived to {stats.archived_through}"
+        )
         out.write(
-            f"partition {stats.partition}: events end {stats.events_end}, commands end "
-            f"{stats.commands_end}, state store at {state}, read model at {model}\n"
+            f"partition {stats.partition}: events end {stats.events_end} (log from "
+            f"{stats.log_start}{archived}), commands end {stats.commands_end}, state store at "
+            f"{state}, read model at {model}\n"
         )
         for damage in stats.damaged:
             out.write(f"  DAMAGED {damage}\n")

@@ -31,6 +31,7 @@ export function editorView(jobId) {
     job_id: h("input", { name: "job_id", type: "text", placeholder: "chosen for you when empty", autocomplete: "off", spellcheck: "false" }),
     kind: select("kind", [["cron", "On a cron schedule"], ["every", "Every so many seconds"], ["once", "Once, at an instant"]], "cron"),
     schedule: h("input", { name: "schedule", type: "text", class: "mono", value: "*/5 * * * *", spellcheck: "false" }),
+    seconds: h("input", { name: "seconds", type: "text", class: "mono", placeholder: "0", spellcheck: "false" }),
     timezone: h("input", { name: "timezone", type: "text", list: "zones", value: "UTC", spellcheck: "false" }),
     interval_sec: h("input", { name: "interval_sec", type: "number", min: "1", step: "any", value: "60" }),
     run_at: h("input", { name: "run_at", type: "datetime-local", step: "1" }),
@@ -44,7 +45,7 @@ export function editorView(jobId) {
     critical: h("input", { name: "critical", type: "checkbox" }),
   };
   const whenFields = {
-    cron: [field("Cron expression", i.schedule, "minute hour day month weekday; a sixth field is seconds"), field("Timezone", i.timezone, "the schedule is read on this wall clock")],
+    cron: [field("Cron expression", i.schedule, "five fields: minute hour day-of-month month day-of-week"), field("Seconds", i.seconds, "for a schedule finer than a minute, e.g. */10 or 0,30; empty: at second 0"), field("Timezone", i.timezone, "the schedule is read on this wall clock")],
     every: [field("Every (seconds)", i.interval_sec)],
     once: [field("At (your browser's local time)", i.run_at)],
   };
@@ -105,6 +106,7 @@ export function editorView(jobId) {
     const body = { name: i.name.value.trim(), target: i.target.value.trim() };
     const kind = i.kind.value;
     body.schedule = kind === "cron" ? i.schedule.value.trim() : null;
+    body.seconds = kind === "cron" ? (i.seconds.value.trim() || null) : null;
     body.interval_sec = kind === "every" ? Number(i.interval_sec.value) : null;
     body.run_at = kind === "once" && i.run_at.value ? new Date(i.run_at.value).toISOString() : null;
     body.timezone = kind === "cron" ? (i.timezone.value.trim() || "UTC") : (job ? job.timezone : "UTC");
@@ -127,15 +129,15 @@ export function editorView(jobId) {
     const out = {};
     const kindOf = (j) => (j.schedule ? "cron" : j.interval_sec ? "every" : j.run_at ? "once" : "deps");
     for (const [k, v] of Object.entries(body)) {
-      if (["schedule", "interval_sec", "run_at"].includes(k)) continue;
+      if (["schedule", "seconds", "interval_sec", "run_at"].includes(k)) continue;
       if (k === "target" && v === targetText(job.target)) continue;
       if (JSON.stringify(v) !== JSON.stringify(job[k])) out[k] = v;
     }
     const kind = i.kind.value;
-    if (kind !== kindOf(job) || (kind === "cron" && body.schedule !== job.schedule)
+    if (kind !== kindOf(job) || (kind === "cron" && (body.schedule !== job.schedule || body.seconds !== (job.seconds ?? null)))
         || (kind === "every" && body.interval_sec !== job.interval_sec)
         || (kind === "once" && body.run_at !== job.run_at)) {
-      if (kind === "cron") out.schedule = body.schedule;
+      if (kind === "cron") { out.schedule = body.schedule; out.seconds = body.seconds; } // a schedule's seconds travel with it
       if (kind === "every") out.interval_sec = body.interval_sec;
       if (kind === "once") out.run_at = body.run_at;
     }
@@ -152,7 +154,7 @@ export function editorView(jobId) {
         const out = await post(`/v1/jobs/${id}/preview`, diff, { query: { n: PREVIEW_N } });
         renderChange(out, Object.keys(diff));
       } else if (body.schedule) {
-        const out = await post("/v1/schedules/preview", { schedule: body.schedule, timezone: body.timezone, n: PREVIEW_N });
+        const out = await post("/v1/schedules/preview", { schedule: body.schedule, seconds: body.seconds, timezone: body.timezone, n: PREVIEW_N });
         replace(preview, h("h3", {}, "It would fire at"), firesTable(out.fires, out.timezone, null));
       } else if (body.interval_sec) {
         replace(preview, h("h3", {}, "It would fire"), h("p", {}, `every ${body.interval_sec} s from the moment it is created.`));
@@ -215,6 +217,7 @@ export function editorView(jobId) {
     i.name.value = j.name;
     i.kind.value = j.schedule ? "cron" : j.interval_sec ? "every" : "once";
     if (j.schedule) i.schedule.value = j.schedule;
+    i.seconds.value = j.seconds || "";
     i.timezone.value = j.timezone;
     if (j.interval_sec) i.interval_sec.value = String(j.interval_sec);
     if (j.run_at) i.run_at.value = new Date(new Date(j.run_at).getTime() - new Date(j.run_at).getTimezoneOffset() * 60000).toISOString().slice(0, 19);
@@ -252,14 +255,15 @@ function targetText(t) {
 
 function firesTable(fires, timezone, marked, how, until) {
   if (!fires.length) return h("p", { class: "muted" }, "Never fires.");
+  const onUtc = timezone === "UTC" || timezone === "Etc/UTC"; // one column says it all
   return h("table", { class: "plain fires", "data-testid": how ? `fires-${how === "added" ? "after" : "before"}` : "fires" },
-    h("thead", {}, h("tr", {}, h("th", {}, ""), h("th", {}, `Local (${timezone})`), h("th", {}, "UTC"))),
+    h("thead", {}, h("tr", {}, h("th", {}, ""), onUtc ? null : h("th", {}, `Local (${timezone})`), h("th", {}, "UTC"))),
     h("tbody", {}, fires.map((f) => {
       const hit = marked && marked.has(f.at);
       const beyond = until && f.at > until; // past where the two lists can be compared
       return h("tr", { class: hit ? how : beyond ? "beyond" : null, "data-at": f.at, title: beyond ? "past the other list's last time: not compared" : null },
         h("td", { class: "mark" }, hit ? (how === "added" ? "+" : "−") : ""),
-        h("td", {}, local(f.local)),
+        onUtc ? null : h("td", {}, local(f.local)),
         h("td", { class: "mono" }, utc(f.at)));
     })));
 }

@@ -1,0 +1,146 @@
+"""Retention on Kafka, against a real broker: the topics carry the nodes' retention settings
+(and follow a change of them), reading below a partition's start is an error rather than a jump
+to its end, and the archiver keeps what the brokers' retention deletes, saying how close it is
+to losing any."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+from prometheus_client import CollectorRegistry
+
+from archive.archive import Archive
+from archive.archiver import Archiver
+from archive.reading import ArchivedLog
+from archive.store import DirectoryStore
+from core.errors import Pruned
+from eventlog.kafka import KafkaLog, topic_configs
+from eventlog.retention import Retention
+from node.retention import KafkaArchiving, RetentionMetrics, gap_counter
+from tests.projections.histories import Writers
+from tools.replay.records import events
+
+pytestmark = pytest.mark.kafka
+DAY = 86_400_000
+HOUR = 3_600_000
+
+
+def _open(bootstrap: str, prefix: str, retention: Retention | None) -> KafkaLog:
+    return KafkaLog.open(
+        bootstrap,
+        2,
+        prefix=prefix,
+        replication_factor=-1,
+        min_insync_replicas=None,
+        retention=retention,
+    )
+
+
+def _retention(admin: AdminClient, topic: str) -> tuple[str, str]:
+    configs = topic_configs(admin, topic, 30)
+    return configs["retention.ms"], configs["retention.bytes"]
+
+
+def test_the_topics_take_the_retention_settings_and_follow_a_change(kafka_bootstrap: str) -> None:
+    prefix = f"retention-{uuid.uuid4().hex[:12]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    _open(kafka_bootstrap, prefix, Retention()).close()  # the defaults
+    assert _retention(admin, f"{prefix}.events") == (str(30 * DAY), "-1")
+    assert _retention(admin, f"{prefix}.commands") == (str(7 * DAY), "-1")
+
+    changed = Retention(retention_ms=2 * DAY, retention_bytes=2**30, command_retention_ms=DAY)
+    _open(kafka_bootstrap, prefix, changed).close()  # a node restarted with other flags
+    assert _retention(admin, f"{prefix}.events") == (str(2 * DAY), str(2**30))
+    assert _retention(admin, f"{prefix}.commands") == (str(DAY), "-1")
+
+    _open(kafka_bootstrap, prefix, None).close()  # the tools open topics without settings
+    assert _retention(admin, f"{prefix}.events") == (str(2 * DAY), str(2**30))
+
+
+def test_the_archive_keeps_what_the_brokers_deleted_and_the_lag_is_measured(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    prefix = f"retention-{uuid.uuid4().hex[:12]}"
+    log = _open(kafka_bootstrap, prefix, Retention(retention_ms=DAY))
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    now = time.time_ns() // 1_000_000
+    values = [b'{"type":"x","at":%d,"n":%d}' % (now - 12 * HOUR + i, i) for i in range(30)]
+    writers = Writers(log)
+    writers.append(0, values, chunk=7)  # several transactions: markers between them
+    archive = Archive(DirectoryStore(tmp_path / "archive"))
+    metrics = RetentionMetrics(CollectorRegistry())
+    archiver = Archiver(log, archive, on_gap=gap_counter(metrics))
+    loop = KafkaArchiving(archiver, lambda: [0, 1], metrics, retention_ms=DAY, max_delay_ms=HOUR)
+    try:
+        loop.run_once(now)  # the events wait for their hour (or 100k of them): not yet
+        assert archive.archived_through(0) == 0
+        assert metrics.lag.offsets[0] == log.end_offset("events", 0)
+        assert metrics.lag.age_s[0] == pytest.approx(12 * 3600, abs=1)  # half the retention
+        used = _sample(metrics, "cronlog_archive_retention_used_ratio", "0")
+        assert used == pytest.approx(0.5, abs=0.001)
+
+        loop.run_once(now + HOUR)
+        end = log.end_offset("events", 0)
+        assert archive.archived_through(0) >= end - 1  # all but, at most, the last marker
+        assert metrics.lag.age_s.get(0) is None and metrics.archived_records._value.get() == 30
+
+        # What the brokers' retention does: the partition's start moves past all it archived
+        # (the last transaction's commit marker stays in the log, as in an active segment).
+        through = archive.archived_through(0)
+        _delete_records(admin, f"{prefix}.events", 0, through)
+        with pytest.raises(Pruned) as pruned:  # an error, never a jump to the end
+            log.read_events(0, 0, 10)
+        assert pruned.value.start == through
+        assert log.read_events(0, end + 10, 10, timeout_s=0.1) == []  # past the end: nothing yet
+        assert [r.value for r in events(ArchivedLog(log, archive), 0)] == values
+
+        # Retention outran the archiver: the loss is recorded and counted, not skipped.
+        more = [b'{"type":"x","at":%d}' % now] * 5
+        writers.append(0, more)
+        after = log.end_offset("events", 0)
+        _delete_records(admin, f"{prefix}.events", 0, after)
+        writers.append(0, [b'{"type":"x","at":%d}' % now])
+        loop.run_once(now + 2 * HOUR)
+        gap = archive.files(0)[-2]
+        assert gap.gap and gap.end_offset == after
+        assert metrics.gaps._value.get() == gap.end_offset - gap.from_offset > 0
+        with pytest.raises(Pruned, match="neither the archive"):
+            list(events(ArchivedLog(log, archive), 0))
+    finally:
+        writers.close()
+        log.close()
+
+
+def _delete_records(admin: AdminClient, topic: str, partition: int, before: int) -> None:
+    [future] = admin.delete_records([TopicPartition(topic, partition, before)]).values()
+    future.result(30)
+
+
+def _sample(metrics: RetentionMetrics, name: str, partition: str) -> float:
+    for family in metrics.lag_collector.collect():
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("partition") == partition:
+                return float(sample.value)
+    raise AssertionError(f"no {name} for partition {partition}")
+
+
+def test_commands_deleted_before_any_owner_decided_them_are_reported(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    prefix = f"retention-{uuid.uuid4().hex[:12]}"
+    log = _open(kafka_bootstrap, prefix, Retention())
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    try:
+        for i in range(3):
+            log.submit(1, b"command %d" % i)
+        _delete_records(admin, f"{prefix}.commands", 1, 2)
+        with caplog.at_level("ERROR", logger="eventlog.kafka"):
+            Writers(log).close()  # an owner takes the partition over from position 0
+        assert f"{prefix}.commands[1]: commands 0..1 were deleted" in caplog.text
+    finally:
+        log.close()
