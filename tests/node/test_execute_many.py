@@ -50,9 +50,7 @@ def test_a_partitions_commands_share_one_append(node: Node, log: EmbeddedLog) ->
     results = asyncio.run(node.execute_many(commands))
     appends = log._synced_batches - before
     assert 1 <= appends <= len(partitions)
-    assert all(
-        isinstance(r, list) and isinstance(r[0], JobRegistered) for r in results
-    ), results
+    assert all(isinstance(r, list) and isinstance(r[0], JobRegistered) for r in results), results
     # Readable on return: the answer waited for the read model.
     assert all(node.history.job("team-a", c.job_id) is not None for c in commands)
 
