@@ -5,8 +5,8 @@ Each item is what ``POST /v1/jobs`` takes, and is answered as that request would
 result of its own: ``201`` created, ``200`` already there with the same definition, or the
 error a single create would answer (400, 403, 409, 422, 429, 503), its ``field`` prefixed with
 the item's place (``jobs[3].schedule``). One bad item refuses only itself; the request as a
-whole is refused only when it is not a batch at all (not JSON, no ``jobs`` list, more than
-``MAX_BATCH_JOBS`` items: 413).
+whole is refused only when it is not a batch at all (not JSON, no ``jobs`` list, none or more
+than ``MAX_BATCH_JOBS`` items: 400 naming ``jobs``).
 
 The same rules hold as for single creates, item by item and in order:
 
@@ -60,9 +60,13 @@ MAX_BATCH_BODY_BYTES = 16 << 20
 class JobBatchIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """POST /v1/jobs:batch: the jobs to create, each as POST /v1/jobs takes it. With
     ``idempotency_key``, an item that names neither ``job_id`` nor ``idempotency_key`` gets the
-    job of ``<idempotency_key>#<its index>``, so the batch may be sent again safely."""
+    job of ``<idempotency_key>#<its index>``, so the batch may be sent again safely.
 
-    jobs: Annotated[list[NewJob], Meta(min_length=1, max_length=MAX_BATCH_JOBS)]
+    The document leaves the items' schema open on purpose: an item is read on its own and a
+    bad one is answered in its result (400 or 422 naming ``jobs[i].<field>``) while the request
+    is a 200, so the request itself is not wrong when an item is."""
+
+    jobs: Annotated[list[Any], Meta(min_length=1, max_length=MAX_BATCH_JOBS)]
     idempotency_key: Annotated[str, Meta(min_length=1, max_length=MAX_BATCH_KEY)] | UnsetType = (
         UNSET
     )
@@ -115,9 +119,10 @@ async def create_jobs(request: Request) -> Response:
     if isinstance(raw, dict) and isinstance(raw.get("jobs"), list):
         count = len(raw["jobs"])
         if count > MAX_BATCH_JOBS:
+            # The document's maxItems: a 400, as every bound the document states.
             raise ApiError(
-                413,
-                "too_large",
+                400,
+                "bad_request",
                 f"a batch holds at most {MAX_BATCH_JOBS} jobs, not {count}; send several",
                 field="jobs",
             )

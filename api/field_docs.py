@@ -148,7 +148,7 @@ FIELDS: dict[str, str] = {
 
 BY_STRUCT: dict[str, dict[str, str]] = {
     "JobBatchIn": {
-        "jobs": "The jobs to create, each as POST /v1/jobs takes it; at most 1000.",
+        "jobs": "The jobs to create, each a NewJob (the body of POST /v1/jobs), at most 1000; an item that is not one is refused in its result, not the request.",
         "idempotency_key": "Makes the batch safe to send again: an item naming neither job_id nor idempotency_key gets the job of <this key>#<its index>.",
     },
     "JobResult": {

@@ -146,7 +146,7 @@ _DESCRIPTIONS = {
     403: "The tenant has all the jobs it may have (events: another team's)",
     404: "Not found (or another tenant's)",
     409: "Conflicts with the current state (a version, a run's state, a lost lease)",
-    413: "The body is over 1 MiB (a batch: over 16 MiB, or more jobs than it may hold)",
+    413: "The body is over 1 MiB (a batch: over 16 MiB)",
     415: "The body is not application/json",
     422: "Well-formed, but refused by a rule this document cannot state; field names it",
     429: "This token has spent its requests for now, or its team holds as many waiting"
@@ -179,7 +179,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=_DEFINE,
     ),
     ("POST", "/v1/jobs:batch"): Operation(
-        f"Create up to {batch.MAX_BATCH_JOBS} jobs at once (more: 413). Each item is answered"
+        f"Create up to {batch.MAX_BATCH_JOBS} jobs at once (more: 400). Each item is answered"
         " in a result of its own, as POST /v1/jobs would answer it (201, 200, or its error,"
         " the field prefixed with jobs[i]); each item counts as a request against the token's"
         " rate. The items of one partition are appended in one write",

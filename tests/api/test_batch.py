@@ -99,7 +99,7 @@ async def test_a_bad_item_changes_nothing_and_the_good_ones_are_created(api: Api
         ([JOB], 400, None),
         ({"jobs": [JOB], "extra": 1}, 400, "extra"),
         ({"jobs": [JOB], "idempotency_key": "k" * 241}, 400, "idempotency_key"),
-        ({"jobs": [JOB] * (MAX_BATCH_JOBS + 1)}, 413, "jobs"),
+        ({"jobs": [JOB] * (MAX_BATCH_JOBS + 1)}, 400, "jobs"),
     ],
 )
 async def test_a_request_that_is_not_a_batch_is_refused_whole(
