@@ -141,7 +141,13 @@ async def create_jobs(request: Request) -> Response:
         try:
             body = as_type(item, NewJob)
             key = None if batch_key is None else f"{batch_key}#{i}"
-            commands.append((i, new_job(call, request.state.egress, body, key)))
+            job_id, command = new_job(call, request.state.egress, body, key)
+            if command is not None:
+                commands.append((i, command))
+            else:  # its job has finished with this definition: there as given
+                view = call.scheduler.history.job(call.tenant, job_id)
+                version = None if view is None else view.version
+                results[i] = JobResult(index=i, status=200, job_id=team_id(job_id), version=version)
         except (ApiError, msgspec.ValidationError, CronlogError) as err:
             results[i] = _refused(i, err)
         except RecursionError:

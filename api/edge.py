@@ -29,7 +29,9 @@ from api.limits import Limits, TenantLimits
 from api.rate import RequestRates
 from api.scheduler import Scheduler
 from api.translate import job_out, run_out
-from core.errors import InvalidDefinition, NotFound
+from core.commands import AnyCommand
+from core.errors import Conflict, InvalidDefinition, NotFound
+from core.events import AnyEvent
 from core.ids import log_job_id, team_id
 from projections.read_model import MAX_LIMIT
 from projections.views import JobView, RunView
@@ -292,6 +294,21 @@ def job_view(call: Call, job_id: str) -> JobView:
     if view is None:
         raise NotFound(f"job {team_id(job_id)} not found")
     return view
+
+
+async def on_job(call: Call, job_id: str, command: AnyCommand) -> list[AnyEvent]:
+    """``command`` for one of the caller's jobs. A job that ended and was forgotten by its
+    partition (a retention after it ended: docs/architecture.md) is still in its history:
+    the answer is 409, the job is over, rather than a 404 for a job the caller can read."""
+    try:
+        return await call.scheduler.execute(command)
+    except NotFound:
+        view = call.scheduler.history.job(call.tenant, job_id)
+        if view is None:
+            raise
+        raise Conflict(
+            f"job {team_id(job_id)} is {view.status}: it ended and is no longer scheduled"
+        ) from None
 
 
 def run_view(call: Call, run_id: str) -> RunView:

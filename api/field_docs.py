@@ -40,6 +40,8 @@ FIELDS: dict[str, str] = {
     "critical": "Never run twice automatically: an attempt whose outcome is unknown dead-letters.",
     "depends_on": "Job ids this job waits for: it runs each time all of them have succeeded.",
     "backoff": "The delays between retries.",
+    "tags": "Labels to find the job by (GET /v1/jobs?tag=): at most 16, each 1-64 of A-Z a-z 0-9 _ . : = - (e.g. team=payments); a change replaces the whole list.",
+    "day_rule": "How day-of-month and day-of-week combine. crontab (Vixie cron, cronie): a field starting with * (such as */2) leaves the day free, so the two are ANDed. either: croniter's reading, kept by schedules set before cronlog followed crontab. Read-only: a request that sets a schedule gets crontab.",
     "base_sec": "The first retry's delay bound.",
     "factor": "Each later retry's bound is the one before times this.",
     "cap_sec": "No retry's bound is longer than this.",

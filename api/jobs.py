@@ -17,6 +17,7 @@ from api.edge import (
     job_response,
     job_view,
     json_response,
+    on_job,
     page_size,
     query_choice,
     query_int,
@@ -51,13 +52,13 @@ from api.wire import (
     SlotsOut,
 )
 from core.commands import CancelJob, PauseJob, PutJob, ResumeJob
-from core.cron import CronSchedule, split_seconds, with_seconds
+from core.cron import CronSchedule, DayRule, split_seconds, with_seconds
 from core.decide import run_id_of
 from core.egress import EgressPolicy
-from core.errors import Conflict, InvalidDefinition
+from core.errors import Conflict, InvalidDefinition, NotFound
 from core.events import AnyEvent, JobRegistered, JobUpdated
 from core.ids import team_id
-from core.jobs import JobSpec, next_slot, slots_between, validate_job_id
+from core.jobs import TAG, JobSpec, canonical, next_slot, slots_between, validate_job_id
 from projections.views import JOB_STATUSES, JobView
 
 CATCH_UP_S = 5.0  # how long an upsert that decided nothing waits to read the job it names
@@ -96,9 +97,13 @@ def within_egress(request: Request, spec: JobSpec) -> JobSpec:
     return spec
 
 
-def new_job(call: Call, policy: EgressPolicy, body: NewJob, key: str | None = None) -> PutJob:
-    """The create ``body`` asks for, checked as every create is; a refusal names the field.
-    ``key`` stands in for an ``idempotency_key`` the body does not give (a batch's items)."""
+def new_job(
+    call: Call, policy: EgressPolicy, body: NewJob, key: str | None = None
+) -> tuple[str, PutJob | None]:
+    """The job ``body`` names and the create it asks for, checked as every create is; a
+    refusal names the field. No create (None) for a repeat of one whose job has finished with
+    this definition: it is answered as it stands. ``key`` stands in for an ``idempotency_key``
+    the body does not give (a batch's items)."""
     if body.job_id is not UNSET and body.idempotency_key is not UNSET:
         raise InvalidDefinition("idempotency_key", "give job_id or idempotency_key, not both")
     if body.job_id is not UNSET:
@@ -113,20 +118,30 @@ def new_job(call: Call, policy: EgressPolicy, body: NewJob, key: str | None = No
     spec = spec_of(body, call.tenant, scope=call.job_id)
     policy.check_target(spec.tenant, spec.target)
     existing = call.scheduler.history.job(call.tenant, job_id)
+    if existing is not None and existing.status in ("cancelled", "finished"):
+        # A repeat of a create whose job is over, answered as the partition answers it while it
+        # holds the job, and after it forgot the job too (it would register it again).
+        if existing.status == "cancelled":
+            raise Conflict(f"job {team_id(job_id)} is cancelled")
+        if existing.spec != canonical(spec):
+            raise Conflict(f"job {team_id(job_id)} exists with another definition")
+        return job_id, None
     not_past(call, body, spec, existing.spec if existing else None)
     check_definition(call, job_id, spec, existing.spec if existing else None)
     # create_only: a repeat with the same body changes nothing, another body is a conflict
-    return PutJob(job_id=job_id, spec=spec, create_only=True)
+    return job_id, PutJob(job_id=job_id, spec=spec, create_only=True)
 
 
 async def create_job(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, NewJob)
-    command = new_job(call, request.state.egress, body)
+    job_id, command = new_job(call, request.state.egress, body)
+    if command is None:
+        return job_response(call, job_id)
     quota: JobQuota = request.state.quota
-    with quota.admit(call, command.job_id):
+    with quota.admit(call, job_id):
         events = await call.scheduler.execute(command)
-    return await _upserted(call, command.job_id, events)
+    return await _upserted(call, job_id, events)
 
 
 async def put_job(request: Request) -> Response:
@@ -170,6 +185,13 @@ async def get_job(request: Request) -> Response:
     return job_response(call, call.job_id(request.path_params["job_id"]))
 
 
+def query_tag(request: Request) -> str | None:
+    tag = request.query_params.get("tag")
+    if tag is not None and not TAG.fullmatch(tag):
+        raise bad_request("tag", "must be 1-64 characters of A-Z a-z 0-9 _ . : = -")
+    return tag
+
+
 async def list_jobs(request: Request) -> Response:
     call = authenticate(request)
     history = call.scheduler.history
@@ -179,6 +201,7 @@ async def list_jobs(request: Request) -> Response:
         page_size(call, request, 50),
         request.query_params.get("cursor"),
         search=query_text(request, "q", MAX_SEARCH_CHARS),
+        tag=query_tag(request),
     )
     jobs = [job_out(v, history.latest_run(call.tenant, v.job_id)) for v in page.items]
     return json_response(JobPage(jobs=jobs, next_cursor=page.next_cursor))
@@ -208,12 +231,12 @@ async def patch_job(request: Request) -> Response:
         )
         expected = next((e.version for e in events if isinstance(e, JobUpdated)), expected)
     if body.status == "paused":
-        await call.scheduler.execute(
-            PauseJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
+        await on_job(
+            call, job_id, PauseJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
         )
     elif body.status == "active":
-        await call.scheduler.execute(
-            ResumeJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
+        await on_job(
+            call, job_id, ResumeJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
         )
     return job_response(call, job_id)
 
@@ -222,9 +245,15 @@ async def delete_job(request: Request) -> Response:
     call = authenticate(request)
     job_id = call.job_id(request.path_params["job_id"])
     expected = expected_version(request)
-    await call.scheduler.execute(
-        CancelJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
-    )
+    try:
+        await call.scheduler.execute(
+            CancelJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
+        )
+    except NotFound:
+        # Forgotten by its partition a retention after it ended (docs/architecture.md): a
+        # repeated delete still answers with the job, as it did before.
+        if call.scheduler.history.job(call.tenant, job_id) is None:
+            raise
     return job_response(call, job_id)
 
 
@@ -249,7 +278,7 @@ def fire_times(view: JobView, after: int, n: int) -> list[int]:
     if view.status in ("cancelled", "finished"):
         return []
     if spec.schedule is not None:
-        return CronSchedule.parse(spec.schedule, spec.timezone).preview(after, n)
+        return CronSchedule.parse(spec.schedule, spec.timezone, spec.day_rule).preview(after, n)
     if spec.interval_sec is not None:
         anchor = view.next_slot if view.next_slot is not None else spec.start_at or after
         fires: list[int] = []
@@ -330,7 +359,10 @@ async def preview_schedule(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, SchedulePreviewIn)
     check_five_fields(body.schedule)
-    schedule = CronSchedule.parse(with_seconds(body.schedule, body.seconds), body.timezone)
+    # As a job that sets this schedule now would read it.
+    schedule = CronSchedule.parse(
+        with_seconds(body.schedule, body.seconds), body.timezone, DayRule.CRONTAB
+    )
     after = call.scheduler.now_ms() if body.after is None else parse_rfc3339(body.after, "after")
     fires = schedule.preview(after, body.n)
     five, seconds = split_seconds(schedule.expression)

@@ -21,7 +21,7 @@ import msgspec
 from api import batch, changes, dead_letters, events_stream, field_docs, stats, team, wire
 from api.errors import ErrorBody
 from api.instants import RFC3339
-from core.jobs import JOB_ID, TENANT
+from core.jobs import JOB_ID, TAG, TENANT
 from projections.read_model import MAX_LIMIT
 from projections.views import JOB_STATUSES, RUN_STATES
 
@@ -55,6 +55,11 @@ _QUERY: dict[str, dict[str, Any]] = {
         "type": "string",
         "maxLength": wire.MAX_SEARCH_CHARS,
         "description": "only jobs whose name or id holds this text, in any case",
+    },
+    "tag": {
+        "type": "string",
+        "pattern": f"^{TAG.pattern}$",
+        "description": "only jobs labelled with this tag (one of their tags)",
     },
     "window_min": {
         "type": "integer",
@@ -189,10 +194,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("GET", "/v1/jobs"): Operation(
         "List the tenant's jobs, each with the run of its newest slot; q finds those whose"
-        " name or id holds it",
+        " name or id holds it, tag those labelled with it",
         response=wire.JobPage,
         errors=(422,),
-        query=("status", "q", "limit", "cursor"),
+        query=("status", "q", "tag", "limit", "cursor"),
     ),
     ("PUT", "/v1/jobs/{job_id}"): Operation(
         "Create (201) or replace (200) a job; the same body again changes nothing",

@@ -15,6 +15,7 @@ from api.edge import (
     authenticate,
     decode,
     json_response,
+    on_job,
     page_size,
     query_choice,
     run_response,
@@ -70,8 +71,10 @@ async def trigger_run(request: Request) -> Response:
     known = _triggered(call, job_id, key, slot)
     if known is not None:
         return json_response(run_out(known))
-    events = await call.scheduler.execute(
-        TriggerRun(job_id=job_id, tenant=call.tenant, scheduled_for=slot, idempotency_key=key)
+    events = await on_job(
+        call,
+        job_id,
+        TriggerRun(job_id=job_id, tenant=call.tenant, scheduled_for=slot, idempotency_key=key),
     )
     made = next((e for e in events if isinstance(e, RunMaterialised)), None)
     if made is not None:

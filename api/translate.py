@@ -44,7 +44,7 @@ from api.wire import (
     SecretRefIn,
     TargetIn,
 )
-from core.cron import split_seconds, with_seconds
+from core.cron import DayRule, day_rule_matters, split_seconds, with_seconds
 from core.errors import InvalidDefinition
 from core.events import LeaseGranted
 from core.ids import idempotency_key, team_id
@@ -153,7 +153,7 @@ def _given(fields: JobFields) -> dict[str, Any]:
             value = parse_rfc3339(value, name)
         elif name == "target":
             value = target_of(value)
-        elif name == "depends_on":
+        elif name in ("depends_on", "tags"):
             value = tuple(value)
         elif name == "retries":
             if not 0 <= value < MAX_ATTEMPTS:
@@ -181,6 +181,12 @@ def spec_of(
             raise InvalidDefinition("seconds", "only a job with a schedule takes seconds")
         if schedule is not None:
             given["schedule"] = with_seconds(split_seconds(schedule)[0], fields.seconds)
+    if given.get("schedule") is not None:
+        # A schedule the request sets is read as crontab reads it. The field is written only
+        # where the two rules differ, so every other definition stays as it was (a repeated
+        # create with an idempotency key still matches the job it made).
+        matters = day_rule_matters(given["schedule"])
+        given["day_rule"] = DayRule.CRONTAB if matters else DayRule.EITHER
     backoff = given.pop("backoff", None)
     if base is None:
         for required in ("name", "target"):
@@ -257,6 +263,8 @@ def job_out(view: JobView, last_run: RunView | None = None) -> JobOut:
         critical=spec.critical,
         depends_on=[team_id(upstream) for upstream in spec.depends_on],
         backoff=spec.backoff,
+        tags=list(spec.tags),
+        day_rule=spec.day_rule,
         last_run=None if last_run is None else run_summary(last_run),
     )
 

@@ -19,6 +19,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from api.instants import RFC3339
+from core.cron import DayRule
 from core.decide import MAX_CLAIM
 from core.jobs import (
     DAY_MS,
@@ -29,7 +30,9 @@ from core.jobs import (
     MAX_DEPENDS_ON,
     MAX_NAME_CHARS,
     MAX_PRIORITY,
+    MAX_TAGS,
     POOL,
+    TAG,
     Backoff,
     MisfirePolicy,
     OverlapPolicy,
@@ -57,6 +60,7 @@ Seconds_ = Annotated[
     str, Meta(min_length=1, max_length=64, pattern=r"^[0-9*/,-]+$", examples=["*/10"])
 ]
 PositiveSeconds = Annotated[float, Meta(gt=0, le=DAY_SEC)]
+Tag = Annotated[str, Meta(pattern=f"^{TAG.pattern}$", examples=["team=payments"])]
 
 # -- requests ----------------------------------------------------------------------------------
 
@@ -132,6 +136,7 @@ class JobFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     critical: bool | UnsetType = UNSET
     depends_on: Annotated[list[JobId], Meta(max_length=MAX_DEPENDS_ON)] | UnsetType = UNSET
     backoff: BackoffIn | UnsetType = UNSET
+    tags: Annotated[list[Tag], Meta(max_length=MAX_TAGS)] | UnsetType = UNSET
 
 
 class JobDefinition(JobFields, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -232,6 +237,8 @@ class JobOut(msgspec.Struct, kw_only=True):
     critical: bool
     depends_on: list[str]
     backoff: Backoff
+    tags: list[str]
+    day_rule: DayRule
     last_run: RunSummary | None = None
 
 

@@ -413,7 +413,8 @@ class Serve:
     ``kafka`` (a bootstrap address) runs it as a cluster node on that Kafka; ``extra`` adds
     command-line arguments, and so does ``CRONLOG_BENCH_SERVE_ARGS`` (shell words) for every
     node a benchmark starts: a setting to compare against the defaults a user gets. Output goes
-    to ``data_dir.parent / (data_dir.name + '.out')``.
+    to ``data_dir.parent / (data_dir.name + '.out')``. ``source`` runs the cronlog of another
+    checkout (a baseline) under this interpreter, from that directory.
     """
 
     def __init__(
@@ -424,8 +425,10 @@ class Serve:
         topic_prefix: str | None = None,
         extra: Sequence[str] = (),
         port: int | None = None,
+        source: Path | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.source = source
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = secrets.token_urlsafe(24)
@@ -433,8 +436,11 @@ class Serve:
         self.kafka = kafka
         limits = data_dir.parent / f"{data_dir.name}.limits.toml"
         limits.write_text(LIMITS)
+        command = cronlog_command()
+        if source is not None:  # its own code first on the path: the script would import ours
+            command = [PYTHON, "-c", "import sys; from cli.main import main; sys.exit(main())"]
         self.args = [
-            *cronlog_command(),
+            *command,
             "serve",
             "--data-dir",
             str(data_dir),
@@ -483,7 +489,7 @@ class Serve:
         with self.output.open("ab") as out:
             self.started_at = time.monotonic()
             self.proc = subprocess.Popen(
-                self.args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+                self.args, cwd=self.source or ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
             )
 
     def ready(self) -> bool:

@@ -1,7 +1,7 @@
 """Restart with many jobs: how long ``cronlog serve`` takes to answer ``/readyz`` 200 on a data
 directory holding ``--jobs`` jobs, and the memory it holds per job.
 
-    python -m bench.restart [--jobs 1000000] [--restarts 3] [--data-dir DIR]
+    python -m bench.restart [--jobs 1000000] [--restarts 3] [--data-dir DIR] [--baseline SRC]
 
 The data directory is built once, fast: through the node's batch endpoint when it serves one
 (``cronlog serve``, 4 requests at once), else by a :class:`~node.node.Node` in this process on
@@ -9,10 +9,14 @@ the embedded log, writing what ``cronlog serve`` reads (``DIR/log``, ``DIR/node`
 partitions). The jobs: 100 teams of ``jobs / 100`` each, HTTP targets with a small payload, cron
 schedules at spread times of leap days only (so the wheel holds distinct far slots and nothing
 fires). Then each restart starts ``cronlog serve`` on it and times from the process start to
-the first 200 from ``/readyz``; the node's RSS is read then and 5 s later (the larger is kept).
+the first 200 from ``/readyz``; the node's RSS is read then and 5 s later (the larger is kept
+as ``rss_mb``; both are recorded, and the peak).
 An empty node's RSS, measured the same way, gives the memory per job beside the total per job.
 
 ``--data-dir`` keeps the built directory (and reuses one already built with the same count).
+``--baseline SRC`` (a checkout of another commit, e.g. ``git archive main | tar -x -C SRC``)
+restarts that cronlog on the same directory in each round too, right after this one: before
+and after side by side, under the same load. Its figures are recorded under ``baseline``.
 Appends one JSON line per restart to bench/results/restart.jsonl.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import secrets
 import shutil
 import tempfile
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    RESULTS_DIR,
     Serve,
     append_result,
     find_batch_endpoint,
@@ -81,12 +87,26 @@ async def _build_in_process(data_dir: Path, jobs: int) -> None:
                     payload=fields["payload"],
                 )
                 commands.append(PutJob(job_id=log_job_id(tenant, f"job-{i:07d}"), spec=spec))
-            await asyncio.gather(*(node.execute(c) for c in commands))
+            await asyncio.gather(*(_execute(node, c) for c in commands))
             if start and start % 100_000 == 0:
                 log(f"built {start:,} jobs")
     finally:
         node.stop()
         log_.close()
+
+
+async def _execute(node: Any, command: Any, attempts: int = 10) -> None:
+    """A registration, again while the node says it was decided but is not readable yet (a
+    loaded machine's read model trails): a repeated PutJob of the same definition is a no-op."""
+    from core.errors import Unavailable
+
+    for attempt in range(attempts):
+        try:
+            await node.execute(command)
+            return
+        except Unavailable:
+            if attempt == attempts - 1:
+                raise
 
 
 def build(data_dir: Path, jobs: int) -> dict[str, Any]:
@@ -115,10 +135,10 @@ def build(data_dir: Path, jobs: int) -> dict[str, Any]:
     return {"jobs": jobs, "via": via, "seconds": round(time.monotonic() - began, 1)}
 
 
-def restart(data_dir: Path) -> dict[str, Any]:
+def restart(data_dir: Path, source: Path | None = None) -> dict[str, Any]:
     """One start of ``cronlog serve`` on ``data_dir``: seconds to /readyz, RSS."""
     load = loadavg()
-    serve = Serve(data_dir)
+    serve = Serve(data_dir, source=source)
     serve.start()
     try:
         ready_s = serve.wait_ready(timeout_s=600, poll_s=0.02)
@@ -131,6 +151,8 @@ def restart(data_dir: Path) -> dict[str, Any]:
         "load_at_start": load,
         "ready_s": round(ready_s, 3),
         "rss_mb": round(max(at_ready, settled) / 2**20, 1),
+        "rss_at_ready_mb": round(at_ready / 2**20, 1),
+        "rss_settled_mb": round(settled / 2**20, 1),
         "peak_rss_mb": round(peak / 2**20, 1),
     }
 
@@ -139,28 +161,68 @@ def disk_mb(path: Path) -> float:
     return round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20, 1)
 
 
-def run(data_dir: Path, jobs: int, restarts: int, tmp: Path) -> list[dict[str, Any]]:
+def _per_job(full: dict[str, Any], empty: dict[str, Any], jobs: int) -> dict[str, Any]:
+    rss = full["rss_mb"] * 2**20
+    settled = full["rss_settled_mb"] * 2**20
+    return {
+        **full,
+        "bytes_per_job": round(rss / jobs),
+        "bytes_per_job_over_empty": round((rss - empty["rss_mb"] * 2**20) / jobs),
+        "bytes_per_job_settled": round(settled / jobs),
+        "bytes_per_job_settled_over_empty": round(
+            (settled - empty["rss_settled_mb"] * 2**20) / jobs
+        ),
+        "peak_bytes_per_job": round(full["peak_rss_mb"] * 2**20 / jobs),
+        "empty_node": empty,
+    }
+
+
+def run(
+    data_dir: Path, jobs: int, restarts: int, tmp: Path, baseline: Path | None = None
+) -> list[dict[str, Any]]:
     built = build(data_dir, jobs)
     log(f"data directory with {jobs:,} jobs: {built}")
     empty_dir = tmp / f"empty-{secrets.token_hex(4)}"
+    base_empty_dir = tmp / f"empty-base-{secrets.token_hex(4)}"
     records = []
     for _ in range(restarts):
         empty = restart(empty_dir)
         full = restart(data_dir)
-        rss = full["rss_mb"] * 2**20
         figures = {
-            **full,
+            **_per_job(full, empty, jobs),
             "jobs": jobs,
-            "bytes_per_job": round(rss / jobs),
-            "bytes_per_job_over_empty": round((rss - empty["rss_mb"] * 2**20) / jobs),
-            "empty_node": empty,
             "disk_mb": disk_mb(data_dir),
             "built": built,
         }
+        if baseline is not None:
+            base = _per_job(restart(data_dir, baseline), restart(base_empty_dir, baseline), jobs)
+            figures["baseline"] = {"source": str(baseline), **base}
+            log(f"baseline with {jobs:,} jobs: ready in {base['ready_s']} s, {base['rss_mb']} MB")
         records.append({"timestamp": stamp(), "scenario": "restart", "jobs": jobs,
                         "load_at_start": full["load_at_start"], "figures": figures})  # fmt: skip
         log(f"restart with {jobs:,} jobs: ready in {full['ready_s']} s, {full['rss_mb']} MB")
     return records
+
+
+def side_by_side(records: list[dict[str, Any]]) -> str:
+    """A markdown table of the restarts that ran a baseline beside this build, one row each."""
+    head = (
+        "| jobs | when | load (1 min) | build | /readyz | empty node's /readyz | RSS |"
+        " RSS per job | over an empty node | peak RSS |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [head]
+    for record in records:
+        figures = record["figures"]
+        if record.get("scenario") != "restart" or "baseline" not in figures:
+            continue
+        for build, f in (("before", figures["baseline"]), ("after", figures)):
+            rows.append(
+                f"| {record['jobs']:,} | {record['timestamp'][11:19]} | {f['load_at_start'][0]}"
+                f" | {build} | {f['ready_s']:.1f} s | {f['empty_node']['ready_s']:.1f} s"
+                f" | {f['rss_mb']:.0f} MB | {f['bytes_per_job']:,} B"
+                f" | {f['bytes_per_job_over_empty']:,} B | {f['peak_rss_mb']:.0f} MB |"
+            )
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -168,10 +230,18 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--restarts", type=int, default=3)
     parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--baseline", type=Path, help="a checkout to restart side by side")
+    parser.add_argument(
+        "--table", action="store_true", help="print the side-by-side restarts recorded so far"
+    )
     args = parser.parse_args()
+    if args.table:
+        lines = (RESULTS_DIR / "restart.jsonl").read_text().splitlines()
+        print(side_by_side([json.loads(line) for line in lines if line.strip()]))
+        return
     with tempfile.TemporaryDirectory(prefix="cronlog-restart-") as tmp:
         data_dir = args.data_dir or Path(tmp) / "data"
-        for record in run(data_dir, args.jobs, args.restarts, Path(tmp)):
+        for record in run(data_dir, args.jobs, args.restarts, Path(tmp), args.baseline):
             append_result("restart", record)
 
 

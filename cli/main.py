@@ -50,6 +50,7 @@ CLEARABLE = (
     "end_at",
     "payload",
     "depends_on",
+    "tags",
 )
 
 
@@ -113,6 +114,13 @@ def _job_fields(parser: argparse.ArgumentParser, *, whole: bool) -> None:
         "--depends-on", action="append", metavar="JOB", help="run after these jobs (repeat)"
     )
     g.add_argument("--seconds", help='the seconds of a per-second schedule, e.g. "*/10"')
+    g.add_argument(
+        "--tag",
+        action="append",
+        dest="tags",
+        metavar="TAG",
+        help="a label to find the job by, e.g. team=payments (repeat; replaces the job's tags)",
+    )
     g.add_argument("--start-at", help="no slot before this instant (any kind of schedule)")
     g.add_argument("--end-at", help="no slot after this instant")
     g.add_argument("--timezone", help="IANA name for the schedule (default UTC)")
@@ -166,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add(js, "list", "the team's jobs")
     c.add_argument("--status", choices=("active", "paused", "cancelled", "finished"))
     c.add_argument("--search", help="only jobs whose name or id holds this text")
+    c.add_argument("--tag", help="only jobs labelled with this tag")
     _paging(c)
     p.add(js, "get", "one job").add_argument("job_id")
     c = p.add(js, "create", "a new job")
@@ -483,6 +492,7 @@ def _fields(args: argparse.Namespace, client: Any | None = None) -> dict[str, An
         "jitter": "allow_jitter_sec",
         "critical": "critical",
         "depends_on": "depends_on",
+        "tags": "tags",
     }
     for flag, name in simple.items():
         value = getattr(args, flag, None)
@@ -524,16 +534,20 @@ def _fields(args: argparse.Namespace, client: Any | None = None) -> dict[str, An
     for name in getattr(args, "clear", None) or []:
         if name in fields:
             raise UsageError(f"--clear {name} and a value for it: give one")
-        fields[name] = None
+        fields[name] = [] if name == "tags" else None  # a job without tags has an empty list
     return fields
 
 
 def _jobs_list(client: Any, args: argparse.Namespace) -> int:
     if args.all:
-        jobs = list(client.iter_jobs(args.status, page_size=args.limit, q=args.search))
+        jobs = list(
+            client.iter_jobs(args.status, page_size=args.limit, q=args.search, tag=args.tag)
+        )
         output.show(jobs, args.output, output.JOB_COLUMNS)
     else:
-        page = client.list_jobs(args.status, limit=args.limit, cursor=args.cursor, q=args.search)
+        page = client.list_jobs(
+            args.status, limit=args.limit, cursor=args.cursor, q=args.search, tag=args.tag
+        )
         output.show(page, args.output, output.JOB_COLUMNS, key="jobs")
     return 0
 

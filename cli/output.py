@@ -148,6 +148,7 @@ JOB_COLUMNS: list[Column] = [
     ("WHEN", when_text),
     ("NEXT RUN", lambda j: j.get("next_fire_at") or j.get("next_run_at")),
     ("TARGET", lambda j: target_text(j["target"])),
+    ("TAGS", lambda j: ",".join(j.get("tags") or [])),
 ]
 BATCH_COLUMNS: list[Column] = [
     ("#", lambda r: r["index"]),

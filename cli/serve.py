@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 from archive.reading import ArchivedLog
 from cli.retention_args import add_retention_arguments, retention_from
 from eventlog.retention import Retention
+from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
 
 if TYPE_CHECKING:
     from api.limits import Limits
     from archive.archive import Archive
     from core.egress import EgressPolicy
     from eventlog.port import EventLog
+    from eventlog.snapshots import SnapshotStore
     from node.node import Node
     from node.retention import EmbeddedRetention, KafkaArchiving
 
@@ -121,10 +123,62 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         " built-in defaults",
     )
     serve.add_argument(
+        "--job-retention-hours",
+        type=float,
+        default=24.0,  # core.partition.DEFAULT_RETENTION_MS
+        metavar="H",
+        help="how long a job that ended (cancelled, a one-shot that ran, a recurring job past"
+        " its end_at) stays in its partition's state, so that a repeated request is answered"
+        " from it; after that only its history is kept (default 24)",
+    )
+    serve.add_argument(
+        "--rocksdb-memory-mb",
+        type=int,
+        default=64,  # eventlog.rocks.BLOCK_CACHE_BYTES
+        metavar="MB",
+        help="what RocksDB may hold in memory, for all of the node's stores together: one"
+        " block cache, which the memtables are charged to (default 64; docs/operations.md)",
+    )
+    serve.add_argument(
         "--skip-log-check",
         action="store_true",
         help="start without reading the whole embedded log first (every read still checks"
         " what it reads; the full check takes about 0.6 s per million records)",
+    )
+    snapshots = serve.add_argument_group(
+        "snapshots",
+        "each partition's owner snapshots its state so a new owner replays only the"
+        " tail after it (docs/operations.md, 'Snapshots')",
+    )
+    snapshots.add_argument(
+        "--snapshot-every-events",
+        type=int,
+        default=DEFAULT_EVERY_EVENTS,
+        metavar="N",
+        help=f"snapshot a partition after N events (default {DEFAULT_EVERY_EVENTS:,})",
+    )
+    snapshots.add_argument(
+        "--snapshot-every-sec",
+        type=float,
+        default=DEFAULT_EVERY_S,
+        metavar="S",
+        help="or after S seconds with at least one event since the last snapshot (default"
+        f" {DEFAULT_EVERY_S:.0f})",
+    )
+    snapshots.add_argument(
+        "--standby-replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --kafka: for each partition this node owns, keep the N partitions after it"
+        " warm (their state followed in memory and on disk), so a takeover reads only the"
+        " last events (default 0)",
+    )
+    snapshots.add_argument(
+        "--no-snapshots",
+        action="store_true",
+        help="neither write nor restore snapshots: every recovery without a local store folds"
+        " the partition's log from its first event",
     )
     egress = serve.add_argument_group(
         "egress policy", "where jobs' targets may call (docs/security.md)"
@@ -187,6 +241,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_retention_arguments(serve)
     serve.add_argument("--log-level", default="info")
     serve.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text: one readable line a record; json: one JSON object a line, with the job,"
+        " run, partition and tenant ids of each decision as fields (docs/operations.md)",
+    )
+    serve.add_argument(
         "--access-log",
         action="store_true",
         help="log every HTTP request (off by default: at thousands of requests a second the"
@@ -228,13 +289,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     from api.app import create_app
     from eventlog.embedded import EmbeddedLog
+    from node import decisions
     from node.executors import DEFAULT_ERROR_EXCERPT, Executors
     from node.node import Node
     from node.secrets import Secrets
+    from node.snapshotter import SnapshotPolicy
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(decisions.formatter(args.log_format))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     # Everything the node writes (the log, the stores, tokens, and the files RocksDB makes on
     # its own) is its owner's alone, whatever umask the node was started with.
     os.umask(0o077)
@@ -250,6 +313,18 @@ def _serve(args: argparse.Namespace) -> int:
     if args.secrets_dir is None and not secrets_dir.exists():
         secrets_dir.mkdir()
         secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
+    if args.job_retention_hours < 0:
+        sys.exit("cronlog: --job-retention-hours must not be negative")
+    if args.rocksdb_memory_mb < 8:
+        sys.exit("cronlog: --rocksdb-memory-mb must be at least 8")
+    from eventlog import rocks
+
+    rocks.set_memory_budget(args.rocksdb_memory_mb * rocks.MIB)
+    if args.snapshot_every_events < 1 or not args.snapshot_every_sec > 0:
+        sys.exit("cronlog: --snapshot-every-events and --snapshot-every-sec must be positive")
+    if args.standby_replicas < 0:
+        sys.exit("cronlog: --standby-replicas must not be negative")
+    snapshots: SnapshotStore | None = None
     retention = retention_from(args)
     raw_log: EventLog
     archive = None
@@ -280,6 +355,21 @@ def _serve(args: argparse.Namespace) -> int:
             )
         except (KafkaException, CronlogError) as e:
             sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")
+        if not args.no_snapshots:
+            from eventlog.kafka_snapshots import KafkaSnapshots
+
+            try:
+                snapshots = KafkaSnapshots.open(
+                    args.kafka,
+                    args.partitions,
+                    prefix=args.topic_prefix,
+                    replication_factor=args.replication_factor,
+                    min_insync_replicas=args.min_insync_replicas,
+                    client_config=kafka_config,
+                )
+            except (KafkaException, CronlogError) as e:
+                raw_log.close()
+                sys.exit(f"cronlog: cannot open the snapshots topic at {args.kafka}: {e}")
         target_kafka = args.target_kafka or args.kafka
     else:
         raw_log = EmbeddedLog.open(
@@ -294,6 +384,10 @@ def _serve(args: argparse.Namespace) -> int:
             except BaseException:
                 raw_log.close()
                 raise
+        if not args.no_snapshots:
+            from eventlog.snapshots import FileSnapshots
+
+            snapshots = FileSnapshots(data_dir / "snapshots")
         target_kafka = args.target_kafka
     # Every reader of the events stream reads archive + log, so offset 0 is still readable.
     log_: EventLog = raw_log if archive is None else ArchivedLog(raw_log, archive)
@@ -301,6 +395,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_,
         data_dir / "node",
         node_id=args.node_id,
+        retention_ms=round(args.job_retention_hours * 3_600_000),
         executors=Executors(
             args.node_id,
             max_in_flight=args.max_calls,
@@ -312,6 +407,9 @@ def _serve(args: argparse.Namespace) -> int:
             error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
             processes=args.executor_processes,
         ),
+        snapshots=snapshots,
+        snapshot_policy=SnapshotPolicy(args.snapshot_every_events, args.snapshot_every_sec),
+        standby_replicas=args.standby_replicas,
     )
     app = create_app(
         node,
@@ -329,6 +427,9 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         lifespan="on",
         access_log=args.access_log,
+        # In JSON, uvicorn's own lines go through the root handler like every other; in text
+        # it keeps its usual look.
+        log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
     )
     server = _server(config, on_stop=node.wakeups.close)
     damaged: list[BaseException] = []
@@ -371,6 +472,8 @@ def _serve(args: argparse.Namespace) -> int:
         retention_loop.stop()
         # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
         node.stop(drain_s=0 if damaged else args.drain_sec)
+        if snapshots is not None:
+            snapshots.close()
         log_.close()
     if damaged:
         raise damaged[0]
@@ -633,6 +736,21 @@ def _server(config: Any, on_stop: Callable[[], None]) -> Any:
 def _freeze_when_ready(node: Node) -> None:
     if node.wait_ready(600):
         gc.freeze()
+        _release_free_memory()
+
+
+def _release_free_memory() -> None:
+    """Hand the pages a recovery freed back to the system (glibc keeps them otherwise: each
+    partition's thread decoded its store in an arena of its own). A no-op elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def _exit_cleanly(signum: int, _frame: object) -> None:

@@ -122,6 +122,13 @@ class LeaseDue(Command, tag=True, frozen=True, kw_only=True):
     run_id: str
 
 
+class ForgetDue(Command, tag=True, frozen=True, kw_only=True):
+    """A job that ended ``retention_ms`` ago may leave the partition's state."""
+
+    job_id: str
+    retention_ms: int
+
+
 AnyCommand = (
     PutJob
     | PauseJob
@@ -137,6 +144,7 @@ AnyCommand = (
     | UpstreamSucceeded
     | SlotDue
     | LeaseDue
+    | ForgetDue
 )
 
 _encoder = msgspec.json.Encoder()

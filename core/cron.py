@@ -16,8 +16,21 @@ times and the DST rule are ours. Two forms:
   12:00:30 every day.
 
 The aliases ``@hourly @daily @midnight @weekly @monthly @yearly @annually`` are rewritten to
-their 5-field text. When both day-of-month and day-of-week are restricted a day matches if
-either does (Vixie cron's rule, as croniter applies it).
+their 5-field text.
+
+Day-of-month and day-of-week: the :class:`DayRule`
+--------------------------------------------------
+When both day fields are restricted a day matches if either does; when one is unrestricted
+the other alone decides. The two rules differ on what "unrestricted" means:
+
+* ``DayRule.CRONTAB`` (Vixie cron, cronie, and every job the API registers): a field that
+  *starts with* ``*`` is unrestricted, so ``30 1 3 12 */2`` fires on the 3rd of
+  December when that is a Sunday, Tuesday, Thursday or Saturday (the two fields are ANDed).
+* ``DayRule.EITHER`` (croniter's reading, which cronlog followed before the rule became a
+  field of the job): only a field that is exactly ``*`` is unrestricted, so the same text
+  fires on the 3rd *and* on every even weekday of December. Jobs registered before the
+  job's ``day_rule`` existed decode with this rule, so replaying an old log fires exactly the
+  slots it fired then.
 
 DST: the stated rule
 --------------------
@@ -61,6 +74,7 @@ This module is pure: it reads no clock. ``zoneinfo`` loads zone data once per zo
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import re
 from bisect import bisect_left, bisect_right
 from functools import lru_cache
@@ -73,7 +87,9 @@ from core.errors import InvalidDefinition
 
 __all__ = [
     "CronSchedule",
+    "DayRule",
     "clear_caches",
+    "day_rule_matters",
     "next_fire",
     "split_seconds",
     "suppressed_since_previous",
@@ -107,10 +123,18 @@ _EPOCH: Final = dt.datetime(1970, 1, 1)
 _DAY_SECONDS: Final = 86_400
 
 
+class DayRule(enum.StrEnum):
+    """How day-of-month and day-of-week combine (see the module docstring)."""
+
+    EITHER = "either"  # croniter: only an exact "*" is unrestricted
+    CRONTAB = "crontab"  # Vixie cron and cronie: a field starting with "*" is unrestricted
+
+
 class _Fields:
     """The expanded fields of one expression and the wall-clock slot search over them."""
 
     __slots__ = (
+        "both_days",
         "dom_last",
         "dom_star",
         "doms",
@@ -124,7 +148,7 @@ class _Fields:
         "seconds",
     )
 
-    def __init__(self, fields: list[str]) -> None:
+    def __init__(self, fields: list[str], day_rule: DayRule) -> None:
         expanded, nth = _expand(" ".join(fields))
         minutes, hours, doms, months, dows = expanded[:5]
         self.minutes = _sorted_ints(minutes, 0)
@@ -141,6 +165,10 @@ class _Fields:
         self.dows = frozenset(d for d in _sorted_ints(dows, 4) if d not in self.nth)
         hour = fields[1]
         self.real_time = hour == "*" or hour.startswith("*/")
+        # Whether a day must match both day fields (True) or either one.
+        self.both_days = day_rule is DayRule.CRONTAB and (
+            fields[2].startswith("*") or fields[4].startswith("*")
+        )
 
     # -- days ----------------------------------------------------------------------------
 
@@ -153,6 +181,8 @@ class _Fields:
             return self._dow_matches(day)
         if self.dow_star:
             return self._dom_matches(day)
+        if self.both_days:
+            return self._dom_matches(day) and self._dow_matches(day)
         return self._dom_matches(day) or self._dow_matches(day)
 
     def _dom_matches(self, day: dt.date) -> bool:
@@ -405,21 +435,25 @@ class CronSchedule:
     spaces, aliases expanded); two schedules are equal when text and timezone are.
     """
 
-    __slots__ = ("_expression", "_fields", "_hash", "_timezone", "_zone")
+    __slots__ = ("_day_rule", "_expression", "_fields", "_hash", "_timezone", "_zone")
 
     _expression: str
     _timezone: str
+    _day_rule: DayRule
     _fields: _Fields
     _zone: ZoneInfo
     _hash: int
 
-    def __init__(self, expression: str, timezone: str, fields: _Fields, zone: ZoneInfo) -> None:
+    def __init__(
+        self, expression: str, timezone: str, day_rule: DayRule, fields: _Fields, zone: ZoneInfo
+    ) -> None:
         for name, value in (
             ("_expression", expression),
             ("_timezone", timezone),
+            ("_day_rule", day_rule),
             ("_fields", fields),
             ("_zone", zone),
-            ("_hash", hash((expression, timezone))),
+            ("_hash", hash((expression, timezone, day_rule))),
         ):
             object.__setattr__(self, name, value)
 
@@ -439,16 +473,27 @@ class CronSchedule:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CronSchedule):
             return NotImplemented
-        return self.expression == other.expression and self.timezone == other.timezone
+        return (
+            self.expression == other.expression
+            and self.timezone == other.timezone
+            and self._day_rule is other._day_rule
+        )
 
     def __hash__(self) -> int:
         return self._hash
 
     def __repr__(self) -> str:
-        return f"CronSchedule({self.expression!r}, {self.timezone!r})"
+        return f"CronSchedule({self.expression!r}, {self.timezone!r}, {self._day_rule.value!r})"
+
+    @property
+    def day_rule(self) -> DayRule:
+        """How the two day fields combine."""
+        return self._day_rule
 
     @classmethod
-    def parse(cls, expression: str, timezone: str = "UTC") -> CronSchedule:
+    def parse(
+        cls, expression: str, timezone: str = "UTC", day_rule: DayRule = DayRule.EITHER
+    ) -> CronSchedule:
         """Validate and compile. Raises :class:`InvalidDefinition` naming the field.
 
         ``expression`` has 5 fields (``minute hour day-of-month month day-of-week``) or 6
@@ -456,9 +501,10 @@ class CronSchedule:
         the ``@hourly``-style aliases. Rejected (field ``"schedule"``): empty text, another
         field count, out-of-range values, hashed/random ``H``/``R`` values, ``W``, and
         expressions that can never fire such as ``0 0 30 2 *``. An unknown zone is rejected
-        with field ``"timezone"``. Parsed schedules are cached.
+        with field ``"timezone"``. ``day_rule`` says how the day fields combine (the module
+        docstring); a job passes its own. Parsed schedules are cached.
         """
-        return _parse(expression, timezone)
+        return _parse(expression, timezone, DayRule(day_rule))
 
     @property
     def follows_real_time(self) -> bool:
@@ -651,18 +697,18 @@ class CronSchedule:
 
 
 @lru_cache(maxsize=4096)
-def _parse(expression: str, timezone: str) -> CronSchedule:
+def _parse(expression: str, timezone: str, day_rule: DayRule) -> CronSchedule:
     fields = _normalise(expression)
     zone = _zone(timezone)
-    compiled = _compile(" ".join(fields))
+    compiled = _compile(" ".join(fields), day_rule)
     if not compiled.ever_fires():
         raise InvalidDefinition("schedule", f"{expression!r} never fires")
-    return CronSchedule(" ".join(fields), timezone, compiled, zone)
+    return CronSchedule(" ".join(fields), timezone, day_rule, compiled, zone)
 
 
 @lru_cache(maxsize=4096)
-def _compile(text: str) -> _Fields:
-    return _Fields(text.split())
+def _compile(text: str, day_rule: DayRule) -> _Fields:
+    return _Fields(text.split(), day_rule)
 
 
 @lru_cache(maxsize=65536)
@@ -680,22 +726,32 @@ def _suppressed_since_previous(
 
 
 @lru_cache(maxsize=65536)
-def next_fire(expression: str, timezone: str, after_ms: int) -> int:
-    """``CronSchedule.parse(expression, timezone).next_after(after_ms)``, memoised.
+def next_fire(expression: str, timezone: str, after_ms: int, day_rule: DayRule) -> int:
+    """``CronSchedule.parse(expression, timezone, day_rule).next_after(after_ms)``, memoised.
 
     Many jobs share a schedule and are advanced from the same slot (the midnight herd:
     50,000 jobs on ``0 0 * * *``), so the key repeats and all but the first are cache hits.
     """
-    return _parse(expression, timezone).next_after(after_ms)
+    return _parse(expression, timezone, day_rule).next_after(after_ms)
 
 
 @lru_cache(maxsize=65536)
 def suppressed_since_previous(
-    expression: str, timezone: str, fire_ms: int, until_ms: int
+    expression: str, timezone: str, fire_ms: int, until_ms: int, day_rule: DayRule
 ) -> tuple[int, ...]:
-    """``CronSchedule.parse(expression, timezone).suppressed_since_previous(fire_ms, until_ms)``,
-    memoised on the key a herd of jobs on one schedule shares (as :func:`next_fire` is)."""
-    return tuple(_parse(expression, timezone).suppressed_since_previous(fire_ms, until_ms))
+    """``CronSchedule.parse(expression, timezone, day_rule).suppressed_since_previous(fire_ms,
+    until_ms)``, memoised on the key a herd of jobs on one schedule shares (as
+    :func:`next_fire` is)."""
+    schedule = _parse(expression, timezone, day_rule)
+    return tuple(schedule.suppressed_since_previous(fire_ms, until_ms))
+
+
+def day_rule_matters(expression: str) -> bool:
+    """Whether the two :class:`DayRule` read ``expression`` differently: one day field starts
+    with ``*`` but is not the whole field, and the other is restricted (``30 1 3 12 */2``).
+    Raises :class:`InvalidDefinition` as :meth:`CronSchedule.parse` does."""
+    fields = _compile(" ".join(_normalise(expression)), DayRule.CRONTAB)
+    return fields.both_days and not (fields.dom_star or fields.dow_star)
 
 
 def with_seconds(expression: str, seconds: str | None) -> str:

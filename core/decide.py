@@ -31,6 +31,7 @@ from core.commands import (
     CancelRun,
     ClaimRuns,
     CompleteRun,
+    ForgetDue,
     HeartbeatRun,
     LeaseDue,
     Outcome,
@@ -51,6 +52,7 @@ from core.events import (
     DeadReason,
     Heartbeat,
     JobCancelled,
+    JobForgotten,
     JobPaused,
     JobRegistered,
     JobResumed,
@@ -85,7 +87,15 @@ from core.jobs import (
     slots_between,
     validate,
 )
-from core.state import JobState, JobStatus, PartitionState, RunState, RunStatus
+from core.state import (
+    JobState,
+    JobStatus,
+    PartitionState,
+    RunState,
+    RunStatus,
+    compact_spec,
+    ended_at,
+)
 
 MAX_SLOTS_PER_DECISION = 1000  # a longer backlog continues on the next timer
 MAX_CLAIM = 100
@@ -130,6 +140,8 @@ def decide(state: PartitionState, command: AnyCommand, now: Millis) -> list[AnyE
             return _slot_due(state, command.job_id, now)
         case LeaseDue():
             return _lease_due(state, command.run_id, now)
+        case ForgetDue():
+            return _forget_due(state, command, now)
 
 
 # -- lookups -----------------------------------------------------------------------------------
@@ -231,7 +243,7 @@ def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
     if job.spec.tenant != spec.tenant:
         raise NotFound(f"job {cmd.job_id} not found")
     _not_cancelled(job)
-    if job.spec == spec:
+    if job.spec == compact_spec(spec):  # as the state holds a definition
         return []  # an upsert of the same definition changes nothing
     if cmd.create_only:
         raise Conflict(f"job {cmd.job_id} exists with another definition")
@@ -404,7 +416,9 @@ def _suppressed(job: JobState, first: Millis, through: Millis) -> list[Millis]:
     spec = job.spec
     if spec.schedule is None:
         return []
-    suppressed = suppressed_since_previous(spec.schedule, spec.timezone, first, through)
+    suppressed = suppressed_since_previous(
+        spec.schedule, spec.timezone, first, through, spec.day_rule
+    )
     return [s for s in suppressed if s > job.registered_at] if suppressed else []
 
 
@@ -570,6 +584,7 @@ def _granted(job: JobState, run: RunState, token: int, worker_id: str, now: Mill
         worker_id=worker_id,
         lease_expires_at=now + round(job.spec.lease_sec * 1000),
         lateness_ms=now - run.scheduled_for,
+        trigger=run.trigger,
     )
 
 
@@ -737,6 +752,23 @@ def _replay(state: PartitionState, cmd: ReplayRun, now: Millis) -> list[AnyEvent
     if run.status is not RunStatus.DEAD:
         raise Conflict(f"run {run.run_id} is {run.status}; only a dead run can be replayed")
     return [RunReplayed(**_ids(run, now, attempt=run.attempt + 1), available_at=now)]
+
+
+def _forget_due(state: PartitionState, cmd: ForgetDue, now: Millis) -> list[AnyEvent]:
+    """The job leaves the state a retention after it ended, if it is still over."""
+    job = state.jobs.get(cmd.job_id)
+    ended = ended_at(state, job) if job is not None else None
+    if job is None or ended is None or ended + cmd.retention_ms > now:
+        return []  # a stale timer: revived since, or forgotten already
+    return [
+        JobForgotten(
+            at=now,
+            job_id=job.job_id,
+            tenant=job.spec.tenant,
+            ended_at=ended,
+            runs=tuple(state.kept.get(job.job_id, ())),
+        )
+    ]
 
 
 def spec_of(state: PartitionState, job_id: str) -> JobSpec | None:

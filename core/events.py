@@ -76,6 +76,16 @@ class JobCancelled(Event, tag=True, frozen=True, kw_only=True):
     version: int
 
 
+class JobForgotten(Event, tag=True, frozen=True, kw_only=True):
+    """The job left the partition's state: it ended at ``ended_at`` (cancelled, or nothing left
+    that can fire: a one-shot that ran, a recurring job past its ``end_at``) and the retention
+    after that has passed. ``runs``: the dead runs of a cancelled job, dropped with it. History
+    keeps the job; only the scheduler forgets it (see docs/architecture.md)."""
+
+    ended_at: Millis
+    runs: tuple[str, ...] = ()
+
+
 class RunEvent(Event, frozen=True, kw_only=True):
     """Fields every run event has."""
 
@@ -117,6 +127,9 @@ class LeaseGranted(RunEvent, tag=True, frozen=True, kw_only=True):
     worker_id: str
     lease_expires_at: Millis
     lateness_ms: Millis  # start minus slot, the timeliness measure
+    # What made the run: only a scheduled run's lateness is a scheduling delay (a backfill's
+    # slot may be days past). Events from before the field read as scheduled.
+    trigger: Trigger = Trigger.SCHEDULE
 
 
 class Heartbeat(RunEvent, tag=True, frozen=True, kw_only=True):
@@ -187,6 +200,7 @@ AnyEvent = (
     | RunCancelled
     | RunReplayed
     | UpstreamRecorded
+    | JobForgotten
 )
 
 _encoder = msgspec.json.Encoder()

@@ -5,7 +5,8 @@ it is part of the public event contract: new fields get defaults, nothing is ret
 
 Exactly one of three ways to say *when*:
 
-- ``schedule``: a cron expression (5 fields, or 6 with seconds last) read in ``timezone``;
+- ``schedule``: a cron expression (5 fields, or 6 with seconds last) read in ``timezone``,
+  its day fields combined by ``day_rule`` (``core.cron.DayRule``);
 - ``run_at``: one instant (a one-shot job);
 - ``interval_sec``: every N seconds from ``start_at`` (or from registration).
 
@@ -30,7 +31,7 @@ from typing import Any
 import msgspec
 
 from core.clock import MAX_INSTANT, Millis
-from core.cron import CronSchedule, next_fire
+from core.cron import CronSchedule, DayRule, next_fire
 from core.errors import InvalidDefinition
 from core.ids import SEPARATOR, team_id
 
@@ -44,6 +45,9 @@ SECRET_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # Printable ASCII and tab, not starting or ending with white space (which parsers strip).
 HEADER_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?")
+# A label: "nightly", "team=payments", "env:prod". No "/": the read model's tag index keys
+# are "tt/<tenant>/<tag>/<job_id>", so a "/" would let one tag's listing see another's.
+TAG = re.compile(r"[A-Za-z0-9_.:=-]{1,64}")  # matched whole (fullmatch)
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 # Arrays and objects inside one another: deeper JSON would overrun the recursion limit of the
@@ -59,6 +63,7 @@ MAX_HEADERS = 32
 MAX_HEADER_NAME = 128
 MAX_HEADER_VALUE = 4096
 MAX_HEADERS_BYTES = 16 * 1024
+MAX_TAGS = 16
 # Headers that frame the message or the connection, or that cronlog sets itself on every call:
 # a job never sets them.
 RESERVED_HEADERS = frozenset(
@@ -160,6 +165,11 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     critical: bool = False
     depends_on: tuple[str, ...] = ()
     end_at: Millis | None = None  # no slot after it (start_at: none before it)
+    # How the schedule's day fields combine (core.cron). The default is the rule every job
+    # logged before this field had, so their replay fires what they fired; the API gives new
+    # schedules DayRule.CRONTAB.
+    day_rule: DayRule = DayRule.EITHER
+    tags: tuple[str, ...] = ()  # labels to find the job by (GET /v1/jobs?tag=)
 
     @property
     def recurring(self) -> bool:
@@ -168,6 +178,15 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     @property
     def pool(self) -> str | None:
         return self.target.pool if isinstance(self.target, PullTarget) else None
+
+
+def payload_of(spec: JobSpec) -> Any:
+    """The job's payload as a document, whether the spec holds it decoded (from an event or a
+    request) or encoded (the partition state's compact form: ``core.state.compact_spec``)."""
+    payload = spec.payload
+    if isinstance(payload, msgspec.Raw):
+        return msgspec.msgpack.decode(payload)
+    return payload
 
 
 def _positive(field: str, value: float, *, upper: float | None = None) -> None:
@@ -224,8 +243,9 @@ def validate(spec: JobSpec) -> None:
             "give exactly one of schedule, run_at or interval_sec"
             + (f" (got {', '.join(whens)})" if whens else ""),
         )
+    validate_tags(spec.tags)
     # CronSchedule.parse raises InvalidDefinition naming "schedule" or "timezone".
-    CronSchedule.parse(spec.schedule or "0 0 * * *", spec.timezone)
+    CronSchedule.parse(spec.schedule or "0 0 * * *", spec.timezone, spec.day_rule)
     for name, at in (
         ("run_at", spec.run_at),
         ("start_at", spec.start_at),
@@ -273,6 +293,18 @@ def validate(spec: JobSpec) -> None:
         raise InvalidDefinition("catch_up_limit", f"must be between 1 and {MAX_CATCH_UP}")
     if not 0 <= spec.allow_jitter_sec <= DAY_MS / 1000:
         raise InvalidDefinition("allow_jitter_sec", "must be between 0 and 86400")
+
+
+def validate_tags(tags: tuple[str, ...]) -> None:
+    if len(tags) > MAX_TAGS:
+        raise InvalidDefinition("tags", f"must list at most {MAX_TAGS} tags, got {len(tags)}")
+    for tag in tags:
+        if not TAG.fullmatch(tag):
+            raise InvalidDefinition(
+                "tags", f"{tag[:80]!r} is not a tag: 1-64 characters of A-Z a-z 0-9 _ . : = -"
+            )
+    if len(set(tags)) != len(tags):
+        raise InvalidDefinition("tags", "lists a tag twice")
 
 
 def _depth(value: Any) -> int:
@@ -395,7 +427,7 @@ def first_slot(spec: JobSpec, registered_at: Millis) -> Millis | None:
 def _next_fire(spec: JobSpec, after: Millis) -> Millis | None:
     assert spec.schedule is not None
     try:
-        fire = next_fire(spec.schedule, spec.timezone, _after(spec, after))
+        fire = next_fire(spec.schedule, spec.timezone, _after(spec, after), spec.day_rule)
     except OverflowError:  # no fire before the end of year 9999
         return None
     return fire if spec.end_at is None or fire <= spec.end_at else None
@@ -441,7 +473,8 @@ def last_slots(spec: JobSpec, after: Millis, until: Millis, anchor: Millis, n: i
         out = [s for s in (last - i * every for i in range(n)) if s > after and s >= anchor]
         return sorted(out)
     if spec.schedule is not None:
-        fires = CronSchedule.parse(spec.schedule, spec.timezone).last_at_or_before(until, n)
+        schedule = CronSchedule.parse(spec.schedule, spec.timezone, spec.day_rule)
+        fires = schedule.last_at_or_before(until, n)
         return [s for s in fires if s > after]
     return []
 
@@ -459,7 +492,8 @@ def count_slots(spec: JobSpec, after: Millis, until: Millis, anchor: Millis) -> 
         first = anchor + -(-(start - anchor) // every) * every
         return 0 if first > until else (until - first) // every + 1
     if spec.schedule is not None:
-        return CronSchedule.parse(spec.schedule, spec.timezone).count_between(after, until, 10_000)
+        schedule = CronSchedule.parse(spec.schedule, spec.timezone, spec.day_rule)
+        return schedule.count_between(after, until, 10_000)
     return 0
 
 

@@ -18,6 +18,11 @@ It reads no clock (``now`` is an argument) and does no I/O; appending the events
 driver's business, which is why ``handle`` returns them. A refused command raises its
 ``core.errors`` error and changes nothing.
 
+A job that ended (``core.state.has_ended``) is forgotten ``retention_ms`` after it ended: a
+``("forget", job_id)`` timer decides ``ForgetDue``, which appends ``JobForgotten`` if the job is
+still over. The retention is a setting, not state: it only says when that decision is taken,
+and replaying the log folds what was decided, whatever the setting is now.
+
 ``snapshot()`` gives the canonical state as bytes with a format version in front, and
 ``restore()`` takes them back (rebuilding every timer from the state): a snapshot of a state
 equals the snapshot of the state that replaying its events gives.
@@ -29,14 +34,17 @@ from collections import deque
 
 from core import events as ev
 from core.clock import Millis
-from core.commands import AnyCommand, LeaseDue, SlotDue
+from core.commands import AnyCommand, ForgetDue, LeaseDue, SlotDue
 from core.decide import decide
 from core.errors import CronlogError, InvalidDefinition
 from core.state import PartitionState, evolve
-from core.timers import TimerKey, all_timers, timers_after
+from core.timers import TimerKey, all_timers, forget_timer, timers_after
 from core.wheel import TimingWheel
 
 SNAPSHOT_FORMAT = 1
+# How long a job that ended stays known: a repeated request within it (a create, a cancel, a
+# trigger) is answered from the job; after it the job is history only (docs/architecture.md).
+DEFAULT_RETENTION_MS = 24 * 3_600_000
 
 
 class Partition:
@@ -48,12 +56,16 @@ class Partition:
         *,
         tick_ms: int = 10,
         wheel_size: int = 512,
+        retention_ms: int = DEFAULT_RETENTION_MS,
     ) -> None:
+        if retention_ms < 0:
+            raise ValueError(f"retention_ms must not be negative, got {retention_ms}")
         self.number = number
+        self.retention_ms = retention_ms
         self.state = state if state is not None else PartitionState(number)
         self.wheel: TimingWheel[TimerKey] = TimingWheel(now, tick_ms=tick_ms, wheel_size=wheel_size)
         self._due: deque[TimerKey] = deque()
-        for key, deadline in all_timers(self.state):
+        for key, deadline in all_timers(self.state, retention_ms):
             self._arm(key, deadline)
 
     # -- deciding ------------------------------------------------------------------------------
@@ -68,7 +80,9 @@ class Partition:
     def fold(self, event: ev.AnyEvent) -> None:
         """Fold one event in and change the timers it calls for (replay uses this too)."""
         evolve(self.state, event)
-        for key, deadline in timers_after(self.state, event):
+        changes = timers_after(self.state, event)
+        changes.append(forget_timer(self.state, event.job_id, self.retention_ms))
+        for key, deadline in changes:
             if deadline is None:
                 self.wheel.cancel(key)
                 # A due key stays queued: firing it decides against the state, which refuses.
@@ -84,6 +98,8 @@ class Partition:
             command = SlotDue(job_id=ident)
         elif kind == "lease":
             command = LeaseDue(run_id=ident)
+        elif kind == "forget":
+            command = ForgetDue(job_id=ident, retention_ms=self.retention_ms)
         else:
             raise ValueError(f"a {kind!r} timer is the driver's to act on, not a command")
         try:
@@ -120,7 +136,7 @@ class Partition:
         return bytes([SNAPSHOT_FORMAT]) + self.state.snapshot()
 
     @classmethod
-    def restore(cls, data: bytes, now: Millis, **wheel: int) -> Partition:
+    def restore(cls, data: bytes, now: Millis, **settings: int) -> Partition:
         """The partition a snapshot describes, its timers armed as of ``now``."""
         if not data or data[0] != SNAPSHOT_FORMAT:
             found = data[0] if data else None
@@ -128,4 +144,4 @@ class Partition:
                 "snapshot", f"format {found} is not {SNAPSHOT_FORMAT}, the one this build reads"
             )
         state = PartitionState.restore(data[1:])
-        return cls(state.partition, now, state, **wheel)
+        return cls(state.partition, now, state, **settings)

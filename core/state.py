@@ -11,13 +11,21 @@ rebuilt from the canonical state on load and never compared.
 Runs leave ``runs`` when they succeed or are cancelled (the read model keeps history). Dead runs
 stay, so they can be replayed. A run cancelled while running stays until its lease runs out, so
 the worker's next heartbeat learns it was cancelled.
+
+Jobs leave ``jobs`` too, once nothing can fire for them any more (:func:`has_ended`: cancelled,
+or a one-shot that ran, or a recurring job past its ``end_at``; no live run; no dead run that
+could still be replayed; no cancelled run whose lease is still out). The event that ends a job
+sets its ``ended_at``; an event that revives it (a manual trigger, a replay, an update) clears
+it. The partition forgets the job ``retention`` after ``ended_at`` with a ``JobForgotten`` event
+of its own deciding (``core.partition``), which drops the job and the dead runs of a cancelled
+job. Until then a repeated command finds the job and is answered as before.
 """
 
 from __future__ import annotations
 
 import enum
 import heapq
-from typing import assert_never
+from typing import Any, TypeVar, assert_never
 
 import msgspec
 
@@ -26,6 +34,7 @@ from core.events import (
     AnyEvent,
     Heartbeat,
     JobCancelled,
+    JobForgotten,
     JobPaused,
     JobRegistered,
     JobResumed,
@@ -44,7 +53,10 @@ from core.events import (
     Trigger,
     UpstreamRecorded,
 )
-from core.jobs import JobSpec
+from core.jobs import HttpTarget, JobSpec
+
+T = TypeVar("T")
+V = TypeVar("V")
 
 # A waiting run gains one priority level per minute it waits, so priority 0 never starves.
 AGEING_STEP_MS = 60_000
@@ -68,6 +80,11 @@ class RunStatus(enum.StrEnum):
 # State structs hold scalars, strings and flat containers: they cannot form reference cycles,
 # so the garbage collector need not scan them (msgspec's "gc=False"; with 50,000 jobs the
 # collector's full passes otherwise cost about 40% of a midnight herd's CPU).
+#
+# A job's state is what a node holds per job, a million times over, so it is kept small (see
+# :func:`compact_job`): ``live`` is a tuple (the empty one is shared), and the two maps that are
+# almost always empty share one empty dict until a job needs its own (``_own``); nothing but
+# ``evolve`` writes them. The encoding is the same as a list's and a dict's.
 class JobState(msgspec.Struct, kw_only=True, gc=False):
     job_id: str
     spec: JobSpec
@@ -76,11 +93,12 @@ class JobState(msgspec.Struct, kw_only=True, gc=False):
     registered_at: Millis
     next_slot: Millis | None = None
     anchor: Millis = 0  # an interval job's first slot
-    live: list[str] = []  # run ids: pending, blocked or running
+    live: tuple[str, ...] = ()  # run ids: pending, blocked or running
     blocked_run: str | None = None
     upstream: dict[str, Millis] = {}  # upstream job -> slot it succeeded for, since last trigger
     last_triggered: Millis | None = None  # the slot of the last dependency-triggered run
     trigger_keys: dict[str, str] = {}  # idempotency key of a manual trigger -> run id
+    ended_at: Millis | None = None  # when nothing could fire for it any more (has_ended)
 
 
 class RunState(msgspec.Struct, kw_only=True, gc=False):
@@ -108,6 +126,94 @@ class _Snapshot(msgspec.Struct):
     runs: list[RunState]
 
 
+# The empty map every job without upstream successes or trigger keys shares; never written.
+_NONE: dict[str, Any] = {}
+# Values many jobs repeat (a team's name, a time zone, a schedule, a URL, default retry
+# settings) are kept once. Bounded: past it a value is simply kept per job, as before. Floats
+# have a table of their own: ``60.0 == 60`` and ``0.0 == -0.0`` are equal keys that encode
+# apart, and a zero is never shared.
+_SHARED_MAX = 65_536
+_shared: dict[Any, Any] = {}
+_floats: dict[float, float] = {}
+
+
+def _share(value: T, key: Any = None) -> T:
+    """One object for equal values, so a million jobs on "UTC" hold one string. ``key``, when
+    given, stands for the value (it must tell apart what encodes apart)."""
+    key = value if key is None else key
+    kept = _shared.get(key)
+    if kept is not None:
+        return kept  # type: ignore[no-any-return]
+    if len(_shared) < _SHARED_MAX:
+        _shared[key] = value
+    return value
+
+
+def _share_float(value: float) -> float:
+    if type(value) is not float or value == 0.0 or value != value:
+        return value
+    kept = _floats.get(value)
+    if kept is not None:
+        return kept
+    if len(_floats) < _SHARED_MAX:
+        _floats[value] = value
+    return value
+
+
+def compact_spec(spec: JobSpec) -> JobSpec:
+    """``spec`` with its repeated parts shared (equal, so it is the same definition)."""
+    target = spec.target
+    if isinstance(target, HttpTarget):
+        if not target.headers:
+            key = ("http", target.url, target.max_calls_per_sec)  # None, or positive
+            kept = _shared.get(key)
+            if kept is None:  # made without the decoder's own empty dict of headers
+                kept = _share(
+                    HttpTarget(target.url, max_calls_per_sec=target.max_calls_per_sec), key
+                )
+            target = kept
+    else:
+        target = _share(target)  # a topic or a pool: hashable, strings only
+    payload = spec.payload
+    if isinstance(payload, (dict, list)):
+        # Held encoded: a decoded JSON document costs several times its bytes in objects, and
+        # nothing in the partition reads inside it (the executor decodes it for each call:
+        # ``core.jobs.payload_of``). It encodes as the document it holds, so snapshots and
+        # stores hold the same bytes.
+        payload = msgspec.Raw(_snapshot_encoder.encode(payload))
+    return msgspec.structs.replace(
+        spec,
+        payload=payload,
+        tenant=_share(spec.tenant),
+        target=target,
+        schedule=_share(spec.schedule) if spec.schedule is not None else None,
+        timezone=_share(spec.timezone),
+        # Every field of a valid backoff is positive, so equal backoffs encode alike.
+        backoff=_share(spec.backoff),
+        timeout_sec=_share_float(spec.timeout_sec),
+        lease_sec=_share_float(spec.lease_sec),
+        misfire_grace_sec=_share_float(spec.misfire_grace_sec),
+        allow_jitter_sec=_share_float(spec.allow_jitter_sec),
+    )
+
+
+def compact_job(job: JobState) -> JobState:
+    """``job`` (as decoded from a store or a snapshot) holding the least memory; returns it."""
+    job.spec = compact_spec(job.spec)
+    if not job.upstream:
+        job.upstream = _NONE
+    if not job.trigger_keys:
+        job.trigger_keys = _NONE
+    if job.anchor == job.next_slot:
+        job.anchor = job.next_slot
+    return job
+
+
+def _own(mapping: dict[str, V]) -> dict[str, V]:
+    """A map ``evolve`` may write: a job's own, never the shared empty one."""
+    return {} if mapping is _NONE else mapping
+
+
 _snapshot_encoder = msgspec.msgpack.Encoder()
 _snapshot_decoder = msgspec.msgpack.Decoder(_Snapshot)
 
@@ -120,6 +226,9 @@ class PartitionState:
         self.last_token = 0
         # derived: pool -> heap of (ageing key, slot, run id, attempt); entries go stale lazily
         self.ready: dict[str, list[tuple[int, int, str, int]]] = {}
+        # derived: job -> its runs in ``runs`` that are not live (dead, or cancelled while
+        # running), for the few jobs that have any
+        self.kept: dict[str, list[str]] = {}
 
     def snapshot(self) -> bytes:
         """The canonical state as bytes: equal states give equal bytes."""
@@ -134,7 +243,7 @@ class PartitionState:
         snap = _snapshot_decoder.decode(data)
         state = cls(snap.partition)
         state.last_token = snap.last_token
-        state.jobs = {j.job_id: j for j in snap.jobs}
+        state.jobs = {j.job_id: compact_job(j) for j in snap.jobs}
         state.runs = {r.run_id: r for r in snap.runs}
         rebuild_index(state)
         return state
@@ -161,11 +270,61 @@ def ageing_key(run: RunState) -> int:
 
 
 def rebuild_index(state: PartitionState) -> None:
-    """Rebuild the derived ``ready`` index from ``jobs`` and ``runs`` (after a load)."""
+    """Rebuild the derived ``ready`` and ``kept`` indexes from ``jobs`` and ``runs`` (after a
+    load)."""
     state.ready = {}
+    state.kept = {}
     for run in state.runs.values():
         if run.status is RunStatus.PENDING:
             _index(state, run)
+        job = state.jobs.get(run.job_id)
+        if job is not None and run.run_id not in job.live:
+            state.kept.setdefault(run.job_id, []).append(run.run_id)
+
+
+def has_ended(state: PartitionState, job: JobState) -> bool:
+    """Whether nothing can fire for ``job`` any more and nothing of it is live."""
+    if job.live:
+        return False
+    kept = state.kept.get(job.job_id, ())
+    if job.status is JobStatus.CANCELLED:
+        # Its dead runs cannot be replayed (the job is cancelled); a cancelled run whose lease
+        # is out waits for it, so the worker learns of the cancel.
+        return all(state.runs[r].status is RunStatus.DEAD for r in kept)
+    if job.next_slot is not None or job.spec.depends_on:
+        return False
+    return not kept  # a dead run can still be replayed
+
+
+def ended_at(state: PartitionState, job: JobState) -> Millis | None:
+    """When the job ended, None while it has not. A job that ended before its state had an
+    ``ended_at`` (a store written by an earlier version) gives its registration time, the only
+    instant its state holds: such a job is forgotten a retention after the upgrade's first
+    start at the latest."""
+    if job.ended_at is not None:
+        return job.ended_at
+    if job.status is JobStatus.ACTIVE and job.next_slot is not None:
+        return None  # the common case, decided without looking further
+    return job.registered_at if has_ended(state, job) else None
+
+
+def _settle(state: PartitionState, job_id: str, at: Millis) -> None:
+    job = state.jobs.get(job_id)
+    if job is None:
+        return
+    if has_ended(state, job):
+        if job.ended_at is None:
+            job.ended_at = at
+    elif job.ended_at is not None:
+        job.ended_at = None
+
+
+def _unkeep(state: PartitionState, run: RunState) -> None:
+    kept = state.kept.get(run.job_id)
+    if kept is not None and run.run_id in kept:
+        kept.remove(run.run_id)
+        if not kept:
+            del state.kept[run.job_id]
 
 
 def _index(state: PartitionState, run: RunState) -> None:
@@ -179,11 +338,14 @@ def _end(state: PartitionState, run: RunState, *, keep: bool) -> None:
     """The run is no longer live for its job; drop it unless it must be kept (dead, cancelling)."""
     job = state.jobs[run.job_id]
     if run.run_id in job.live:
-        job.live.remove(run.run_id)
+        job.live = tuple(r for r in job.live if r != run.run_id)
     if job.blocked_run == run.run_id:
         job.blocked_run = None
     if not keep:
+        _unkeep(state, run)  # a dead run that was cancelled
         del state.runs[run.run_id]
+    elif run.run_id not in state.kept.get(run.job_id, ()):
+        state.kept.setdefault(run.job_id, []).append(run.run_id)
 
 
 def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
@@ -191,11 +353,13 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
         case JobRegistered():
             state.jobs[event.job_id] = JobState(
                 job_id=event.job_id,
-                spec=event.spec,
+                spec=compact_spec(event.spec),
                 version=event.version,
                 registered_at=event.at,
                 next_slot=event.next_slot,
                 anchor=event.next_slot if event.next_slot is not None else event.at,
+                upstream=_NONE,
+                trigger_keys=_NONE,
             )
         case JobUpdated():
             job = state.jobs[event.job_id]
@@ -204,7 +368,8 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             ):
                 job.anchor = event.next_slot if event.next_slot is not None else event.at
             moved = job.spec.target != event.spec.target
-            job.spec, job.version, job.next_slot = event.spec, event.version, event.next_slot
+            job.spec, job.version = compact_spec(event.spec), event.version
+            job.next_slot = event.next_slot
             if moved:  # pending runs wait where the new target says: a pool, or the executors
                 for run_id in job.live:
                     run = state.runs[run_id]
@@ -238,7 +403,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 status=RunStatus.BLOCKED if event.blocked else RunStatus.PENDING,
             )
             state.runs[run.run_id] = run
-            job.live.append(run.run_id)
+            job.live = (*job.live, run.run_id)
             if event.blocked:
                 job.blocked_run = run.run_id
             else:
@@ -246,9 +411,10 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             if event.trigger is Trigger.SCHEDULE:
                 job.next_slot = event.next_slot
             elif event.trigger is Trigger.DEPENDENCY:
-                job.upstream = {}
+                job.upstream = _NONE
                 job.last_triggered = event.scheduled_for
             if event.idempotency_key is not None:
+                job.trigger_keys = _own(job.trigger_keys)
                 job.trigger_keys[event.idempotency_key] = run.run_id
                 if len(job.trigger_keys) > TRIGGER_KEYS_KEPT:
                     del job.trigger_keys[next(iter(job.trigger_keys))]
@@ -275,6 +441,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
         case LeaseExpired():
             run = state.runs[event.run_id]
             if run.status is RunStatus.CANCELLED:
+                _unkeep(state, run)
                 del state.runs[run.run_id]
             else:
                 run.last_error, run.worker_id, run.lease_expires_at = "lease expired", None, None
@@ -303,15 +470,24 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 event.attempt,
             )
             run.available_at, run.last_error = event.available_at, ""
-            state.jobs[event.job_id].live.append(run.run_id)
+            job = state.jobs[event.job_id]
+            job.live = (*job.live, run.run_id)
+            _unkeep(state, run)
             _index(state, run)
         case UpstreamRecorded():
             job = state.jobs[event.job_id]
+            job.upstream = _own(job.upstream)
             job.upstream[event.upstream_job_id] = max(
                 event.scheduled_for, job.upstream.get(event.upstream_job_id, event.scheduled_for)
             )
+        case JobForgotten():
+            for run_id in state.kept.pop(event.job_id, ()):
+                del state.runs[run_id]
+            del state.jobs[event.job_id]
+            return state
         case _:
             assert_never(event)  # a new event must be folded here, or replay would drop it
+    _settle(state, event.job_id, event.at)
     return state
 
 

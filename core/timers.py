@@ -6,7 +6,10 @@ Three kinds of timer, keyed so that re-arming replaces:
 ``("lease", run_id)``  a lease may have run out: decide ``LeaseDue``;
 ``("ready", run_id)``  a run for a push target (HTTP, Kafka topic) may start: the node's
                        executor asks to lease it (``StartRun``). Pull runs need no timer:
-                       workers claim them.
+                       workers claim them;
+``("forget", job_id)`` the job ended (``ended_at``) a retention ago: decide ``ForgetDue``.
+                       The retention is the partition's setting, so these are armed by
+                       :func:`forget_timer`, not here.
 
 :func:`timers_after` says what one event changes; :func:`all_timers` rebuilds every timer of a
 state, which is how a new owner fills its wheel after catching up the log.
@@ -22,6 +25,7 @@ from core.events import (
     AnyEvent,
     Heartbeat,
     JobCancelled,
+    JobForgotten,
     JobPaused,
     JobRegistered,
     JobResumed,
@@ -40,7 +44,7 @@ from core.events import (
     UpstreamRecorded,
 )
 from core.jobs import PullTarget
-from core.state import JobStatus, PartitionState, RunState, RunStatus
+from core.state import JobStatus, PartitionState, RunState, RunStatus, ended_at
 
 TimerKey = tuple[str, str]
 # (key, deadline): a deadline of None cancels the timer
@@ -104,15 +108,31 @@ def timers_after(state: PartitionState, event: AnyEvent) -> list[TimerChange]:
             return [(("lease", event.run_id), None)]
         case UpstreamRecorded():
             return []
+        case JobForgotten():
+            return [(("slot", event.job_id), None)]
         case _:
             assert_never(event)
 
 
-def all_timers(state: PartitionState) -> Iterator[tuple[TimerKey, Millis]]:
+def forget_timer(state: PartitionState, job_id: str, retention_ms: int) -> TimerChange:
+    """When the job may be forgotten: a retention after it ended (None: it has not ended, or
+    is gone)."""
+    job = state.jobs.get(job_id)
+    if job is None or job.ended_at is None:
+        return (("forget", job_id), None)
+    return (("forget", job_id), job.ended_at + retention_ms)
+
+
+def all_timers(
+    state: PartitionState, retention_ms: int | None = None
+) -> Iterator[tuple[TimerKey, Millis]]:
+    """Every timer ``state`` calls for; the forget timers too when ``retention_ms`` is given."""
     for job in state.jobs.values():
         key, deadline = _slot_timer(state, job.job_id)
         if deadline is not None:
             yield key, deadline
+        if retention_ms is not None and (ended := ended_at(state, job)) is not None:
+            yield ("forget", job.job_id), ended + retention_ms
     for run in state.runs.values():
         if run.lease_expires_at is not None:
             yield ("lease", run.run_id), run.lease_expires_at

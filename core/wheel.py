@@ -15,13 +15,15 @@ overflow and goes to the next wheel up, whose tick is the whole span of the one 
 With the defaults (10 ms, 512 buckets) the levels span 5.12 s, 43.7 min, 15.5 days and 21.8
 years, so a timer a year out sits in level 3 and moves down at most three times.
 
-Each bucket is an insertion-ordered dict from key to timer, and a dict from key to timer
-covers the whole wheel, so arming and cancelling a timer are O(1) dict operations (plus the
-choice of level, O(number of levels)). Non-empty buckets are queued in a small heap keyed by
-the time they need attention: an overflow bucket at its start, when its timers must move to
-finer wheels; a level-0 bucket at the earliest deadline it was given. ``advance`` pops only
-the buckets whose key has passed, so a day of idle time costs nothing but the buckets that
-actually hold timers, never one step per tick.
+Each bucket is an insertion-ordered dict from key to timer, and a dict from key to the bucket
+holding it covers the whole wheel, so arming and cancelling a timer are O(1) dict operations
+(plus the choice of level, O(number of levels)). A timer is one integer, its deadline and its
+arming number packed together (``deadline << SEQ_BITS | seq``): a partition holds one timer
+per job, a million times over, and an object per timer would cost twice the memory. Non-empty
+buckets are queued in a small heap keyed by the time they need attention: an overflow bucket
+at its start, when its timers must move to finer wheels; a level-0 bucket at the earliest
+deadline it was given. ``advance`` pops only the buckets whose key has passed, so a day of
+idle time costs nothing but the buckets that actually hold timers, never one step per tick.
 
 Deadlines are exact, not tick-granular: ``advance(now)`` returns a timer only once
 ``deadline <= now``. A level-0 bucket whose tick has begun may still hold timers that are not
@@ -73,23 +75,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable
-from operator import attrgetter
+from operator import itemgetter
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
-_firing_order = attrgetter("deadline", "seq")
-
-
-class _Timer(Generic[K]):
-    __slots__ = ("bucket", "deadline", "key", "seq")
-
-    bucket: _Bucket[K]  # set by TimingWheel._place before the timer is reachable
-
-    def __init__(self, key: K, deadline: int, seq: int) -> None:
-        self.key = key
-        self.deadline = deadline
-        self.seq = seq  # arming order: breaks ties between equal deadlines
+# The arming number's bits in a packed timer: 2**48 armings, 89 years at 100,000 a second.
+SEQ_BITS = 48
 
 
 class _Bucket(Generic[K]):
@@ -98,7 +90,7 @@ class _Bucket(Generic[K]):
     __slots__ = ("due", "queued", "timers", "vid")
 
     def __init__(self) -> None:
-        self.timers: dict[K, _Timer[K]] = {}
+        self.timers: dict[K, int] = {}  # key -> deadline << SEQ_BITS | arming number
         self.vid = -1  # which tick (deadline // level tick) the bucket currently holds
         self.due = 0  # heap key: never later than the earliest deadline inside
         self.queued = 0  # token of the bucket's live heap entry; 0 when not queued
@@ -125,7 +117,7 @@ class TimingWheel(Generic[K]):
         self._now = start_ms
         self._size = wheel_size
         self._levels: list[_Level[K]] = [_Level(tick_ms, wheel_size, start_ms)]
-        self._timers: dict[K, _Timer[K]] = {}
+        self._timers: dict[K, _Bucket[K]] = {}  # key -> the bucket holding its timer
         self._queue: list[tuple[int, int, _Bucket[K]]] = []  # (due, token, bucket)
         self._tokens = 0
         self._seq = 0
@@ -144,21 +136,19 @@ class TimingWheel(Generic[K]):
         """
         old = self._timers.pop(key, None)
         if old is not None:
-            del old.bucket.timers[key]
+            del old.timers[key]
         if deadline_ms <= self._now:
             return False
         self._seq += 1
-        timer = _Timer(key, deadline_ms, self._seq)
-        self._timers[key] = timer
-        self._place(timer)
+        self._place(key, deadline_ms << SEQ_BITS | self._seq)
         return True
 
     def cancel(self, key: K) -> bool:
         """Remove the key's timer in O(1). True if there was one."""
-        timer = self._timers.pop(key, None)
-        if timer is None:
+        bucket = self._timers.pop(key, None)
+        if bucket is None:
             return False
-        del timer.bucket.timers[key]
+        del bucket.timers[key]
         return True
 
     def advance(self, now_ms: int) -> list[tuple[int, K]]:
@@ -174,27 +164,28 @@ class TimingWheel(Generic[K]):
         queue = self._queue
         # Empty every bucket whose time has come before placing anything again: the ring
         # slots they occupy may be the ones the re-placed timers need.
-        taken: list[_Timer[K]] = []
+        taken: list[tuple[K, int]] = []
         while queue and queue[0][0] <= now_ms:
             _, token, bucket = heapq.heappop(queue)
             if token != bucket.queued:
                 continue  # superseded by a later entry for the same bucket
             bucket.queued = 0
             if bucket.timers:
-                taken.extend(bucket.timers.values())
+                taken.extend(bucket.timers.items())
                 bucket.timers.clear()
         for level in self._levels:
             level.current = now_ms - now_ms % level.tick
-        fired: list[_Timer[K]] = []
+        fired: list[tuple[int, K]] = []
         timers = self._timers
-        for timer in taken:
-            if timer.deadline <= now_ms:
-                del timers[timer.key]
-                fired.append(timer)
+        for key, timer in taken:
+            if timer >> SEQ_BITS <= now_ms:
+                del timers[key]
+                fired.append((timer, key))
             else:
-                self._place(timer)
-        fired.sort(key=_firing_order)
-        return [(timer.deadline, timer.key) for timer in fired]
+                self._place(key, timer)
+        # (deadline, arming order); arming numbers are unique, so keys are never compared
+        fired.sort(key=itemgetter(0))
+        return [(timer >> SEQ_BITS, key) for timer, key in fired]
 
     def next_deadline(self) -> int | None:
         """A time to sleep until: never later than the earliest pending deadline.
@@ -215,8 +206,8 @@ class TimingWheel(Generic[K]):
         return None
 
     def deadline_of(self, key: K) -> int | None:
-        timer = self._timers.get(key)
-        return None if timer is None else timer.deadline
+        bucket = self._timers.get(key)
+        return None if bucket is None else bucket.timers[key] >> SEQ_BITS
 
     def __len__(self) -> int:
         return len(self._timers)
@@ -230,9 +221,9 @@ class TimingWheel(Generic[K]):
             f"levels={len(self._levels)})"
         )
 
-    def _place(self, timer: _Timer[K]) -> None:
+    def _place(self, key: K, timer: int) -> None:
         """Put a timer that is not yet due (deadline > now) into the finest wheel spanning it."""
-        deadline = timer.deadline
+        deadline = timer >> SEQ_BITS
         levels = self._levels
         index = 0
         level = levels[0]
@@ -257,8 +248,8 @@ class TimingWheel(Generic[K]):
             self._enqueue(bucket, due)
         elif not bucket.queued or due < bucket.due:
             self._enqueue(bucket, due)
-        bucket.timers[timer.key] = timer
-        timer.bucket = bucket
+        bucket.timers[key] = timer
+        self._timers[key] = bucket
 
     def _enqueue(self, bucket: _Bucket[K], due: int) -> None:
         self._tokens += 1

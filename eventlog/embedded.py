@@ -86,7 +86,7 @@ from eventlog.mailbox import LocalPostOffice
 from eventlog.memory import ChangeSignal, SingleProcessLog
 from eventlog.port import PartitionWriter, Record
 from eventlog.retention import DEFAULT_SEGMENT_BYTES, DEFAULT_SEGMENT_MS, Segment
-from eventlog.rocks import checked_reads, is_damage, iterator_error
+from eventlog.rocks import bounded, checked_reads, is_damage, iterator_error
 
 STREAMS = ("commands", "events")
 _STREAM_ID = {"commands": b"c", "events": b"e"}
@@ -463,14 +463,14 @@ class EmbeddedLog(SingleProcessLog):
     @staticmethod
     def _open_db(path: Path) -> Rdict:
         path.mkdir(parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
+        options = bounded(Options(raw_mode=True))
         options.create_if_missing(True)
         options.create_missing_column_families(True)
         # The default, stated: recover the WAL up to the first torn record, a consistent prefix.
         options.set_wal_recovery_mode(DBRecoveryMode.point_in_time())
         # RocksDB's default, stated: refuse to open on damage it notices (missing files, ...).
         options.set_paranoid_checks(True)
-        families = {name: Options(raw_mode=True) for name in (*STREAMS, _META)}
+        families = {name: bounded(Options(raw_mode=True)) for name in (*STREAMS, _META)}
         try:
             return Rdict(str(path), options=options, column_families=families)
         except Exception as exc:

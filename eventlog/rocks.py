@@ -5,13 +5,83 @@ rocksdict raises a bare ``Exception`` carrying RocksDB's status text, and its it
 stop being valid on an error: a loop ``while it.valid()`` cannot tell the end of the data from
 a block whose checksum failed. Every scan therefore asks :func:`iterator_error` once its loop
 ends, and every open sorts a failure with :func:`is_damage`.
+
+**Memory.** Every RocksDB a process opens takes its block cache and its memtables from one
+budget (:func:`bounded`): one LRU block cache of :data:`BLOCK_CACHE_BYTES` shared by all of
+them, and a write buffer manager that charges every memtable to that same cache and flushes
+once they hold :data:`WRITE_BUFFER_BYTES` together. Left to its defaults each database would
+keep a block cache of its own (32 MiB) and memtables of up to 64 MiB each, so a node's RocksDB
+memory would grow with its number of partitions and with the data scanned at recovery, not with
+anything an operator chose. Scans that read a whole store once (a recovery's load) do not fill
+the cache (:func:`scan_reads`).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
-from rocksdict import ReadOptions
+from rocksdict import BlockBasedOptions, Cache, Options, ReadOptions, WriteBufferManager
+
+MIB = 2**20
+# Overridable per process (``cronlog serve --rocksdb-memory-mb``) before anything is opened.
+BLOCK_CACHE_BYTES = int(os.environ.get("CRONLOG_ROCKSDB_MEMORY_MB", "64")) * MIB
+WRITE_BUFFER_BYTES = BLOCK_CACHE_BYTES // 2
+# One memtable of one store: small stores flush often, which costs nothing much at these sizes.
+MEMTABLE_BYTES = 8 * MIB
+
+_shared: tuple[Cache, WriteBufferManager] | None = None
+_shared_lock = threading.Lock()
+
+
+def set_memory_budget(total_bytes: int) -> None:
+    """The bytes RocksDB may hold in this process (block cache and memtables together); to be
+    called before the first database opens."""
+    global BLOCK_CACHE_BYTES, WRITE_BUFFER_BYTES, _shared
+    if total_bytes < 8 * MIB:
+        raise ValueError(f"a RocksDB memory budget under 8 MiB is too small: {total_bytes}")
+    with _shared_lock:
+        BLOCK_CACHE_BYTES, WRITE_BUFFER_BYTES = total_bytes, total_bytes // 2
+        _shared = None
+
+
+def _budget() -> tuple[Cache, WriteBufferManager]:
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            cache = Cache(BLOCK_CACHE_BYTES)
+            manager = WriteBufferManager.new_write_buffer_manager_with_cache(
+                WRITE_BUFFER_BYTES, False, cache
+            )
+            _shared = (cache, manager)
+        return _shared
+
+
+def bounded(options: Options) -> Options:
+    """``options`` drawing on the process's one RocksDB memory budget (see the module
+    docstring); returns them."""
+    cache, manager = _budget()
+    table = BlockBasedOptions()
+    table.set_block_cache(cache)
+    options.set_block_based_table_factory(table)
+    options.set_write_buffer_manager(manager)
+    options.set_write_buffer_size(MEMTABLE_BYTES)
+    options.set_max_write_buffer_number(2)
+    return options
+
+
+def cache_usage() -> int:
+    """Bytes the shared block cache holds now (memtables charged to it included)."""
+    return _budget()[0].get_usage()
+
+
+def scan_reads() -> ReadOptions:
+    """:func:`checked_reads` for a scan of a whole store: its blocks would only push out the
+    ones that serve lookups."""
+    options = checked_reads()
+    options.fill_cache(False)  # type: ignore[call-arg]  # the stub drops the flag it takes
+    return options
 
 
 def checked_reads() -> ReadOptions:

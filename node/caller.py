@@ -65,7 +65,7 @@ from core.commands import Outcome
 from core.egress import EgressPolicy, parse_host
 from core.errors import InvalidDefinition
 from core.ids import idempotency_key, team_id
-from core.jobs import HttpTarget, JobSpec, KafkaTarget, validate_headers
+from core.jobs import HttpTarget, JobSpec, KafkaTarget, payload_of, validate_headers
 from node.egress import PolicyResolver, guarded_socket, refusal_in
 from node.secrets import Secrets, SecretUnavailable
 
@@ -96,7 +96,7 @@ def run_body(lease: ev.LeaseGranted, spec: JobSpec) -> bytes:
             "scheduled_for_ms": lease.scheduled_for,
             "attempt": lease.attempt,
             "fencing_token": lease.fencing_token,
-            "payload": spec.payload,
+            "payload": payload_of(spec),
         }
     )
 
@@ -374,7 +374,6 @@ class Caller:
     async def _poll_producer(self, done: asyncio.Future[str | None]) -> None:
         while not done.done():
             await asyncio.to_thread(self._producer.poll, 0.1)
-
 
 
 class _Progress:

@@ -395,8 +395,11 @@ class _LeaseKeeper:
     @property
     def lost(self) -> bool:
         beating = self._beating
-        return beating is not None and beating.done() and not beating.cancelled() and (
-            beating.result()
+        return (
+            beating is not None
+            and beating.done()
+            and not beating.cancelled()
+            and (beating.result())
         )
 
     def stop(self) -> None:

@@ -33,10 +33,14 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from core import events as ev
 from eventlog.port import PartitionWriter
+from node.snapshotter import Written
 from projections.decoding import ForeignRecord
 
 # Scheduling delay: the target is "within a second of the slot", aiming for milliseconds.
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# A manual or dependency run's start minus its slot: a run now is milliseconds, a backfill of
+# last week's slots is days.
+TRIGGERED_BUCKETS = (0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0, 6 * 3600.0, 86400.0, 7 * 86400.0)
 # One append is one fsync (embedded) or one Kafka transaction.
 APPEND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
@@ -68,11 +72,23 @@ class NodeMetrics:
         r = self.registry
         self.schedule_delay = Histogram(
             "cronlog_schedule_delay_seconds",
-            "Start of a run's first attempt minus its slot, as its history shows it (a job's "
-            "jitter offset and a pull worker's wait for a claim count too).",
+            "Start of a scheduled run's first attempt minus its slot, as its history shows it "
+            "(a job's jitter offset and a pull worker's wait for a claim count too). Manual "
+            "triggers, backfills and dependency runs are in cronlog_triggered_start_seconds.",
             buckets=DELAY_BUCKETS,
             registry=r,
         )
+        self.triggered_start = Histogram(
+            "cronlog_triggered_start_seconds",
+            "Start of the first attempt of a run the schedule did not make (trigger: manual, "
+            "for run now and backfills; dependency) minus its slot. Not a scheduling delay: a "
+            "backfill's slot may be long past.",
+            ["trigger"],
+            buckets=TRIGGERED_BUCKETS,
+            registry=r,
+        )
+        for trigger in (ev.Trigger.MANUAL, ev.Trigger.DEPENDENCY):  # shown at 0 before one
+            self.triggered_start.labels(trigger.value)
         self.materialised = Counter(
             "cronlog_runs_materialised",
             "Runs created, by what triggered them.",
@@ -100,12 +116,23 @@ class NodeMetrics:
             ["thread"],
             registry=r,
         )
+        self.decision_lines_dropped = Counter(
+            "cronlog_decision_lines_dropped",
+            "Decisions (runs fired, retried, dead-lettered, slots skipped) whose log line was"
+            " dropped because too many waited to be written (node/decisions.py).",
+            registry=r,
+        )
         self.reclaimed = Counter(
             "cronlog_leases_expired",
             "Leases that ran out without a completion: the lease-reclaim rate.",
             registry=r,
         )
         self.retries = Counter("cronlog_retries_scheduled", "Retries scheduled.", registry=r)
+        self.forgotten = Counter(
+            "cronlog_jobs_forgotten",
+            "Jobs that ended and left their partition's state after the retention.",
+            registry=r,
+        )
         self.succeeded = Counter("cronlog_runs_succeeded", "Runs that succeeded.", registry=r)
         self.failed = Counter(
             "cronlog_attempts_failed",
@@ -149,6 +176,57 @@ class NodeMetrics:
         )
         for reader in ("recovery", "read_model", "relay"):  # shown at 0 before the first one
             self.foreign_records.labels(reader)
+        self.snapshot_pause = Histogram(
+            "cronlog_snapshot_pause_seconds",
+            "How long a partition's runner stopped deciding to take a snapshot (opening a"
+            " point-in-time view of its state store; the rest happens on another thread).",
+            buckets=APPEND_BUCKETS,
+            registry=r,
+        )
+        self.snapshot_seconds = Histogram(
+            "cronlog_snapshot_write_seconds",
+            "Reading, encoding and durably writing one snapshot, off the deciding thread.",
+            buckets=DELAY_BUCKETS,
+            registry=r,
+        )
+        self.snapshot_bytes = Histogram(
+            "cronlog_snapshot_bytes",
+            "Size of each snapshot written (compressed).",
+            buckets=(1e3, 1e4, 1e5, 1e6, 4e6, 16e6, 64e6),
+            registry=r,
+        )
+        self.snapshot_failures = Counter(
+            "cronlog_snapshot_failures",
+            "Snapshots that could not be written (logged; the next due one is tried).",
+            registry=r,
+        )
+        self.snapshot_restores = Counter(
+            "cronlog_snapshot_restores",
+            "Recoveries that restored a snapshot and replayed only the tail after it.",
+            registry=r,
+        )
+        self.snapshots_unusable = Counter(
+            "cronlog_snapshots_unusable",
+            "Snapshots a recovery could not restore (damaged, of another format) and passed"
+            " over to the state store and the log.",
+            registry=r,
+        )
+
+    def snapshot_paused(self, seconds: float) -> None:
+        self.snapshot_pause.observe(seconds)
+
+    def snapshot_written(self, written: Written) -> None:
+        self.snapshot_seconds.observe(written.seconds)
+        self.snapshot_bytes.observe(written.size)
+
+    def snapshot_failed(self) -> None:
+        self.snapshot_failures.inc()
+
+    def snapshot_restored(self) -> None:
+        self.snapshot_restores.inc()
+
+    def snapshot_unusable(self) -> None:
+        self.snapshots_unusable.inc()
 
     def watch(self, gauges: Callable[[], Gauges]) -> None:
         """Read the gauges from ``gauges()`` at every scrape."""
@@ -169,7 +247,11 @@ class NodeMetrics:
                 case ev.LeaseGranted():
                     tally[self.leases, ""] += 1
                     if event.attempt == 1:
-                        self.schedule_delay.observe(max(0, event.lateness_ms) / 1000)
+                        late = max(0, event.lateness_ms) / 1000
+                        if event.trigger is ev.Trigger.SCHEDULE:
+                            self.schedule_delay.observe(late)
+                        else:
+                            self.triggered_start.labels(event.trigger.value).observe(late)
                 case ev.RunSkipped():
                     tally[self.skipped, event.reason.value] += event.count or 1
                 case ev.LeaseExpired():
@@ -187,6 +269,8 @@ class NodeMetrics:
                     tally[self.cancelled, event.reason.value] += 1
                 case ev.RunReplayed():
                     tally[self.replayed, ""] += 1
+                case ev.JobForgotten():
+                    tally[self.forgotten, ""] += 1
                 case (
                     ev.JobRegistered()
                     | ev.JobUpdated()

@@ -61,15 +61,19 @@ from core.commands import (
 from core.decide import job_id_of_run
 from core.errors import CronlogError, LogCorrupted, Unavailable
 from core.jobs import MAX_PRIORITY
+from core.partition import DEFAULT_RETENTION_MS
 from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
-from node import wire
+from eventlog.snapshots import SnapshotStore
+from node import decisions, wire
 from node.executors import Executors
 from node.handoff import handoff_to
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
+from node.snapshotter import SnapshotPolicy, Snapshotter
+from node.standby import StandbyFollower
 from node.visibility import Visibility
 from projections.decoding import EventDecoder
 from projections.read_model import ReadModel, ReadModelRunner
@@ -113,12 +117,20 @@ class Node:
         clock: Clock | None = None,
         executors: Executors | None = None,
         fence_grace_s: float = FENCE_GRACE_S,
+        snapshots: SnapshotStore | None = None,
+        snapshot_policy: SnapshotPolicy | None = None,
+        standby_replicas: int = 0,
         snapshot_offset: Callable[[int], int | None] | None = None,
+        retention_ms: int = DEFAULT_RETENTION_MS,
     ) -> None:
         self.node_id = node_id
-        # The newest durable snapshot's offset per partition, once snapshots exist; retention
-        # keeps the log from there (recovery_floor).
-        self._snapshot_offset = snapshot_offset or _no_snapshot
+        self._retention_ms = retention_ms
+        # The oldest snapshot a recovery may fall back to, per partition, once snapshots exist
+        # (the node's own snapshot store unless given); retention keeps the log from there
+        # (recovery_floor).
+        self._snapshot_offset = snapshot_offset or (
+            self._snapshot_floor if snapshots is not None else _no_snapshot
+        )
         self._fence_grace_s = fence_grace_s
         self._log = log_
         self._data_dir = Path(data_dir)
@@ -136,6 +148,14 @@ class Node:
         self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
         self._history = ReadModel.open(self._data_dir)
         self.metrics = NodeMetrics()
+        self._decisions = decisions.DecisionLog(
+            on_dropped=self.metrics.decision_lines_dropped.inc,
+            on_failed=self.metrics.thread_failures.labels("decision-log").inc,
+        )
+        # Where partitions' owners leave snapshots; a new owner restores the newest one.
+        self.snapshotter = (
+            Snapshotter(snapshots, snapshot_policy, self.metrics) if snapshots is not None else None
+        )
         # One decoder per reader of the events stream, so each foreign record is counted once.
         self._recovery_decoder = EventDecoder("recovery", self.metrics.foreign)
         self._stream_decoder = EventDecoder("events_stream", self.metrics.foreign)
@@ -154,6 +174,15 @@ class Node:
             "executor-process"
         ).inc
         self._wakeups = Wakeups(self._clock.now_ms)
+        # Partitions this node does not own, followed so that taking one over is quick.
+        self.standby = StandbyFollower(
+            log_,
+            lambda p: RocksStateStore.open(self._data_dir, p),
+            self._owned_now,
+            standby_replicas,
+            snapshots,
+            on_failed=lambda p, err: self.metrics.thread_failures.labels("standby").inc(),
+        )
         self._history.observe(self._wakeups)
         self._visibility = Visibility(self._history)
         self._history.observe(self._visibility)
@@ -161,6 +190,9 @@ class Node:
     # -- life cycle --------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._decisions.start()
+        if self.snapshotter is not None:
+            self.snapshotter.start()
         self.executors.start()
         self._history_runner.start()
         self._relay.start()
@@ -170,6 +202,7 @@ class Node:
         self._membership = self._log.join(self)
         self._poller = threading.Thread(target=self._poll, name="membership", daemon=True)
         self._poller.start()
+        self.standby.start()
 
     def stop(self, drain_s: float = 30.0) -> None:
         """Leave gracefully: let the calls in flight finish and record their outcomes (up to
@@ -180,19 +213,26 @@ class Node:
                 "%s: calls still in flight after %.0f s are abandoned", self.node_id, drain_s
             )
         self._stopping.set()
+        self.standby.stop()
         if self._poller is not None:
             self._poller.join(10)
         if self._mail_reader is not None:
             self._mail_reader.join(10)
         if self._mailbox is not None:
             self._mailbox.close()
+        # Stop deciding before leaving the group: leaving closes every partition's writer, and
+        # a runner still deciding would find its writer closed under it and take that for a
+        # fence by another node.
+        self._stop_runners(list(self._runners), "the node is stopping")
         if self._membership is not None:
-            self._membership.close()  # revokes every partition first
-        self.revoked(list(self._runners))
+            self._membership.close()  # revokes what is left (nothing: every runner stopped)
+        if self.snapshotter is not None:
+            self.snapshotter.stop()
         self._relay.stop()
         self.executors.stop()
         self._history_runner.stop()
         self._history.close()
+        self._decisions.close()
 
     def _poll(self) -> None:
         assert self._membership is not None
@@ -276,35 +316,66 @@ class Node:
         self._assigned.set()
         with self._ownership:
             self._ownership.notify_all()
-        log.info("%s owns partitions %s", self.node_id, sorted(self._runners))
+        decisions.moved(self.node_id, partitions, sorted(self._runners), assigned=True)
 
     def _start_runner(self, partition: int) -> None:
         """Start deciding ``partition``: a runner that opens its store and recovers in its own
         thread, so nothing here can fail on the store."""
         assert self._membership is not None
+
+        def open_store() -> RocksStateStore:
+            self.standby.wait_released(partition)  # a standby's first catch-up may hold it
+            return RocksStateStore.open(self._data_dir, partition)
+
         runner = PartitionRunner(
             partition,
             self._log,
             TimedWriter(self._membership.writer(partition), self.metrics),
-            lambda: RocksStateStore.open(self._data_dir, partition),
+            open_store,
             self._clock,
             self.executors,
             on_appended=self._appended,
             on_recovered=self._relay.recovered,
             on_failed=self._runner_failed,
             decoder=self._recovery_decoder,
+            snapshotter=self.snapshotter,
+            warm=self.standby.hand_over(partition),
+            retention_ms=self._retention_ms,
         )
         with self._lock:
             self._runners[partition] = runner
         runner.start()
+
+    def _owned_now(self) -> frozenset[int]:
+        membership = self._membership
+        return membership.owned() if membership is not None else frozenset()
+
+    def _snapshot_floor(self, partition: int) -> int | None:
+        """The oldest snapshot of ``partition`` a recovery may fall back to (the snapshot
+        store's ``floor``), None before the first; 0 (keep everything) when it cannot be read."""
+        if self.snapshotter is None:
+            return None
+        try:
+            floor = self.snapshotter.store.floor(partition)
+        except Exception as err:
+            log.warning("partition %d: snapshot floor unknown: %s", partition, err)
+            return 0
+        return floor or None
 
     def _runner_failed(self, partition: int, err: BaseException) -> None:
         self.metrics.runner_failures.inc()
 
     def _supervise(self) -> None:
         """(On the membership thread, after each poll.) Every owned partition has a live runner:
-        start one where a runner ended while the partition is still assigned here."""
+        start one where a runner ended while the partition is still assigned here. The
+        snapshotter and the standby follower are alive too (neither ends on a failure of its
+        own work; this catches whatever else could end them)."""
         assert self._membership is not None
+        for name, worker in (("snapshots", self.snapshotter), ("standby", self.standby)):
+            if worker is not None and worker.started and not worker.alive:
+                log.error("the %s thread ended; starting it again", name)
+                self.metrics.thread_failures.labels(name).inc()
+                worker.start()
         for p in sorted(self._membership.owned()):
             with self._lock:
                 runner = self._runners.get(p)
@@ -329,14 +400,22 @@ class Node:
 
     def _appended(self, partition: int, offsets: list[int], events: list[ev.AnyEvent]) -> None:
         self.metrics.appended(partition, offsets, events)
+        self._decisions.appended(partition, events)
         self._relay.appended(partition, offsets, events)
 
     def revoked(self, partitions: list[int]) -> None:
+        reason = "the node is stopping" if self._stopping.is_set() else "the partition was revoked"
+        self._stop_runners(partitions, reason)
+
+    def _stop_runners(self, partitions: list[int], reason: str) -> None:
+        stopped = []
         for p in partitions:
             with self._lock:
                 runner = self._runners.pop(p, None)
             if runner is not None:
-                runner.stop()
+                runner.stop(reason=reason)
+                stopped.append(p)
+        decisions.moved(self.node_id, stopped, sorted(self._runners), assigned=False, reason=reason)
         with self._ownership:
             self._ownership.notify_all()
 

@@ -37,6 +37,7 @@ from core.events import (
     AnyEvent,
     Heartbeat,
     JobCancelled,
+    JobForgotten,
     JobPaused,
     JobRegistered,
     JobResumed,
@@ -122,6 +123,7 @@ def observe(minute: Minute, event: AnyEvent, *, first_scheduled_start: bool) -> 
             | Heartbeat()
             | RunReplayed()
             | UpstreamRecorded()
+            | JobForgotten()
         ):
             return False
         case _:

@@ -18,6 +18,7 @@ newest first)::
     j/<job_id>                                -> msgpack _JobRecord (the JobView and counters)
     tj/<tenant>/<job_id>                      -> ""   jobs of a tenant, by job id
     tjs/<tenant>/<status>/<job_id>            -> ""   the same, by status
+    tt/<tenant>/<tag>/<job_id>                -> ""   the same, by tag (a tag has no "/")
     r/<run_id>                                -> msgpack RunView (with every attempt)
     jr/<job_id>/<inv(scheduled_for)><run_id>  -> ""   runs of a job, newest slot first
     jk/<job_id>/<idempotency_key>             -> run_id   the run a keyed manual trigger made
@@ -80,6 +81,7 @@ from core.events import (
     AnyEvent,
     Heartbeat,
     JobCancelled,
+    JobForgotten,
     JobPaused,
     JobRegistered,
     JobResumed,
@@ -100,7 +102,7 @@ from core.events import (
 )
 from core.ids import is_scoped, team_id
 from eventlog.port import EventLog, Record
-from eventlog.rocks import checked_reads, is_damage, iterator_error
+from eventlog.rocks import bounded, checked_reads, is_damage, iterator_error
 from projections.aside import set_aside
 from projections.decoding import EventDecoder
 from projections.figures import HOUR_MS, RETENTION_MS, Minute, minute_of, observe
@@ -139,6 +141,12 @@ _encoder = msgspec.msgpack.Encoder()
 _run_decoder = msgspec.msgpack.Decoder(RunView)
 _skip_decoder = msgspec.msgpack.Decoder(SkipView)
 _minute_decoder = msgspec.msgpack.Decoder(Minute)
+
+
+def _tag(p: _Pending, tenant: str, job_id: str, tags: Sequence[str], value: bytes | None) -> None:
+    """Index (``b""``) or unindex (``None``) ``job_id`` under each of its tags."""
+    for tag in tags:
+        p.raw[f"tt/{tenant}/{tag}/{job_id}".encode()] = value
 
 
 def _depend(
@@ -324,7 +332,7 @@ class ReadModel:
 
     def _open_db(self) -> Rdict:
         self._path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
+        options = bounded(Options(raw_mode=True))
         options.create_if_missing(True)
         options.set_paranoid_checks(True)
         try:
@@ -514,6 +522,14 @@ class ReadModel:
             case JobRegistered():
                 if not is_scoped(event.job_id):
                     p.raw[_UNSCOPED] = b"1"
+                # The id of a job the partition forgot (docs/architecture.md) registered again:
+                # the new job takes the record; its runs' history stays listed under the id.
+                earlier = self._job(p, event.job_id)
+                if earlier is not None:
+                    key = f"tjs/{earlier.view.tenant}/{earlier.view.status}/{event.job_id}"
+                    p.raw[key.encode()] = None
+                    if earlier.base != "cancelled":
+                        self._count_key(p, f"cj/{event.tenant}".encode(), -1)
                 self._put_job(
                     p,
                     _JobRecord(
@@ -535,12 +551,15 @@ class ReadModel:
                 )
                 self._count_key(p, f"cj/{event.tenant}".encode(), 1)
                 _depend(p, event.tenant, event.job_id, event.spec.depends_on, b"")
+                _tag(p, event.tenant, event.job_id, event.spec.tags, b"")
             case JobUpdated():
                 job = self._job(p, event.job_id)
                 if job is not None:
                     view = job.view
                     _depend(p, view.tenant, view.job_id, view.spec.depends_on, None)
                     _depend(p, view.tenant, view.job_id, event.spec.depends_on, b"")
+                    _tag(p, view.tenant, view.job_id, view.spec.tags, None)
+                    _tag(p, view.tenant, view.job_id, event.spec.tags, b"")
                     moved_to = event.spec.pool if event.spec.pool != view.spec.pool else None
                     view.spec, view.name, view.version = event.spec, event.spec.name, event.version
                     view.next_slot, view.updated_at = event.next_slot, event.at
@@ -641,8 +660,9 @@ class ReadModel:
                     run.attempt, run.available_at = event.attempt, event.available_at
                     run.finished_at, run.dead_reason, run.error = None, None, ""
                     self._move(p, run, "pending")
-            case Heartbeat() | UpstreamRecorded():
-                pass  # nothing the history shows
+            case Heartbeat() | UpstreamRecorded() | JobForgotten():
+                # The partition forgetting a job that ended changes nothing in its history.
+                pass
             case _:
                 assert_never(event)  # a new event must be shown here, or history misses it
 
@@ -802,17 +822,32 @@ class ReadModel:
         limit: int = 50,
         cursor: str | None = None,
         search: str | None = None,
+        tag: str | None = None,
     ) -> Page[JobView]:
-        """A tenant's jobs by job id, all of them or those with ``status``. With ``search``,
-        only those whose name or team's id holds it (any case); such a page looks at up to
-        :data:`MAX_SEARCH_SCAN` jobs, so it may hold fewer than ``limit`` and still have a
-        ``next_cursor``."""
+        """A tenant's jobs by job id, all of them or those with ``status``, or ``tag``. With
+        ``search``, only those whose name or team's id holds it (any case); such a page (and
+        one by tag and status) looks at up to :data:`MAX_SEARCH_SCAN` jobs, so it may hold
+        fewer than ``limit`` and still have a ``next_cursor``."""
         _check_limit(limit)
         if status is not None and status not in JOB_STATUSES:
             raise InvalidDefinition("status", f"must be one of {', '.join(JOB_STATUSES)}")
-        prefix = (f"tj/{tenant}/" if status is None else f"tjs/{tenant}/{status}/").encode()
-        if search:
-            return self._search_jobs(prefix, limit, cursor, search.casefold())
+        if tag is not None:
+            prefix = f"tt/{tenant}/{tag}/".encode()
+        elif status is None:
+            prefix = f"tj/{tenant}/".encode()
+        else:
+            prefix = f"tjs/{tenant}/{status}/".encode()
+        needle = search.casefold() if search else None
+        if needle is not None or (tag is not None and status is not None):
+
+            def wanted(view: JobView) -> bool:
+                if tag is not None and status is not None and view.status != status:
+                    return False
+                return needle is None or (
+                    needle in view.name.casefold() or needle in team_id(view.job_id).casefold()
+                )
+
+            return self._search_jobs(prefix, limit, cursor, wanted)
         with self._db_lock:
             keys = self._page_keys(prefix, limit, cursor)
             found = [self._indexed(b"j/" + k) for k in keys[:limit]]
@@ -820,7 +855,7 @@ class ReadModel:
         return Page(items=items, next_cursor=_next_cursor(keys, limit))
 
     def _search_jobs(
-        self, prefix: bytes, limit: int, cursor: str | None, needle: str
+        self, prefix: bytes, limit: int, cursor: str | None, wanted: Callable[[JobView], bool]
     ) -> Page[JobView]:
         after = None if cursor is None else _decode_cursor(cursor)
         items: list[JobView] = []
@@ -836,7 +871,7 @@ class ReadModel:
                 scanned += 1
                 last = suffix
                 view = _job_decoder.decode(self._indexed(b"j/" + suffix)).view
-                if needle in view.name.casefold() or needle in team_id(view.job_id).casefold():
+                if wanted(view):
                     items.append(view)
         return Page(items=items)
 

@@ -28,6 +28,7 @@ Layout (raw mode, one store directory per partition, ``<data>/state/p<N>``)::
 
     j/<job_id>    -> msgpack JobState
     r/<run_id>    -> msgpack RunState            deleted when the run leaves the state
+                                                 (j/ and oj/ too, when the job does)
     oj/<job_id>   -> u64 offset of the event that put the job in ``jobs``
     or/<run_id>   -> u64 offset of the event that put the run in ``runs``
     m/offset      -> u64 next event offset to read
@@ -42,7 +43,8 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,16 +52,20 @@ import msgspec
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from core.errors import StoreDamaged
-from core.events import AnyEvent, JobRegistered, RunEvent, RunMaterialised
-from core.state import JobState, PartitionState, RunState, evolve, rebuild_index
+from core.events import AnyEvent, JobForgotten, JobRegistered, RunEvent, RunMaterialised
+from core.state import JobState, PartitionState, RunState, compact_job, evolve, rebuild_index
 from eventlog.port import EventLog
-from eventlog.rocks import checked_reads, is_damage, iterator_error
+from eventlog.rocks import bounded, checked_reads, is_damage, iterator_error, scan_reads
+from eventlog.snapshots import SnapshotStore, StoredSnapshot
 from projections.aside import set_aside
 from projections.decoding import EventDecoder
+from projections.snapshot import SnapshotUnusable, decode
 
 log = logging.getLogger(__name__)
 
 _U64 = struct.Struct(">Q")
+KEPT_SNAPSHOTS_TRIED = 8  # a store keeps a few; the bound only guards the loop
+VIEW_WAIT_S = 60.0  # how long closing a store waits for a snapshot's read of it
 JOB = b"j/"
 RUN = b"r/"
 JOB_ORDER = b"oj/"
@@ -98,6 +104,17 @@ class StateStore(Protocol):
     def dump(self) -> list[tuple[bytes, bytes]]:
         """Every stored key and value in key order: equal histories give equal dumps."""
 
+    def offset(self) -> int:
+        """The next event offset the store reflects (0 when fresh), without loading it."""
+
+    def view(self) -> StoreView:
+        """A point-in-time view of every key and value, to be read on another thread while
+        this one goes on saving. Cheap to take; :meth:`close` waits for open views."""
+
+    def replace(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """Make the store hold exactly ``items`` (a snapshot's, as :meth:`view` gave them):
+        atomic, so a crash leaves the old contents or the new."""
+
     def durable_offset(self) -> int:
         """The next event offset the store would load after a crash, made so now (what it
         holds is forced to disk first): retention may prune the log below it, never above.
@@ -129,10 +146,16 @@ def changes(
             runs.add(event.run_id)
             if isinstance(event, RunMaterialised):
                 out[RUN_ORDER + event.run_id.encode()] = _U64.pack(offset)
+        elif isinstance(event, JobForgotten):
+            runs.update(event.runs)
     for job_id in jobs:
         job = state.jobs.get(job_id)
-        if job is not None:  # jobs never leave the state; an unknown id changed nothing
-            out[JOB + job_id.encode()] = _encoder.encode(job)
+        key = job_id.encode()
+        if job is None:  # forgotten (an event names only jobs the state held)
+            out[JOB + key] = None
+            out[JOB_ORDER + key] = None
+        else:
+            out[JOB + key] = _encoder.encode(job)
     for run_id in runs:
         run = state.runs.get(run_id)
         key = run_id.encode()
@@ -146,29 +169,43 @@ def changes(
     return out
 
 
-def build(partition: int, items: Sequence[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
+def build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
     """The state and next offset from a store's key/values (any order).
 
-    Raises StoreDamaged when the items are not what :func:`changes` writes."""
+    ``items`` may be a stream: each job and run is decoded as it comes, so no more than one
+    stored value is held as bytes at a time (a recovery's peak memory is the state's, not
+    twice it). Raises StoreDamaged when the items are not what :func:`changes` writes."""
     try:
         return _build(partition, items)
     except (msgspec.DecodeError, msgspec.ValidationError, struct.error, UnicodeError) as exc:
         raise StoreDamaged(f"state store of partition {partition}: {exc}") from exc
 
 
-def _build(partition: int, items: Sequence[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
+def _build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
     state = PartitionState(partition)
     has_offset = False
     offset = 0
     job_order: dict[bytes, int] = {}
     run_order: dict[bytes, int] = {}
-    job_values: dict[bytes, bytes] = {}
-    run_values: dict[bytes, bytes] = {}
+    jobs: dict[bytes, JobState] = {}
+    runs: dict[bytes, RunState] = {}
+    seen = False
     for key, value in items:
+        seen = True
         if key.startswith(JOB):
-            job_values[key[len(JOB) :]] = value
+            job = compact_job(_job_decoder.decode(value))
+            if job.job_id.encode() != key[len(JOB) :]:
+                raise StoreDamaged(
+                    f"state store of partition {partition}: job {key!r} holds another"
+                )
+            jobs[key[len(JOB) :]] = job
         elif key.startswith(RUN):
-            run_values[key[len(RUN) :]] = value
+            run = _run_decoder.decode(value)
+            if run.run_id.encode() != key[len(RUN) :]:
+                raise StoreDamaged(
+                    f"state store of partition {partition}: run {key!r} holds another"
+                )
+            runs[key[len(RUN) :]] = run
         elif key.startswith(JOB_ORDER):
             job_order[key[len(JOB_ORDER) :]] = _U64.unpack(value)[0]
         elif key.startswith(RUN_ORDER):
@@ -179,28 +216,23 @@ def _build(partition: int, items: Sequence[tuple[bytes, bytes]]) -> tuple[Partit
             state.last_token = _U64.unpack(value)[0]
         else:
             raise StoreDamaged(f"state store of partition {partition}: unknown key {key!r}")
-    _check_paired(partition, "job", job_values, job_order)
-    _check_paired(partition, "run", run_values, run_order)
-    if items and not has_offset:
+    _check_paired(partition, "job", jobs, job_order)
+    _check_paired(partition, "run", runs, run_order)
+    if seen and not has_offset:
         raise StoreDamaged(f"state store of partition {partition}: no offset among its keys")
-    jobs = sorted(job_values, key=job_order.__getitem__)
-    runs = sorted(run_values, key=run_order.__getitem__)
-    for key in jobs:
-        job = _job_decoder.decode(job_values[key])
-        if job.job_id != key.decode():
-            raise StoreDamaged(f"state store of partition {partition}: job {key!r} holds another")
+    for key in sorted(jobs, key=job_order.__getitem__):
+        job = jobs[key]
         state.jobs[job.job_id] = job
-    for key in runs:
-        run = _run_decoder.decode(run_values[key])
-        if run.run_id != key.decode():
-            raise StoreDamaged(f"state store of partition {partition}: run {key!r} holds another")
+    del jobs, job_order
+    for key in sorted(runs, key=run_order.__getitem__):
+        run = runs[key]
         state.runs[run.run_id] = run
     rebuild_index(state)
     return state, offset
 
 
 def _check_paired(
-    partition: int, kind: str, values: dict[bytes, bytes], order: dict[bytes, int]
+    partition: int, kind: str, values: dict[bytes, Any], order: dict[bytes, int]
 ) -> None:
     """Every job (run) has its order key and every order key its job (run): written together."""
     if values.keys() != order.keys():
@@ -209,6 +241,30 @@ def _check_paired(
             f"state store of partition {partition}: {len(odd)} {kind}s without their value or "
             f"order key (first {odd[0]!r})"
         )
+
+
+class StoreView(Protocol):
+    @property
+    def offset(self) -> int:
+        """The next event offset the viewed state reflects."""
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        """Every key and value as of the view, in key order; StoreDamaged if unreadable."""
+
+    def close(self) -> None:
+        """Let the view go (a RocksDB snapshot holds the store open until then)."""
+
+
+class _ListView:
+    def __init__(self, items: list[tuple[bytes, bytes]]) -> None:
+        self._items = items
+        self.offset = next((_U64.unpack(v)[0] for k, v in items if k == OFFSET), 0)
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        return self._items
+
+    def close(self) -> None:
+        pass
 
 
 class MemoryStateStore:
@@ -241,6 +297,16 @@ class MemoryStateStore:
     def dump(self) -> list[tuple[bytes, bytes]]:
         return sorted(self._data.items())
 
+    def offset(self) -> int:
+        stored = self._data.get(OFFSET)
+        return 0 if stored is None else _U64.unpack(stored)[0]
+
+    def view(self) -> StoreView:
+        return _ListView(self.dump())
+
+    def replace(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        self._data = dict(items)
+
     def durable_offset(self) -> int:
         stored = self._data.get(OFFSET)
         return 0 if stored is None else int(_U64.unpack(stored)[0])
@@ -264,6 +330,8 @@ class RocksStateStore:
         self._write = WriteOptions()
         self._write.sync = False  # see the module docstring: the log re-supplies a lost tail
         self._db = self._open_db()
+        self._views = 0  # open RocksDB snapshots: each keeps the store's LOCK while it lives
+        self._views_closed = threading.Condition()
 
     @classmethod
     def open(cls, data_dir: str | Path, partition: int) -> RocksStateStore:
@@ -281,7 +349,7 @@ class RocksStateStore:
 
     def _open_db(self) -> Rdict:
         self._path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
+        options = bounded(Options(raw_mode=True))
         options.create_if_missing(True)
         options.set_paranoid_checks(True)
         try:
@@ -302,7 +370,11 @@ class RocksStateStore:
         return self._path
 
     def load(self) -> tuple[PartitionState, int]:
-        return build(self._partition, self.dump())
+        scan = self._scan(scan_reads())
+        try:
+            return build(self._partition, scan)
+        finally:
+            scan.close()  # let the iterator go now: a live one keeps the store's LOCK
 
     def durable_offset(self) -> int:
         # Saves are not synced (module docstring): sync the WAL, so what is read here
@@ -330,34 +402,110 @@ class RocksStateStore:
     def dump(self) -> list[tuple[bytes, bytes]]:
         """Every key and value, each block's checksum verified; StoreDamaged if one fails
         (rocksdict's own ``items()`` would just stop there, as if the store ended)."""
-        it: Any = self._db.iter(checked_reads())
-        it.seek_to_first()
-        items: list[tuple[bytes, bytes]] = []
-        while it.valid():
-            items.append((it.key(), it.value()))
-            it.next()
-        error = iterator_error(it)
-        del it  # a live iterator keeps the store's LOCK
+        return list(self._scan(checked_reads()))
+
+    def _scan(self, options: Any) -> Generator[tuple[bytes, bytes], None, None]:
+        """Every key and value in key order; StoreDamaged at the end if a block failed."""
+        it: Any = self._db.iter(options)
+        try:
+            it.seek_to_first()
+            while it.valid():
+                yield it.key(), it.value()
+                it.next()
+            error = iterator_error(it)
+        finally:
+            del it  # a live iterator keeps the store's LOCK
         if error is not None:
             raise StoreDamaged(
                 f"state store of partition {self._partition} ({self._path}): {error}"
             )
-        return items
+
+    def offset(self) -> int:
+        stored = self._db.get(OFFSET)
+        return 0 if stored is None else _U64.unpack(stored)[0]
+
+    def view(self) -> StoreView:
+        with self._views_closed:
+            self._views += 1
+        try:
+            return _RocksView(self, self._db.snapshot())
+        except BaseException:
+            self._view_closed()
+            raise
+
+    def replace(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        batch = WriteBatch(raw_mode=True)
+        batch.delete_range(b"\x00", b"\xff")  # every key the layout has starts below 0xff
+        for key, value in items:
+            batch.put(key, value)
+        self._db.write(batch, self._write)
+
+    def _view_closed(self) -> None:
+        with self._views_closed:
+            self._views -= 1
+            self._views_closed.notify_all()
 
     def set_aside(self) -> str:
+        self._wait_for_views()
         self._db.close()
         aside = set_aside(self._path)
         self._db = self._open_db()
         return str(aside)
 
     def close(self) -> None:
+        self._wait_for_views()
         self._db.close()
+
+    def _wait_for_views(self) -> None:
+        with self._views_closed:
+            if not self._views_closed.wait_for(lambda: self._views == 0, VIEW_WAIT_S):
+                log.error(
+                    "state store of partition %d: %d views still open after %.0f s; closing"
+                    " anyway (the store stays locked until they end)",
+                    self._partition,
+                    self._views,
+                    VIEW_WAIT_S,
+                )
 
     def __enter__(self) -> RocksStateStore:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class _RocksView:
+    """A RocksDB snapshot of a state store, read once on another thread."""
+
+    def __init__(self, store: RocksStateStore, snapshot: Any) -> None:
+        self._store: RocksStateStore | None = store
+        self._snapshot: Any = snapshot
+        self.offset = 0  # known once read
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        if self._snapshot is None:
+            raise ValueError("the view is closed")
+        it: Any = self._snapshot.iter(checked_reads())
+        it.seek_to_first()
+        items: list[tuple[bytes, bytes]] = []
+        while it.valid():
+            items.append((it.key(), it.value()))
+            it.next()
+        error = iterator_error(it)
+        del it
+        if error is not None:
+            partition = self._store.partition if self._store is not None else -1
+            raise StoreDamaged(f"state store of partition {partition}: {error}")
+        for key, value in items:
+            if key == OFFSET:
+                self.offset = _U64.unpack(value)[0]
+        return items
+
+    def close(self) -> None:
+        store, self._store = self._store, None
+        self._snapshot = None  # the last reference: RocksDB releases the snapshot
+        if store is not None:
+            store._view_closed()
 
 
 def catch_up(
@@ -367,24 +515,43 @@ def catch_up(
     batch_size: int = 1000,
     decoder: EventDecoder | None = None,
     on_batch: Callable[[int], None] | None = None,
+    snapshots: SnapshotStore | None = None,
+    on_restored: Callable[[int], None] | None = None,
+    on_unusable: Callable[[Exception], None] | None = None,
+    loaded: tuple[PartitionState, int] | None = None,
 ) -> PartitionState:
     """Load the partition's state and fold in every event the store has not seen yet.
 
-    A new owner runs this before deciding anything: it reads from the stored offset to the end
-    of the partition's events, ``evolve``s each batch and saves it with its offsets. Records
-    that are not events are reported through ``decoder`` and passed over (the stored offset
-    moves past them). A damaged store is set aside and rebuilt from offset 0. ``on_batch`` is
-    told how many records each batch read (a tool's progress).
+    A new owner runs this before deciding anything. With ``snapshots``, a snapshot newer than
+    the store (a store that is empty, or older) is restored first: its key/values replace the
+    store's and only the events from its offset on are read (``on_restored`` is told that
+    offset). A snapshot that cannot be restored is logged, reported to ``on_unusable`` and
+    passed over: the store and the log still hold everything. Then it reads from the stored
+    offset to the end of the partition's events, ``evolve``s each batch and saves it with its
+    offsets. Records that are not events are reported through ``decoder`` and passed over (the
+    stored offset moves past them). A damaged store is set aside and rebuilt (from the newest
+    snapshot, or offset 0). ``on_batch`` is told how many records each batch read (a tool's
+    progress). ``loaded`` is the store's state and offset when the caller holds them already
+    (a warm standby's): nothing is loaded or restored then, only the events after it are read.
     """
     if store.partition != partition:
         raise ValueError(f"store of partition {store.partition} asked to catch up {partition}")
     decoder = decoder or EventDecoder("recovery")
-    try:
-        state, offset = store.load()
-    except StoreDamaged as damage:
-        aside = store.set_aside()
-        log.error("%s; set aside as %s, rebuilding it from the log", damage, aside)
-        state, offset = store.load()
+    restored = loaded or _restore_newer(store, partition, snapshots, on_unusable)
+    if loaded is not None:
+        state, offset = loaded
+    elif restored is not None:
+        state, offset = restored
+        if on_restored is not None:
+            on_restored(offset)
+    else:
+        try:
+            state, offset = store.load()
+        except StoreDamaged as damage:
+            aside = store.set_aside()
+            log.error("%s; set aside as %s, rebuilding it from the log", damage, aside)
+            restored = _restore_newer(store, partition, snapshots, on_unusable)
+            state, offset = restored if restored is not None else store.load()
     while True:
         records = log_.read_events(partition, offset, batch_size)
         if not records:
@@ -396,3 +563,84 @@ def catch_up(
         store.save(state, batch, through=offset)
         if on_batch is not None:
             on_batch(len(records))
+
+
+def _restore_newer(
+    store: StateStore,
+    partition: int,
+    snapshots: SnapshotStore | None,
+    on_unusable: Callable[[Exception], None] | None,
+) -> tuple[PartitionState, int] | None:
+    """The newest restorable snapshot's state and offset, written into ``store``, if it is
+    newer than what the store holds; None otherwise (nothing changed). A snapshot that cannot
+    be restored is reported, and the one before it (where the store keeps one) tried next."""
+    if snapshots is None:
+        return None
+    try:
+        local = store.offset()
+    except Exception as exc:  # the store's own damage is found by load, after this
+        log.warning("state store of partition %d: offset unreadable: %r", partition, exc)
+        local = -1
+    stored = _newest(snapshots, partition, on_unusable)
+    for _ in range(KEPT_SNAPSHOTS_TRIED):
+        if stored is None or stored.offset <= local:
+            return None
+        try:
+            snapshot = decode(stored.data, partition)
+            state, offset = build(partition, snapshot.items)
+            if offset != snapshot.offset or offset != stored.offset:
+                raise SnapshotUnusable(
+                    f"snapshot of partition {partition} stored at offset {stored.offset} holds"
+                    f" a state at offset {offset}"
+                )
+        except Exception as exc:
+            log.error(
+                "partition %d: the snapshot at offset %d cannot be restored (%s); trying an"
+                " older one, else the state store and the log",
+                partition,
+                stored.offset,
+                exc,
+            )
+            if on_unusable is not None:
+                on_unusable(exc)
+            stored = _older(snapshots, partition, stored.offset, on_unusable)
+            continue
+        store.replace(snapshot.items)
+        log.info(
+            "partition %d: restored the snapshot at offset %d (%d jobs, %d runs); the store"
+            " was at %d",
+            partition,
+            offset,
+            len(state.jobs),
+            len(state.runs),
+            local,
+        )
+        return state, offset
+    return None
+
+
+def _newest(
+    snapshots: SnapshotStore, partition: int, on_unusable: Callable[[Exception], None] | None
+) -> StoredSnapshot | None:
+    try:
+        return snapshots.latest(partition)
+    except Exception as exc:  # the snapshots cannot be read: the store and the log still can
+        log.error("partition %d: snapshots unreadable (%s)", partition, exc)
+        if on_unusable is not None:
+            on_unusable(exc)
+        return None
+
+
+def _older(
+    snapshots: SnapshotStore,
+    partition: int,
+    below: int,
+    on_unusable: Callable[[Exception], None] | None,
+) -> StoredSnapshot | None:
+    try:
+        return snapshots.older(partition, below)
+    except Exception as exc:
+        log.error("partition %d: older snapshots unreadable (%s)", partition, exc)
+        if on_unusable is not None:
+            on_unusable(exc)
+        return None

@@ -294,3 +294,43 @@ def caught_up(api: Api) -> list[tuple[int, int, Any]]:
         out.append((p, offsets.get(p, 0), event))
         offsets[p] = offsets.get(p, 0) + 1
     return out
+
+
+async def test_a_job_its_partition_forgot_is_answered_from_its_history(api: Api) -> None:
+    from core.events import JobForgotten, JobRegistered
+    from core.partition import DEFAULT_RETENTION_MS
+
+    await api.a.put("/v1/jobs/j1", json=REPORT)
+    deleted = await api.a.delete("/v1/jobs/j1")
+    once = {"name": "pay", "run_at": "2026-11-29T08:01:00Z", "target": "pull://payments"}
+    created = await api.a.post("/v1/jobs", json={**once, "idempotency_key": "pay-1"})
+    assert created.status_code == 201
+    api.fake.advance(60_000)
+    claim = {"pool": "payments", "worker_id": "w1"}
+    [lease] = (await api.a.post("/v1/workers/claim", json=claim)).json()["runs"]
+    done = {"fencing_token": lease["fencing_token"], "status": "succeeded"}
+    assert (await api.a.post(f"/v1/runs/{lease['run_id']}/complete", json=done)).status_code == 200
+    api.fake.advance(DEFAULT_RETENTION_MS)
+    forgotten = [e for e in api.fake.events if isinstance(e, JobForgotten)]
+    assert len(forgotten) == 2  # both are out of their partitions' state
+    registered = sum(isinstance(e, JobRegistered) for e in api.fake.events)
+
+    again = await api.a.delete("/v1/jobs/j1")  # a repeated delete: the job, as before
+    assert (again.status_code, again.json()["status"]) == (200, "cancelled")
+    assert again.json()["version"] == deleted.json()["version"]
+    r = await api.a.patch("/v1/jobs/j1", json={"status": "paused"})
+    assert r.status_code == 409 and "no longer scheduled" in r.json()["message"]
+    r = await api.a.post("/v1/jobs/j1/runs")
+    assert r.status_code == 409
+    r = await api.a.post("/v1/jobs", json={**REPORT, "job_id": "j1"})
+    assert r.status_code == 409  # a repeat of a create of a job that was cancelled
+
+    # A late repeat of the one-shot's create is the same job, not a second run of it.
+    repeat = await api.a.post("/v1/jobs", json={**once, "idempotency_key": "pay-1"})
+    assert (repeat.status_code, repeat.json()["status"]) == (200, "finished")
+    assert repeat.json()["job_id"] == created.json()["job_id"]
+    other = await api.a.post("/v1/jobs", json={**once, "name": "x", "idempotency_key": "pay-1"})
+    assert other.status_code == 409
+    assert sum(isinstance(e, JobRegistered) for e in api.fake.events) == registered
+    runs = await api.a.get(f"/v1/jobs/{created.json()['job_id']}/runs")
+    assert [r["run_id"] for r in runs.json()["runs"]] == [lease["run_id"]]

@@ -203,6 +203,29 @@ def test_tables_yaml_global_flags_version_and_completion(
         assert "cronlog" in script and marker in script, shell
 
 
+def test_tags_from_the_command_line(node: Serve, capsys: pytest.CaptureFixture[str]) -> None:
+    status, tagged = cronlog(
+        capsys, node, "jobs", "create", "--name", "tagged", "--every", "3600",
+        "--target", "pull://t", "--tag", "team=payments", "--tag", "env:prod",
+    )  # fmt: skip
+    assert status == 0 and tagged["tags"] == ["team=payments", "env:prod"], tagged
+    status, _ = cronlog(capsys, node, "jobs", "create", "--name", "other", "--every", "3600",
+                        "--target", "pull://t", "--tag", "team=search")  # fmt: skip
+    assert status == 0
+    status, listed = cronlog(capsys, node, "jobs", "list", "--tag", "team=payments")
+    assert status == 0 and [j["job_id"] for j in listed["jobs"]] == [tagged["job_id"]]
+    status, listed = cronlog(capsys, node, "jobs", "list", "--tag", "env:prod", "--all")
+    assert status == 0 and [j["job_id"] for j in listed] == [tagged["job_id"]]
+    flags = ["--url", node.url, "--data-dir", str(node.data_dir)]
+    assert main([*flags, "-o", "table", "jobs", "list", "--tag", "env:prod"]) == 0
+    table = capsys.readouterr().out
+    assert "TAGS" in table and "tagged" in table and "other" not in table
+    status, cleared = cronlog(capsys, node, "jobs", "update", tagged["job_id"], "--clear", "tags")
+    assert status == 0 and cleared["tags"] == []
+    status, listed = cronlog(capsys, node, "jobs", "list", "--tag", "team=payments")
+    assert status == 0 and listed["jobs"] == []
+
+
 def test_completion_answers_through_the_entry_point(tmp_path: Path) -> None:
     """What the shell scripts ask the command: the words that may follow ``cronlog jobs``."""
     answer = tmp_path / "candidates"

@@ -9,16 +9,20 @@ from collections import deque
 from core import events as ev
 from core.clock import FakeClock, Millis
 from core.commands import AnyCommand
-from core.partition import Partition
+from core.partition import DEFAULT_RETENTION_MS, Partition
 from core.state import PartitionState
 from core.timers import TimerKey
 from core.wheel import TimingWheel
 
 
 class Sim:
-    def __init__(self, start_ms: Millis, partition: int = 0) -> None:
+    def __init__(
+        self, start_ms: Millis, partition: int = 0, retention_ms: int = DEFAULT_RETENTION_MS
+    ) -> None:
         self.clock = FakeClock(start_ms)
-        self.partition = Partition(partition, start_ms, tick_ms=10, wheel_size=64)
+        self.partition = Partition(
+            partition, start_ms, tick_ms=10, wheel_size=64, retention_ms=retention_ms
+        )
         self.log: list[bytes] = []
         self.ready: deque[str] = deque()  # push-target runs whose start time came
 

@@ -17,7 +17,7 @@ from croniter import croniter
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from core.cron import CronSchedule, next_fire
+from core.cron import CronSchedule, DayRule, day_rule_matters, next_fire
 from core.errors import InvalidDefinition
 
 MINUTE = 60_000
@@ -132,6 +132,37 @@ def test_day_of_month_and_day_of_week_are_or_ed_when_both_restricted() -> None:
     assert days == [6, 13, 20, 27]  # 13 September 2024 is a Friday too
 
 
+def december_days(schedule: CronSchedule) -> list[int]:
+    fires = schedule.fires_between(ms("2026-11-30T00:00"), ms("2026-12-31T23:59"), 100)
+    return [dt.datetime.fromtimestamp(f / 1000, dt.UTC).day for f in fires]
+
+
+def test_crontab_rule_ands_the_day_fields_when_one_starts_with_a_star() -> None:
+    # 3 December 2026 is a Thursday (4): an even weekday, so crontab fires on it, and only it.
+    crontab = CronSchedule.parse("30 1 3 12 */2", "UTC", DayRule.CRONTAB)
+    assert december_days(crontab) == [3]
+    # croniter's reading ORs them: the 3rd and every Sunday, Tuesday, Thursday and Saturday.
+    either = CronSchedule.parse("30 1 3 12 */2", "UTC", DayRule.EITHER)
+    assert december_days(either) == sorted(
+        {3} | {d for d in range(1, 32) if dt.date(2026, 12, d).isoweekday() % 7 in (0, 2, 4, 6)}
+    )
+    assert crontab != either
+    # A day-of-month starting with "*" ANDs too: odd days that are Mondays.
+    odd_mondays = CronSchedule.parse("0 0 */2 12 1", "UTC", DayRule.CRONTAB)
+    assert december_days(odd_mondays) == [7, 21]
+
+
+def test_the_rules_agree_unless_a_stepped_star_meets_a_restricted_field() -> None:
+    same = ("0 0 13 * fri", "0 0 * * */2", "0 0 */2 * *", "0 0 1 * *", "0 0 * * 1#2", "0 0 ? * 1-5")
+    for text in same:
+        assert not day_rule_matters(text)
+        crontab = CronSchedule.parse(text, "UTC", DayRule.CRONTAB)
+        either = CronSchedule.parse(text, "UTC", DayRule.EITHER)
+        assert crontab.preview(T2024, 20) == either.preview(T2024, 20)
+    for text in ("30 1 3 12 */2", "0 0 */2 * 1", "0 0 L * */3"):
+        assert day_rule_matters(text)
+
+
 def test_last_day_and_nth_weekday() -> None:
     last = CronSchedule.parse("0 0 L * *")
     assert last.preview(ms("2024-01-31T00:00"), 2) == [
@@ -156,7 +187,7 @@ def test_instants_between_whole_seconds() -> None:
 def test_next_fire_memoises_the_midnight_herd() -> None:
     after = ms("2031-05-05T00:00")
     before = next_fire.cache_info()
-    results = {next_fire("0 0 * * *", "Asia/Tokyo", after) for _ in range(10_000)}
+    results = {next_fire("0 0 * * *", "Asia/Tokyo", after, DayRule.CRONTAB) for _ in range(10_000)}
     info = next_fire.cache_info()
     assert results == {ms("2031-05-06T00:00", "Asia/Tokyo")}
     assert info.misses - before.misses == 1
@@ -165,7 +196,7 @@ def test_next_fire_memoises_the_midnight_herd() -> None:
 
 def test_next_fire_rejects_like_parse() -> None:
     with pytest.raises(InvalidDefinition):
-        next_fire("0 0 * *", "UTC", 0)
+        next_fire("0 0 * *", "UTC", 0, DayRule.CRONTAB)
 
 
 # -- the brute-force oracle ---------------------------------------------------------------
@@ -181,6 +212,9 @@ class Spec:
     doms: frozenset[int] | None  # None: the field is "*"
     months: frozenset[int]
     dows: frozenset[int] | None
+    # Under DayRule.CRONTAB: whether a day field starts with "*", which makes the two ANDed.
+    star_led: bool = False
+    day_rule: DayRule = DayRule.EITHER
 
     def matches(self, wall: dt.datetime) -> bool:
         if wall.minute not in self.minutes or wall.hour not in self.hours:
@@ -189,6 +223,8 @@ class Spec:
             return False
         dom_ok = self.doms is None or wall.day in self.doms
         dow_ok = self.dows is None or wall.isoweekday() % 7 in self.dows
+        if self.day_rule is DayRule.CRONTAB and self.star_led:
+            return dom_ok and dow_ok
         if self.doms is not None and self.dows is not None:
             return (wall.day in self.doms) or (wall.isoweekday() % 7 in self.dows)
         return dom_ok and dow_ok
@@ -236,6 +272,23 @@ def specs(draw: st.DrawFn) -> Spec:
         doms=None if dom_star else frozenset(doms),
         months=frozenset(months),
         dows=None if dow_star else frozenset(dows),
+        star_led=dom.startswith("*") or dow.startswith("*"),
+    )
+
+
+@st.composite
+def crontab_specs(draw: st.DrawFn) -> Spec:
+    """Expressions whose day fields the two rules may read differently, with crontab's sets."""
+    spec = draw(specs())
+    return Spec(
+        text=spec.text,
+        minutes=spec.minutes,
+        hours=spec.hours,
+        doms=spec.doms,
+        months=spec.months,
+        dows=spec.dows,
+        star_led=spec.star_led,
+        day_rule=DayRule.CRONTAB,
     )
 
 
@@ -272,6 +325,24 @@ starts = st.integers(T2024, T2024 + 3 * 365 * DAY)
 @given(spec=specs(), after=starts, zone=st.sampled_from(["UTC", "Asia/Kolkata"]))
 def test_next_after_equals_a_minute_scan_without_dst(spec: Spec, after: int, zone: str) -> None:
     schedule = CronSchedule.parse(spec.text, zone)
+    expected = brute_next(spec, ZoneInfo(zone), after, HORIZON)
+    got = schedule.next_after(after)
+    if expected is None:
+        assert got > (after // MINUTE + HORIZON) * MINUTE
+    else:
+        assert got == expected
+
+
+@FAST
+@given(spec=crontab_specs(), after=starts, zone=st.sampled_from(["UTC", "Asia/Kolkata"]))
+def test_crontab_rule_equals_a_minute_scan(spec: Spec, after: int, zone: str) -> None:
+    try:
+        schedule = CronSchedule.parse(spec.text, zone, DayRule.CRONTAB)
+    except InvalidDefinition:
+        # ANDed day fields can name no real day (the 31st that is a Monday in February only
+        # is fine, "0 0 30 2 */2" is not): parse refuses those, as for any rule.
+        assume(False)
+        raise
     expected = brute_next(spec, ZoneInfo(zone), after, HORIZON)
     got = schedule.next_after(after)
     if expected is None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
+import msgspec
 import pytest
 
+from core import events as ev
 from core.clock import MAX_INSTANT
-from core.cron import CronSchedule
+from core.cron import CronSchedule, DayRule
 from core.errors import InvalidDefinition
 from core.jobs import MAX_PAYLOAD_DEPTH, JobSpec, PullTarget, first_slot, next_slot, validate
 
@@ -59,3 +62,39 @@ def test_a_payload_nests_at_most_max_payload_depth_levels() -> None:
     # Deeper than the interpreter's recursion limit: refused, not a RecursionError.
     with pytest.raises(InvalidDefinition):
         validate(spec(schedule="@daily", payload=nested(5_000)))
+
+
+# A JobRegistered as the log held it before a job had a day_rule (the bytes are verbatim).
+LOGGED_BEFORE_DAY_RULE = (
+    b'{"type":"JobRegistered","at":0,"job_id":"j1","tenant":"t","spec":{"name":"x","tenant":"t",'
+    b'"target":{"type":"pull","pool":"p"},"schedule":"30 1 3 12 */2","run_at":null,'
+    b'"interval_sec":null,"start_at":null,"timezone":"UTC","payload":null,"max_attempts":4,'
+    b'"backoff":{"base_sec":10.0,"factor":2.0,"cap_sec":3600.0,"jitter":true},'
+    b'"timeout_sec":60.0,"lease_sec":30.0,"priority":5,"misfire_policy":"fire_once",'
+    b'"misfire_grace_sec":60.0,"catch_up_limit":10,"overlap_policy":"allow",'
+    b'"allow_jitter_sec":0.0,"critical":false,"depends_on":[],"end_at":null},'
+    b'"version":1,"next_slot":0}'
+)
+NOV_30_2026 = 1_796_083_200_000  # 2026-11-30T00:00:00Z
+
+
+def december_days(job: JobSpec) -> list[int]:
+    days, slot = [], first_slot(job, NOV_30_2026)
+    while slot is not None and slot < NOV_30_2026 + 32 * DAY:
+        days.append(dt.datetime.fromtimestamp(slot / 1000, dt.UTC).day)
+        slot = next_slot(job, slot, 0)
+    return days
+
+
+def test_a_job_logged_before_day_rule_replays_with_the_rule_it_had() -> None:
+    event = ev.decode(LOGGED_BEFORE_DAY_RULE)
+    assert isinstance(event, ev.JobRegistered)
+    assert event.spec.day_rule is DayRule.EITHER
+    # croniter's OR: the 3rd and every even weekday (Sun, Tue, Thu, Sat) of December 2026.
+    even_weekdays = [d for d in range(1, 32) if dt.date(2026, 12, d).isoweekday() % 7 % 2 == 0]
+    assert december_days(event.spec) == sorted({3, *even_weekdays})
+    # The same schedule under crontab's rule (what the API registers now): only the 3rd.
+    crontab = msgspec.structs.replace(event.spec, day_rule=DayRule.CRONTAB)
+    assert december_days(crontab) == [3]
+    again = ev.decode(ev.encode(msgspec.structs.replace(event, spec=crontab)))
+    assert isinstance(again, ev.JobRegistered) and again.spec.day_rule is DayRule.CRONTAB

@@ -17,14 +17,23 @@ from core.partition import Partition
 from core.state import PartitionState, evolve
 from core.timers import all_timers
 from tests.core.harness import Sim
-from tests.core.test_determinism import JOBS, T0, _apply, dependants, one_shots, specs, steps
+from tests.core.test_determinism import (
+    JOBS,
+    RETENTION_MS,
+    T0,
+    _apply,
+    dependants,
+    one_shots,
+    specs,
+    steps,
+)
 
 
 def assert_timers_match_the_state(partition: Partition) -> None:
     """Every timer the state calls for is armed at its deadline (or already due), and nothing
     else is armed: the incremental ``timers_after`` agrees with ``all_timers``."""
     wheel = partition.wheel
-    expected = dict(all_timers(partition.state))
+    expected = dict(all_timers(partition.state, partition.retention_ms))
     armed = 0
     for key, deadline in expected.items():
         if key in wheel:
@@ -41,7 +50,7 @@ def test_timers_follow_the_state_and_a_snapshot_restores_the_folded_partition(
     initial: tuple[JobSpec, ...],
     program: list[tuple],  # type: ignore[type-arg]
 ) -> None:
-    sim = Sim(T0)
+    sim = Sim(T0, retention_ms=RETENTION_MS)
     leases: list[ev.LeaseGranted] = []
     for job_id, spec in zip(JOBS, initial, strict=True):
         sim.do(PutJob(job_id=job_id, spec=spec))
@@ -53,7 +62,9 @@ def test_timers_follow_the_state_and_a_snapshot_restores_the_folded_partition(
     for raw in sim.log:
         evolve(folded, ev.decode(raw))
     snapshot = sim.partition.snapshot()
-    restored = Partition.restore(snapshot, sim.now, tick_ms=10, wheel_size=64)
+    restored = Partition.restore(
+        snapshot, sim.now, tick_ms=10, wheel_size=64, retention_ms=RETENTION_MS
+    )
     assert restored.snapshot() == snapshot == Partition(0, sim.now, folded).snapshot()
     assert_timers_match_the_state(restored)
 

@@ -4,6 +4,7 @@ what comes due while it drains is left pending for the partition's next owner.""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,30 @@ def test_a_stopping_node_finishes_its_calls_and_starts_no_more(
     finally:
         again.stop(drain_s=10)
         log.close()
+
+
+def test_a_graceful_stop_says_it_is_stopping_not_fenced(
+    tmp_path: Path, target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = EmbeddedLog.open(tmp_path / "log", PARTITIONS)
+    node = Node(
+        log, tmp_path / "node", node_id="n1", executors=Executors("n1", egress=LOOPBACK_ALLOWED)
+    )
+    node.start()
+    try:
+        assert node.wait_ready(10)
+        # Work on every partition, so each runner is deciding when the node stops.
+        for i in range(16):
+            job = spec(target.url, interval_sec=1.0)
+            asyncio.run(node.execute(PutJob(job_id=f"busy-{i}", spec=job)))
+        assert node.wait_owned(lambda owned: len(owned) == PARTITIONS, 5)
+        target.wait_for(8, timeout_s=10)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            node.stop(drain_s=10)
+    finally:
+        log.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "fenced" in m], said
+    stopped = sorted(m for m in said if "stopped deciding: the node is stopping" in m)
+    assert stopped == [f"partition {p}: stopped deciding: the node is stopping" for p in range(4)]

@@ -8,8 +8,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from core import events as ev
-from core.commands import PauseJob, PutJob
-from core.jobs import PullTarget
+from core.commands import PauseJob, PutJob, TriggerRun
+from core.jobs import DAY_MS, PullTarget
 from node.metrics import NodeMetrics
 from node.node import Node
 from tests.node.targets import Target
@@ -34,6 +34,12 @@ def run_event(cls: type, attempt: int = 1, **kw: object) -> ev.AnyEvent:
         at=1_000, job_id="j", tenant="team-a", run_id="j.1", scheduled_for=1, attempt=attempt
     )
     return cls(**{**base, **kw})  # type: ignore[no-any-return]
+
+
+def counted(node: Node, job_id: str) -> None:
+    """Until the job's partition has counted every batch it appended: a partition answers a
+    command before it counts the batch, but only after counting the batches before it."""
+    asyncio.run(node.execute(PauseJob(job_id=job_id, tenant="team-a")))
 
 
 def test_counters_follow_the_appended_events() -> None:
@@ -99,6 +105,7 @@ def test_a_node_shows_its_ready_queue_its_appends_and_its_dead_letters(
     assert got["cronlog_log_append_seconds_count", ()] >= 1
     assert got["cronlog_log_appended_events_total", ()] >= 2  # the job and its run
     (lease,) = asyncio.run(node.claim("team-a", "crunch", "w1", 1))
+    counted(node, "waits")
     got = scrape(node.metrics)
     assert got["cronlog_runs_ready", (("priority", "7"),)] == 0
     assert got["cronlog_runs", (("state", "running"),)] == 1
@@ -121,3 +128,39 @@ def test_a_node_shows_its_ready_queue_its_appends_and_its_dead_letters(
     assert got["cronlog_retries_scheduled_total", ()] == 1
     assert got["cronlog_runs_dead_lettered_total", (("reason", "attempts_exhausted"),)] == 1
     assert got["cronlog_read_model_lag_events", ()] >= 0
+
+
+@pytest.mark.slow
+def test_backfills_and_manual_triggers_have_their_own_figure(node: Node, target: Target) -> None:
+    daily = spec(target.url, schedule="0 0 * * *", target=PullTarget(pool="bf"))
+    asyncio.run(node.execute(PutJob(job_id="daily", spec=daily)))
+    two_days_ago = (now_ms() // DAY_MS - 2) * DAY_MS  # one of its past slots
+    asyncio.run(
+        node.execute(TriggerRun(job_id="daily", tenant="team-a", scheduled_for=two_days_ago))
+    )
+    (backfill,) = asyncio.run(node.claim("team-a", "bf", "w1", 1))
+    assert backfill.trigger is ev.Trigger.MANUAL
+    asyncio.run(node.execute(TriggerRun(job_id="daily", tenant="team-a")))  # run now
+    (run_now,) = asyncio.run(node.claim("team-a", "bf", "w1", 1))
+    counted(node, "daily")
+    got = scrape(node.metrics)
+    manual = (("trigger", "manual"),)
+    assert got["cronlog_triggered_start_seconds_count", manual] == 2
+    assert got["cronlog_triggered_start_seconds_sum", manual] == pytest.approx(
+        (backfill.lateness_ms + run_now.lateness_ms) / 1000
+    )
+    assert got["cronlog_triggered_start_seconds_bucket", (("le", "1.0"), *manual)] == 1
+    assert got["cronlog_triggered_start_seconds_count", (("trigger", "dependency"),)] == 0
+    # Two days of "delay" would page whoever alerts on the scheduler's: it is not there.
+    assert got["cronlog_schedule_delay_seconds_count", ()] == 0
+
+    # A run the schedule made is the scheduler's delay, and only that.
+    once = spec(target.url, run_at=now_ms(), target=PullTarget(pool="bf"))
+    asyncio.run(node.execute(PutJob(job_id="once", spec=once)))
+    (scheduled,) = asyncio.run(node.claim("team-a", "bf", "w1", 1))
+    assert scheduled.trigger is ev.Trigger.SCHEDULE
+    counted(node, "once")
+    got = scrape(node.metrics)
+    assert got["cronlog_schedule_delay_seconds_count", ()] == 1
+    assert got["cronlog_schedule_delay_seconds_sum", ()] == scheduled.lateness_ms / 1000
+    assert got["cronlog_triggered_start_seconds_count", manual] == 2

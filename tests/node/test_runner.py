@@ -76,9 +76,7 @@ def test_a_failing_observer_does_not_strand_the_batch(caplog: pytest.LogCaptureF
 def started(log: MemoryLog, store: Callable[[], StateStore], **kw: Any) -> PartitionRunner:
     member = log.join(Owner())
     member.poll(0)  # takes the partition
-    runner = PartitionRunner(
-        0, log, member.writer(0), store, FakeClock(START), NoExecutors(), **kw
-    )
+    runner = PartitionRunner(0, log, member.writer(0), store, FakeClock(START), NoExecutors(), **kw)
     runner.start()
     return runner
 
@@ -228,3 +226,61 @@ def test_a_wall_clock_stepped_back_loses_no_timer() -> None:
         assert materialised == ["first", "late"]
     finally:
         runner.stop()
+
+
+class HeldWriter:
+    """A partition writer whose next append waits until ``release``, then finds the writer
+    closed, as a node's own graceful stop closes it (``Fenced``, nothing written)."""
+
+    def __init__(self, writer: Any) -> None:
+        self._writer = writer
+        self.entered = threading.Event()
+        self._release = threading.Event()
+        self.partition = writer.partition
+
+    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+        self.entered.set()
+        assert self._release.wait(10)
+        self._writer.close()
+        return list(self._writer.append(events, commands_through=commands_through))
+
+    def release(self) -> None:
+        self._release.set()
+
+    def command_position(self) -> int:
+        return int(self._writer.command_position())
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_a_writer_closed_by_a_stop_is_not_reported_as_a_fence(
+    caplog: pytest.LogCaptureFixture, asked: bool
+) -> None:
+    log = MemoryLog(1)
+    member = log.join(Owner())
+    member.poll(0)
+    writer = HeldWriter(member.writer(0))
+    runner = PartitionRunner(
+        0, log, writer, lambda: MemoryStateStore(0), FakeClock(START), NoExecutors()
+    )  # type: ignore[arg-type]
+    runner.start()
+    answer: Future[Decided | CronlogError] = Future()
+    job = JobSpec(name="j", tenant="team-a", target=PullTarget(pool="p"), run_at=START + 60_000)
+    with caplog.at_level(logging.INFO):
+        runner.submit(Request(PutJob(job_id="j", spec=job), reply=answer.set_result))
+        assert writer.entered.wait(10)
+        if asked:  # the node's stop: asked first (not waiting for the loop), then the writer
+            # closes under the append
+            runner.stop(timeout_s=0, reason="the node is stopping")
+        writer.release()
+        assert runner.ended.wait(10)
+    assert isinstance(answer.result(timeout=10), Unavailable)  # nothing was written
+    said = [r.getMessage() for r in caplog.records]
+    if asked:
+        assert said == ["partition 0: stopped deciding: the node is stopping"]
+        assert not runner.fenced
+    else:  # nobody here asked: another writer took the partition
+        assert said == ["partition 0: fenced, another node owns it now"]
+        assert runner.fenced

@@ -684,3 +684,48 @@ def test_a_model_rocksdb_will_not_open_is_set_aside_on_open(tmp_path: Path) -> N
     assert len(list((tmp_path / "data").glob("read_model.damaged-*"))) == 1
     writers.close()
     log.close()
+
+
+def test_history_keeps_forgotten_jobs_and_an_id_registered_again_is_listed_once(
+    model: ReadModel,
+) -> None:
+    from core.jobs import JobSpec, PullTarget
+
+    retention = 600_000
+    sim = Sim(T0, retention_ms=retention)
+    pool = PullTarget(pool="p")
+    once = JobSpec(name="once", tenant="t1", target=pool, run_at=T0 + 1000)
+    cron = JobSpec(name="cron", tenant="t1", target=pool, schedule="0 3 * * *")
+    sim.do(PutJob(job_id="a", spec=once))
+    sim.do(PutJob(job_id="b", spec=cron))
+    sim.advance(1000)
+    [lease] = sim.do(ClaimRuns(tenant="t1", pool="p", worker_id="w", limit=1))
+    assert isinstance(lease, ev.LeaseGranted)
+    sim.do(
+        CompleteRun(
+            run_id=lease.run_id, fencing_token=lease.fencing_token, outcome=Outcome.SUCCEEDED
+        )
+    )
+    sim.do(CancelJob(job_id="b", tenant="t1"))
+    sim.advance(retention)
+    assert {e.job_id for e in sim.of_type(ev.JobForgotten)} == {"a", "b"}
+    assert not sim.state.jobs
+    feed(model, sim)
+    view = model.job("t1", "a")
+    assert view is not None and view.status == "finished"
+    assert [r.run_id for r in model.runs_of("t1", "a", 10).items] == [lease.run_id]
+    assert model.job_count("t1") == 1  # the finished one-shot counts, as before it was forgotten
+    start = len(sim.log)
+    sim.do(PutJob(job_id="b", spec=cron))  # the id is free again: a new job
+    sim.do(PutJob(job_id="a", spec=cron))
+    feed(model, sim, start=start)
+    for job_id in ("a", "b"):
+        again = model.job("t1", job_id)
+        assert again is not None and again.status == "active" and again.version == 1
+        listed = [
+            status
+            for status in ("active", "paused", "cancelled", "finished")
+            if job_id in [j.job_id for j in model.jobs("t1", status).items]
+        ]
+        assert listed == ["active"]
+    assert model.job_count("t1") == 2

@@ -4,7 +4,8 @@ a real ``cronlog serve`` and real HTTP targets on loopback.
 A team's afternoon, clicked through: sign in (a wrong token first), create a job and watch it
 fire, read its history down to each attempt's fencing token, create a job whose target fails
 and watch it dead-letter, replay one dead run and then every one a filter names, preview an
-edit's added and dropped slots and save it, pause, look at the figures and the docs page. A job
+edit's added and dropped slots and save it with tags, find jobs by tag, pause, look at the
+figures and the docs page. A job
 named like an HTML tag checks the escaping; every page is watched for script errors and
 Content-Security-Policy reports.
 
@@ -223,13 +224,17 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         page.goto(f"{node.url}/ui/#/jobs/report/edit")
         expect(page.get_by_test_id("diff-summary")).to_contain_text("No slot added or dropped")
         page.locator("#f-schedule").fill("*/30 * * * *")
+        page.locator("#f-tags").fill("team=reports, daily")
         expect(page.get_by_test_id("diff-summary")).to_contain_text("added, 0 dropped")
         added = page.get_by_test_id("fires-after").locator("tr.added")
         expect(added.first).to_contain_text(":30")
         shots("edit-preview")
         page.get_by_test_id("save").click()
         expect(page.locator("h1")).to_contain_text("Report")
-        assert api.get("/v1/jobs/report").json()["schedule"] == "*/30 * * * *"
+        report = api.get("/v1/jobs/report").json()
+        assert report["schedule"] == "*/30 * * * *"
+        assert report["tags"] == ["team=reports", "daily"]
+        expect(page.get_by_test_id("facts")).to_contain_text("team=reports, daily")
 
         # -- seconds go in their own field, never as a sixth field of the expression
         page.goto(f"{node.url}/ui/#/jobs/report/edit")
@@ -252,6 +257,20 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         page.get_by_test_id("search").fill("")
         expect(rows).to_have_count(3)
         shots("jobs")
+        # -- find jobs by tag: typed, then by clicking a row's tag
+        page.get_by_test_id("tag-filter").fill("team=reports")
+        expect(rows).to_have_count(1)
+        assert rows.first.get_attribute("data-job") == "report"
+        page.get_by_test_id("tag-filter").fill("team=nobody")
+        expect(page.get_by_test_id("jobs")).to_contain_text("No job matches.")
+        page.get_by_test_id("tag-filter").fill("")
+        expect(rows).to_have_count(3)
+        page.locator("tr[data-job=report]").get_by_test_id("tag").filter(has_text="daily").click()
+        expect(rows).to_have_count(1)
+        expect(page.get_by_test_id("tag-filter")).to_have_value("daily")
+        shots("jobs-by-tag")
+        page.get_by_test_id("tag-filter").fill("")
+        expect(rows).to_have_count(3)
 
         # -- the figures, from the team's own GET /v1/stats
         page.get_by_test_id("nav-figures").click()

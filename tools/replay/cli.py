@@ -1,7 +1,8 @@
 """``python -m tools.replay``: the operator's view of the log, and the tools that fold it.
 
     python -m tools.replay dump [--partition P] [--from OFFSET] [--job JOB_ID] [--follow]
-    python -m tools.replay verify
+    python -m tools.replay verify [--from-snapshot]
+    python -m tools.replay state [--offset N | --at INSTANT] [--partition P] [--job J] [--tenant T]
     python -m tools.replay rebuild [--state] [--read-model]
     python -m tools.replay backfill JOB_ID --from T1 --to T2 [--tenant T] [--apply --url URL]
     python -m tools.replay stats [--json]
@@ -30,8 +31,8 @@ import httpx
 
 from core.clock import Clock, Millis, SystemClock
 from core.errors import CronlogError, LogCorrupted
-from eventlog.port import EventLog
-from tools.replay import backfill, dump, rebuild, stats, verify
+from eventlog.port import EventLog, partition_for
+from tools.replay import backfill, dump, rebuild, snapshots, stats, verify
 from tools.replay.progress import Meter, meter_for
 from tools.replay.source import Layout, ReplayError, add_source_arguments, open_log
 
@@ -60,7 +61,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--job", metavar="JOB_ID", help="only this job's events")
     p.add_argument("--follow", action="store_true", help="keep printing new events")
 
-    sub.add_parser("verify", parents=[source], help="stored state equals a replay from offset 0")
+    p = sub.add_parser(
+        "verify", parents=[source], help="stored state equals a replay from offset 0"
+    )
+    p.add_argument(
+        "--from-snapshot",
+        action="store_true",
+        help="check each partition's newest snapshot instead: it equals the log folded to its"
+        " offset, and with its tail the log folded to the end",
+    )
+
+    p = sub.add_parser(
+        "state",
+        parents=[source],
+        help="time travel: a partition's state as of an offset or an instant, from the nearest"
+        " snapshot and the events after it (JSON)",
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--offset", type=int, help="the state of the events below this offset")
+    where.add_argument(
+        "--at", help="the state after the events decided at or before this instant (RFC 3339"
+        " or epoch ms)"
+    )
+    p.add_argument("--partition", type=int, help="the partition (default: the --job's)")
+    p.add_argument("--job", metavar="JOB_ID", help="only this job and its runs")
+    p.add_argument("--tenant", help="only this tenant's jobs and runs")
 
     p = sub.add_parser("rebuild", parents=[source], help="rebuild derived stores from the log")
     p.add_argument("--state", action="store_true", help="the partitions' state stores")
@@ -145,6 +170,10 @@ def _on_log(args: argparse.Namespace, log: EventLog, layout: Layout, meter: Mete
             file=sys.stderr,
         )
         return 0
+    if args.command == "verify" and args.from_snapshot:
+        return _verify_snapshots(args, log, meter, started)
+    if args.command == "state":
+        return _state(args, log, meter)
     if args.command == "verify":
         checks = []
         meter.start(
@@ -184,6 +213,56 @@ def _on_log(args: argparse.Namespace, log: EventLog, layout: Layout, meter: Mete
         )
         return 0
     stats.report(stats.collect(log, layout), args.json, sys.stdout)
+    return 0
+
+
+def _verify_snapshots(args: argparse.Namespace, log: EventLog, meter: Meter, started: float) -> int:
+    store = snapshots.open_snapshots(args, args.data_dir)
+    try:
+        total = sum(log.end_offset("events", p) for p in range(log.num_partitions))
+        meter.start("verify", total)
+        checks = []
+        for partition in range(log.num_partitions):
+            checks.append(snapshots.verify_partition(log, store, partition, meter))
+            print(checks[-1].describe(), flush=True)
+        meter.stop()
+    finally:
+        store.close()
+    different = [c.partition for c in checks if not c.ok]
+    if different:
+        print(f"DIFFERENT: partitions {', '.join(map(str, different))}")
+        return 1
+    with_snapshot = [c for c in checks if c.offset is not None]
+    print(
+        f"OK: {len(with_snapshot)} of {len(checks)} partitions have a snapshot, each equal to"
+        f" a replay from offset 0 ({time.monotonic() - started:.1f} s)"
+    )
+    return 0
+
+
+def _state(args: argparse.Namespace, log: EventLog, meter: Meter) -> int:
+    partition = args.partition
+    if partition is None:
+        if args.job is None:
+            raise ReplayError("state needs --partition or --job")
+        partition = partition_for(args.job, log.num_partitions)
+    if not 0 <= partition < log.num_partitions:
+        raise ReplayError(f"partition {partition} is out of range 0..{log.num_partitions - 1}")
+    instant = None if args.at is None else backfill.parse_instant(args.at)
+    store = snapshots.open_snapshots(args, args.data_dir)
+    try:
+        meter.start("state", log.end_offset("events", partition))
+        state, reached, base, folded = snapshots.state_at(
+            log, store, partition, offset=args.offset, instant=instant, meter=meter
+        )
+        meter.stop()
+    finally:
+        store.close()
+    report = snapshots.describe_state(state, args.tenant, args.job)
+    report["as_of"] = {"offset": reached, "instant": instant}
+    report["from_snapshot"] = base
+    report["events_folded"] = folded
+    snapshots.print_state(report)
     return 0
 
 

@@ -130,9 +130,9 @@ class _Requests:
 
     @staticmethod
     def list_jobs(
-        status: str | None, limit: int | None, cursor: str | None, q: str | None
+        status: str | None, limit: int | None, cursor: str | None, q: str | None, tag: str | None
     ) -> _Request[JobPage]:
-        params = {"status": status, "limit": limit, "cursor": cursor, "q": q}
+        params = {"status": status, "limit": limit, "cursor": cursor, "q": q, "tag": tag}
         return _Request("GET", "/v1/jobs", JobPage, params=params)
 
     @staticmethod
@@ -517,16 +517,23 @@ class Client:
         limit: int | None = None,
         cursor: str | None = None,
         q: str | None = None,
+        tag: str | None = None,
     ) -> JobPage:
-        """A page of the team's jobs; ``q``: only those whose name or id holds it."""
-        return self._send(_Requests.list_jobs(status, limit, cursor, q))
+        """A page of the team's jobs; ``q``: only those whose name or id holds it; ``tag``:
+        only those labelled with it."""
+        return self._send(_Requests.list_jobs(status, limit, cursor, q, tag))
 
     def iter_jobs(
-        self, status: str | None = None, *, page_size: int | None = None, q: str | None = None
+        self,
+        status: str | None = None,
+        *,
+        page_size: int | None = None,
+        q: str | None = None,
+        tag: str | None = None,
     ) -> Iterator[Job]:
         cursor = None
         while True:  # each page moves the cursor on; the last has none
-            page = self.list_jobs(status, limit=page_size, cursor=cursor, q=q)
+            page = self.list_jobs(status, limit=page_size, cursor=cursor, q=q, tag=tag)
             yield from page.jobs
             if page.next_cursor is None:
                 return
@@ -870,15 +877,21 @@ class AsyncClient:
         limit: int | None = None,
         cursor: str | None = None,
         q: str | None = None,
+        tag: str | None = None,
     ) -> JobPage:
-        return await self._send(_Requests.list_jobs(status, limit, cursor, q))
+        return await self._send(_Requests.list_jobs(status, limit, cursor, q, tag))
 
     async def iter_jobs(
-        self, status: str | None = None, *, page_size: int | None = None, q: str | None = None
+        self,
+        status: str | None = None,
+        *,
+        page_size: int | None = None,
+        q: str | None = None,
+        tag: str | None = None,
     ) -> AsyncIterator[Job]:
         cursor = None
         while True:
-            page = await self.list_jobs(status, limit=page_size, cursor=cursor, q=q)
+            page = await self.list_jobs(status, limit=page_size, cursor=cursor, q=q, tag=tag)
             for job in page.jobs:
                 yield job
             if page.next_cursor is None:

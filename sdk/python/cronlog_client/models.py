@@ -135,6 +135,7 @@ class _Fields(msgspec.Struct, frozen=True, kw_only=True):
     critical: bool | UnsetType = UNSET
     depends_on: list[str] | UnsetType = UNSET
     backoff: BackoffIn | UnsetType = UNSET
+    tags: list[str] | UnsetType = UNSET
     allow_past: bool | UnsetType = UNSET
 
 
@@ -209,6 +210,9 @@ class Job(msgspec.Struct, kw_only=True):
     next_fire_at: dt.datetime | None = None
     seconds: str | None = None
     end_at: dt.datetime | None = None
+    tags: list[str] = []
+    # "either": a node from before the crontab rule read every schedule that way
+    day_rule: str = "either"
     last_run: RunSummary | None = None
 
 

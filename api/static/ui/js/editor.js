@@ -43,9 +43,10 @@ export function editorView(jobId) {
     misfire_policy: select("misfire_policy", [["fire_once", "fire once"], ["skip", "skip"], ["catch_up", "catch up"]], "fire_once"),
     overlap_policy: select("overlap_policy", [["allow", "allow"], ["skip", "skip"], ["buffer_one", "buffer one"], ["cancel_other", "cancel the other"]], "allow"),
     critical: h("input", { name: "critical", type: "checkbox" }),
+    tags: h("input", { name: "tags", type: "text", class: "mono", placeholder: "team=payments, env:prod", spellcheck: "false", autocomplete: "off" }),
   };
   const whenFields = {
-    cron: [field("Cron expression", i.schedule, "five fields: minute hour day-of-month month day-of-week"), field("Seconds", i.seconds, "for a schedule finer than a minute, e.g. */10 or 0,30; empty: at second 0"), field("Timezone", i.timezone, "the schedule is read on this wall clock")],
+    cron: [field("Cron expression", i.schedule, "five fields: minute hour day-of-month month day-of-week; a day field starting with * (such as */2) leaves the day free, as in crontab"), field("Seconds", i.seconds, "for a schedule finer than a minute, e.g. */10 or 0,30; empty: at second 0"), field("Timezone", i.timezone, "the schedule is read on this wall clock")],
     every: [field("Every (seconds)", i.interval_sec)],
     once: [field("At (your browser's local time)", i.run_at)],
   };
@@ -60,6 +61,7 @@ export function editorView(jobId) {
     whenBox,
     field("Target", i.target, "an HTTP(S) URL it POSTs to, a Kafka topic, or a pull pool your workers claim from"),
     field("Payload", i.payload),
+    field("Tags", i.tags, "labels to find the job by, separated by commas or spaces; up to 16"),
     h("div", { class: "row" },
       field("Retries", i.retries), field("Timeout (s)", i.timeout_sec), field("Priority (0-9)", i.priority)),
     h("div", { class: "row" },
@@ -91,7 +93,7 @@ export function editorView(jobId) {
   }
 
   function showError(err) {
-    const name = err.field ? err.field.split(".")[0] : null;
+    const name = err.field ? err.field.split(/[.[]/)[0] : null;
     const box = name && form.querySelector(`.field[data-field="${CSS.escape(name === "max_attempts" ? "retries" : name)}"]`);
     if (box) {
       box.classList.add("invalid");
@@ -121,6 +123,7 @@ export function editorView(jobId) {
     body.misfire_policy = i.misfire_policy.value;
     body.overlap_policy = i.overlap_policy.value;
     body.critical = i.critical.checked;
+    body.tags = i.tags.value.split(/[\s,]+/).filter((t) => t);
     return body;
   }
 
@@ -229,6 +232,7 @@ export function editorView(jobId) {
     i.misfire_policy.value = j.misfire_policy;
     i.overlap_policy.value = j.overlap_policy;
     i.critical.checked = j.critical;
+    i.tags.value = (j.tags || []).join(", ");
     showWhen();
   }
 

@@ -14,7 +14,7 @@ export function jobView(jobId) {
   const open = new Set(); // runs whose attempts are shown
   let pages = 1;
   const head = h("div", { class: "page-head" });
-  const facts = h("div", { class: "card facts" });
+  const facts = h("div", { class: "card facts", "data-testid": "facts" });
   const fires = h("div", { class: "card" });
   const runs = h("tbody");
   const more = h("div", { class: "more" });
@@ -116,6 +116,7 @@ function renderFacts(facts, job) {
       fact("Overlap", job.overlap_policy.replace("_", " ")),
       fact("Priority", String(job.priority)),
       job.critical ? fact("Critical", "never run twice automatically") : null,
+      (job.tags || []).length ? fact("Tags", job.tags.join(", ")) : null,
       job.payload !== null ? fact("Payload", h("code", { class: "payload" }, JSON.stringify(job.payload))) : null));
 }
 

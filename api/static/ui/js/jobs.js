@@ -1,5 +1,6 @@
 // #/jobs: the team's jobs with their schedule, next fire time (the job's own timezone and
-// UTC), state and newest run; search, a status filter, run now, pause and resume.
+// UTC), state, tags and newest run; search, a tag filter, a status filter, run now, pause and
+// resume.
 
 import { get, patch, post } from "./api.js";
 import { ago, badge, h, inZone, ms, replace, target, utc, when } from "./dom.js";
@@ -9,7 +10,7 @@ const STATUSES = ["", "active", "paused", "finished", "cancelled"];
 const PAGE = 50;
 
 export function jobsView() {
-  const state = { q: "", status: "", pages: 1 };
+  const state = { q: "", tag: "", status: "", pages: 1 };
   const tiles = h("section", { class: "tiles", "data-testid": "tiles" });
   const body = h("tbody");
   const more = h("div", { class: "more" });
@@ -22,6 +23,17 @@ export function jobsView() {
     clearTimeout(typing);
     typing = setTimeout(() => { state.q = search.value.trim(); state.pages = 1; view.refresh(); }, 250);
   });
+  const tag = h("input", {
+    type: "search", placeholder: "Tag, e.g. team=payments", "data-testid": "tag-filter",
+    "aria-label": "tag", spellcheck: "false",
+  });
+  let typingTag = null;
+  tag.addEventListener("input", () => {
+    clearTimeout(typingTag);
+    typingTag = setTimeout(() => { state.tag = tag.value.trim(); state.pages = 1; view.refresh(); }, 250);
+  });
+  // A tag shown on a row filters by it when clicked.
+  const byTag = (value) => { tag.value = value; state.tag = value; state.pages = 1; view.refresh(); };
   const status = h("select", { "data-testid": "status-filter", "aria-label": "status" },
     STATUSES.map((s) => h("option", { value: s }, s || "every status")));
   status.addEventListener("change", () => { state.status = status.value; state.pages = 1; view.refresh(); });
@@ -32,7 +44,7 @@ export function jobsView() {
       h("div", { class: "spacer" }),
       h("button", { class: "primary", onclick: () => go("#/new"), "data-testid": "new-job" }, "New job")),
     tiles,
-    h("div", { class: "toolbar" }, search, status),
+    h("div", { class: "toolbar" }, search, tag, status),
     h("div", { class: "card table-card" },
       h("table", { class: "grid", "data-testid": "jobs" },
         h("thead", {}, h("tr", {},
@@ -44,7 +56,7 @@ export function jobsView() {
     const jobs = [];
     let cursor = null;
     for (let i = 0; i < state.pages; i++) {
-      const page = await get("/v1/jobs", { q: state.q, status: state.status, limit: PAGE, cursor });
+      const page = await get("/v1/jobs", { q: state.q, tag: state.tag, status: state.status, limit: PAGE, cursor });
       jobs.push(...page.jobs);
       cursor = page.next_cursor;
       if (!cursor) break;
@@ -59,9 +71,9 @@ export function jobsView() {
         loadJobs(), get("/v1/stats", { window_min: 60 }), get("/v1/team"),
       ]);
       renderTiles(tiles, team, stats);
-      replace(body, jobs.length ? jobs.map(row) :
+      replace(body, jobs.length ? jobs.map((job) => row(job, byTag)) :
         h("tr", {}, h("td", { colspan: 6, class: "empty" },
-          state.q || state.status ? "No job matches." : "No jobs yet: create one with New job.")));
+          state.q || state.tag || state.status ? "No job matches." : "No jobs yet: create one with New job.")));
       replace(more, cursor ? h("button", { class: "ghost", onclick: () => { state.pages += 1; view.refresh(); } }, "Show more") : "");
     },
     failed(err) { replace(more, h("p", { class: "error" }, String(err.message || err))); },
@@ -85,7 +97,7 @@ function tile(label, value, note, kind, href) {
   return href ? h("a", { class: `tile ${kind || ""}`, href }, inner) : h("div", { class: `tile ${kind || ""}` }, inner);
 }
 
-function row(job) {
+function row(job, byTag) {
   const id = encodeURIComponent(job.job_id);
   const next = job.status === "paused" ? null : job.next_run_at; // a paused job's slot waits
   const last = job.last_run;
@@ -100,7 +112,9 @@ function row(job) {
   return h("tr", { "data-job": job.job_id },
     h("td", {},
       h("a", { href: `#/jobs/${id}`, class: "job-name" }, job.name),
-      h("div", { class: "sub mono" }, job.job_id, " · ", target(job.target))),
+      h("div", { class: "sub mono" }, job.job_id, " · ", target(job.target)),
+      (job.tags || []).length ? h("div", { class: "tags" }, job.tags.map((t) =>
+        h("button", { type: "button", class: "tag", "data-testid": "tag", title: `Jobs tagged ${t}`, onclick: () => byTag(t) }, t))) : null),
     h("td", {},
       h("div", { class: "mono nowrap" }, when(job)),
       h("div", { class: "sub" }, job.timezone)),

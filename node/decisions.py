@@ -1,0 +1,236 @@
+"""One log line per decision that matters, with the ids to find it by.
+
+The decisions: a run **fired** (its slot came, or someone triggered it: ``RunMaterialised``), was
+**retried** (``RetryScheduled``), **dead-lettered** (``RunDeadLettered``), slots **skipped**
+(``RunSkipped``); a partition **fenced** (another writer took it), and a partition **moved**
+(assigned to this node, or given up). Each is one record of the ``cronlog.decisions`` logger at
+INFO whose message reads on its own in the text format, and whose ``extra`` fields carry the ids
+as fields of their own in the JSON format (``cronlog serve --log-format json``, see
+:func:`formatter`)::
+
+    {"level": "INFO", "logger": "cronlog.decisions",
+     "message": "fired run nightly.1796097600000 of job nightly (team-a, partition 2): schedule",
+     "decision": "fired", "job_id": "nightly", "run_id": "nightly.1796097600000",
+     "tenant": "team-a", "partition": 2, "scheduled_for": 1796097600000, "trigger": "schedule",
+     "time": "2026-12-01T04:00:00.012345+00:00"}
+
+Ids are the team's own (``core.ids.team_id``) and the tenant's name: the log is the operator's,
+who already sees every team; nothing of a payload or an error text is logged.
+
+A line costs tens of microseconds, and the midnight herd is tens of thousands of runs fired
+at once, so the run decisions are not logged on the partition's thread: :class:`DecisionLog`
+takes each appended batch (a reference, nothing copied) and a thread of its own writes the
+lines. Its queue is bounded; batches beyond it are dropped, counted
+(``cronlog_decision_lines_dropped_total``) and said in one warning, never waited for. With the
+logger above INFO nothing is queued at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from core import events as ev
+from core.ids import team_id
+
+log = logging.getLogger("cronlog.decisions")
+MAX_PENDING_EVENTS = 500_000  # events queued for their lines, over all batches
+
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class DecisionLog:
+    """Writes the lines of appended batches on a thread of its own (see the module)."""
+
+    def __init__(
+        self,
+        *,
+        on_dropped: Callable[[int], None] = lambda n: None,
+        on_failed: Callable[[], None] = lambda: None,
+        max_pending: int = MAX_PENDING_EVENTS,
+    ) -> None:
+        self._queue: queue.SimpleQueue[tuple[int, Sequence[ev.AnyEvent]] | None]
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending = 0  # events queued
+        self._max_pending = max_pending
+        self._dropping = False
+        self._on_dropped = on_dropped
+        self._on_failed = on_failed
+        self._thread = threading.Thread(target=self._write, name="decision-log", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def appended(self, partition: int, events: Sequence[ev.AnyEvent]) -> None:
+        """(On the partition's thread.) Queue ``events``, just appended, for their lines."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        with self._lock:
+            if self._pending + len(events) > self._max_pending:
+                first = not self._dropping
+                self._dropping = True
+            else:
+                self._pending += len(events)
+                self._dropping = False
+                self._queue.put((partition, events))
+                return
+        self._on_dropped(len(events))
+        if first:
+            log.warning(
+                "decision lines are being dropped: more than %d events wait to be logged"
+                " (cronlog_decision_lines_dropped_total counts them)",
+                self._max_pending,
+            )
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Write what is queued (up to ``timeout_s``), then stop the thread."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout_s)
+
+    def _write(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            partition, events = item
+            try:
+                write(partition, events)
+            except Exception:  # a handler's failure must not end the thread
+                self._on_failed()
+                log.exception("partition %d: writing decision lines failed", partition)
+            finally:
+                with self._lock:
+                    self._pending -= len(events)
+
+
+def write(partition: int, events: Sequence[ev.AnyEvent]) -> None:
+    """Log the decisions among ``events``, which ``partition``'s owner appended."""
+    for event in events:
+        match event:
+            case ev.RunMaterialised():
+                _run("fired", event, partition, event.trigger.value, trigger=event.trigger.value)
+            case ev.RetryScheduled():
+                _run(
+                    "retried",
+                    event,
+                    partition,
+                    f"attempt {event.attempt} in {event.delay_ms} ms",
+                    attempt=event.attempt,
+                    delay_ms=event.delay_ms,
+                )
+            case ev.RunDeadLettered():
+                _run(
+                    "dead-lettered",
+                    event,
+                    partition,
+                    f"{event.reason.value} after attempt {event.attempt}",
+                    attempt=event.attempt,
+                    reason=event.reason.value,
+                )
+            case ev.RunSkipped():
+                count = "some" if event.count is None else str(event.count)
+                job_id = team_id(event.job_id)
+                log.info(
+                    "skipped %s slot(s) of job %s (%s, partition %d): %s",
+                    count,
+                    job_id,
+                    event.tenant,
+                    partition,
+                    event.reason.value,
+                    extra={
+                        "decision": "skipped",
+                        "job_id": job_id,
+                        "tenant": event.tenant,
+                        "partition": partition,
+                        "scheduled_for": event.scheduled_for,
+                        "last_scheduled_for": event.last_scheduled_for,
+                        "count": event.count,
+                        "reason": event.reason.value,
+                    },
+                )
+            case _:
+                pass  # not a decision an operator follows run by run
+
+
+def _run(decision: str, event: ev.RunEvent, partition: int, detail: str, **more: Any) -> None:
+    job_id, run_id = team_id(event.job_id), team_id(event.run_id)
+    log.info(
+        "%s run %s of job %s (%s, partition %d): %s",
+        decision,
+        run_id,
+        job_id,
+        event.tenant,
+        partition,
+        detail,
+        extra={
+            "decision": decision,
+            "job_id": job_id,
+            "run_id": run_id,
+            "tenant": event.tenant,
+            "partition": partition,
+            "scheduled_for": event.scheduled_for,
+            **more,
+        },
+    )
+
+
+def fenced(partition: int) -> None:
+    log.warning(
+        "partition %d: fenced, another node owns it now",
+        partition,
+        extra={"decision": "fenced", "partition": partition},
+    )
+
+
+def moved(
+    node_id: str,
+    partitions: Sequence[int],
+    owned: Sequence[int],
+    *,
+    assigned: bool,
+    reason: str = "",
+) -> None:
+    """``partitions`` assigned to this node, or given up by it (``reason``: why); ``owned``:
+    what it owns now."""
+    if not partitions or not log.isEnabledFor(logging.INFO):
+        return
+    if assigned:  # the words the chaos harness and the failover test wait for
+        text = f"{node_id} owns partitions {sorted(owned)}"
+    else:
+        text = f"{node_id} gave up partitions {sorted(partitions)}: {reason}"
+    log.info(
+        text,
+        extra={
+            "decision": "partition moved",
+            "node_id": node_id,
+            "partitions": sorted(partitions),
+            "owned": sorted(owned),
+            "direction": "assigned" if assigned else "revoked",
+            **({} if assigned else {"reason": reason}),
+        },
+    )
+
+
+def formatter(log_format: str) -> logging.Formatter:
+    """The formatter of ``cronlog serve --log-format``: ``text`` (one readable line) or
+    ``json`` (one JSON object a line, every record's ``extra`` fields included)."""
+    if log_format == "text":
+        return logging.Formatter(TEXT_FORMAT)
+    if log_format == "json":
+        from pythonjsonlogger.core import RESERVED_ATTRS
+        from pythonjsonlogger.json import JsonFormatter
+
+        return JsonFormatter(
+            "%(levelname)s %(name)s %(message)s",
+            rename_fields={"levelname": "level", "name": "logger"},
+            timestamp="time",  # RFC 3339 in UTC, to the microsecond
+            # uvicorn's copy of its message with terminal colours in it
+            reserved_attrs=[*RESERVED_ATTRS, "color_message"],
+        )
+    raise ValueError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
