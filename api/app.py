@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from api import events_stream, openapi, ui
 from api.auth import Tokens
+from api.batch import create_jobs
 from api.changes import preview_change
 from api.dead_letters import replay_dead_runs
 from api.edge import edge_state, json_response
@@ -79,6 +80,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 ROUTES: list[tuple[str, str, Endpoint]] = [
     ("POST", "/v1/jobs", create_job),
+    ("POST", "/v1/jobs:batch", create_jobs),
     ("GET", "/v1/jobs", list_jobs),
     ("PUT", "/v1/jobs/{job_id}", put_job),
     ("GET", "/v1/jobs/{job_id}", get_job),

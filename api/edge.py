@@ -108,16 +108,16 @@ def edge_state(limits: Limits | None, clock: Callable[[], float] | None) -> dict
     }
 
 
-async def read_body(request: Request) -> bytes:
+async def read_body(request: Request, max_bytes: int = MAX_BODY_BYTES) -> bytes:
     declared = request.headers.get("content-length", "")
-    if len(declared) > 18 or (_NUMBER.fullmatch(declared) and int(declared) > MAX_BODY_BYTES):
-        raise too_large(MAX_BODY_BYTES)
+    if len(declared) > 18 or (_NUMBER.fullmatch(declared) and int(declared) > max_bytes):
+        raise too_large(max_bytes)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise too_large(MAX_BODY_BYTES)
+        if size > max_bytes:
+            raise too_large(max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -125,7 +125,7 @@ async def read_body(request: Request) -> bytes:
 _json = msgspec.json.Decoder()
 
 
-def _as_type(value: Any, type_: type[T]) -> T:
+def as_type(value: Any, type_: type[T]) -> T:
     """``value`` (decoded JSON) as ``type_``. JSON Schema counts ``3.0`` as an integer, as the
     document's ``"type": "integer"`` then promises: a float with no fraction is read as an int
     wherever it stands, except inside a job's payload, which is kept exactly as sent."""
@@ -166,18 +166,36 @@ async def decode(request: Request, type_: type[T], *, empty_ok: bool = False) ->
         body = b"{}"
     elif body:
         _check_json_content_type(request)
+    # Of the request bodies, only a job's payload takes JSON of any shape.
+    deep = "payload" if "payload" in getattr(type_, "__struct_fields__", ()) else None
+    value = _decode_json(body, deep)
     try:
-        return _as_type(_json.decode(body), type_)
+        return as_type(value, type_)
     except RecursionError:
-        # Of the request bodies, only a job's payload takes JSON of any shape.
-        field = "payload" if "payload" in getattr(type_, "__struct_fields__", ()) else None
-        raise ApiError(
-            400, "malformed", "the JSON nests too deeply to be read", field=field
-        ) from None
+        raise too_deep(deep) from None
+
+
+async def read_json(request: Request, max_bytes: int, deep: str | None) -> Any:
+    """The body as plain JSON values (up to ``max_bytes``), for a handler that converts its
+    parts itself; ``deep`` is the field a body nested too deeply is blamed on."""
+    body = await read_body(request, max_bytes)
+    _check_json_content_type(request)
+    return _decode_json(body, deep)
+
+
+def _decode_json(body: bytes, deep: str | None) -> Any:
+    try:
+        return _json.decode(body)
+    except RecursionError:
+        raise too_deep(deep) from None
     except UnicodeDecodeError as e:
         raise ApiError(
             400, "malformed", f"the body is not UTF-8: {e.reason}", field=not_utf8_at(body)
         ) from None
+
+
+def too_deep(field: str | None) -> ApiError:
+    return ApiError(400, "malformed", "the JSON nests too deeply to be read", field=field)
 
 
 def _check_json_content_type(request: Request) -> None:

@@ -149,6 +149,23 @@ FIELDS: dict[str, str] = {
 }
 
 BY_STRUCT: dict[str, dict[str, str]] = {
+    "JobBatchIn": {
+        "jobs": "The jobs to create, each a NewJob (the body of POST /v1/jobs), at most 1000; an item that is not one is refused in its result, not the request.",
+        "idempotency_key": "Makes the batch safe to send again: an item naming neither job_id nor idempotency_key gets the job of <this key>#<its index>.",
+    },
+    "JobResult": {
+        "index": "The item's place in the request's jobs, from 0.",
+        "status": "What POST /v1/jobs would have answered: 201 created, 200 already there as given, else the error's status.",
+        "job_id": "The job the item names (absent when the item was refused before it named one).",
+        "version": "The job's version, when the item succeeded.",
+        "error": "Why the item was refused: the body POST /v1/jobs would have answered, field prefixed with jobs[index].",
+    },
+    "JobBatchOut": {
+        "results": "One result per item, in the request's order.",
+        "created": "Items that created their job (201).",
+        "existing": "Items whose job was already there as given (200).",
+        "failed": "Items refused.",
+    },
     "ChangePreviewOut": {"after": "The next fire times as the job would stand after the change."},
     "ClaimIn": {
         "limit": "Lease up to this many ready runs.",
@@ -227,6 +244,9 @@ STRUCTS: dict[str, str] = {
     "SlotOut": "One slot of the job's schedule and its run, if it has one.",
     "SlotsOut": "A job's slots in a range: what a backfill of it would trigger.",
     "ErrorBody": "Every error's body.",
+    "JobBatchIn": "Jobs to create at once (POST /v1/jobs:batch).",
+    "JobResult": "One item's outcome.",
+    "JobBatchOut": "Each item's outcome, and how many were created, already there, refused.",
     "SecretRef": "A header value read from the node's secrets directory at each call.",
 }
 

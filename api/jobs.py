@@ -97,9 +97,13 @@ def within_egress(request: Request, spec: JobSpec) -> JobSpec:
     return spec
 
 
-async def create_job(request: Request) -> Response:
-    call = authenticate(request)
-    body = await decode(request, NewJob)
+def new_job(
+    call: Call, policy: EgressPolicy, body: NewJob, key: str | None = None
+) -> tuple[str, PutJob | None]:
+    """The job ``body`` names and the create it asks for, checked as every create is; a
+    refusal names the field. No create (None) for a repeat of one whose job has finished with
+    this definition: it is answered as it stands. ``key`` stands in for an ``idempotency_key``
+    the body does not give (a batch's items)."""
     if body.job_id is not UNSET and body.idempotency_key is not UNSET:
         raise InvalidDefinition("idempotency_key", "give job_id or idempotency_key, not both")
     if body.job_id is not UNSET:
@@ -107,9 +111,12 @@ async def create_job(request: Request) -> Response:
         job_id = call.job_id(body.job_id)
     elif body.idempotency_key is not UNSET:
         job_id = call.job_id(job_id_for_key(call.tenant, body.idempotency_key))
+    elif key is not None:
+        job_id = call.job_id(job_id_for_key(call.tenant, key))
     else:
         job_id = call.job_id(random_job_id())
-    spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
+    spec = spec_of(body, call.tenant, scope=call.job_id)
+    policy.check_target(spec.tenant, spec.target)
     existing = call.scheduler.history.job(call.tenant, job_id)
     if existing is not None and existing.status in ("cancelled", "finished"):
         # A repeat of a create whose job is over, answered as the partition answers it while it
@@ -118,13 +125,22 @@ async def create_job(request: Request) -> Response:
             raise Conflict(f"job {team_id(job_id)} is cancelled")
         if existing.spec != canonical(spec):
             raise Conflict(f"job {team_id(job_id)} exists with another definition")
-        return job_response(call, job_id)
+        return job_id, None
     not_past(call, body, spec, existing.spec if existing else None)
     check_definition(call, job_id, spec, existing.spec if existing else None)
+    # create_only: a repeat with the same body changes nothing, another body is a conflict
+    return job_id, PutJob(job_id=job_id, spec=spec, create_only=True)
+
+
+async def create_job(request: Request) -> Response:
+    call = authenticate(request)
+    body = await decode(request, NewJob)
+    job_id, command = new_job(call, request.state.egress, body)
+    if command is None:
+        return job_response(call, job_id)
     quota: JobQuota = request.state.quota
     with quota.admit(call, job_id):
-        # create_only: a repeat with the same body changes nothing, another body is a conflict
-        events = await call.scheduler.execute(PutJob(job_id=job_id, spec=spec, create_only=True))
+        events = await call.scheduler.execute(command)
     return await _upserted(call, job_id, events)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from api import changes, dead_letters, events_stream, field_docs, stats, team, wire
+from api import batch, changes, dead_letters, events_stream, field_docs, stats, team, wire
 from api.errors import ErrorBody
 from api.instants import RFC3339
 from core.jobs import JOB_ID, TAG, TENANT
@@ -151,7 +151,7 @@ _DESCRIPTIONS = {
     403: "The tenant has all the jobs it may have (events: another team's)",
     404: "Not found (or another tenant's)",
     409: "Conflicts with the current state (a version, a run's state, a lost lease)",
-    413: "The body is over 1 MiB",
+    413: "The body is over 1 MiB (a batch: over 16 MiB)",
     415: "The body is not application/json",
     422: "Well-formed, but refused by a rule this document cannot state; field names it",
     429: "This token has spent its requests for now, or its team holds as many waiting"
@@ -182,6 +182,15 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         wire.JobOut,
         wire.NewJob,
         errors=_DEFINE,
+    ),
+    ("POST", "/v1/jobs:batch"): Operation(
+        f"Create up to {batch.MAX_BATCH_JOBS} jobs at once (more: 400). Each item is answered"
+        " in a result of its own, as POST /v1/jobs would answer it (201, 200, or its error,"
+        " the field prefixed with jobs[i]); each item counts as a request against the token's"
+        " rate. The items of one partition are appended in one write",
+        response=batch.JobBatchOut,
+        request=batch.JobBatchIn,
+        errors=(503,),
     ),
     ("GET", "/v1/jobs"): Operation(
         "List the tenant's jobs, each with the run of its newest slot; q finds those whose"
@@ -336,6 +345,7 @@ _EXAMPLE_JOB = {
 }
 _EXAMPLES: dict[type, dict[str, Any]] = {
     wire.NewJob: _EXAMPLE_JOB,
+    batch.JobBatchIn: {"jobs": [_EXAMPLE_JOB, {**_EXAMPLE_JOB, "name": "weekly-report"}]},
     wire.JobDefinition: _EXAMPLE_JOB,
     wire.JobPatch: {"status": "paused"},
     wire.SchedulePreviewIn: {"schedule": "30 1 * * *", "timezone": "America/New_York", "n": 5},

@@ -25,7 +25,7 @@ Upstream jobs
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from api.edge import Call
@@ -45,27 +45,54 @@ class JobQuota:
     def admit(self, call: Call, job_id: str) -> Iterator[None]:
         """Hold a place for ``job_id`` while the block creates it; 403 when the tenant has none
         left. A job the tenant has already is no create and takes no place."""
-        if call.scheduler.history.job(call.tenant, job_id) is not None:
+        with self.admit_many(call, [job_id]) as admitted:
+            if not admitted[0]:
+                raise quota_exceeded(call)
             yield
-            return
-        limit = call.limits.max_jobs
-        held = call.scheduler.history.job_count(call.tenant) + self._admitted.get(call.tenant, 0)
-        if held >= limit:
-            raise ApiError(
-                403,
-                "quota_exceeded",
-                f"tenant {call.tenant} has {limit} jobs, the most it may have; cancel some, or ask"
-                " the operator for more",
-            )
-        self._admitted[call.tenant] = self._admitted.get(call.tenant, 0) + 1
-        try:
-            yield
-        finally:
-            left = self._admitted[call.tenant] - 1
-            if left:
-                self._admitted[call.tenant] = left
+
+    @contextmanager
+    def admit_many(self, call: Call, job_ids: Sequence[str]) -> Iterator[list[bool]]:
+        """Hold a place for each new job of ``job_ids`` (a batch) while the block creates them,
+        in order, while the tenant has places left: the block is given, for each id, whether
+        it was admitted. An id the tenant has already, or one named earlier in the list, takes
+        no place."""
+        history = call.scheduler.history
+        room = (
+            call.limits.max_jobs
+            - history.job_count(call.tenant)
+            - self._admitted.get(call.tenant, 0)
+        )
+        new: set[str] = set()
+        admitted: list[bool] = []
+        for job_id in job_ids:
+            if job_id in new or history.job(call.tenant, job_id) is not None:
+                admitted.append(True)
+            elif len(new) < room:
+                new.add(job_id)
+                admitted.append(True)
             else:
-                del self._admitted[call.tenant]
+                admitted.append(False)
+        held = len(new)
+        if held:
+            self._admitted[call.tenant] = self._admitted.get(call.tenant, 0) + held
+        try:
+            yield admitted
+        finally:
+            if held:
+                left = self._admitted[call.tenant] - held
+                if left:
+                    self._admitted[call.tenant] = left
+                else:
+                    del self._admitted[call.tenant]
+
+
+def quota_exceeded(call: Call) -> ApiError:
+    return ApiError(
+        403,
+        "quota_exceeded",
+        f"tenant {call.tenant} has {call.limits.max_jobs} jobs, the most it may have; cancel"
+        " some, or ask the operator for more",
+    )
 
 
 def check_definition(call: Call, job_id: str, spec: JobSpec, before: JobSpec | None) -> None:

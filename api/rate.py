@@ -29,13 +29,23 @@ class TokenBucket:
     def take(self, now: float) -> float:
         """Spend one token: 0.0 when there was one, else the seconds until there is one (and
         nothing is spent)."""
-        if now > self.stamp:  # a clock that steps back refills nothing
-            self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.per_sec)
-            self.stamp = now
+        self._refill(now)
         if self.tokens >= 1.0:
             self.tokens -= 1.0
             return 0.0
         return (1.0 - self.tokens) / self.per_sec
+
+    def take_up_to(self, n: int, now: float) -> int:
+        """Spend as many whole tokens as there are, up to ``n``; return how many."""
+        self._refill(now)
+        spent = min(n, int(self.tokens))
+        self.tokens -= spent
+        return spent
+
+    def _refill(self, now: float) -> None:
+        if now > self.stamp:  # a clock that steps back refills nothing
+            self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.per_sec)
+            self.stamp = now
 
 
 class RequestRates:
@@ -47,7 +57,15 @@ class RequestRates:
 
     def take(self, token: str, per_sec: float, burst: int, now: float) -> float:
         """0.0 if ``token`` may make a request at ``now``, else the seconds to wait."""
+        return self._bucket(token, per_sec, burst, now).take(now)
+
+    def take_up_to(self, token: str, n: int, per_sec: float, burst: int, now: float) -> int:
+        """How many of ``n`` more requests ``token`` may make at ``now`` (each spends its token):
+        a batch counts each of its items as a request."""
+        return self._bucket(token, per_sec, burst, now).take_up_to(n, now)
+
+    def _bucket(self, token: str, per_sec: float, burst: int, now: float) -> TokenBucket:
         bucket = self._buckets.get(token)
         if bucket is None:
             bucket = self._buckets[token] = TokenBucket.full(per_sec, burst, now)
-        return bucket.take(now)
+        return bucket

@@ -20,10 +20,11 @@ Invariants every implementation keeps:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from core.commands import AnyCommand
-from core.errors import Unavailable
+from core.errors import CronlogError, Unavailable
 from core.events import AnyEvent, LeaseGranted
 from eventlog.port import Record
 from projections.decoding import EventDecoder
@@ -39,6 +40,15 @@ class Scheduler(Protocol):
         decide, and return the events once they are durably in the log AND the read model has
         caught up to them. Raises core.errors (InvalidDefinition, NotFound, Conflict, LeaseLost)
         or Unavailable."""
+        ...
+
+    async def execute_many(
+        self, commands: Sequence[AnyCommand]
+    ) -> list[list[AnyEvent] | CronlogError]:
+        """Each command as :meth:`execute` would decide it, all at once: the commands of one
+        partition are decided in order, in one batch, and appended in one write. Returns, for
+        each command, its events or the error ``execute`` would have raised, once every
+        command's events are durable and visible (invariant 1)."""
         ...
 
     async def claim(self, tenant: str, pool: str, worker_id: str, limit: int) -> list[LeaseGranted]:

@@ -6,6 +6,7 @@ through the client SDK (``cronlog_client``).
     cronlog jobs create --name N (--schedule CRON [--seconds S] | --run-at T | --every SEC)
                         --target URL [--header K=V] [--priority P] [--start-at T] [--end-at T] ...
     cronlog jobs put JOB ... | update JOB ... [--clear FIELD] | pause | resume | cancel JOB
+    cronlog jobs apply -f FILE [--idempotency-key KEY]   (a JSON or YAML list of jobs)
     cronlog jobs trigger JOB [--at T] | backfill JOB --from T --to T [--apply]
     cronlog runs list JOB [--all] | list --state S | get | cancel | replay RUN
     cronlog runs claim POOL | heartbeat RUN --token T | complete RUN --token T [--failed ...]
@@ -181,6 +182,18 @@ def build_parser() -> argparse.ArgumentParser:
     id_or_key.add_argument("--id", dest="job_id", help="choose the job's id")
     id_or_key.add_argument("--idempotency-key", help="a retried create makes one job")
     _job_fields(c, whole=True)
+    c = p.add(js, "apply", "create many jobs from a JSON or YAML file (a list, or {jobs: [...]})")
+    c.add_argument(
+        "-f",
+        "--file",
+        required=True,
+        help="the file ('-': standard input); each job as POST /v1/jobs takes it",
+    )
+    c.add_argument(
+        "--idempotency-key",
+        help="makes applying the same file again safe: a job without job_id or"
+        " idempotency_key gets the job of KEY#<its place in the file>",
+    )
     c = p.add(js, "put", "create or replace a job by id (the whole definition)")
     c.add_argument("job_id")
     c.add_argument("--if-version", type=int, help="only if the job is at this version")
@@ -551,6 +564,46 @@ def _jobs_create(client: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _jobs_apply(client: Any, args: argparse.Namespace) -> int:
+    """Create the file's jobs in batches; one row per job, and exit 1 if any was refused."""
+    from cronlog_client import NewJob
+
+    jobs = []
+    for i, item in enumerate(_job_list(args.file)):
+        if not isinstance(item, dict):
+            raise UsageError(f"{args.file}: jobs[{i}] is not a job (an object of its fields)")
+        # The node checks each job's fields and answers for each; only a name NewJob does not
+        # have cannot be sent at all.
+        unknown = sorted(set(item) - set(NewJob.__struct_fields__))
+        if unknown:
+            raise UsageError(f"{args.file}: jobs[{i}] has no field {unknown[0]!r}")
+        jobs.append(NewJob(**item))
+    done = client.create_jobs(jobs, idempotency_key=args.idempotency_key)
+    output.show(done, args.output, output.BATCH_COLUMNS, key="results")
+    if args.output == "table":
+        print(f"{done.created} created, {done.existing} already there, {done.failed} refused")
+    return 1 if done.failed else 0
+
+
+def _job_list(path: str) -> list[Any]:
+    """The jobs a file lists: a JSON or YAML list of jobs, or an object whose ``jobs`` is one."""
+    import yaml
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise UsageError(f"{path} is neither JSON nor YAML: {e}") from None
+    if isinstance(data, dict) and "jobs" in data:
+        data = data["jobs"]
+    if not isinstance(data, list) or not data:
+        raise UsageError(f"{path}: expected a list of jobs, or an object with a jobs list")
+    return data
+
+
 def _jobs_put(client: Any, args: argparse.Namespace) -> int:
     from cronlog_client import JobDefinition
 
@@ -823,6 +876,7 @@ _COMMANDS: dict[tuple[str, str], Callable[[Any, argparse.Namespace], int]] = {
     ("jobs", "get"): _show(lambda c, a: c.get_job(a.job_id)),
     ("jobs", "create"): _jobs_create,
     ("jobs", "put"): _jobs_put,
+    ("jobs", "apply"): _jobs_apply,
     ("jobs", "update"): _jobs_update,
     ("jobs", "pause"): _show(lambda c, a: c.pause_job(a.job_id)),
     ("jobs", "resume"): _show(lambda c, a: c.resume_job(a.job_id)),

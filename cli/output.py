@@ -150,6 +150,13 @@ JOB_COLUMNS: list[Column] = [
     ("TARGET", lambda j: target_text(j["target"])),
     ("TAGS", lambda j: ",".join(j.get("tags") or [])),
 ]
+BATCH_COLUMNS: list[Column] = [
+    ("#", lambda r: r["index"]),
+    ("STATUS", lambda r: r["status"]),
+    ("JOB", lambda r: r.get("job_id")),
+    ("FIELD", lambda r: (r.get("error") or {}).get("field")),
+    ("ERROR", lambda r: (r.get("error") or {}).get("message", "")[:80] or None),
+]
 RUN_COLUMNS: list[Column] = [
     ("RUN", lambda r: r["run_id"]),
     ("STATE", lambda r: r["state"]),

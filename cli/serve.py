@@ -350,6 +350,8 @@ def _serve(args: argparse.Namespace) -> int:
                 min_insync_replicas=args.min_insync_replicas,
                 retention=retention,
                 client_config=kafka_config,
+                # The node answers a write once its read model holds it: that is the wait.
+                readable_appends=False,
             )
         except (KafkaException, CronlogError) as e:
             sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")

@@ -20,8 +20,8 @@ are contiguous from 0 in every stream-partition: the committer gives each record
 on a busy one), so callers never write themselves. ``submit``, ``append`` and takeovers queue a
 pending write and wait; one committer thread drains the whole queue, assigns offsets (so they
 strictly increase per stream-partition in queue order), checks each append's writer epoch, puts
-everything accepted into one ``WriteBatch``, writes it and syncs the WAL (:class:`_WalSync`:
-without holding the GIL, which rocksdict's own synced write holds throughout) and only then
+everything accepted into one ``WriteBatch``, writes it and syncs the WAL (``flush_wal(True)``:
+rocksdict releases the GIL through its fsync, and holds it through a synced write's) and only then
 publishes the new end offsets to readers and wakes every waiter with its offsets. While one
 batch is being synced the next one fills up, so sixteen writers share one fsync instead of
 queueing for sixteen::
@@ -66,7 +66,6 @@ in-flight reads, drops the handles, then closes the database.
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 import threading
@@ -105,7 +104,6 @@ _START = b"start"
 _SEG = b"seg"
 _SEG_VALUE = struct.Struct(">QQQQ")
 _MAX_OFFSET = 2**64 - 1
-_WAL_FILE = re.compile(r"\d+\.log")
 _KEY_BYTES = _KEY.size  # what a record's key takes, counted in a segment's bytes
 _EVENT_OVERHEAD = _KEY_BYTES + 1  # and an event's frame byte
 
@@ -254,55 +252,6 @@ class EmbeddedWriter:
         self._closed = True
 
 
-class _WalSync:
-    """Makes what RocksDB has written to its write-ahead log durable, with ``fdatasync`` on the
-    WAL files, which lets other threads run Python meanwhile.
-
-    Why not ``WriteOptions.sync``: rocksdict holds the GIL through every call into RocksDB, a
-    synced write's fsync included, so while the committer synced nothing else in the node ran —
-    not the runners queueing the next batch (group commit shared little), not the API, not the
-    executors. An unsynced write still holds it, but only to copy the batch into the memtable
-    and hand the WAL record to the OS (RocksDB flushes the WAL to the OS after every write unless
-    ``manual_wal_flush`` is set, which the log never sets); this then syncs it.
-
-    Every live WAL file (``NNNNNN.log`` in the database's directory) is synced, not only the
-    newest: a memtable switch between the write and the sync puts the batch in the older one.
-    A WAL file seen for the first time also gets the directory synced, so its entry survives a
-    power loss (RocksDB does the same on its first synced write to a new WAL). A file RocksDB
-    deleted meanwhile held nothing unsynced: it deletes a WAL only once its memtable is in a
-    synced table file.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self._directory = directory
-        self._dir_fd = os.open(directory, os.O_RDONLY)
-        self._files: dict[str, int] = {}
-
-    def sync(self) -> None:
-        names = {n for n in os.listdir(self._directory) if _WAL_FILE.fullmatch(n)}
-        for gone in [n for n in self._files if n not in names]:
-            os.close(self._files.pop(gone))
-        fresh = False
-        for name in sorted(names - self._files.keys()):
-            try:
-                self._files[name] = os.open(self._directory / name, os.O_RDONLY)
-            except FileNotFoundError:  # flushed to a table file and deleted since the listing
-                continue
-            fresh = True
-        for fd in self._files.values():
-            os.fdatasync(fd)
-        if fresh:
-            os.fsync(self._dir_fd)
-
-    def close(self) -> None:
-        for fd in self._files.values():
-            os.close(fd)
-        self._files.clear()
-        if self._dir_fd >= 0:
-            os.close(self._dir_fd)
-            self._dir_fd = -1
-
-
 class EmbeddedLog(SingleProcessLog):
     """``EmbeddedLog.open(path, num_partitions)``: the log port on local RocksDB.
 
@@ -335,10 +284,8 @@ class EmbeddedLog(SingleProcessLog):
         self._tables = {name: self._db.get_column_family(name) for name in (*STREAMS, _META)}
         self._sync = WriteOptions()
         self._sync.sync = True
-        # The committer's batches: written unsynced, then made durable by _WalSync (see there).
         self._unsynced = WriteOptions()
         self._unsynced.sync = False
-        self._wal = _WalSync(self._path)
 
         try:
             self._check_num_partitions()
@@ -540,7 +487,6 @@ class EmbeddedLog(SingleProcessLog):
             raise
 
     def _release_db(self) -> None:
-        self._wal.close()
         # Every handle must go before close(), or rocksdict keeps the LOCK.
         self._cf.clear()
         self._tables.clear()
@@ -819,8 +765,11 @@ class EmbeddedLog(SingleProcessLog):
                 )
         try:
             if not wb.is_empty():
+                # Written, then the WAL synced: durable on return as a synced write is, but
+                # rocksdict holds the GIL through a synced write's fsync (every thread of the
+                # node stopped for it), and releases it through flush_wal's.
                 self._db.write(wb, self._unsynced)
-                self._wal.sync()
+                self._db.flush_wal(True)
                 self._synced_batches += 1
         except Exception as exc:
             for pending in accepted:

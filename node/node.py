@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -555,6 +555,79 @@ class Node:
     async def execute(self, command: AnyCommand) -> list[ev.AnyEvent]:
         partition = partition_for(routing_key(command), self._log.num_partitions)
         return await self._execute_on(partition, command)
+
+    async def execute_many(
+        self, commands: Sequence[AnyCommand]
+    ) -> list[list[ev.AnyEvent] | CronlogError]:
+        """Each partition's commands go to its runner at once, so they are decided in one
+        batch and appended in one write; another node's partitions are asked concurrently.
+        Every answer waits for the read model once per partition, at the last offset."""
+        results: list[list[ev.AnyEvent] | CronlogError | None] = [None] * len(commands)
+        by_partition: dict[int, list[int]] = {}
+        for i, command in enumerate(commands):
+            p = partition_for(routing_key(command), self._log.num_partitions)
+            by_partition.setdefault(p, []).append(i)
+        offsets: dict[int, int] = {}  # partition -> the last offset its answers hold
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[None] = loop.create_future()
+        pending = 0
+        handoff = handoff_to(loop)
+
+        def deliver(i: int, p: int, result: Decided | CronlogError) -> None:
+            nonlocal pending
+            if results[i] is not None:
+                return
+            if isinstance(result, CronlogError):
+                results[i] = result
+            else:
+                results[i] = result.events
+                if result.offsets:
+                    offsets[p] = max(offsets.get(p, -1), result.offsets[-1])
+            pending -= 1
+            if pending == 0 and not answered.done():
+                answered.set_result(None)
+
+        def replier(i: int, p: int) -> Callable[[Decided | CronlogError], None]:
+            return lambda result: handoff.post(deliver, i, p, result)
+
+        remote: list[asyncio.Task[None]] = []
+        for p, indices in by_partition.items():
+            runner = self._runners.get(p)
+            if runner is None:
+                remote += [asyncio.create_task(self._ask(p, i, commands, results)) for i in indices]
+                continue
+            pending += len(indices)
+            runner.submit_many([Request(commands[i], reply=replier(i, p)) for i in indices])
+        if pending:
+            try:
+                await asyncio.wait_for(answered, LOCAL_TIMEOUT_S)
+            except TimeoutError:
+                log.error("%d commands had no answer in %.0f s", pending, LOCAL_TIMEOUT_S)
+        if remote:
+            await asyncio.gather(*remote)
+        for p, last in offsets.items():
+            try:
+                await self._visible(p, [last])
+            except Unavailable as err:
+                for i in by_partition[p]:
+                    if not isinstance(results[i], CronlogError):
+                        results[i] = err
+        return [
+            Unavailable("no answer in time") if result is None else result for result in results
+        ]
+
+    async def _ask(
+        self,
+        partition: int,
+        i: int,
+        commands: Sequence[AnyCommand],
+        results: list[list[ev.AnyEvent] | CronlogError | None],
+    ) -> None:
+        """One command of a batch, to the owner of a partition elsewhere."""
+        try:
+            results[i] = await self._forward(partition, commands[i])
+        except CronlogError as err:
+            results[i] = err
 
     async def _decide(self, command: AnyCommand) -> list[ev.AnyEvent]:
         """``execute`` without waiting for the read model: for the executors' heartbeats and

@@ -203,6 +203,16 @@ class PartitionRunner:
                 return
         _reply(request, Unavailable(f"partition {self.partition} is not running here"))
 
+    def submit_many(self, requests: Sequence[Request]) -> None:
+        """Queue ``requests`` together, so the loop takes them in one batch (up to
+        ``MAX_BATCH``) and appends their events in one write."""
+        with self._cv:
+            if not self._stopped:
+                self._inbox.extend(requests)
+                self._cv.notify()
+                return
+        _answer_all(requests, Unavailable(f"partition {self.partition} is not running here"))
+
     def grant(self, tenant: str, run_id: str) -> bool:
         """Start ``run_id``, which waited for room the dispatcher has now reserved for it.
         False if this runner has stopped (the dispatcher then takes the room back)."""

@@ -13,6 +13,8 @@ which is all the API tests need.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from api.scheduler import Unavailable
 from core.clock import FakeClock, Millis
 from core.commands import (
@@ -31,6 +33,7 @@ from core.commands import (
     UpstreamSucceeded,
 )
 from core.decide import job_id_of_run
+from core.errors import CronlogError
 from core.events import AnyEvent, LeaseGranted, decode, encode
 from core.partition import Partition
 from core.state import RunStatus
@@ -70,6 +73,18 @@ class FakeScheduler:
     async def execute(self, command: AnyCommand) -> list[AnyEvent]:
         self._check_available()
         return self._decide(partition_for(routing_key(command), PARTITIONS), command)
+
+    async def execute_many(
+        self, commands: Sequence[AnyCommand]
+    ) -> list[list[AnyEvent] | CronlogError]:
+        self._check_available()
+        results: list[list[AnyEvent] | CronlogError] = []
+        for command in commands:
+            try:
+                results.append(await self.execute(command))
+            except CronlogError as err:
+                results.append(err)
+        return results
 
     async def claim(self, tenant: str, pool: str, worker_id: str, limit: int) -> list[LeaseGranted]:
         self._check_available()

@@ -259,3 +259,62 @@ def test_the_client_explains_what_it_cannot_do(
     assert main(["jobs", "create", "--name", "x", "--every", "60", "--target", "pull://p",
                  "--payload", "{nope", "--token", "t"]) == 2  # fmt: skip
     assert "--payload is not JSON" in capsys.readouterr().err
+
+
+def test_apply_creates_a_files_jobs_in_batches(
+    node: Serve, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    listing = tmp_path / "jobs.yaml"
+    listing.write_text(
+        """\
+- name: nightly
+  schedule: "0 2 * * *"
+  timezone: Europe/London
+  target: pull://reports
+  payload: {"ratio": 1.0}
+- job_id: hourly
+  name: hourly
+  interval_sec: 3600
+  target: pull://reports
+- name: broken
+  schedule: "0 0 31 2 *"
+  target: pull://reports
+"""
+    )
+    status, out = cronlog(
+        capsys, node, "jobs", "apply", "-f", str(listing), "--idempotency-key", "m1"
+    )
+    assert status == 1  # one job was refused
+    assert [r["status"] for r in out["results"]] == [201, 201, 422]
+    assert out["results"][2]["error"]["field"] == "jobs[2].schedule"
+    nightly = out["results"][0]["job_id"]
+    status, job = cronlog(capsys, node, "jobs", "get", nightly)
+    assert job["payload"] == {"ratio": 1.0} and job["timezone"] == "Europe/London"
+    # Applying the file again changes nothing: the same jobs answer 200.
+    status, again = cronlog(
+        capsys, node, "jobs", "apply", "-f", str(listing), "--idempotency-key", "m1"
+    )
+    assert [r["status"] for r in again["results"]] == [200, 200, 422]
+    assert again["results"][0]["job_id"] == nightly
+    # JSON, as an object holding the list; every job created: exit 0, and a table on request.
+    as_json = tmp_path / "jobs.json"
+    as_json.write_text(
+        json.dumps({"jobs": [{"name": "j", "interval_sec": 60, "target": "pull://r"}]})
+    )
+    status, done = cronlog(capsys, node, "jobs", "apply", "-f", str(as_json))
+    assert status == 0 and done["created"] == 1
+    assert main(["jobs", "apply", "-f", str(as_json), "-o", "table", "--url", node.url,
+                 "--data-dir", str(node.data_dir)]) == 0  # fmt: skip
+    assert "1 created, 0 already there, 0 refused" in capsys.readouterr().out
+    # The node names a bad field; a file that is not a list of jobs is a usage error.
+    as_json.write_text(json.dumps([{"name": "j", "interval_sec": "often", "target": "pull://r"}]))
+    status, refused = cronlog(capsys, node, "jobs", "apply", "-f", str(as_json))
+    assert status == 1 and refused["results"][0]["error"]["field"] == "jobs[0].interval_sec"
+    as_json.write_text(json.dumps([{"name": "j", "every": 60, "target": "pull://r"}]))
+    assert main(["jobs", "apply", "-f", str(as_json), "--url", node.url,
+                 "--data-dir", str(node.data_dir)]) == 2  # fmt: skip
+    assert "jobs[0] has no field 'every'" in capsys.readouterr().err
+    as_json.write_text("{}")
+    assert main(["jobs", "apply", "-f", str(as_json), "--url", node.url,
+                 "--data-dir", str(node.data_dir)]) == 2  # fmt: skip
+    assert "expected a list of jobs" in capsys.readouterr().err

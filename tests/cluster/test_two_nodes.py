@@ -309,3 +309,26 @@ def test_any_node_streams_every_partition_and_wakes_claims_for_the_others(
                 assert claimed.run_id == triggered[0]
                 assert time.monotonic() - started < 3
                 worker.complete(claimed.run_id, claimed.fencing_token)
+
+
+def test_a_batch_spans_both_nodes_partitions_and_replays_safely(cluster: Cluster) -> None:
+    """The items of the asked node's partitions go to its runners; the others travel to the
+    other node, each answered in its own result; the batch sent again creates nothing."""
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    ids = [job_id for p in range(PARTITIONS) for job_id in job_ids("batch", p, 3)]
+    jobs = [{"job_id": i, "name": "b", "schedule": "0 0 29 2 *", "target": "pull://b"} for i in ids]
+    jobs.append({"name": "bad", "schedule": "0 0 31 2 *", "target": "pull://b"})
+    body = {"jobs": jobs}
+    first = n1.http.post("/v1/jobs:batch", json=body)
+    assert first.status_code == 200, first.text
+    results = first.json()["results"]
+    assert [r["status"] for r in results] == [201] * len(ids) + [422]
+    assert [r["job_id"] for r in results[: len(ids)]] == ids
+    # Readable through the asked node at once (read-your-writes), and through the other soon.
+    assert all(n1.http.get(f"/v1/jobs/{i}").status_code == 200 for i in ids)
+    wait_until(
+        "n2 reads the batch",
+        lambda: all(n2.http.get(f"/v1/jobs/{i}").status_code == 200 for i in ids),
+    )
+    again = n2.http.post("/v1/jobs:batch", json=body)
+    assert [r["status"] for r in again.json()["results"]] == [200] * len(ids) + [422]

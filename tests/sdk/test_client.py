@@ -240,6 +240,9 @@ def test_the_models_keep_to_the_nodes_openapi_document(node: Serve) -> None:
         (models.StatsFigures, "StatsFigures"),
         (models.StatsPoint, "StatsPoint"),
         (models.Team, "TeamOut"),
+        (models.JobBatch, "JobBatchOut"),
+        (models.JobResult, "JobResult"),
+        (models.ItemError, "ErrorBody"),
         (models.TeamLimits, "TenantLimits"),
     ]
     for model, name in pairs:
@@ -275,3 +278,42 @@ def test_change_previews_replays_by_filter_the_teams_figures(a: Client) -> None:
     assert figures.runs_by_state.get("dead", 0) >= 1 and figures.points
     [found] = [j for j in a.iter_jobs(q=job_id)]
     assert found.job_id == job_id and found.last_run is not None
+
+
+def test_many_jobs_at_once_in_batches(
+    a: Client, b: Client, node: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("cronlog_client.client.MAX_BATCH_JOBS", 2)  # split a few into batches
+    key = unique("migration")
+    there = unique("there")
+    a.put_job(there, JobDefinition(name="kept", schedule="0 0 1 1 *", target="pull://batch"))
+    jobs = [
+        NewJob(name="one", schedule="0 0 1 1 *", target="pull://batch"),
+        NewJob(name="kept", schedule="0 0 1 1 *", target="pull://batch", job_id=there),
+        NewJob(name="bad", schedule="0 0 31 2 *", target="pull://batch"),  # never fires
+        NewJob(name="two", interval_sec=3600, target="pull://batch"),
+        NewJob(name="other", schedule="0 0 1 1 *", target="pull://batch", job_id=there),
+    ]
+    done = a.create_jobs(jobs, idempotency_key=key)
+    assert [r.status for r in done.results] == [201, 200, 422, 201, 409]
+    assert [r.index for r in done.results] == [0, 1, 2, 3, 4]
+    assert (done.created, done.existing, done.failed) == (2, 1, 2)
+    assert done.results[2].error is not None and done.results[2].error.field == "jobs[2].schedule"
+    assert [r.index for r in done.refused] == [2, 4]
+    created = [r.job_id for r in done.results if r.status == 201]
+    assert [a.get_job(job_id).name for job_id in created if job_id] == ["one", "two"]
+    # Sent again with the same key: the same jobs, nothing new.
+    again = a.create_jobs(jobs, idempotency_key=key)
+    assert [r.status for r in again.results] == [200, 200, 422, 200, 409]
+    assert [r.job_id for r in again.results][:2] == [r.job_id for r in done.results][:2]
+    # Another team's jobs are its own, whatever the key.
+    assert b.create_jobs(jobs[:1], idempotency_key=key).created == 1
+
+    async def scenario() -> None:
+        async with async_client(node) as cronlog:
+            out = await cronlog.create_jobs(jobs, idempotency_key=key)
+            assert [r.status for r in out.results] == [200, 200, 422, 200, 409]
+            fresh = await cronlog.create_jobs(jobs[:1] + jobs[3:4])
+            assert fresh.created == 2
+
+    asyncio.run(scenario())

@@ -24,7 +24,7 @@ import asyncio
 import datetime as dt
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
@@ -42,9 +42,11 @@ from cronlog_client.models import (
     Health,
     HeartbeatOut,
     Job,
+    JobBatch,
     JobDefinition,
     JobPage,
     JobPatch,
+    JobResult,
     NewJob,
     Preview,
     ReplayOut,
@@ -59,6 +61,7 @@ T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT_S = 30.0
 MAX_RETRY_WAIT_S = 30.0
+MAX_BATCH_JOBS = 1000  # the most jobs POST /v1/jobs:batch takes at once
 RECONNECTS = 10  # a following event stream gives up after this many failures in a row
 RunStateName = Literal[
     "blocked", "pending", "running", "succeeded", "failed", "retrying", "dead", "cancelled"
@@ -99,6 +102,16 @@ class _Requests:
     def create_job(job: NewJob) -> _Request[Job]:
         repeatable = job.idempotency_key is not msgspec.UNSET or job.job_id is not msgspec.UNSET
         return _Request("POST", "/v1/jobs", Job, body=job, repeatable=repeatable)
+
+    @staticmethod
+    def create_jobs(jobs: Sequence[NewJob]) -> _Request[JobBatch]:
+        repeatable = all(
+            job.idempotency_key is not msgspec.UNSET or job.job_id is not msgspec.UNSET
+            for job in jobs
+        )
+        return _Request(
+            "POST", "/v1/jobs:batch", JobBatch, body={"jobs": list(jobs)}, repeatable=repeatable
+        )
 
     @staticmethod
     def put_job(job_id: str, job: JobDefinition, if_version: int | None) -> _Request[Job]:
@@ -331,6 +344,58 @@ def _retry_wait(error: errors.ApiError, attempt: int) -> float | None:
     return min(wait, MAX_RETRY_WAIT_S)
 
 
+class _Batches:
+    """``create_jobs``'s plan: the jobs keyed (with ``idempotency_key``), cut into requests of
+    at most ``MAX_BATCH_JOBS``, and the results put back together in the order given. Items
+    the node answered 429 (the token's rate ran out part way) were not tried: they are sent
+    again, alone, after a wait."""
+
+    def __init__(self, jobs: Sequence[NewJob], idempotency_key: str | None) -> None:
+        if idempotency_key is not None:
+            jobs = [
+                job
+                if job.job_id is not msgspec.UNSET or job.idempotency_key is not msgspec.UNSET
+                else msgspec.structs.replace(job, idempotency_key=f"{idempotency_key}#{i}")
+                for i, job in enumerate(jobs)
+            ]
+        self.jobs = list(jobs)
+        self.results: list[JobResult | None] = [None] * len(self.jobs)
+        self.todo = list(range(len(self.jobs)))
+
+    def requests(self) -> Iterator[tuple[list[int], _Request[JobBatch]]]:
+        todo, self.todo = self.todo, []
+        for start in range(0, len(todo), MAX_BATCH_JOBS):
+            indices = todo[start : start + MAX_BATCH_JOBS]
+            yield indices, _Requests.create_jobs([self.jobs[i] for i in indices])
+
+    def take(self, indices: list[int], answer: JobBatch) -> None:
+        for result in answer.results:
+            i = indices[result.index]
+            error = result.error
+            sent_as = f"jobs[{result.index}]"
+            if error is not None and error.field is not None and error.field.startswith(sent_as):
+                error.field = f"jobs[{i}]" + error.field[len(sent_as) :]  # as given, not as sent
+            result.index = i
+            self.results[i] = result
+            if result.status == 429:
+                self.todo.append(i)
+
+    def wait(self, attempt: int) -> float | None:
+        """Seconds to wait before sending the rate-limited items again (None: stop)."""
+        return min(2.0**attempt, MAX_RETRY_WAIT_S) if self.todo else None
+
+    def outcome(self) -> JobBatch:
+        results = [r for r in self.results if r is not None]
+        created = sum(1 for r in results if r.status == 201)
+        existing = sum(1 for r in results if r.status == 200)
+        return JobBatch(
+            results=results,
+            created=created,
+            existing=existing,
+            failed=len(results) - created - existing,
+        )
+
+
 def _token(token: str | None) -> str:
     found = token or os.environ.get("CRONLOG_TOKEN")
     if not found:
@@ -411,6 +476,24 @@ class Client:
 
     def create_job(self, job: NewJob) -> Job:
         return self._send(_Requests.create_job(job))
+
+    def create_jobs(
+        self, jobs: Sequence[NewJob], *, idempotency_key: str | None = None
+    ) -> JobBatch:
+        """Create many jobs (``POST /v1/jobs:batch``, 1,000 a request): one result per job, in
+        order, each 201, 200 or the refusal a single create would get. ``idempotency_key``
+        makes the whole call safe to repeat: a job that names neither ``job_id`` nor its own
+        key gets the job of ``<idempotency_key>#<its index>``. Jobs refused for the token's
+        rate are sent again after a wait, up to ``retries`` times."""
+        batches = _Batches(jobs, idempotency_key)
+        for attempt in range(self._retries + 1):
+            for indices, request in batches.requests():
+                batches.take(indices, self._send(request))
+            wait = batches.wait(attempt)
+            if wait is None or attempt >= self._retries:
+                break
+            self._sleep(wait)
+        return batches.outcome()
 
     def put_job(self, job_id: str, job: JobDefinition, *, if_version: int | None = None) -> Job:
         return self._send(_Requests.put_job(job_id, job, if_version))
@@ -755,6 +838,20 @@ class AsyncClient:
 
     async def create_job(self, job: NewJob) -> Job:
         return await self._send(_Requests.create_job(job))
+
+    async def create_jobs(
+        self, jobs: Sequence[NewJob], *, idempotency_key: str | None = None
+    ) -> JobBatch:
+        """As :meth:`Client.create_jobs`."""
+        batches = _Batches(jobs, idempotency_key)
+        for attempt in range(self._retries + 1):
+            for indices, request in batches.requests():
+                batches.take(indices, await self._send(request))
+            wait = batches.wait(attempt)
+            if wait is None or attempt >= self._retries:
+                break
+            await asyncio.sleep(wait)
+        return batches.outcome()
 
     async def put_job(
         self, job_id: str, job: JobDefinition, *, if_version: int | None = None

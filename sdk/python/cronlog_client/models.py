@@ -27,10 +27,13 @@ __all__ = [
     "FireTime",
     "HeartbeatOut",
     "HttpTarget",
+    "ItemError",
     "Job",
+    "JobBatch",
     "JobDefinition",
     "JobPage",
     "JobPatch",
+    "JobResult",
     "KafkaTarget",
     "NewJob",
     "Preview",
@@ -211,6 +214,44 @@ class Job(msgspec.Struct, kw_only=True):
     # "either": a node from before the crontab rule read every schedule that way
     day_rule: str = "either"
     last_run: RunSummary | None = None
+
+
+class ItemError(msgspec.Struct, kw_only=True):
+    """Why an item of a batch was refused: what POST /v1/jobs would have answered; ``field``
+    starts with ``jobs[<index>]``."""
+
+    error: str
+    message: str
+    field: str | None = None
+    cancelled: bool | None = None
+
+
+class JobResult(msgspec.Struct, kw_only=True):
+    """One item of a batch: ``status`` 201 created, 200 already there as given, else the
+    refusal's status with its ``error``."""
+
+    index: int
+    status: int
+    job_id: str | None = None
+    version: int | None = None
+    error: ItemError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (200, 201)
+
+
+class JobBatch(msgspec.Struct, kw_only=True):
+    """What ``create_jobs`` did, one result per job given, in order."""
+
+    results: list[JobResult]
+    created: int
+    existing: int
+    failed: int
+
+    @property
+    def refused(self) -> list[JobResult]:
+        return [r for r in self.results if not r.ok]
 
 
 class JobPage(msgspec.Struct, kw_only=True):

@@ -1,0 +1,73 @@
+"""``Node.execute_many`` on the embedded log: each partition's commands in one append, each
+command answered with its own events or refusal, all readable on return."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.commands import PauseJob, PutJob
+from core.errors import Conflict, NotFound
+from core.events import JobRegistered
+from core.jobs import JobSpec, PullTarget
+from eventlog.embedded import EmbeddedLog
+from eventlog.port import partition_for
+from node.executors import Executors
+from node.node import Node
+
+pytestmark = pytest.mark.slow
+PARTITIONS = 4
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Iterator[EmbeddedLog]:
+    log = EmbeddedLog.open(tmp_path / "log", PARTITIONS)
+    yield log
+    log.close()
+
+
+@pytest.fixture
+def node(log: EmbeddedLog, tmp_path: Path) -> Iterator[Node]:
+    n = Node(log, tmp_path / "node", node_id="n1", executors=Executors("n1"))
+    n.start()
+    assert n.wait_ready(10)
+    yield n
+    n.stop()
+
+
+def put(job_id: str, name: str = "job") -> PutJob:
+    spec = JobSpec(name=name, tenant="team-a", schedule="0 0 29 2 *", target=PullTarget("p"))
+    return PutJob(job_id=f"team-a/{job_id}", spec=spec, create_only=True)
+
+
+def test_a_partitions_commands_share_one_append(node: Node, log: EmbeddedLog) -> None:
+    commands = [put(f"j{i}") for i in range(400)]
+    partitions = {partition_for(c.job_id, PARTITIONS) for c in commands}
+    before = log._synced_batches
+    results = asyncio.run(node.execute_many(commands))
+    appends = log._synced_batches - before
+    assert 1 <= appends <= len(partitions)
+    assert all(isinstance(r, list) and isinstance(r[0], JobRegistered) for r in results), results
+    # Readable on return: the answer waited for the read model.
+    assert all(node.history.job("team-a", c.job_id) is not None for c in commands)
+
+
+def test_each_command_gets_its_own_answer_in_order(node: Node) -> None:
+    asyncio.run(node.execute(put("there")))
+    commands = [
+        put("new"),
+        put("there"),  # the same definition: nothing to decide
+        put("there", name="other"),  # another: refused, and only this one
+        PauseJob(job_id="team-a/missing", tenant="team-a"),
+        put("new"),  # the first item's job, decided after it in the same batch
+    ]
+    results = asyncio.run(node.execute_many(commands))
+    assert isinstance(results[0], list) and isinstance(results[0][0], JobRegistered)
+    assert results[1] == []
+    assert isinstance(results[2], Conflict)
+    assert isinstance(results[3], NotFound)
+    assert results[4] == []
+    assert node.history.job("team-a", "team-a/there").spec.name == "job"  # type: ignore[union-attr]
