@@ -1,7 +1,10 @@
 """Registration: ``POST /v1/jobs`` 64 at a time against ``cronlog serve`` and against a bare
 Starlette endpoint under the same uvicorn settings; and the batch endpoint when there is one.
 
-    python -m bench.registration [--seconds 15] [--tool wrk|python] [--kafka]
+    python -m bench.registration [--seconds 15] [--tool wrk|python] [--kafka HOST:PORT]
+
+``--kafka`` runs the node on that broker (started by you, e.g. ``python -m tools.kafka.broker start``;
+``python -m bench.run_all`` starts one itself) instead of the embedded log.
 
 The load generator is ``wrk`` (Debian's package; installed with apt-get when missing and this
 runs as root), one thread and 64 connections, each request the same body (no ``job_id``, so
@@ -183,10 +186,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--tool", choices=("wrk", "python"))
+    parser.add_argument("--kafka", metavar="HOST:PORT", help="run the node on this broker")
     args = parser.parse_args()
     tool = args.tool or ("wrk" if ensure_wrk() else "python")
     with tempfile.TemporaryDirectory(prefix="cronlog-registration-") as tmp:
-        for record in run(args.seconds, tool, Path(tmp)):
+        for record in run(args.seconds, tool, Path(tmp), kafka=args.kafka):
             append_result("registration", record)
             f = record["figures"]
             log(f"{record['scenario']}: {f['ok_per_s']} ok/s ({f['tool']}, non-2xx {f['non_2xx']})")
