@@ -25,6 +25,7 @@ from typing import Protocol
 
 from core.clock import Millis
 from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S, SnapshotStore
+from node.worker import SupervisedWorker
 from projections import snapshot
 from projections.state_store import StoreView
 
@@ -101,7 +102,7 @@ class _Unmeasured:
         pass
 
 
-class Snapshotter:
+class Snapshotter(SupervisedWorker):
     def __init__(
         self,
         store: SnapshotStore,
@@ -137,15 +138,6 @@ class Snapshotter:
             job.view.close()
         if self._thread is not None:
             self._thread.join(timeout_s)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    @property
-    def started(self) -> bool:
-        """Started and not stopped since: its thread should be alive."""
-        return self._thread is not None and not self._stopped_flag()
 
     def _stopped_flag(self) -> bool:
         return self._stopped

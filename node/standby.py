@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from core.state import PartitionState, evolve
 from eventlog.port import EventLog
 from eventlog.snapshots import SnapshotStore
+from node.worker import SupervisedWorker
 from projections.decoding import EventDecoder
 from projections.state_store import StateStore, catch_up
 
@@ -61,7 +62,7 @@ class Warm:
     offset: int
 
 
-class StandbyFollower:
+class StandbyFollower(SupervisedWorker):
     def __init__(
         self,
         log_: EventLog,
@@ -102,15 +103,6 @@ class StandbyFollower:
             warm, self._warm = self._warm, {}
         for w in warm.values():
             _close(w.store)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    @property
-    def started(self) -> bool:
-        """Started and not stopped since: its thread should be alive."""
-        return self._thread is not None and not self._stopped_flag()
 
     def _stopped_flag(self) -> bool:
         return self._stopped.is_set()
