@@ -3,8 +3,8 @@ Starlette endpoint under the same uvicorn settings; and the batch endpoint when 
 
     python -m bench.registration [--seconds 15] [--tool wrk|python] [--kafka HOST:PORT]
 
-``--kafka`` runs the node on that broker (started by you, e.g. ``python -m tools.kafka.broker start``;
-``python -m bench.run_all`` starts one itself) instead of the embedded log.
+``--kafka`` runs the node on that broker instead of the embedded log (start one with
+``python -m tools.kafka.broker start``; ``python -m bench.run_all`` starts its own).
 
 The load generator is ``wrk`` (Debian's package; installed with apt-get when missing and this
 runs as root), one thread and 64 connections, each request the same body (no ``job_id``, so
