@@ -1,0 +1,139 @@
+"""The run path's scenarios, this checkout against a baseline checkout, interleaved round by round
+so a noisy minute of a shared machine falls on both alike.
+
+    python -m bench.side_by_side --baseline SRC [--rounds 3] [--herd-jobs 2000]
+        [--http-rates 1000] [--pull-rates 1000,2500] [--window-s 5]
+
+``SRC`` is a checkout of another commit (``git worktree add --detach /tmp/base main``); its
+``cronlog serve`` runs under this interpreter from that directory (``CRONLOG_BENCH_SOURCE``),
+measured by this checkout's benchmarks. Each round runs, in turn: the floor (a bare aiohttp
+client, :mod:`bench.floor`), the HTTP herd of ``--herd-jobs`` (:mod:`bench.herd_serve`) on the
+baseline then on this checkout, and each sustained rate (:mod:`bench.sustained`, one step of
+``--window-s``) on both. Every record is appended to ``bench/results/side_by_side.jsonl`` with
+its ``build``, and the medians are printed as a Markdown table at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench import herd_serve, sustained
+from bench.common import ROOT, Recorder, append_result, loadavg, log
+
+
+def _commit(source: Path) -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=source, capture_output=True, text=True
+    ).stdout.strip()
+
+
+@contextmanager
+def _built_from(source: Path | None) -> Iterator[None]:
+    before = os.environ.pop("CRONLOG_BENCH_SOURCE", None)
+    if source is not None:
+        os.environ["CRONLOG_BENCH_SOURCE"] = str(source)
+    try:
+        yield
+    finally:
+        os.environ.pop("CRONLOG_BENCH_SOURCE", None)
+        if before is not None:
+            os.environ["CRONLOG_BENCH_SOURCE"] = before
+
+
+def _median(values: list[float | None], missing_is_never: bool = False) -> float | None:
+    """The median; a missing lag (too many runs never started) counts as infinitely late."""
+    if missing_is_never:
+        present = [float("inf") if v is None else v for v in values]
+    else:
+        present = [v for v in values if v is not None]
+    return round(statistics.median(present), 3) if present else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--herd-jobs", type=int, default=2000)
+    parser.add_argument("--http-rates", default="1000")
+    parser.add_argument("--pull-rates", default="1000,2500")
+    parser.add_argument("--window-s", type=int, default=5)
+    args = parser.parse_args()
+    builds: dict[str, Path | None] = {
+        f"baseline@{_commit(args.baseline)}": args.baseline.resolve(),
+        f"this@{_commit(ROOT)}": None,
+    }
+    rates = [("http", int(r)) for r in args.http_rates.split(",") if r] + [
+        ("pull", int(r)) for r in args.pull_rates.split(",") if r
+    ]
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+
+    def note(scenario: str, build: str, record: dict[str, Any]) -> None:
+        record.update({"bench": "side_by_side", "build": build})
+        append_result("side_by_side", record)
+        rows.setdefault((scenario, build), []).append(record)
+
+    with tempfile.TemporaryDirectory(prefix="cronlog-sbs-") as tmp, Recorder() as recorder:
+        for n in range(args.rounds):
+            log(f"round {n + 1} of {args.rounds}")
+            floor = herd_serve.run_scenario("floor", recorder, args.herd_jobs, Path(tmp))
+            note("floor", "-", floor)
+            for build, source in builds.items():
+                with _built_from(source):
+                    record = herd_serve.run_scenario("http", recorder, args.herd_jobs, Path(tmp))
+                log(f"{build}: {herd_serve.describe(record)}")
+                note("herd http", build, record)
+            for kind, rate in rates:
+                for build, source in builds.items():
+                    with _built_from(source):
+                        record = sustained.step(
+                            kind,
+                            rate,
+                            args.window_s,
+                            Path(tmp),
+                            recorder if kind == "http" else None,
+                        )
+                    lag = record["figures"]["lag"]
+                    log(f"{build}: sustained {kind} {rate}/s p99 {lag.get('p99_ms')} ms")
+                    note(f"sustained {kind} {rate}/s", build, record)
+    print(table(rows, args.rounds))
+
+
+def table(rows: dict[tuple[str, str], list[dict[str, Any]]], rounds: int) -> str:
+    """Medians over the rounds: start lag p50/p99, all started after, the node's CPU (all of
+    it, and its main process), and the 1-minute load at each run's start."""
+
+    def col(records: list[dict[str, Any]], get: Callable[[dict[str, Any]], Any]) -> Any:
+        return _median([get(r) for r in records])
+
+    def lag(records: list[dict[str, Any]], name: str) -> Any:
+        value = _median([r["figures"]["lag"].get(name) for r in records], missing_is_never=True)
+        return "never" if value == float("inf") else value
+
+    lines = [
+        f"| scenario | build | p50 ms | p99 ms | all started after s | node CPU s "
+        f"(main process) | load at start, per round ({rounds} rounds) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (scenario, build), records in rows.items():
+        cpu = col(records, lambda r: (r["figures"].get("node_cpu") or {}).get("cpu_s"))
+        main = col(records, lambda r: (r["figures"].get("node_cpu") or {}).get("main_cpu_s"))
+        loads = ", ".join(str(r["load_at_start"][0]) for r in records)
+        lines.append(
+            f"| {scenario} | {build} | {lag(records, 'p50_ms')} | {lag(records, 'p99_ms')}"
+            f" | {lag(records, 'all_started_after_s')}"
+            f" | {cpu if cpu is not None else '—'} ({main if main is not None else '—'})"
+            f" | {loads} |"
+        )
+    return "\n".join(lines) + f"\n\nload average when the table was printed: {loadavg()}\n"
+
+
+if __name__ == "__main__":
+    main()
