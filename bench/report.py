@@ -243,6 +243,61 @@ def goal_rows(
     return rows
 
 
+# What the profiles of the run path show, and what would close the goals it still misses; kept
+# by hand beside the figures of the latest side-by-side run (bench/results/perfherd.md has the
+# profiles and the measurements behind it).
+RUN_PATH_NOTES = """\
+Where the time goes (py-spy over `cronlog serve`, a 2,000-8,000 HTTP herd and 1,000 runs a second;
+bench/results/perfherd.md): with the calls in an executor process (the default since this
+table), the node's main process spends about 0.3 ms of CPU a run, down from about 0.5 ms
+with the calls in it. Of the main process: the read model's fold about a third
+(`ReadModel._commit`, `_job`, `_tally`), the runners' decide and the state store's save
+about a fifth, the log's group commit about a tenth, the executors' bookkeeping (room,
+hand-offs, the outcome's round trip to the runner) about a tenth, the decision log's lines
+(12 µs a line in text, 20 µs in JSON) a few per cent, metrics about 1 %. The executor process
+spends about 0.25 ms a call in aiohttp. For pull runs, a completion a request cost the node an
+HTTP request a run (uvicorn, auth, the run's view); `POST /v1/runs:complete` takes up to 1,000
+a request, one append per partition.
+
+What would close the goals still missed: the herd's and the sustained HTTP figures are bound by
+one Python process deciding, appending, saving and folding every run under one interpreter
+lock. The next levers are (1) the read model in a process of its own (folding from the log,
+as a follower already does), which takes the largest share off the deciding process; (2)
+partition workers, each a process owning a set of partitions with its own runner and state
+store, so deciding spreads over the cores; (3) preparing runs a lead time ahead of their slot
+(materialised before it, dispatched at it), which moves the decide-and-append of the
+materialisation out of the slot's second. On this 2-core machine shared with other work,
+each of these competes with the recorder and the load generators for the second core, so the
+goals are only judged by a quiet run."""
+
+
+def run_path_section() -> list[str]:
+    """The latest ``bench.side_by_side`` run's table and the notes on the run path."""
+    from bench import side_by_side
+
+    path = RESULTS_DIR / "side_by_side.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    rows = side_by_side.latest([json.loads(line) for line in lines if line.strip()])
+    if not rows:
+        return []
+    rounds = max(len(rs) for rs in rows.values())
+    first = min(r["timestamp"] for rs in rows.values() for r in rs)
+    return [
+        "",
+        "## The run path, side by side with a baseline",
+        "",
+        f"`python -m bench.side_by_side` from {first}: this checkout against a baseline checkout"
+        " (`--baseline`), interleaved round by round; medians of the rounds. Herd: HTTP jobs due"
+        " in one second, lag = arrival at the recorder - slot; sustained: one step of the rate,"
+        " a fresh node each (pull: lease granted - slot). Node CPU: the node and its children"
+        " over the window, and (in brackets) its main process alone.",
+        "",
+        side_by_side.table(rows, rounds).rstrip(),
+        "",
+        RUN_PATH_NOTES,
+    ]
+
+
 def write(run_id: str | None = None) -> Path:
     run = find_run(run_id) if run_id else latest_run()
     run_id = run["run_id"]
@@ -403,6 +458,7 @@ def write(run_id: str | None = None) -> Path:
             f"{cell(column(restarts, 'figures.empty_node.rss_mb'), ' MB')} | "
             f"{fmt_num(f0.get('disk_mb'), ' MB')} | {loads(restarts)} |",
         ]
+    out += run_path_section()
     out += [
         "",
         "## How to run",

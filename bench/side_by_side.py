@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,9 +76,12 @@ def main() -> None:
         ("pull", int(r)) for r in args.pull_rates.split(",") if r
     ]
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    run = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
 
     def note(scenario: str, build: str, record: dict[str, Any]) -> None:
-        record.update({"bench": "side_by_side", "build": build})
+        record.update(
+            {"bench": "side_by_side", "build": build, "sbs_run": run, "sbs_label": scenario}
+        )
         append_result("side_by_side", record)
         rows.setdefault((scenario, build), []).append(record)
 
@@ -104,6 +109,19 @@ def main() -> None:
                     log(f"{build}: sustained {kind} {rate}/s p99 {lag.get('p99_ms')} ms")
                     note(f"sustained {kind} {rate}/s", build, record)
     print(table(rows, args.rounds))
+
+
+def latest(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The records of the latest side-by-side run, by (scenario, build), in their order."""
+    ours = [r for r in records if r.get("bench") == "side_by_side" and r.get("sbs_run")]
+    if not ours:
+        return {}
+    run = max(r["sbs_run"] for r in ours)
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in ours:
+        if r["sbs_run"] == run:
+            rows.setdefault((r["sbs_label"], r["build"]), []).append(r)
+    return rows
 
 
 def table(rows: dict[tuple[str, str], list[dict[str, Any]]], rounds: int) -> str:
