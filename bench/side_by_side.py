@@ -97,14 +97,21 @@ def main() -> None:
                 note("herd http", build, record)
             for kind, rate in rates:
                 for build, source in builds.items():
-                    with _built_from(source):
-                        record = sustained.step(
-                            kind,
-                            rate,
-                            args.window_s,
-                            Path(tmp),
-                            recorder if kind == "http" else None,
-                        )
+                    try:
+                        with _built_from(source):
+                            record = sustained.step(
+                                kind,
+                                rate,
+                                args.window_s,
+                                Path(tmp),
+                                recorder if kind == "http" else None,
+                            )
+                    except (RuntimeError, subprocess.SubprocessError) as err:
+                        # a step that could not finish (its workers never drained, say) is a
+                        # step that did not hold: its runs count as never started
+                        log(f"{build}: sustained {kind} {rate}/s failed: {err!r}")
+                        record = {"load_at_start": loadavg(), "error": repr(err)[:500],
+                                  "figures": {"lag": {}}}  # fmt: skip
                     lag = record["figures"]["lag"]
                     log(f"{build}: sustained {kind} {rate}/s p99 {lag.get('p99_ms')} ms")
                     note(f"sustained {kind} {rate}/s", build, record)
