@@ -247,28 +247,32 @@ def goal_rows(
 # by hand beside the figures of the latest side-by-side run (bench/results/perfherd.md has the
 # profiles and the measurements behind it).
 RUN_PATH_NOTES = """\
-Where the time goes (py-spy over `cronlog serve`, a 2,000-8,000 HTTP herd and 1,000 runs a second;
-bench/results/perfherd.md): with the calls in an executor process (the default since this
-table), the node's main process spends about 0.3 ms of CPU a run, down from about 0.5 ms
-with the calls in it. Of the main process: the read model's fold about a third
-(`ReadModel._commit`, `_job`, `_tally`), the runners' decide and the state store's save
-about a fifth, the log's group commit about a tenth, the executors' bookkeeping (room,
-hand-offs, the outcome's round trip to the runner) about a tenth, the decision log's lines
-(12 µs a line in text, 20 µs in JSON) a few per cent, metrics about 1 %. The executor process
-spends about 0.25 ms a call in aiohttp. For pull runs, a completion a request cost the node an
-HTTP request a run (uvicorn, auth, the run's view); `POST /v1/runs:complete` takes up to 1,000
-a request, one append per partition.
+Against the goals (short form, this shared machine): the HTTP herd of 2,000 started every call
+after about 1.3-2.0 s against a floor of 1.2-1.5 s measured in the same minutes (goal: within
+1.5 x); sustained, neither 2,000 HTTP nor 2,500 pull runs a second held p99 ≤ 100 ms for
+either build, and at 1,000 a second this branch's p99 was 119-428 ms HTTP and 116-118 ms pull
+against the baseline's 262-1,859 ms and 749-1,147 ms.
 
-What would close the goals still missed: the herd's and the sustained HTTP figures are bound by
-one Python process deciding, appending, saving and folding every run under one interpreter
-lock. The next levers are (1) the read model in a process of its own (folding from the log,
-as a follower already does), which takes the largest share off the deciding process; (2)
-partition workers, each a process owning a set of partitions with its own runner and state
-store, so deciding spreads over the cores; (3) preparing runs a lead time ahead of their slot
-(materialised before it, dispatched at it), which moves the decide-and-append of the
-materialisation out of the slot's second. On this 2-core machine shared with other work,
-each of these competes with the recorder and the load generators for the second core, so the
-goals are only judged by a quiet run."""
+Where the time goes (py-spy over `cronlog serve`; bench/results/perfherd.md): with the calls in
+an executor process (the default on more than one core), the node's main process spends
+0.27-0.38 ms of CPU a run under a herd, against 0.43-0.54 ms with the calls in it; the
+executor process about 0.25 ms a call, so the two together spend more than one did (the
+hand-off costs a message each way). Of the main process under the herd: the read model's
+fold 43 % (`ReadModel._commit`, `_job`, `_index`, `_apply`), the log's group commit 6 %, the
+state store's save 6 %, the executors' bookkeeping 5 %, the runners 4 %, encoding and
+deciding 6 %, metrics 1 %, and the decision log's lines 7 % before a team's herd shared one
+line (about 1 % after). Under 2,500 pull runs a second with batched completions: the read
+model 42 %, the state store 12 %, the log 9 %, the decision log 6 % (one line a run: at that
+rate each batch holds few), the API 5 %.
+
+What would close the goals still missed: every run is decided, appended, saved and folded by
+one Python process under one interpreter lock, and the read model's fold is the largest
+share. The next levers: (1) the read model folding in a process of its own, from the log, as a
+follower already does; (2) partition workers, each a process owning a set of partitions with
+its runners and state store, so deciding spreads over the cores; (3) runs prepared a lead time
+ahead of their slot, so the slot's second is only dispatch. On two cores shared with the
+benchmark's own target (the recorder) and with other work, an executor process competes for
+the second core; whether the herd then starts sooner is for a quiet run to show."""
 
 
 def run_path_section() -> list[str]:
@@ -292,7 +296,7 @@ def run_path_section() -> list[str]:
         " a fresh node each (pull: lease granted - slot). Node CPU: the node and its children"
         " over the window, and (in brackets) its main process alone.",
         "",
-        side_by_side.table(rows, rounds).rstrip(),
+        side_by_side.table(rows, rounds, load_now=False).rstrip(),
         "",
         RUN_PATH_NOTES,
     ]
@@ -479,6 +483,7 @@ def write(run_id: str | None = None) -> Path:
         "python -m bench.registration --seconds 15",
         "python -m bench.restart --jobs 1000000 --restarts 3",
         "python -m bench.report [--run-id ID]                  # rewrite this file",
+        "python -m bench.side_by_side --baseline /tmp/base     # the run path against a checkout",
         "python -m bench.herd_serve --jobs 50000 --only http,pull --profile  # where the node's"
         " CPU goes (py-spy)",
         "```",

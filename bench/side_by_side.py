@@ -131,7 +131,9 @@ def latest(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str
     return rows
 
 
-def table(rows: dict[tuple[str, str], list[dict[str, Any]]], rounds: int) -> str:
+def table(
+    rows: dict[tuple[str, str], list[dict[str, Any]]], rounds: int, *, load_now: bool = True
+) -> str:
     """Medians over the rounds: start lag p50/p99, all started after, the node's CPU (all of
     it, and its main process), and the 1-minute load at each run's start."""
 
@@ -157,6 +159,8 @@ def table(rows: dict[tuple[str, str], list[dict[str, Any]]], rounds: int) -> str
             f" | {cpu if cpu is not None else '—'} ({main if main is not None else '—'})"
             f" | {loads} |"
         )
+    if not load_now:
+        return "\n".join(lines) + "\n"
     return "\n".join(lines) + f"\n\nload average when the table was printed: {loadavg()}\n"
 
 
