@@ -189,9 +189,17 @@ def _decode_json(body: bytes, deep: str | None) -> Any:
     except RecursionError:
         raise too_deep(deep) from None
     except UnicodeDecodeError as e:
-        raise ApiError(
-            400, "malformed", f"the body is not UTF-8: {e.reason}", field=not_utf8_at(body)
-        ) from None
+        raise _not_utf8(body, e.reason) from None
+    except msgspec.DecodeError as e:
+        # msgspec 0.22 raises UnicodeDecodeError for bytes that are not UTF-8; 0.23 a
+        # DecodeError saying so. Either way the sender is told which field holds them.
+        if "UTF-8" not in str(e):
+            raise
+        raise _not_utf8(body, str(e)) from None
+
+
+def _not_utf8(body: bytes, reason: str) -> ApiError:
+    return ApiError(400, "malformed", f"the body is not UTF-8: {reason}", field=not_utf8_at(body))
 
 
 def too_deep(field: str | None) -> ApiError:
