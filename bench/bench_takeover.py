@@ -129,6 +129,7 @@ class History:
         live_jobs: int,
         hot: int,
         hot_url: str = "http://127.0.0.1:9/hot",
+        hot_grace_s: float = 60.0,
     ) -> None:
         self.writers = Writers(log)
         self.now = start
@@ -140,6 +141,7 @@ class History:
             tenant="bench",
             target=HttpTarget(url=hot_url),
             interval_sec=1.0,
+            misfire_grace_sec=hot_grace_s,
         )
         for i in range(live_jobs - hot):
             spec = JobSpec(
@@ -413,6 +415,12 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=3, help="--serve: rounds of each design (medians)"
     )
+    parser.add_argument(
+        "--zero-repeats",
+        type=int,
+        help="--serve: rounds of today's design (default --repeats; at 10M events each takes"
+        " minutes)",
+    )
     args = parser.parse_args()
     if args.hot is None:
         args.hot = 100 if args.serve else 1000
@@ -473,7 +481,8 @@ def serve_main(args: argparse.Namespace) -> None:
     from bench import takeover_serve
 
     load = os.getloadavg()
-    sizes = (args.events, args.live_jobs, args.hot, args.tail, args.repeats)
+    zero_repeats = args.repeats if args.zero_repeats is None else args.zero_repeats
+    sizes = (args.events, args.live_jobs, args.hot, args.tail, args.repeats, zero_repeats)
     with tempfile.TemporaryDirectory(prefix="bench-takeover-serve-") as tmp:
         if args.kafka:
             from tools.kafka import broker
