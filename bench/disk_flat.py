@@ -12,7 +12,12 @@ measured (bytes of the files under each):
 * **hot**: what the node must keep for recovery: the log (``log/``), the partitions' state
   stores (``node/p*``) and the snapshots (``snapshots/``). This is what must stay flat;
 * **history**: the read model (``node/read_model``), which keeps every run;
-* **archive** (``archive/``): meant to grow, by what left the log.
+* **archive** (``archive/``): meant to grow, by what left the log;
+* **wal** and **info logs**, counted apart from the above: every database's write-ahead log
+  files, which RocksDB drops once their memtables are flushed and bounds at
+  ``eventlog.rocks.WAL_BYTES`` a database, and its ``LOG`` files, rolled at
+  ``INFO_LOG_BYTES`` with ``INFO_LOGS_KEPT`` kept. Both grow to their cap (tens of MiB a
+  database, more than a short run writes) and no further; a short run sees them rise.
 
 After a warm-up of two retention windows, the largest hot size of the last third of the run
 must be at most ``--factor`` times the largest of the first third (RocksDB compacts in steps,
@@ -46,6 +51,8 @@ class Sample:
     snapshots: int
     history: int
     archive: int
+    wal: int
+    info_logs: int
 
 
 @dataclass
@@ -75,7 +82,7 @@ class Run:
         def peak(samples: list[Sample], name: str) -> int:
             return max(int(getattr(s, name)) for s in samples)
 
-        parts = ("hot", "log", "stores", "snapshots", "history", "archive")
+        parts = ("hot", "log", "stores", "snapshots", "history", "archive", "wal", "info_logs")
         return {
             "retention_s": self.retention_s,
             "duration_s": self.duration_s,
@@ -88,13 +95,23 @@ class Run:
         }
 
 
-def _bytes(path: Path) -> int:
+def _kind(name: str) -> str:
+    """``info`` (RocksDB's info log), ``wal`` (a RocksDB write-ahead log file) or ``data``."""
+    if name == "LOG" or name.startswith("LOG.old"):
+        return "info"
+    if name.endswith(".log") and name[:-4].isdigit():
+        return "wal"
+    return "data"
+
+
+def _bytes(path: Path, kind: str = "data") -> int:
+    """Bytes of the files of ``kind`` under ``path``."""
     total = 0
     if not path.exists():
         return 0
     for item in path.rglob("*"):
         try:
-            if item.is_file():
+            if item.is_file() and _kind(item.name) == kind:
                 total += item.stat().st_size
         except OSError:  # RocksDB removed it while we walked
             continue
@@ -115,6 +132,8 @@ def measure(data_dir: Path, at_s: float) -> Sample:
         snapshots,
         history,
         _bytes(data_dir / "archive"),
+        _bytes(data_dir, "wal"),
+        _bytes(data_dir, "info"),
     )
 
 
@@ -235,7 +254,7 @@ def main() -> None:
         f"{args.jobs} jobs every second for {duration:g} s, retention {args.retention:g} s;"
         f" {result.runs_fired} calls"
     )
-    for name in ("hot", "log", "stores", "snapshots", "history", "archive"):
+    for name in ("hot", "log", "stores", "snapshots", "history", "archive", "wal", "info_logs"):
         a = summary["first_third_peak_bytes"][name] / mib
         b = summary["last_third_peak_bytes"][name] / mib
         print(f"{name:<10} first third peak {a:8.2f} MiB   last third peak {b:8.2f} MiB")
