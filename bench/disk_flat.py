@@ -13,15 +13,20 @@ measured (bytes of the files under each):
   stores (``node/p*``) and the snapshots (``snapshots/``). This is what must stay flat;
 * **history**: the read model (``node/read_model``), which keeps every run;
 * **archive** (``archive/``): meant to grow, by what left the log;
-* **wal** and **info logs**, counted apart from the above: every database's write-ahead log
-  files, which RocksDB drops once their memtables are flushed and bounds at
-  ``eventlog.rocks.WAL_BYTES`` a database, and its ``LOG`` files, rolled at
-  ``INFO_LOG_BYTES`` with ``INFO_LOGS_KEPT`` kept. Both grow to their cap (tens of MiB a
-  database, more than a short run writes) and no further; a short run sees them rise.
+* **wal**, **info logs** and **bookkeeping**, counted apart from the above: every database's
+  write-ahead log files, which RocksDB drops once their memtables are flushed and bounds at
+  ``eventlog.rocks.WAL_BYTES`` a database; its ``LOG`` files, rolled at ``INFO_LOG_BYTES``
+  with ``INFO_LOGS_KEPT`` kept; its MANIFEST and OPTIONS files (two OPTIONS kept: a restart
+  adds one). The first two grow to their cap (tens of MiB a database, more than a short run
+  writes) and no further; the MANIFEST gains a record per flush and compaction until RocksDB
+  starts a new one.
 
-After a warm-up of two retention windows, the largest hot size of the last third of the run
-must be at most ``--factor`` times the largest of the first third (RocksDB compacts in steps,
-so the size saws; the bound is on its peaks). Appends one JSON line to
+The node is stopped a third of the way in (at least two retention windows of warm-up) and
+restarted at once, and stopped again at the end: each time, once stopped, the data directory
+is measured (RocksDB flushes its memtables on close, so that is the data itself; a live size is
+mostly write-ahead log, whose files go only as memtables flush). The hot size at the end must
+be at most ``--factor`` times the one at a third; without retention it would be about three
+times. Appends one JSON line to
 ``bench/results/disk_flat.jsonl``; ``tests/bench/test_disk_flat.py`` runs the short form.
 """
 
@@ -31,6 +36,7 @@ import argparse
 import json
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +46,8 @@ from bench.common import Recorder, Serve, loadavg, machine
 
 RESULTS = Path(__file__).parent / "results" / "disk_flat.jsonl"
 DEFAULT_FACTOR = 1.5
+PARTS = ("hot", "log", "stores", "snapshots", "history", "archive", "wal", "info_logs")
+PARTS += ("bookkeeping",)
 
 
 @dataclass
@@ -53,6 +61,7 @@ class Sample:
     archive: int
     wal: int
     info_logs: int
+    bookkeeping: int
 
 
 @dataclass
@@ -60,47 +69,49 @@ class Run:
     retention_s: float
     duration_s: float
     jobs: int
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)  # live, every ``sample_s``
+    settled: list[Sample] = field(default_factory=list)  # after a stop: memtables flushed
     runs_fired: int = 0
 
-    def thirds(self) -> tuple[list[Sample], list[Sample]]:
-        """The samples of the first and last thirds of the run after the warm-up."""
-        warm = [s for s in self.samples if s.at_s >= 2 * self.retention_s]
-        third = len(warm) // 3
-        return warm[:third], warm[len(warm) - third :]
-
     def growth(self) -> float:
-        """The last third's largest hot size over the first third's."""
-        first, last = self.thirds()
-        if not first or not last:
-            raise ValueError("too few samples after the warm-up: run longer")
-        return max(s.hot for s in last) / max(s.hot for s in first)
+        """The hot size at the end over the hot size a third of the way in, each measured
+        with the node stopped (RocksDB flushes its memtables on close, so what the data
+        directory holds then is the data, not what a write-ahead log happens to hold)."""
+        if len(self.settled) < 2:
+            raise ValueError("the run was not measured stopped twice")
+        return self.settled[-1].hot / self.settled[0].hot
 
     def summary(self) -> dict[str, Any]:
-        first, last = self.thirds()
+        parts = PARTS
 
-        def peak(samples: list[Sample], name: str) -> int:
-            return max(int(getattr(s, name)) for s in samples)
+        def peak(name: str) -> int:
+            return max(int(getattr(s, name)) for s in self.samples)
 
-        parts = ("hot", "log", "stores", "snapshots", "history", "archive", "wal", "info_logs")
         return {
             "retention_s": self.retention_s,
             "duration_s": self.duration_s,
             "jobs": self.jobs,
             "runs_fired": self.runs_fired,
             "samples": len(self.samples),
-            "first_third_peak_bytes": {p: peak(first, p) for p in parts},
-            "last_third_peak_bytes": {p: peak(last, p) for p in parts},
+            "settled_at_third_bytes": {p: getattr(self.settled[0], p) for p in parts},
+            "settled_at_end_bytes": {p: getattr(self.settled[-1], p) for p in parts},
+            "live_peak_bytes": {p: peak(p) for p in parts},
             "hot_growth": round(self.growth(), 3),
         }
 
 
+_BOOKKEEPING = ("OPTIONS-", "MANIFEST-", "CURRENT", "IDENTITY", "LOCK", "rocksdict-config")
+
+
 def _kind(name: str) -> str:
-    """``info`` (RocksDB's info log), ``wal`` (a RocksDB write-ahead log file) or ``data``."""
+    """``info`` (RocksDB's info log), ``wal`` (a RocksDB write-ahead log file),
+    ``bookkeeping`` (RocksDB's MANIFEST, OPTIONS and small files of its own) or ``data``."""
     if name == "LOG" or name.startswith("LOG.old"):
         return "info"
     if name.endswith(".log") and name[:-4].isdigit():
         return "wal"
+    if name.startswith(_BOOKKEEPING):
+        return "bookkeeping"
     return "data"
 
 
@@ -134,6 +145,7 @@ def measure(data_dir: Path, at_s: float) -> Sample:
         _bytes(data_dir / "archive"),
         _bytes(data_dir, "wal"),
         _bytes(data_dir, "info"),
+        _bytes(data_dir, "bookkeeping"),
     )
 
 
@@ -180,29 +192,37 @@ def run(
     duration_s: float,
     jobs: int,
     sample_s: float = 0.5,
-    calls: Any = None,
+    calls: Callable[[], int] | None = None,
 ) -> Run:
-    """``cronlog serve`` on ``data_dir`` under the load for ``duration_s``, sampled;
-    ``calls()``, if given, counts the target's calls so far."""
+    """``cronlog serve`` on ``data_dir`` under the load for ``duration_s``, sampled live, and
+    measured stopped twice: a third of the way in (restarted at once: the jobs go on firing)
+    and at the end. ``calls()``, if given, counts the target's calls so far."""
+    if duration_s < 6 * retention_s:
+        raise ValueError("run at least six retention windows: two of warm-up in the first third")
     result = Run(retention_s, duration_s, jobs)
-    serve = Serve(data_dir, extra=serve_args(retention_s))
-    serve.start()
-    try:
-        serve.wait_ready(timeout_s=60)
-        _create_jobs(serve, jobs, target_url)
-        started = time.monotonic()
-        rounds = int(duration_s / sample_s) + 1
-        for i in range(rounds):  # the load runs on its own; this only samples it
-            next_at = started + i * sample_s
-            time.sleep(max(0.0, next_at - time.monotonic()))
-            assert serve.proc is not None
-            if serve.proc.poll() is not None:
-                raise RuntimeError(f"cronlog serve exited: {serve.tail()}")
-            result.samples.append(measure(data_dir, time.monotonic() - started))
-        if calls is not None:
-            result.runs_fired = calls()
-    finally:
-        serve.stop()
+    started = time.monotonic()
+    for phase, until in enumerate((duration_s / 3, duration_s)):
+        serve = Serve(data_dir, extra=serve_args(retention_s))
+        serve.start()
+        try:
+            serve.wait_ready(timeout_s=60)
+            if phase == 0:
+                _create_jobs(serve, jobs, target_url)
+                started = time.monotonic()
+            for _ in range(int(duration_s / sample_s) + 1):  # the load runs on its own
+                at = time.monotonic() - started
+                if at >= until:
+                    break
+                assert serve.proc is not None
+                if serve.proc.poll() is not None:
+                    raise RuntimeError(f"cronlog serve exited: {serve.tail()}")
+                result.samples.append(measure(data_dir, at))
+                time.sleep(sample_s)
+        finally:
+            serve.stop()
+        result.settled.append(measure(data_dir, time.monotonic() - started))
+    if calls is not None:
+        result.runs_fired = calls()
     return result
 
 
@@ -254,10 +274,12 @@ def main() -> None:
         f"{args.jobs} jobs every second for {duration:g} s, retention {args.retention:g} s;"
         f" {result.runs_fired} calls"
     )
-    for name in ("hot", "log", "stores", "snapshots", "history", "archive", "wal", "info_logs"):
-        a = summary["first_third_peak_bytes"][name] / mib
-        b = summary["last_third_peak_bytes"][name] / mib
-        print(f"{name:<10} first third peak {a:8.2f} MiB   last third peak {b:8.2f} MiB")
+    print(f"{'':<10} {'stopped at 1/3':>15} {'stopped at end':>15} {'live peak':>12}")
+    for name in PARTS:
+        a = summary["settled_at_third_bytes"][name] / mib
+        b = summary["settled_at_end_bytes"][name] / mib
+        c = summary["live_peak_bytes"][name] / mib
+        print(f"{name:<10} {a:11.2f} MiB {b:11.2f} MiB {c:8.2f} MiB")
     verdict = "flat" if record["flat"] else "NOT flat"
     print(f"hot growth x{summary['hot_growth']} (bound x{args.factor}): {verdict}")
     print(f"load average before {load}, after {record['load_after']}")

@@ -1,6 +1,7 @@
 """The hot part of an embedded node's data directory stays flat under a steady load run for ten
 times its retention window, while the archive takes what leaves the log (bench/disk_flat.py,
-short form: a 3 s retention, 40 s of load)."""
+short form: a 3 s retention, 40 s of load, the node stopped and measured at 13 s and at the
+end)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,12 @@ def test_the_hot_data_stays_flat_and_the_archive_grows(tmp_path: Path, target: T
     )
     # The load ran: about a call per job per second.
     assert result.runs_fired >= JOBS * DURATION_S / 2
-    first, last = result.thirds()
-    assert len(first) >= 10 and len(last) >= 10
-    growth = result.growth()
-    assert growth <= disk_flat.DEFAULT_FACTOR, result.summary()
+    third, end = result.settled
+    # The log is what retention bounds: without it, it holds three times as much at the end
+    # as at a third (measured: 2.7x), with it about as much (1.1x).
+    assert end.log <= 1.5 * third.log, result.summary()
+    # The whole hot part: the state stores' few small files merge only every fourth flush,
+    # so at these sizes (tens of KiB) they saw by more than the log does.
+    assert result.growth() <= 2.0, result.summary()
     # What left the log went to the archive, which keeps growing.
-    assert max(s.archive for s in last) > 2 * max(s.archive for s in first) > 0
+    assert end.archive > 2 * third.archive > 0
