@@ -46,8 +46,8 @@ from bench.common import Recorder, Serve, loadavg, machine
 
 RESULTS = Path(__file__).parent / "results" / "disk_flat.jsonl"
 DEFAULT_FACTOR = 1.5
-PARTS = ("hot", "log", "stores", "snapshots", "history", "archive", "wal", "info_logs")
-PARTS += ("bookkeeping",)
+PARTS: tuple[str, ...] = ("hot", "log", "stores", "snapshots", "history", "archive", "wal")
+PARTS += ("info_logs", "bookkeeping")
 
 
 @dataclass
