@@ -407,9 +407,9 @@ def write(run_id: str | None = None) -> Path:
             f"{fmt_num(f0.get('disk_mb'), ' MB')} | {loads(restarts)} |",
         ]
     for extra in EXTRA_SECTIONS:  # analyses of benchmarks run on their own, kept by hand
-        path = RESULTS_DIR / extra
-        if path.exists():
-            out += ["", *path.read_text().rstrip().splitlines()]
+        section = RESULTS_DIR / extra
+        if section.exists():
+            out += ["", *section.read_text().rstrip().splitlines()]
     out += [
         "",
         "## How to run",

@@ -17,6 +17,7 @@ that would fold more is refused with :class:`core.errors.TooMuchToFold` before o
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from projections.decoding import EventDecoder
 from projections.snapshot import SnapshotUnusable, decode, read_header
 from projections.state_store import build
 
+logger = logging.getLogger(__name__)
 READ_BATCH = 1000
 MAX_SNAPSHOTS_LOOKED_AT = 1000  # a store keeps a handful; the bound only guards the loop
 
@@ -76,13 +78,27 @@ def state_at(
     base = (
         None if snapshots is None else nearest(log, snapshots, partition, decoder, until, instant)
     )
-    if base is not None:
-        state, start = restore(base, partition), base.offset
-    else:
-        state, start = PartitionState(partition), 0
+    state, start = PartitionState(partition), 0
+    for _ in range(MAX_SNAPSHOTS_LOOKED_AT):
+        if base is None:
+            break
+        try:
+            state, start = restore(base, partition), base.offset
+            break
+        except SnapshotUnusable as exc:  # as a recovery does: the one before it, else the log
+            logger.warning(
+                "partition %d: the snapshot at offset %d cannot be restored (%s); time travel"
+                " tries an older one",
+                partition,
+                base.offset,
+                exc,
+            )
+            assert snapshots is not None
+            base = nearest(log, snapshots, partition, decoder, until, instant, below=base.offset)
     if max_events is not None and instant is None and until - start > max_events:
         raise TooMuchToFold(
-            "offset", f"{until - start} events after the nearest snapshot, more than {max_events}"
+            "partition" if offset is None else "offset",
+            f"{until - start} events after the nearest snapshot, more than {max_events}",
         )
     folded = 0
     reached = start
@@ -122,11 +138,13 @@ def nearest(
     decoder: EventDecoder,
     until: int,
     instant: Millis | None,
+    below: int | None = None,
 ) -> StoredSnapshot | None:
-    """The newest snapshot at or before ``until`` and, for an ``instant``, holding no event
-    decided after it, among those the store keeps. The snapshot's own time is not enough: it
-    is the snapshotting node's clock, so the last event it holds is read and checked too."""
-    candidate = snapshots.latest(partition)
+    """The newest snapshot at or before ``until`` (and below ``below``) and, for an
+    ``instant``, holding no event decided after it, among those the store keeps. The
+    snapshot's own time is not enough: it is the snapshotting node's clock, so the last event
+    it holds is read and checked too."""
+    candidate = snapshots.latest(partition) if below is None else snapshots.older(partition, below)
     for _ in range(MAX_SNAPSHOTS_LOOKED_AT):
         if candidate is None:
             return None

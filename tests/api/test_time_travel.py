@@ -173,3 +173,20 @@ def _rfc3339(ms: int) -> str:
     from api.instants import to_rfc3339
 
     return to_rfc3339(ms)
+
+
+async def test_a_damaged_snapshot_is_passed_over_for_the_one_before_it(
+    client: httpx.AsyncClient, past: PastStates, data_dir: DataDir
+) -> None:
+    assert isinstance(past.snapshots, FileSnapshots)
+    newest = past.snapshots.latest(Q)
+    assert newest is not None and newest.offset == 90
+    path = next((data_dir.path.parent / "served" / "snapshots" / f"p{Q}").glob("*090.snap"))
+    blob = bytearray(path.read_bytes())
+    blob[-5] ^= 0x55
+    path.write_bytes(bytes(blob))
+    params = {"partition": str(Q), "offset": "120"}
+    response = await client.get(PATH, params=params, headers=bearer(OPERATOR))
+    assert response.status_code == 200, response.text
+    assert response.json()["from_snapshot"] == 30
+    assert response.json()["events_folded"] == 90
