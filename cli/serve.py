@@ -288,6 +288,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.time_travel import PastStates
     from eventlog.embedded import EmbeddedLog
     from node import decisions
     from node.executors import DEFAULT_ERROR_EXCERPT, Executors
@@ -419,6 +420,7 @@ def _serve(args: argparse.Namespace) -> int:
         limits=limits,
         egress=egress,
         operator_token=load_operator_token(data_dir),
+        past_states=PastStates(log_, snapshots),
     )
     config = uvicorn.Config(
         app,

@@ -410,6 +410,9 @@ class Node:
     def revoked(self, partitions: list[int]) -> None:
         reason = "the node is stopping" if self._stopping.is_set() else "the partition was revoked"
         self._stop_runners(partitions, reason)
+        if self.snapshotter is not None:
+            for p in partitions:  # its snapshot writer (Kafka: a producer) is not needed here
+                self.snapshotter.release(p)
 
     def _stop_runners(self, partitions: list[int], reason: str) -> None:
         stopped = []
