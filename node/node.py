@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -649,9 +650,9 @@ class Node:
                 partition, command, visible=visible, timeout_s=timeout_s or FORWARD_TIMEOUT_S
             )
         loop = asyncio.get_running_loop()
-        answer: asyncio.Future[Decided | CronlogError] = loop.create_future()
+        answer: asyncio.Future[Decided | CronlogError | None] = loop.create_future()
 
-        def deliver(result: Decided | CronlogError) -> None:
+        def deliver(result: Decided | CronlogError | None) -> None:
             if not answer.done():
                 answer.set_result(result)
 
@@ -660,12 +661,17 @@ class Node:
         def settle(result: Decided | CronlogError) -> None:
             handoff.post(deliver, result)
 
-        runner.submit(Request(command, reply=settle))
+        # No answer in time settles it with None: one timer, where wait_for would add a
+        # future, a task switch and callbacks to every request.
+        timer = loop.call_later(LOCAL_TIMEOUT_S, deliver, None)
+        _gathering(loop).submit(runner, Request(command, reply=settle))
         try:
-            result = await asyncio.wait_for(answer, LOCAL_TIMEOUT_S)
-        except TimeoutError:
+            result = await answer
+        finally:
+            timer.cancel()
+        if result is None:
             log.error("partition %d: no answer in %.0f s", partition, LOCAL_TIMEOUT_S)
-            raise Unavailable(f"partition {partition} did not answer") from None
+            raise Unavailable(f"partition {partition} did not answer")
         if isinstance(result, CronlogError):
             raise result
         if visible:
@@ -806,6 +812,48 @@ class Node:
         except Unavailable:
             return None
         return [e for e in events if isinstance(e, ev.LeaseGranted)]
+
+
+class _Gathering:
+    """The requests an event loop hands the partition runners, gathered for the rest of the
+    loop's current turn and handed over together: one :meth:`PartitionRunner.submit_many` per
+    partition instead of one wake-up of its thread per request. Under load, the requests
+    that arrive together (uvloop reads every ready connection in one turn) are decided in one
+    batch and made durable in one commit; alone, a request waits for nothing but the end of
+    the turn. Used from its loop's thread only."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: dict[PartitionRunner, list[Request]] = {}
+
+    def submit(self, runner: PartitionRunner, request: Request) -> None:
+        if not self._waiting:
+            self._loop.call_soon(self._hand_over)
+        self._waiting.setdefault(runner, []).append(request)
+
+    def _hand_over(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for runner, requests in waiting.items():
+            try:
+                runner.submit_many(requests)
+            except Exception as err:  # never a request left waiting for its timeout
+                log.exception("partition %d: requests not handed over", runner.partition)
+                for request in requests:
+                    if request.reply is not None:
+                        request.reply(Unavailable(f"partition {runner.partition}: {err}"))
+
+
+_gatherings: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Gathering] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _gathering(loop: asyncio.AbstractEventLoop) -> _Gathering:
+    """The loop's :class:`_Gathering` (called from that loop's thread)."""
+    gathering = _gatherings.get(loop)
+    if gathering is None:
+        gathering = _gatherings[loop] = _Gathering(loop)
+    return gathering
 
 
 def _no_snapshot(partition: int) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +72,29 @@ def test_each_command_gets_its_own_answer_in_order(node: Node) -> None:
     assert isinstance(results[3], NotFound)
     assert results[4] == []
     assert node.history.job("team-a", "team-a/there").spec.name == "job"  # type: ignore[union-attr]
+
+
+def test_single_commands_sent_together_are_decided_in_one_batch_per_partition(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Concurrent requests (one each, as the API's handlers send them) that reach the node in
+    # the same turn of its event loop are decided together: one batch, and so one append, per
+    # partition, not a batch for whatever had arrived when the runner's thread woke.
+    commands = [put(f"s{i}") for i in range(2000)]
+    partitions = {partition_for(c.job_id, PARTITIONS) for c in commands}
+    batches: list[int] = []
+    appended = node.metrics.appended
+
+    def count(partition: int, offsets: list[int], events: list[Any]) -> None:
+        batches.append(partition)
+        appended(partition, offsets, events)
+
+    monkeypatch.setattr(node.metrics, "appended", count)
+
+    async def all_at_once() -> list[list[Any]]:
+        return await asyncio.gather(*(node.execute(c) for c in commands))
+
+    results = asyncio.run(all_at_once())
+    assert sorted(batches) == sorted(partitions)
+    assert all(isinstance(r[0], JobRegistered) for r in results)
+    assert all(node.history.job("team-a", c.job_id) is not None for c in commands)
