@@ -571,39 +571,58 @@ class Node:
         offsets: dict[int, int] = {}  # partition -> the last offset its answers hold
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[None] = loop.create_future()
-        pending = 0
         handoff = handoff_to(loop)
-
-        def deliver(i: int, p: int, result: Decided | CronlogError) -> None:
-            nonlocal pending
-            if results[i] is not None:
-                return
-            if isinstance(result, CronlogError):
-                results[i] = result
-            else:
-                results[i] = result.events
-                if result.offsets:
-                    offsets[p] = max(offsets.get(p, -1), result.offsets[-1])
-            pending -= 1
-            if pending == 0 and not answered.done():
-                answered.set_result(None)
-
-        def replier(i: int, p: int) -> Callable[[Decided | CronlogError], None]:
-            return lambda result: handoff.post(deliver, i, p, result)
-
         remote: list[asyncio.Task[None]] = []
+        local: list[tuple[int, list[int], PartitionRunner]] = []
         for p, indices in by_partition.items():
             runner = self._runners.get(p)
             if runner is None:
                 remote += [asyncio.create_task(self._ask(p, i, commands, results)) for i in indices]
-                continue
-            pending += len(indices)
-            runner.submit_many([Request(commands[i], reply=replier(i, p)) for i in indices])
-        if pending:
+            else:
+                local.append((p, indices, runner))
+        # The runners' answers are kept where their threads leave them, and the loop is woken
+        # once, by the last: not a hand-over and a call in the loop per command.
+        expected = sum(len(indices) for _, indices, _ in local)
+        lock = threading.Lock()
+        answers: dict[int, Decided | CronlogError] = {}
+
+        def finish() -> None:
+            if not answered.done():
+                answered.set_result(None)
+
+        def replier(i: int) -> Callable[[Decided | CronlogError], None]:
+            def reply(result: Decided | CronlogError) -> None:
+                with lock:
+                    if i in answers:
+                        return
+                    answers[i] = result
+                    last = len(answers) == expected
+                if last:
+                    handoff.post(finish)
+
+            return reply
+
+        for _, indices, runner in local:
+            runner.submit_many([Request(commands[i], reply=replier(i)) for i in indices])
+        if expected:
+            timer = loop.call_later(LOCAL_TIMEOUT_S, finish)
             try:
-                await asyncio.wait_for(answered, LOCAL_TIMEOUT_S)
-            except TimeoutError:
-                log.error("%d commands had no answer in %.0f s", pending, LOCAL_TIMEOUT_S)
+                await answered
+            finally:
+                timer.cancel()
+        with lock:
+            got = dict(answers)  # an answer later than the timeout is not read
+        if len(got) < expected:
+            log.error("%d commands had no answer in %.0f s", expected - len(got), LOCAL_TIMEOUT_S)
+        for p, indices, _ in local:
+            for i in indices:
+                result = got.get(i)
+                if isinstance(result, CronlogError):
+                    results[i] = result
+                elif result is not None:
+                    results[i] = result.events
+                    if result.offsets:
+                        offsets[p] = max(offsets.get(p, -1), result.offsets[-1])
         if remote:
             await asyncio.gather(*remote)
         for p, last in offsets.items():
