@@ -865,14 +865,16 @@ class _Gathering:
 _gatherings: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Gathering] = (
     weakref.WeakKeyDictionary()
 )
+_gatherings_lock = threading.Lock()  # loops of several threads (the API's, the executors')
 
 
 def _gathering(loop: asyncio.AbstractEventLoop) -> _Gathering:
     """The loop's :class:`_Gathering` (called from that loop's thread)."""
-    gathering = _gatherings.get(loop)
-    if gathering is None:
-        gathering = _gatherings[loop] = _Gathering(loop)
-    return gathering
+    with _gatherings_lock:
+        gathering = _gatherings.get(loop)
+        if gathering is None:
+            gathering = _gatherings[loop] = _Gathering(loop)
+        return gathering
 
 
 def _no_snapshot(partition: int) -> int | None:
