@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from core.commands import PauseJob, PutJob
-from core.errors import Conflict, NotFound
+from core.errors import Conflict, NotFound, Unavailable
 from core.events import JobRegistered
 from core.jobs import JobSpec, PullTarget
 from eventlog.embedded import EmbeddedLog
@@ -98,3 +98,17 @@ def test_single_commands_sent_together_are_decided_in_one_batch_per_partition(
     assert sorted(batches) == sorted(partitions)
     assert all(isinstance(r[0], JobRegistered) for r in results)
     assert all(node.history.job("team-a", c.job_id) is not None for c in commands)
+
+
+def test_a_runner_that_never_answers_makes_the_request_unavailable_in_time(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A runner answers every request it takes; should one ever not, the caller is told
+    # "unavailable" at the deadline instead of waiting forever, singly and in a batch.
+    monkeypatch.setattr("node.node.LOCAL_TIMEOUT_S", 0.3)
+    for runner in node._runners.values():
+        monkeypatch.setattr(runner, "submit_many", lambda requests: None)
+    with pytest.raises(Unavailable):
+        asyncio.run(asyncio.wait_for(node.execute(put("lost")), 10))
+    results = asyncio.run(asyncio.wait_for(node.execute_many([put("a"), put("b")]), 10))
+    assert all(isinstance(r, Unavailable) for r in results), results
