@@ -2,12 +2,14 @@
 and of this one, in interleaved rounds, with the bare Starlette endpoint in each round.
 
     git worktree add --detach /tmp/base main
-    python -m bench.registration_compare --base /tmp/base [--rounds 3] [--seconds 5]
+    python -m bench.registration_compare --base /tmp/base [--rounds 3] [--seconds 5] [--kafka]
 
 Each round starts the baseline's node, then this checkout's, each on a fresh data directory,
 and measures on each: ``POST /v1/jobs`` with ``wrk -t1 -c64`` (as :mod:`bench.registration`),
 then ``POST /v1/jobs:batch`` with 4 requests of 1,000 jobs at once (:mod:`bench.post_load`);
-then the bare endpoint with the same wrk. Besides the rates, each record has the serve
+then the bare endpoint with the same wrk. ``--kafka`` starts one local broker
+(``tools/kafka/broker.py``) and runs both nodes on it, each on topics of its own, without the
+bare endpoint. Besides the rates, each record has the serve
 process's CPU (user + system, its threads and children) per job: on a machine shared with
 other work the rate moves with the load, the CPU a job costs much less. The baseline runs
 under this checkout's interpreter, from its own directory (:class:`bench.common.Serve`).
@@ -19,6 +21,7 @@ prints the medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import secrets
 import statistics
@@ -84,6 +87,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--only", default="single,batch,bare")
+    parser.add_argument("--kafka", action="store_true", help="both nodes on a local broker")
     args = parser.parse_args()
     only = set(args.only.split(","))
     run_id = secrets.token_hex(3)
@@ -91,22 +95,46 @@ def main() -> None:
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="cronlog-registration-") as tmp_dir:
         tmp = Path(tmp_dir)
-        for round_ in range(1, args.rounds + 1):
-            for who, source in (("base", args.base), ("this", None)):
-                with Serve(tmp / f"{who}-{round_}", source=source) as serve:
-                    for figures in measure(serve, args.seconds, tmp, only):
-                        records.append({"who": who, "commit": commits[who], **figures})
-                        log(f"round {round_} {who} {figures['what']}: {figures['per_s']}/s,"
-                            f" {figures['cpu_us_per_job']} us of CPU a job")  # fmt: skip
-            if "bare" in only:
-                load = loadavg()
-                f = registration.bare(args.seconds, "wrk", tmp)
-                records.append({"who": "bare", "what": "single", "load_at_start": load,
-                                "per_s": f["ok_per_s"],
-                                "latency_p99": f["latency_p99"]})  # fmt: skip
-                log(f"round {round_} bare: {f['ok_per_s']}/s")
+        with contextlib.ExitStack() as stack:
+            kafka = None
+            if args.kafka:  # one broker for every round, each node on topics of its own
+                from tools.kafka import broker
+
+                cluster = broker.start(1, tmp / "kafka")
+                stack.callback(cluster.stop)
+                kafka = cluster.bootstrap_servers
+                only.discard("bare")
+            rounds(args, tmp, only, kafka, commits, records)
+    report(run_id, args.seconds, records)
+
+
+def rounds(
+    args: argparse.Namespace,
+    tmp: Path,
+    only: set[str],
+    kafka: str | None,
+    commits: dict[str, str | None],
+    records: list[dict[str, Any]],
+) -> None:
+    for round_ in range(1, args.rounds + 1):
+        for who, source in (("base", args.base), ("this", None)):
+            with Serve(tmp / f"{who}-{round_}", source=source, kafka=kafka) as serve:
+                for figures in measure(serve, args.seconds, tmp, only):
+                    records.append({"who": who, "commit": commits[who],
+                                    "kafka": kafka is not None, **figures})  # fmt: skip
+                    log(f"round {round_} {who} {figures['what']}: {figures['per_s']}/s,"
+                        f" {figures['cpu_us_per_job']} us of CPU a job")  # fmt: skip
+        if "bare" in only:
+            load = loadavg()
+            f = registration.bare(args.seconds, "wrk", tmp)
+            records.append({"who": "bare", "what": "single", "load_at_start": load,
+                            "per_s": f["ok_per_s"], "latency_p99": f["latency_p99"]})  # fmt: skip
+            log(f"round {round_} bare: {f['ok_per_s']}/s")
+
+
+def report(run_id: str, seconds: float, records: list[dict[str, Any]]) -> None:
     for record in records:
-        row = {"run": run_id, "timestamp": stamp(), "seconds": args.seconds, **record}
+        row = {"run": run_id, "timestamp": stamp(), "seconds": seconds, **record}
         append_result("registration_compare", row)
     for who in ("base", "this", "bare"):
         for what in ("single", "batch"):
