@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -573,39 +574,58 @@ class Node:
         offsets: dict[int, int] = {}  # partition -> the last offset its answers hold
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[None] = loop.create_future()
-        pending = 0
         handoff = handoff_to(loop)
-
-        def deliver(i: int, p: int, result: Decided | CronlogError) -> None:
-            nonlocal pending
-            if results[i] is not None:
-                return
-            if isinstance(result, CronlogError):
-                results[i] = result
-            else:
-                results[i] = result.events
-                if result.offsets:
-                    offsets[p] = max(offsets.get(p, -1), result.offsets[-1])
-            pending -= 1
-            if pending == 0 and not answered.done():
-                answered.set_result(None)
-
-        def replier(i: int, p: int) -> Callable[[Decided | CronlogError], None]:
-            return lambda result: handoff.post(deliver, i, p, result)
-
         remote: list[asyncio.Task[None]] = []
+        local: list[tuple[int, list[int], PartitionRunner]] = []
         for p, indices in by_partition.items():
             runner = self._runners.get(p)
             if runner is None:
                 remote += [asyncio.create_task(self._ask(p, i, commands, results)) for i in indices]
-                continue
-            pending += len(indices)
-            runner.submit_many([Request(commands[i], reply=replier(i, p)) for i in indices])
-        if pending:
+            else:
+                local.append((p, indices, runner))
+        # The runners' answers are kept where their threads leave them, and the loop is woken
+        # once, by the last: not a hand-over and a call in the loop per command.
+        expected = sum(len(indices) for _, indices, _ in local)
+        lock = threading.Lock()
+        answers: dict[int, Decided | CronlogError] = {}
+
+        def finish() -> None:
+            if not answered.done():
+                answered.set_result(None)
+
+        def replier(i: int) -> Callable[[Decided | CronlogError], None]:
+            def reply(result: Decided | CronlogError) -> None:
+                with lock:
+                    if i in answers:
+                        return
+                    answers[i] = result
+                    last = len(answers) == expected
+                if last:
+                    handoff.post(finish)
+
+            return reply
+
+        for _, indices, runner in local:
+            runner.submit_many([Request(commands[i], reply=replier(i)) for i in indices])
+        if expected:
+            timer = loop.call_later(LOCAL_TIMEOUT_S, finish)
             try:
-                await asyncio.wait_for(answered, LOCAL_TIMEOUT_S)
-            except TimeoutError:
-                log.error("%d commands had no answer in %.0f s", pending, LOCAL_TIMEOUT_S)
+                await answered
+            finally:
+                timer.cancel()
+        with lock:
+            got = dict(answers)  # an answer later than the timeout is not read
+        if len(got) < expected:
+            log.error("%d commands had no answer in %.0f s", expected - len(got), LOCAL_TIMEOUT_S)
+        for p, indices, _ in local:
+            for i in indices:
+                result = got.get(i)
+                if isinstance(result, CronlogError):
+                    results[i] = result
+                elif result is not None:
+                    results[i] = result.events
+                    if result.offsets:
+                        offsets[p] = max(offsets.get(p, -1), result.offsets[-1])
         if remote:
             await asyncio.gather(*remote)
         for p, last in offsets.items():
@@ -652,9 +672,9 @@ class Node:
                 partition, command, visible=visible, timeout_s=timeout_s or FORWARD_TIMEOUT_S
             )
         loop = asyncio.get_running_loop()
-        answer: asyncio.Future[Decided | CronlogError] = loop.create_future()
+        answer: asyncio.Future[Decided | CronlogError | None] = loop.create_future()
 
-        def deliver(result: Decided | CronlogError) -> None:
+        def deliver(result: Decided | CronlogError | None) -> None:
             if not answer.done():
                 answer.set_result(result)
 
@@ -663,12 +683,17 @@ class Node:
         def settle(result: Decided | CronlogError) -> None:
             handoff.post(deliver, result)
 
-        runner.submit(Request(command, reply=settle))
+        # No answer in time settles it with None: one timer, where wait_for would add a
+        # future, a task switch and callbacks to every request.
+        timer = loop.call_later(LOCAL_TIMEOUT_S, deliver, None)
+        _gathering(loop).submit(runner, Request(command, reply=settle))
         try:
-            result = await asyncio.wait_for(answer, LOCAL_TIMEOUT_S)
-        except TimeoutError:
+            result = await answer
+        finally:
+            timer.cancel()
+        if result is None:
             log.error("partition %d: no answer in %.0f s", partition, LOCAL_TIMEOUT_S)
-            raise Unavailable(f"partition {partition} did not answer") from None
+            raise Unavailable(f"partition {partition} did not answer")
         if isinstance(result, CronlogError):
             raise result
         if visible:
@@ -809,6 +834,50 @@ class Node:
         except Unavailable:
             return None
         return [e for e in events if isinstance(e, ev.LeaseGranted)]
+
+
+class _Gathering:
+    """The requests an event loop hands the partition runners, gathered for the rest of the
+    loop's current turn and handed over together: one :meth:`PartitionRunner.submit_many` per
+    partition instead of one wake-up of its thread per request. Under load, the requests
+    that arrive together (uvloop reads every ready connection in one turn) are decided in one
+    batch and made durable in one commit; alone, a request waits for nothing but the end of
+    the turn. Used from its loop's thread only."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: dict[PartitionRunner, list[Request]] = {}
+
+    def submit(self, runner: PartitionRunner, request: Request) -> None:
+        if not self._waiting:
+            self._loop.call_soon(self._hand_over)
+        self._waiting.setdefault(runner, []).append(request)
+
+    def _hand_over(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for runner, requests in waiting.items():
+            try:
+                runner.submit_many(requests)
+            except Exception as err:  # never a request left waiting for its timeout
+                log.exception("partition %d: requests not handed over", runner.partition)
+                for request in requests:
+                    if request.reply is not None:
+                        request.reply(Unavailable(f"partition {runner.partition}: {err}"))
+
+
+_gatherings: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Gathering] = (
+    weakref.WeakKeyDictionary()
+)
+_gatherings_lock = threading.Lock()  # loops of several threads (the API's, the executors')
+
+
+def _gathering(loop: asyncio.AbstractEventLoop) -> _Gathering:
+    """The loop's :class:`_Gathering` (called from that loop's thread)."""
+    with _gatherings_lock:
+        gathering = _gatherings.get(loop)
+        if gathering is None:
+            gathering = _gatherings[loop] = _Gathering(loop)
+        return gathering
 
 
 def _no_snapshot(partition: int) -> int | None:
