@@ -20,6 +20,7 @@ from api.edge import (
     query_choice,
     run_response,
     run_view,
+    sourced_run,
 )
 from api.errors import ApiError, bad_request
 from api.held import Held
@@ -105,13 +106,17 @@ def _triggered(call: Call, job_id: str, key: str | None, slot: Millis | None) ->
     history = call.scheduler.history
     known = None if key is None else history.run_by_key(call.tenant, job_id, key)
     if known is None and slot is not None:
-        known = history.run(call.tenant, run_id_of(job_id, slot))
+        # A slot past the hot window may have run: the archive says so (never run it twice).
+        found = call.scheduler.run_history.run(call.tenant, run_id_of(job_id, slot))
+        known = None if found is None else found.view
     return known
 
 
 async def get_run(request: Request) -> Response:
     call = authenticate(request)
-    return run_response(call, call.run_id(request.path_params["run_id"]))
+    run_id = call.run_id(request.path_params["run_id"])
+    # Past the hot window the answer is read from the archive: off the event loop.
+    return await asyncio.to_thread(run_response, call, run_id)
 
 
 async def list_runs(request: Request) -> Response:
@@ -130,7 +135,7 @@ async def list_runs(request: Request) -> Response:
 async def cancel_run(request: Request) -> Response:
     call = authenticate(request)
     run_id = call.run_id(request.path_params["run_id"])
-    view = run_view(call, run_id)
+    view = sourced_run(call, run_id).view
     if view.state == "succeeded":
         raise Conflict(f"run {team_id(run_id)} already succeeded")
     if view.state != "cancelled":
@@ -141,7 +146,7 @@ async def cancel_run(request: Request) -> Response:
 async def replay_run(request: Request) -> Response:
     call = authenticate(request)
     run_id = call.run_id(request.path_params["run_id"])
-    view = run_view(call, run_id)
+    view = sourced_run(call, run_id).view
     if view.state != "dead":
         raise Conflict(f"run {team_id(run_id)} is {view.state}; only a dead run can be replayed")
     await call.scheduler.execute(ReplayRun(run_id=run_id, tenant=call.tenant))
