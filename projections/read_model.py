@@ -1099,19 +1099,21 @@ class ReadModel:
         ``cutoff``, oldest slot first (a backward scan from the prefix's end)."""
         if limit <= 0 or cutoff <= 0:
             return []
-        options = checked_reads()
-        options.set_iterate_lower_bound(prefix + _inv(cutoff - 1))
+        lower = prefix + _inv(cutoff - 1)
         upper = prefix[:-1] + bytes([prefix[-1] + 1])
+        options = checked_reads()
         options.set_iterate_upper_bound(upper)
         it: Any = self._db.iter(options)
         it.seek_for_prev(upper)
         found: list[bytes] = []
+        # The lower bound is checked here: rocksdict's iterate_lower_bound does not stop a
+        # backward scan when nothing lies between the bounds.
         while it.valid() and len(found) < limit:
             key = bytes(it.key())
-            if key == upper:
-                it.prev()
-                continue
-            found.append(key[len(prefix) :])
+            if key < lower:
+                break
+            if key != upper:
+                found.append(key[len(prefix) :])
             it.prev()
         error = iterator_error(it)
         del it  # a live iterator keeps the model's LOCK
