@@ -128,7 +128,14 @@ async def list_runs(request: Request) -> Response:
         request.query_params.get("cursor"),
     )
     return json_response(
-        RunPage(runs=[run_out(v) for v in page.items], next_cursor=page.next_cursor)
+        # Runs by state: the read model's alone (live and dead runs never leave it; finished
+        # ones past the history window are not listed here, GET /v1/jobs/{id}/runs has them).
+        RunPage(
+            runs=[run_out(v) for v in page.items],
+            next_cursor=page.next_cursor,
+            source="hot",
+            gone_before=None,
+        )
     )
 
 

@@ -279,7 +279,7 @@ class RunOut(msgspec.Struct, kw_only=True):
     error: str
     dead_reason: str | None
     attempts: list[AttemptOut]
-    source: HistorySource = "hot"
+    source: HistorySource
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -297,8 +297,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
 class RunPage(msgspec.Struct, kw_only=True):
     runs: list[RunOut]
     next_cursor: str | None
-    source: HistorySource = "hot"
-    gone_before: str | None = None
+    source: HistorySource
+    gone_before: str | None
 
 
 class ClaimedRun(msgspec.Struct, kw_only=True):

@@ -44,7 +44,13 @@ from core.errors import InvalidDefinition, Unavailable
 from core.events import RunEvent
 from eventlog.port import Record, partition_for
 from projections.decoding import EventDecoder
-from projections.read_model import LIVE_STATES, MAX_LIMIT, ReadModel, decode_cursor, run_key
+from projections.read_model import (
+    FORGETTABLE,
+    MAX_LIMIT,
+    ReadModel,
+    decode_cursor,
+    run_key,
+)
 from projections.read_model import encode_cursor as _encode
 from projections.run_fold import fold
 from projections.views import RunView
@@ -119,18 +125,34 @@ class ArchivedRuns:
             if hi <= floor:
                 break
             lo = max(floor, hi - span)
-            found.update(self._fold(job_id, lo, hi).runs)
+            found.update(self._fold(job_id, lo, hi, held=held).runs)
             if sum(1 for run_id in found if not held(run_id)) >= count:
                 break
             hi, span = lo, span * 2
         return sorted(found.values(), key=lambda r: r.scheduled_for, reverse=True)
 
-    def _fold(self, job_id: str, lo: int, hi: int, wanted: str | None = None) -> _Scan:
-        """The job's runs of slots in ``[lo, hi)``, every event of theirs folded in."""
+    def _fold(
+        self,
+        job_id: str,
+        lo: int,
+        hi: int,
+        wanted: str | None = None,
+        held: Callable[[str], bool] | None = None,
+    ) -> _Scan:
+        """The job's runs of slots in ``[lo, hi)``, every event of theirs folded in: read until
+        ``FIND_SPAN_MS`` past ``hi`` and every run found is done (:func:`_done`), or with
+        ``wanted``, until that run is done (or, not found by then, ``FIND_SPAN_MS`` past)."""
         partition = partition_for(job_id, self.log.num_partitions)
         offset = self.offset_at(partition, lo - BEFORE_MS)
         until = hi + FIND_SPAN_MS
         scan = _Scan()
+        known: dict[str, bool] = {}  # held, asked once a run
+
+        def held_now(run_id: str) -> bool:
+            if run_id not in known:
+                known[run_id] = held is not None and held(run_id)
+            return known[run_id]
+
         while scan.records < MAX_SCAN:
             records = self.log.read_events(partition, offset, READ_BATCH)
             if not records:
@@ -141,15 +163,17 @@ class ArchivedRuns:
                 event = self.decoder.decode(record)
                 if event is None:
                     continue
-                if event.at >= until and _settled(scan.runs):
+                if event.at >= until and (
+                    wanted not in scan.runs
+                    if wanted is not None
+                    else all(_done(r) or held_now(r.run_id) for r in scan.runs.values())
+                ):
                     return scan
                 if event.job_id != job_id or not isinstance(event, RunEvent):
                     continue
                 if lo <= event.scheduled_for < hi:
                     fold(scan.runs, event)
-                    if wanted is not None and _settled(scan.runs) and wanted in scan.runs:
-                        # The run ended: what follows is about other runs (a slot run again
-                        # after this is a new record in the read model, answered hot).
+                    if wanted is not None and wanted in scan.runs and _done(scan.runs[wanted]):
                         return scan
         raise Unavailable(
             f"the history of job {job_id} around {lo} needs more than {MAX_SCAN} events read"
@@ -186,8 +210,11 @@ class ArchivedRuns:
         return low
 
 
-def _settled(runs: dict[str, RunView]) -> bool:
-    return all(run.state not in LIVE_STATES for run in runs.values())
+def _done(run: RunView) -> bool:
+    """Ended for good: nothing moves a succeeded or cancelled run again (a dead one may be
+    replayed or cancelled later). Only such runs leave the read model (``FORGETTABLE``); a
+    run that is not done is answered from the read model, which still holds it."""
+    return run.state in FORGETTABLE
 
 
 class History:
