@@ -12,10 +12,15 @@ import pytest
 
 from core import events as ev
 from core.clock import FakeClock
+from eventlog.embedded import EmbeddedLog
 from node.hot_window import HotWindow, HotWindowMetrics
+from node.node import Node
 from projections.read_model import FORGETTABLE, Forgot, ReadModel
 from projections.views import RUN_STATES, RunView
+from tests.node.test_snapshot_supervision import thread_deaths, wait_for
 from tests.projections.histories import busy_partition
+
+__all__ = ["thread_deaths"]  # a fixture
 
 WINDOW = 86_400_000
 TENANTS = ("t1", "t2")
@@ -144,3 +149,33 @@ def test_a_failed_pass_is_counted_and_the_thread_goes_on(
     assert metrics.failures._value.get() == 1
     assert "a pass failed" in caplog.text
     assert window.started is False and window.alive is False
+
+
+def test_the_node_starts_the_window_again_when_its_thread_ends(
+    tmp_path: Path, thread_deaths: list[BaseException]
+) -> None:
+    with EmbeddedLog.open(tmp_path / "log", 1) as log:
+        node = Node(log, tmp_path / "node")
+        window = node.hot_window
+        assert window is not None
+        passes = threading.Semaphore(0)
+        first = [True]
+
+        def run_once() -> object:
+            if first[0]:
+                first[0] = False
+                raise SystemExit("killed")  # not an Exception: the thread ends
+            passes.release()
+            return None
+
+        window.run_once = run_once  # type: ignore[method-assign]
+        node.start()
+        try:
+            wait_for("the thread's end was not noticed", lambda: thread_deaths)
+            wait_for(
+                "the history window was not started again",
+                lambda: node.metrics.thread_failures.labels("history-window")._value.get() == 1,
+            )
+            assert passes.acquire(timeout=30)  # the new thread makes its pass
+        finally:
+            node.stop()
