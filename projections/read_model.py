@@ -979,12 +979,16 @@ class ReadModel:
 
     # -- the hot window (projections.hot_window drives it) ------------------------------------
 
-    def forget_runs(self, cutoff: int, max_runs: int) -> Forgot:
+    def forget_runs(
+        self, cutoff: int, max_runs: int, resume: dict[bytes, bytes] | None = None
+    ) -> Forgot:
         """Remove up to ``max_runs`` finished runs (:data:`FORGETTABLE` states) whose slot is
         before ``cutoff``, oldest slot first, with every index key that names them (``r/``,
         ``jr/``, ``rs/``, ``jk/``) and their ``c/`` counts, in one batch. Live and dead runs
         stay; a job's own record and ``cj/`` do not change. Holds the writer's lock for this
-        one batch only (``Forgot.held_s``)."""
+        one batch only (``Forgot.held_s``). ``resume`` (index prefix -> the last key removed),
+        kept by the caller across the batches of one cutoff, starts each scan past what earlier
+        batches deleted: RocksDB would otherwise step over their tombstones again each time."""
         started = time.perf_counter()
         with self._write_lock:
             held_from = time.perf_counter()
@@ -995,7 +999,8 @@ class ReadModel:
                 for tenant in self._tenants():
                     for state in FORGETTABLE:
                         prefix = f"rs/{tenant}/{state}/".encode()
-                        for suffix in self._oldest(prefix, cutoff, max_runs - removed):
+                        before = None if resume is None else resume.get(prefix)
+                        for suffix in self._oldest(prefix, cutoff, max_runs - removed, before):
                             run_id = suffix[8:]
                             run = _run_decoder.decode(self._indexed(b"r/" + run_id))
                             job = run.job_id.encode()
@@ -1009,6 +1014,8 @@ class ReadModel:
                             count = f"c/{tenant}/{state}".encode()
                             counts[count] = counts.get(count, 0) + 1
                             removed += 1
+                            if resume is not None:
+                                resume[prefix] = suffix
                         if removed >= max_runs:
                             break
                     if removed >= max_runs:
@@ -1094,9 +1101,12 @@ class ReadModel:
                 tenants.append(tenant)
         return tenants
 
-    def _oldest(self, prefix: bytes, cutoff: int, limit: int) -> list[bytes]:
+    def _oldest(
+        self, prefix: bytes, cutoff: int, limit: int, before: bytes | None = None
+    ) -> list[bytes]:
         """Up to ``limit`` key suffixes of an ``<inv(slot)><run_id>`` index whose slot is before
-        ``cutoff``, oldest slot first (a backward scan from the prefix's end)."""
+        ``cutoff``, oldest slot first (a backward scan from the prefix's end, or from just
+        before the suffix ``before``)."""
         if limit <= 0 or cutoff <= 0:
             return []
         lower = prefix + _inv(cutoff - 1)
@@ -1104,7 +1114,8 @@ class ReadModel:
         options = checked_reads()
         options.set_iterate_upper_bound(upper)
         it: Any = self._db.iter(options)
-        it.seek_for_prev(upper)
+        start = upper if before is None else prefix + before
+        it.seek_for_prev(start)
         found: list[bytes] = []
         # The lower bound is checked here: rocksdict's iterate_lower_bound does not stop a
         # backward scan when nothing lies between the bounds.
@@ -1112,7 +1123,7 @@ class ReadModel:
             key = bytes(it.key())
             if key < lower:
                 break
-            if key != upper:
+            if key != start:
                 found.append(key[len(prefix) :])
             it.prev()
         error = iterator_error(it)

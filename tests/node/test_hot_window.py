@@ -123,12 +123,14 @@ class _Failing:
         self.calls = 0
         self.again = threading.Event()
 
-    def forget_runs(self, cutoff: int, max_runs: int) -> Forgot:
+    def forget_runs(
+        self, cutoff: int, max_runs: int, resume: dict[bytes, bytes] | None = None
+    ) -> Forgot:
         self.calls += 1
         if self.calls == 1:
             raise OSError("disk went away")
         self.again.set()
-        return self.model.forget_runs(cutoff, max_runs)
+        return self.model.forget_runs(cutoff, max_runs, resume)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.model, name)
