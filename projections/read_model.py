@@ -23,7 +23,8 @@ newest first)::
     jr/<job_id>/<inv(scheduled_for)><run_id>  -> ""   runs of a job, newest slot first
     jk/<job_id>/<idempotency_key>             -> run_id   the run a keyed manual trigger made
     rs/<tenant>/<state>/<inv(scheduled_for)><run_id>  -> ""  runs by state (the dead letters)
-    c/<tenant>/<state>                        -> u64  runs by state, kept incrementally
+    c/<tenant>/<state>                        -> u64  runs by state the model holds (after the
+                                                      history window: forget_runs)
     cj/<tenant>                               -> u64  jobs not cancelled (the jobs quota)
     sk/<job_id>/<inv(offset)>                 -> msgpack SkipView, newest first
     tf/<tenant>/<minute:u64>                  -> msgpack figures.Minute (projections/figures.py)
