@@ -69,7 +69,8 @@ async def trigger_run(request: Request) -> Response:
     slot = (
         None if body.scheduled_for is None else parse_rfc3339(body.scheduled_for, "scheduled_for")
     )
-    known = _triggered(call, job_id, key, slot)
+    # A slot past the history window is looked up in the archive: off the event loop.
+    known = await asyncio.to_thread(_triggered, call, job_id, key, slot)
     if known is not None:
         return json_response(run_out(known))
     events = await on_job(
@@ -83,9 +84,7 @@ async def trigger_run(request: Request) -> Response:
     if key is None and slot is None:
         # "Now" was a slot whose run exists, to the millisecond; which instant the partition
         # read as now is not known here.
-        raise Conflict(
-            f"a run of job {team_id(job_id)} for this instant exists already; try again"
-        )
+        raise Conflict(f"a run of job {team_id(job_id)} for this instant exists already; try again")
     known = _triggered(call, job_id, key, slot)
     if known is None:
         await asyncio.to_thread(
@@ -95,9 +94,7 @@ async def trigger_run(request: Request) -> Response:
         )
         known = _triggered(call, job_id, key, slot)
     if known is None:
-        raise Unavailable(
-            f"the run a trigger of job {team_id(job_id)} names is not readable yet"
-        )
+        raise Unavailable(f"the run a trigger of job {team_id(job_id)} names is not readable yet")
     return json_response(run_out(known))
 
 

@@ -48,14 +48,34 @@ def history(runs: int, jobs: int, t0: int = T0, tenant: str = "team-a") -> list[
             job_id = f"{tenant}/job-{j}"
             slot = t0 + i * 60_000
             run_id = run_id_of(job_id, slot)
-            out.append(ev.encode(ev.RunMaterialised(
-                at=slot, job_id=job_id, tenant=tenant, run_id=run_id, scheduled_for=slot,
-                available_at=slot, priority=0,
-            )))
-            out.append(ev.encode(ev.LeaseGranted(
-                at=slot + 5, job_id=job_id, tenant=tenant, run_id=run_id, scheduled_for=slot,
-                worker_id="w", fencing_token=i + 1, lease_expires_at=slot + 30_000, lateness_ms=5,
-            )))
+            out.append(
+                ev.encode(
+                    ev.RunMaterialised(
+                        at=slot,
+                        job_id=job_id,
+                        tenant=tenant,
+                        run_id=run_id,
+                        scheduled_for=slot,
+                        available_at=slot,
+                        priority=0,
+                    )
+                )
+            )
+            out.append(
+                ev.encode(
+                    ev.LeaseGranted(
+                        at=slot + 5,
+                        job_id=job_id,
+                        tenant=tenant,
+                        run_id=run_id,
+                        scheduled_for=slot,
+                        worker_id="w",
+                        fencing_token=i + 1,
+                        lease_expires_at=slot + 30_000,
+                        lateness_ms=5,
+                    )
+                )
+            )
             out.append(ev.encode(ev.RunCompleted(
                 at=slot + 900, job_id=job_id, tenant=tenant, run_id=run_id, scheduled_for=slot,
                 fencing_token=i + 1, started_at=slot + 5,

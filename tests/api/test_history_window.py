@@ -123,3 +123,14 @@ async def test_with_no_archive_the_answer_says_history_past_the_window_is_gone(a
     page = (await api.a.get("/v1/jobs/export/runs")).json()
     assert [x["run_id"] for x in page["runs"]] == [run_ids[-1]]
     assert page["gone_before"] is not None
+
+
+async def test_a_slot_that_ran_past_the_window_is_not_run_again(api: Api) -> None:
+    run_ids = await _history(api, 3)
+    hot = (await api.a.get(f"/v1/runs/{run_ids[0]}")).json()
+    _forget(api, 31)
+    events = len(api.fake.events)
+    again = await api.a.post("/v1/jobs/export/runs", json={"scheduled_for": hot["scheduled_for"]})
+    assert again.status_code == 200, again.text
+    assert again.json()["run_id"] == run_ids[0] and again.json()["state"] == "succeeded"
+    assert len(api.fake.events) == events  # nothing decided

@@ -35,9 +35,7 @@ def test_archived_runs_equal_the_read_models(tmp_path: Path) -> None:
 
     with ReadModel(tmp_path / "read_model") as model:
         model.process_records(0, [Record(0, i, v) for i, v in enumerate(values)])
-        runs = [
-            msgspec.msgpack.decode(v) for k, v in model.dump() if k.startswith(b"r/")
-        ]
+        runs = [msgspec.msgpack.decode(v) for k, v in model.dump() if k.startswith(b"r/")]
         assert len(runs) > 50
         reader = ArchivedRuns(ArchivedLog(log, archive), archive, EventDecoder("history"))
         finished = [r for r in runs if r["state"] in FORGETTABLE]  # what may leave the model

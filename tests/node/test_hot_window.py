@@ -98,9 +98,7 @@ def test_a_pass_is_bounded_and_the_next_goes_on(model: ReadModel) -> None:
     cutoff = max(r.scheduled_for for r in before.values()) + 1
     finished = sum(1 for r in before.values() if r.state in FORGETTABLE)
     metrics = HotWindowMetrics()
-    window = HotWindow(
-        model, WINDOW, FakeClock(cutoff + WINDOW), metrics, batch=3, max_batches=2
-    )
+    window = HotWindow(model, WINDOW, FakeClock(cutoff + WINDOW), metrics, batch=3, max_batches=2)
     first = window.run_once()
     assert first.runs == 6 < finished
     assert first.behind_ms > 0  # said: forgetting is behind
