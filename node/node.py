@@ -69,7 +69,12 @@ from node import decisions, wire
 from node.claims import ReadyHints, split
 from node.executors import Executors
 from node.handoff import handoff_to
-from node.hot_window import DEFAULT_WINDOW_MS, HotWindow, HotWindowMetrics
+from node.hot_window import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_WINDOW_MS,
+    HotWindow,
+    HotWindowMetrics,
+)
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.retention import recovery_floor
@@ -188,6 +193,8 @@ class Node:
                 history_window_ms,
                 self._clock,
                 HotWindowMetrics(self.metrics.registry),
+                # every minute, or a tenth of a window shorter than ten minutes
+                interval_s=min(DEFAULT_INTERVAL_S, max(0.1, history_window_ms / 10_000)),
             )
         )
         self._run_history = History(
