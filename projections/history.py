@@ -12,8 +12,9 @@ job's partition is a hash of its id, so the events to read are one partition's f
 slot on. A run is materialised at its slot (a timer), or later when its node was down or it
 was backfilled; so the reader starts at the first offset whose event is at most
 :data:`BEFORE_MS` before the slot (found from the archive manifest's time ranges, then by
-bisecting the hot log) and reads on until it is :data:`FIND_SPAN_MS` past the slot range and
-every run it found has settled. A run first materialised more than ``FIND_SPAN_MS`` after its
+bisecting the hot log) and reads on until the run asked for has ended for good, or, for a
+range of slots, until it is :data:`FIND_SPAN_MS` past the range and every run it found has
+ended for good or is still in the read model (which then answers for it). A run first materialised more than ``FIND_SPAN_MS`` after its
 slot (a backfill of old slots) is not found there once it has left the window: a limit of
 this answer, said in docs/architecture.md. One answer reads at most :data:`MAX_SCAN` records;
 past that it is ``Unavailable`` naming the run, never a silent partial answer.
