@@ -16,8 +16,9 @@ bisecting the hot log) and reads on until the run asked for has ended for good, 
 range of slots, until it is :data:`FIND_SPAN_MS` past the range and every run it found has
 ended for good or is still in the read model (which then answers for it). A run first
 materialised more than ``FIND_SPAN_MS`` after its slot (a backfill of old slots) is not found
-there once it has left the window: a limit of this answer, said in docs/architecture.md. One answer reads at most :data:`MAX_SCAN` records;
-past that it is ``Unavailable`` naming the run, never a silent partial answer.
+there once it has left the window: a limit of this answer, said in docs/architecture.md. One
+answer reads at most :data:`MAX_SCAN` records; past that it is ``Unavailable`` naming the job,
+never a silent partial answer.
 
 **A job's runs, across the boundary.** A page is keyed as the read model's is (the cursor is
 the inverted slot and the run id), so one cursor goes on in either place: the page merges the
