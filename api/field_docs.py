@@ -83,6 +83,11 @@ FIELDS: dict[str, str] = {
     "lease_expires_at": "When the lease runs out unless a heartbeat extends it.",
     "next_cursor": "Pass it back as cursor for the next page; null on the last page.",
     "runs": "The runs of this page, newest slot first.",
+    "source": "Where the answer came from: hot (the read model: runs of the history window, and"
+    " every live or dead run) or archive (folded again from the archived events, slower). A"
+    " page says archive when any of its runs came from there.",
+    "gone_before": "With archiving off: runs of slots before this instant have left history for"
+    " good (the history window), so none older is listed. Null otherwise.",
     "jobs": "The jobs of this page, by job id.",
     # -- instants and previews
     "at": "The instant, RFC 3339 in UTC.",

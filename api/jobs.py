@@ -281,11 +281,20 @@ async def job_runs(request: Request) -> Response:
     call = authenticate(request)
     job_id = call.job_id(request.path_params["job_id"])
     job_view(call, job_id)
-    page = call.scheduler.history.runs_of(
-        call.tenant, job_id, page_size(call, request, 20), request.query_params.get("cursor")
+    page = await asyncio.to_thread(  # past the hot window it reads the archive
+        call.scheduler.run_history.runs_of,
+        call.tenant,
+        job_id,
+        page_size(call, request, 20),
+        request.query_params.get("cursor"),
     )
     return json_response(
-        RunPage(runs=[run_out(v) for v in page.items], next_cursor=page.next_cursor)
+        RunPage(
+            runs=[run_out(r.view, r.source) for r in page.items],
+            next_cursor=page.next_cursor,
+            source=page.source,
+            gone_before=None if page.gone_before is None else to_rfc3339(page.gone_before),
+        )
     )
 
 

@@ -34,6 +34,7 @@ from api.wire import (
     AttemptOut,
     BackoffIn,
     ClaimedRun,
+    HistorySource,
     HttpTargetIn,
     JobFields,
     JobOut,
@@ -293,8 +294,9 @@ def run_summary(view: RunView) -> RunSummary:
     )
 
 
-def run_out(view: RunView) -> RunOut:
+def run_out(view: RunView, source: HistorySource = "hot") -> RunOut:
     return RunOut(
+        source=source,
         run_id=team_id(view.run_id),
         job_id=team_id(view.job_id),
         state=view.state,

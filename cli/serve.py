@@ -411,7 +411,15 @@ def _serve(args: argparse.Namespace) -> int:
         snapshots=snapshots,
         snapshot_policy=SnapshotPolicy(args.snapshot_every_events, args.snapshot_every_sec),
         standby_replicas=args.standby_replicas,
+        history_window_ms=args.history_window,
+        archive=archive,
     )
+    if archive is None and args.history_window is not None:
+        print(
+            "cronlog: no archive: runs older than the history window"
+            f" ({args.history_window / 86_400_000:g} days) leave history for good",
+            flush=True,
+        )
     app = create_app(
         node,
         tokens,

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import msgspec
 
+from archive.archive import Archive
 from core import events as ev
 from core.clock import Clock, SystemClock
 from core.commands import (
@@ -69,6 +70,12 @@ from node import decisions, wire
 from node.claims import ReadyHints, split
 from node.executors import Executors
 from node.handoff import handoff_to
+from node.hot_window import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_WINDOW_MS,
+    HotWindow,
+    HotWindowMetrics,
+)
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.retention import recovery_floor
@@ -76,6 +83,7 @@ from node.runner import Decided, PartitionRunner, Request
 from node.snapshotter import SnapshotPolicy, Snapshotter
 from node.standby import StandbyFollower
 from projections.decoding import EventDecoder
+from projections.history import ArchivedRuns, History
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
 from projections.wakeups import Wakeups
@@ -127,6 +135,8 @@ class Node:
         standby_replicas: int = 0,
         snapshot_offset: Callable[[int], int | None] | None = None,
         retention_ms: int = DEFAULT_RETENTION_MS,
+        history_window_ms: int | None = DEFAULT_WINDOW_MS,
+        archive: Archive | None = None,
     ) -> None:
         self.node_id = node_id
         self._retention_ms = retention_ms
@@ -174,6 +184,28 @@ class Node:
             log_, self._history, self.execute, EventDecoder("relay", self.metrics.foreign)
         )
         self.metrics.watch(self.gauges)
+        # Finished runs older than the window leave the read model; past it, the archive
+        # answers (read through log_, which is archive + log when there is an archive).
+        self.hot_window = (
+            None
+            if history_window_ms is None
+            else HotWindow(
+                self._history,
+                history_window_ms,
+                self._clock,
+                HotWindowMetrics(self.metrics.registry),
+                # every minute, or a tenth of a window shorter than ten minutes
+                interval_s=min(DEFAULT_INTERVAL_S, max(0.1, history_window_ms / 10_000)),
+            )
+        )
+        self._run_history = History(
+            self._history,
+            self._clock,
+            history_window_ms,
+            None
+            if archive is None
+            else ArchivedRuns(log_, archive, EventDecoder("history", self.metrics.foreign)),
+        )
         self.executors.route = self._decide
         self.executors.on_process_failed = self.metrics.thread_failures.labels(
             "executor-process"
@@ -200,6 +232,8 @@ class Node:
             self.snapshotter.start()
         self.executors.start()
         self._history_runner.start()
+        if self.hot_window is not None:
+            self.hot_window.start()
         self._relay.start()
         self._mailbox = self._log.mailbox(self.node_id)
         self._mail_reader = threading.Thread(target=self._read_mailbox, name="mailbox", daemon=True)
@@ -235,6 +269,8 @@ class Node:
             self.snapshotter.stop()
         self._relay.stop()
         self.executors.stop()
+        if self.hot_window is not None:
+            self.hot_window.stop()
         self._history_runner.stop()
         self._history.close()
         self._decisions.close()
@@ -376,7 +412,11 @@ class Node:
         snapshotter and the standby follower are alive too (neither ends on a failure of its
         own work; this catches whatever else could end them)."""
         assert self._membership is not None
-        for name, worker in (("snapshots", self.snapshotter), ("standby", self.standby)):
+        for name, worker in (
+            ("snapshots", self.snapshotter),
+            ("standby", self.standby),
+            ("history-window", self.hot_window),
+        ):
             if worker is not None and worker.started and not worker.alive:
                 log.error("the %s thread ended; starting it again", name)
                 self.metrics.thread_failures.labels(name).inc()
@@ -437,6 +477,10 @@ class Node:
     @property
     def history(self) -> ReadModel:
         return self._history
+
+    @property
+    def run_history(self) -> History:
+        return self._run_history
 
     def now_ms(self) -> int:
         return self._clock.now_ms()
