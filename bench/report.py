@@ -251,10 +251,12 @@ def goal_rows(
 # profiles and the measurements behind it).
 RUN_PATH_NOTES = """\
 Against the goals (short form, this shared machine): the HTTP herd of 2,000 started every call
-after about 1.3-2.0 s against a floor of 1.2-1.5 s measured in the same minutes (goal: within
-1.5 x); sustained, neither 2,000 HTTP nor 2,500 pull runs a second held p99 ≤ 100 ms for
-either build, and at 1,000 a second this branch's p99 was 119-428 ms HTTP and 116-118 ms pull
-against the baseline's 262-1,859 ms and 749-1,147 ms.
+after 0.96 s against a floor of 0.44 s in the same minutes (2.2 x; `main` 0.90 s, 2.0 x; goal
+1.5 x): one executor process lowers the main process's CPU a run by a third but does not make
+the herd start sooner on two cores the recorder shares. Sustained HTTP at 1,000 a second now
+holds p99 ≤ 100 ms here (68 ms against `main`'s 101 ms); 2,000 HTTP and 2,500 pull a second
+held for neither build (earlier side-by-side runs at load 6-15: bench/results/perfherd.md),
+and at 1,000 pull a second this branch's p99 was 116-118 ms against `main`'s 749-1,147 ms.
 
 Where the time goes (py-spy over `cronlog serve`; bench/results/perfherd.md): with the calls in
 an executor process (the default on more than one core), the node's main process spends
