@@ -90,6 +90,11 @@ def test_a_node_without_a_read_model_reads_the_log_only_after_the_checkpoint(
         assert node.metrics.history_start_fold._value.get() == sum(ends) - sum(
             taken.positions.values()
         )
+        # Owning partition 0 (on the embedded log it owns them all), it writes the next one.
+        assert node.wait_owned(lambda owned: 0 in owned, 10)
+        assert node.history_checkpointer is not None
+        written = node.history_checkpointer.tick()
+        assert written is not None and hc.manifests(store) == [taken.key, written.key]
     finally:
         node.stop(drain_s=0)
     assert recorded.reads, "the read model read the log"
@@ -110,7 +115,7 @@ def test_only_the_owner_of_partition_0_writes_and_only_when_caught_up_with_news(
     log, _ends = history_log(tmp_path / "log")
     store = DirectoryStore(tmp_path / "archive")
     owns = [False]
-    lag = [CAUGHT_UP_EVENTS + 1]
+    lag = [0]
     with ReadModel.open(tmp_path / "n") as model:
         ReadModelRunner(log, model).run_once()
         checkpointer = HistoryCheckpointer(
@@ -123,7 +128,7 @@ def test_only_the_owner_of_partition_0_writes_and_only_when_caught_up_with_news(
             lag=lambda: lag[0],
         )
         assert checkpointer.tick() is None  # not the writer
-        owns[0] = True
+        owns[0], lag[0] = True, CAUGHT_UP_EVENTS + 1
         assert checkpointer.tick() is None  # still catching up
         lag[0] = 0
         taken = checkpointer.tick()
