@@ -189,10 +189,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     history.add_argument(
         "--history-checkpoint-every",
         type=_period_ms,
-        default="1h",
+        default="5m",
         metavar="DURATION",
         help="how often the owner of partition 0 writes a checkpoint of its read model to the"
-        " archive directory's history/ (default 1h; e.g. 15m)",
+        " archive directory's history/ (default 5m: a joining node folds at most what came"
+        " since)",
     )
     history.add_argument(
         "--history-checkpoints-kept",
