@@ -70,6 +70,7 @@ class HistoryCheckpointer(SupervisedWorker):
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.last: Taken | None = None
+        self._digests: dict[tuple[int, int, int], str] = {}  # the last checkpoint's tables
 
     def start(self) -> None:
         self._stopping.clear()
@@ -114,6 +115,7 @@ class HistoryCheckpointer(SupervisedWorker):
             node_id=self._node_id,
             now_ms=self._clock.now_ms(),
             keep=self.keep,
+            digests=self._digests,
         )
         self.last = taken
         self.metrics.history_checkpoint_written(taken)

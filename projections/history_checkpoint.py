@@ -161,10 +161,14 @@ def take(
     node_id: str,
     now_ms: int,
     keep: int = DEFAULT_KEEP,
+    digests: dict[tuple[int, int, int], str] | None = None,
 ) -> Taken:
     """Write a checkpoint of ``model`` to ``store`` and keep only the newest ``keep``.
     ``work_dir`` (on the model's file system, so the copy is hard links) holds the local copy
-    while it is shipped."""
+    while it is shipped. ``digests``, kept by the caller from one checkpoint to the next, spares
+    hashing a table file again: RocksDB never changes one once written, and the checkpoint's
+    copy is a hard link to it, so (inode, size, mtime) names its content; it is left holding
+    this checkpoint's tables only."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     started = time.perf_counter()
@@ -177,8 +181,17 @@ def take(
         present = set(store.list(FILES))
         entries: list[FileEntry] = []
         uploaded = 0
+        known = {} if digests is None else digests
+        tables: dict[tuple[int, int, int], str] = {}
         for path in sorted(local.iterdir()):
-            digest, size = _sha256(path)
+            if path.suffix == ".sst":
+                stat = path.stat()
+                identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                digest = known.get(identity) or _sha256(path)[0]
+                size = stat.st_size
+                tables[identity] = digest
+            else:
+                digest, size = _sha256(path)
             entries.append(FileEntry(path.name, size, digest))
             if FILES + digest not in present:
                 store.put(FILES + digest, path.read_bytes())
@@ -186,6 +199,9 @@ def take(
                 uploaded += size
     finally:
         shutil.rmtree(local, ignore_errors=True)
+    if digests is not None:
+        digests.clear()
+        digests.update(tables)
     manifest = Manifest(
         format=HISTORY_FORMAT,
         read_model_format=READ_MODEL_FORMAT,

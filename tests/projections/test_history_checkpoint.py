@@ -216,3 +216,32 @@ def test_a_model_set_aside_at_open_is_replaced_by_the_checkpoint(
         assert restored is not None and restored.key == taken.key
         assert model.positions() == taken.positions
         assert model.set_asides == 1
+
+
+def test_a_table_file_is_hashed_once_across_checkpoints(
+    history: Partly, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = DirectoryStore(tmp_path / "archive")
+    history.append_upto(0.5)
+    hashed: list[str] = []
+    sha256 = hc._sha256
+
+    def counted(path: Path) -> tuple[str, int]:
+        hashed.append(path.name)
+        return sha256(path)
+
+    monkeypatch.setattr(hc, "_sha256", counted)
+    digests: dict[tuple[int, int, int], str] = {}
+    with folded(history, tmp_path / "a") as model:
+        first = hc.take(model, store, tmp_path / "a", node_id="n1", now_ms=1, digests=digests)
+        tables = {n for n in hashed if n.endswith(".sst")}
+        assert tables and len(digests) == len(tables)
+        hashed.clear()
+        history.append_upto(1.0)
+        ReadModelRunner(history.log, model).run_once()
+        second = hc.take(model, store, tmp_path / "a", node_id="n1", now_ms=2, digests=digests)
+    assert not tables & set(hashed), "a table of the first checkpoint was hashed again"
+    assert {n for n in hashed if n.endswith(".sst")}, "the new table was hashed"
+    assert second.positions != first.positions
+    restored = hc.restore(store, tmp_path / "b" / "read_model")  # every digest right
+    assert restored is not None and restored.key == second.key
