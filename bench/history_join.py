@@ -10,7 +10,7 @@ fire, ``--hot`` jobs of team ``bench`` that run every simulated second, three ev
 snapshot of the partition's state (``node.snapshotter``) and a checkpoint of a read model
 caught up to that point (``projections.history_checkpoint.take``, what the owner of partition 0
 writes every ``--history-checkpoint-every``) in the archive directory. The default tail is the
-worst case of the default spacing at the seeds' load: 460 events/s for 5 minutes. At the end
+worst case of the default spacing at the seeds' load: 460 events/s for 2 minutes. At the end
 the hot jobs are paused, so the node measured has nothing to fire.
 
 Each round starts ``cronlog serve`` twice, side by side, on copies of that data directory with
@@ -51,7 +51,7 @@ from projections.read_model import ReadModel, ReadModelRunner
 
 JOB = "h00000"
 SEEDS_EVENTS_PER_S = 460  # 10M runs a day, about four events a run
-DEFAULT_TAIL = SEEDS_EVENTS_PER_S * 5 * 60
+DEFAULT_TAIL = SEEDS_EVENTS_PER_S * 2 * 60
 _RESTORED = re.compile(
     r"restored from history checkpoint \S+ \((\d+) events, ([\d.]+) MB in ([\d.]+) s\)"
 )
@@ -216,7 +216,7 @@ def main() -> None:
         "--tail",
         type=int,
         default=DEFAULT_TAIL,
-        help=f"events after the checkpoint (default {DEFAULT_TAIL:,}: 5 min at the seeds' load)",
+        help=f"events after the checkpoint (default {DEFAULT_TAIL:,}: 2 min at the seeds' load)",
     )
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()

@@ -189,10 +189,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     history.add_argument(
         "--history-checkpoint-every",
         type=_period_ms,
-        default="5m",
+        default="2m",
         metavar="DURATION",
         help="how often the owner of partition 0 writes a checkpoint of its read model to the"
-        " archive directory's history/ (default 5m: a joining node folds at most what came"
+        " archive directory's history/ (default 2m: a joining node folds at most what came"
         " since)",
     )
     history.add_argument(

@@ -1,6 +1,6 @@
 """Writing read-model checkpoints on a schedule, from one node of the cluster.
 
-Every ``every_s`` seconds (``--history-checkpoint-every``, default 5 minutes) the node that owns
+Every ``every_s`` seconds (``--history-checkpoint-every``, default 2 minutes) the node that owns
 partition 0 writes a checkpoint of its read model (``projections.history_checkpoint``) if the
 model is caught up (at most ``CAUGHT_UP_EVENTS`` behind the log) and holds something the newest
 checkpoint does not. Why partition 0's owner: the group already elects exactly one, so N nodes
