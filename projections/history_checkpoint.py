@@ -63,6 +63,9 @@ CHECKPOINTS = "history/checkpoints/"
 FILES = "history/files/"
 DEFAULT_EVERY_S = 120.0
 DEFAULT_KEEP = 3
+# A local model this many events behind the newest checkpoint is replaced by it: folding a
+# million events takes 10-20 s on a core, copying a checkpoint a fraction of that.
+REPLACE_BEHIND_EVENTS = 1_000_000
 _CHUNK = 1 << 20
 _NODE_SAFE = re.compile(r"[^A-Za-z0-9._-]")
 _FILE_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -275,22 +278,55 @@ def open_model(
     data_dir: Path, store: ObjectStore | None, metrics: HistoryMetrics | None = None
 ) -> tuple[ReadModel, Restored | None]:
     """The read model of a node's data directory (``ReadModel.open``), restored from the
-    newest usable checkpoint in ``store`` first when there is no model, or when the one there
-    had to be set aside as damaged; with it, the checkpoint restored (None: the model is the
-    one found, or an empty one that folds from the first event)."""
+    newest usable checkpoint in ``store`` first when there is no model, when the one there had
+    to be set aside as damaged, or when it is more than ``REPLACE_BEHIND_EVENTS`` behind the
+    checkpoint on every partition (a node back after days away); with it, the checkpoint
+    restored (None: the model is the one found, or an empty one that folds from the first
+    event)."""
     path = Path(data_dir) / "read_model"
     restored = None
     if store is not None and not path.exists():
         restored = restore(store, path, metrics)
     model = ReadModel.open(data_dir)
-    if store is not None and restored is None and model.set_asides:
+    if store is None or restored is not None:
+        return model, restored
+    if model.set_asides:
         # The damaged model was set aside and an empty one started: a checkpoint is better.
         model.close()
         shutil.rmtree(path)
         restored = restore(store, path, metrics)
         model = ReadModel.open(data_dir)
         model.set_asides = 1
-    return model, restored
+        return model, restored
+    newest_ = newest(store)
+    if newest_ is None or not _far_behind(model.positions(), newest_.positions):
+        return model, None
+    local = model.positions()
+    model.close()
+    staging = path.with_name(path.name + ".replacing")
+    shutil.rmtree(staging, ignore_errors=True)
+    restored = restore(store, staging, metrics)
+    if restored is not None and _far_behind(local, restored.manifest.positions):
+        shutil.rmtree(path)
+        os.replace(staging, path)
+        _fsync_dir(path.parent)
+        log.info(
+            "read model %d events behind the newest history checkpoint: replaced by it",
+            restored.manifest.events - sum(local.values()),
+        )
+    else:  # the newest usable one is not far enough ahead: folding the local tail is quicker
+        shutil.rmtree(staging, ignore_errors=True)
+        restored = None
+    return ReadModel.open(data_dir), restored
+
+
+def _far_behind(local: dict[int, int], checkpoint: dict[int, int]) -> bool:
+    """Whether a model at ``local`` is behind ``checkpoint`` on every partition and by more
+    than ``REPLACE_BEHIND_EVENTS`` in all: copying the checkpoint is then quicker than
+    folding the difference."""
+    if any(at > checkpoint.get(p, 0) for p, at in local.items()):
+        return False
+    return sum(checkpoint.values()) - sum(local.values()) > REPLACE_BEHIND_EVENTS
 
 
 def _manifest(store: ObjectStore, key: str) -> Manifest:

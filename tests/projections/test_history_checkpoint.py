@@ -245,3 +245,28 @@ def test_a_table_file_is_hashed_once_across_checkpoints(
     assert second.positions != first.positions
     restored = hc.restore(store, tmp_path / "b" / "read_model")  # every digest right
     assert restored is not None and restored.key == second.key
+
+
+def test_a_model_far_behind_the_newest_checkpoint_is_replaced_one_close_to_it_kept(
+    history: Partly, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = DirectoryStore(tmp_path / "archive")
+    history.append_upto(0.3)
+    folded(history, tmp_path / "behind").close()  # a node that went away at 30%
+    history.append_upto(0.9)
+    with folded(history, tmp_path / "a") as model:
+        taken = hc.take(model, store, tmp_path / "a", node_id="n1", now_ms=1000)
+    gap = sum(taken.positions.values()) - sum(int(0.3 * len(s.log)) for s in history.sims)
+
+    monkeypatch.setattr(hc, "REPLACE_BEHIND_EVENTS", gap + 1)  # close enough: kept
+    model, restored = hc.open_model(tmp_path / "behind", store)
+    with model:
+        assert restored is None
+        assert sum(model.positions().values()) == sum(taken.positions.values()) - gap
+
+    monkeypatch.setattr(hc, "REPLACE_BEHIND_EVENTS", gap - 1)  # far behind: replaced
+    model, restored = hc.open_model(tmp_path / "behind", store)
+    with model:
+        assert restored is not None and restored.key == taken.key
+        assert model.positions() == taken.positions
+    assert not (tmp_path / "behind" / "read_model.replacing").exists()
