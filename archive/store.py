@@ -89,11 +89,14 @@ class DirectoryStore:
         (self.root / check_key(key)).unlink(missing_ok=True)
 
     def list(self, prefix: str) -> list[str]:
-        if not self.root.is_dir():
+        # Walk only the directory the prefix names: the archive's event files are many.
+        folder = prefix.rpartition("/")[0]
+        top = self.root / check_key(folder) if folder else self.root
+        if not top.is_dir():
             return []
         keys = (
             p.relative_to(self.root).as_posix()
-            for p in self.root.rglob("*")
+            for p in top.rglob("*")
             if p.is_file() and not p.name.startswith(".put-")
         )
         return sorted(k for k in keys if k.startswith(prefix))
