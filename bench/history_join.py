@@ -96,14 +96,26 @@ def build(source: Path, events: int, live_jobs: int, hot: int, tail: int) -> dic
             folded, cpu = time.perf_counter(), time.process_time()
             ReadModelRunner(log_, model, batch_size=5000).run_once()
             fold_s, fold_cpu_s = time.perf_counter() - folded, time.process_time() - cpu
+            digests: dict[tuple[int, int, int], str] = {}
             taken = history_checkpoint.take(
-                model, store, source / "writer", node_id="writer", now_ms=history.now
-            )
+                model, store, source / "writer", node_id="writer", now_ms=history.now,
+                digests=digests,
+            )  # fmt: skip
         model_bytes = _disk(source / "writer" / "read_model")
         history.run_until(events)
         history.pause_hot()
         history.close()
         total = log_.end_offset("events", PARTITION)
+        # The writer's next checkpoint, after the tail (into a copy of the store, which the
+        # joining nodes never see): what one costs once the first is there.
+        scratch = source / "writer" / "archive"
+        shutil.copytree(source / "archive", scratch)
+        with ReadModel.open(source / "writer") as model:
+            ReadModelRunner(log_, model, batch_size=5000).run_once()
+            following = history_checkpoint.take(
+                model, DirectoryStore(scratch), source / "writer", node_id="writer",
+                now_ms=history.now + 1, digests=digests,
+            )  # fmt: skip
     snapshots.close()
     shutil.rmtree(source / "writer")
     (source / "partitions").write_text("1\n")  # what `cronlog serve` records on a first start
@@ -126,6 +138,13 @@ def build(source: Path, events: int, live_jobs: int, hot: int, tail: int) -> dic
             "files": taken.files,
             "take_s": round(taken.seconds, 3),
             "folds_waited_ms": round(taken.pause_s * 1000, 2),
+        },
+        "next_checkpoint": {
+            "after_events": following.positions[PARTITION] - taken.positions[PARTITION],
+            "bytes": following.size,
+            "uploaded_bytes": following.uploaded,
+            "take_s": round(following.seconds, 3),
+            "folds_waited_ms": round(following.pause_s * 1000, 2),
         },
         "tail": total - taken.positions[PARTITION],
     }
