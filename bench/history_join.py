@@ -41,7 +41,16 @@ from typing import Any
 
 from archive.store import DirectoryStore
 from bench.bench_takeover import PARTITION, History, leave_snapshot
-from bench.common import LIMITS, Serve, append_result, http_get, loadavg, log, machine
+from bench.common import (
+    LIMITS,
+    Serve,
+    append_result,
+    cpu_seconds,
+    http_get,
+    loadavg,
+    log,
+    machine,
+)
 from core import events as ev
 from core.commands import PauseJob
 from eventlog.embedded import EmbeddedLog
@@ -166,10 +175,16 @@ def join(source: Path, data: Path, checkpoint: bool, built: dict[str, Any]) -> d
     serve.start()
     try:
         answered = _wait_for_history(serve, built)
+        # The node's CPU until then, which the machine's load does not inflate.
+        cpu = cpu_seconds(serve.pid)
     finally:
         serve.stop()
     said = _RESTORED.search(serve.output.read_text(errors="replace"))
-    result: dict[str, Any] = {"load_at_start": load, "answered_s": round(answered, 3)}
+    result: dict[str, Any] = {
+        "load_at_start": load,
+        "answered_s": round(answered, 3),
+        "cpu_s": None if cpu is None else round(cpu, 2),
+    }
     if said is not None:
         result["restored_events"] = int(said.group(1))
         result["restored_mb"] = float(said.group(2))
@@ -276,7 +291,11 @@ def main() -> None:
     )
     for name, seconds in record["median_answered_s"].items():
         each = ", ".join(f"{r['answered_s']:.2f}" for r in rounds[name])
-        print(f"{name:<11} complete history after {seconds:>7.2f} s (median; rounds {each})")
+        cpu = ", ".join(str(r["cpu_s"]) for r in rounds[name])
+        print(
+            f"{name:<11} complete history after {seconds:>7.2f} s (median; rounds {each};"
+            f" the node's CPU seconds {cpu})"
+        )
     print(f"load average before {load_before}, after {record['load_after']}")
 
 
