@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route, request_response
 from starlette.types import Receive, Scope, Send
 
-from api import events_stream, openapi, ui
+from api import events_stream, openapi, time_travel, ui
 from api.auth import Tokens
 from api.batch import create_jobs
 from api.changes import preview_change
@@ -164,6 +164,7 @@ def create_app(
     clock: Callable[[], float] | None = None,
     egress: EgressPolicy | None = None,
     operator_token: str | None = None,
+    past_states: time_travel.PastStates | None = None,
 ) -> Starlette:
     """The API over ``scheduler``; ``tokens`` maps each bearer token to its tenant.
 
@@ -173,7 +174,8 @@ def create_app(
     ``egress`` is the operator's policy a job's target must pass to be registered (the node's
     executors apply it again at each call); by default, the public internet only.
     ``operator_token`` reads every team's events on ``GET /v1/events`` (a team's token reads
-    its own).
+    its own). With ``past_states``, ``GET /v1/operator/state`` answers ``operator_token``'s
+    bearer what a partition believed as of an offset or an instant (``api/time_travel.py``).
     """
     state = {
         "scheduler": scheduler,
@@ -194,6 +196,10 @@ def create_app(
         if not metrics_token:
             raise ValueError("metrics need a metrics_token: they are never served unauthenticated")
         table.append(("GET", "/metrics", _metrics_endpoint(metrics, metrics_token)))
+    if past_states is not None:
+        if not operator_token:
+            raise ValueError("past states need an operator_token: they span every team")
+        table.append(("GET", time_travel.PATH, time_travel.endpoint(past_states, operator_token)))
     document = openapi.document([(method, path) for method, path, _ in table])
 
     async def openapi_json(request: Request) -> Response:

@@ -41,14 +41,16 @@ from starlette.responses import Response
 
 from api.edge import Call, as_type, authenticate, json_response, read_json, too_deep
 from api.errors import ApiError, ErrorBody, from_exception
-from api.jobs import CATCH_UP_S, new_job
+from api.jobs import CATCH_UP_S, is_fresh, new_job
 from api.quota import JobQuota, quota_exceeded
 from api.rate import RequestRates
 from api.wire import MAX_IDEMPOTENCY_KEY, NewJob
 from core.commands import PutJob
-from core.errors import CronlogError
+from core.egress import EgressPolicy
+from core.errors import CronlogError, EgressDenied
 from core.events import AnyEvent, JobRegistered
 from core.ids import team_id
+from core.jobs import HttpTarget, KafkaTarget, Target
 
 MAX_BATCH_JOBS = 1000
 # A batch's key, with "#<index>" after it, is each item's idempotency key: it leaves room.
@@ -101,6 +103,32 @@ class JobBatchOut(msgspec.Struct, kw_only=True):
     failed: int
 
 
+class _Targets:
+    """The egress policy's verdicts within one batch, by target: a migration's thousand jobs
+    call a handful of URLs, and a verdict depends on the URL (an HTTP target) or on the team
+    and topic (a Kafka target) alone (:meth:`EgressPolicy.check_target`)."""
+
+    def __init__(self, policy: EgressPolicy) -> None:
+        self._policy = policy
+        self._reasons: dict[tuple[str, ...], str | None] = {}
+
+    def check_target(self, tenant: str, target: Target) -> None:
+        if isinstance(target, HttpTarget):
+            key: tuple[str, ...] = ("http", target.url)
+            if key not in self._reasons:
+                self._reasons[key] = self._policy.check_url(target.url)
+        elif isinstance(target, KafkaTarget):
+            key = ("kafka", tenant, target.topic)
+            if key not in self._reasons:
+                self._reasons[key] = self._policy.check_topic(tenant, target.topic)
+        else:
+            self._policy.check_target(tenant, target)
+            return
+        reason = self._reasons[key]
+        if reason is not None:
+            raise EgressDenied(reason)
+
+
 def _refused(index: int, err: Exception, job_id: str | None = None) -> JobResult:
     api_error = from_exception(err)
     body = api_error.body
@@ -134,6 +162,8 @@ async def create_jobs(request: Request) -> Response:
     allowed = 1 + _take(request, call, len(shape.jobs) - 1)
     batch_key = None if shape.idempotency_key is UNSET else shape.idempotency_key
     commands: list[tuple[int, PutJob]] = []
+    fresh: set[str] = set()  # ids drawn for their items: no job has them
+    targets = _Targets(request.state.egress)
     for i, item in enumerate(shape.jobs):
         if i >= allowed:
             results[i] = _refused(i, _over_rate(call))
@@ -141,9 +171,11 @@ async def create_jobs(request: Request) -> Response:
         try:
             body = as_type(item, NewJob)
             key = None if batch_key is None else f"{batch_key}#{i}"
-            job_id, command = new_job(call, request.state.egress, body, key)
+            job_id, command = new_job(call, targets, body, key)
             if command is not None:
                 commands.append((i, command))
+                if is_fresh(body, key):
+                    fresh.add(job_id)
             else:  # its job has finished with this definition: there as given
                 view = call.scheduler.history.job(call.tenant, job_id)
                 version = None if view is None else view.version
@@ -153,7 +185,7 @@ async def create_jobs(request: Request) -> Response:
         except RecursionError:
             results[i] = _refused(i, too_deep("payload"))
     quota: JobQuota = request.state.quota
-    with quota.admit_many(call, [command.job_id for _, command in commands]) as admitted:
+    with quota.admit_many(call, [command.job_id for _, command in commands], fresh) as admitted:
         sent = []
         for (i, command), ok in zip(commands, admitted, strict=True):
             if ok:

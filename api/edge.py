@@ -33,6 +33,7 @@ from core.commands import AnyCommand
 from core.errors import Conflict, InvalidDefinition, NotFound
 from core.events import AnyEvent
 from core.ids import log_job_id, team_id
+from projections.history import SourcedRun
 from projections.read_model import MAX_LIMIT
 from projections.views import JobView, RunView
 
@@ -189,9 +190,17 @@ def _decode_json(body: bytes, deep: str | None) -> Any:
     except RecursionError:
         raise too_deep(deep) from None
     except UnicodeDecodeError as e:
-        raise ApiError(
-            400, "malformed", f"the body is not UTF-8: {e.reason}", field=not_utf8_at(body)
-        ) from None
+        raise _not_utf8(body, e.reason) from None
+    except msgspec.DecodeError as e:
+        # msgspec 0.22 raises UnicodeDecodeError for bytes that are not UTF-8; 0.23 a
+        # DecodeError saying so. Either way the sender is told which field holds them.
+        if "UTF-8" not in str(e):
+            raise
+        raise _not_utf8(body, str(e)) from None
+
+
+def _not_utf8(body: bytes, reason: str) -> ApiError:
+    return ApiError(400, "malformed", f"the body is not UTF-8: {reason}", field=not_utf8_at(body))
 
 
 def too_deep(field: str | None) -> ApiError:
@@ -324,5 +333,22 @@ def job_response(call: Call, job_id: str, status: int = 200) -> Response:
     return json_response(job_out(job_view(call, job_id), newest), status)
 
 
+def sourced_run(call: Call, run_id: str) -> SourcedRun:
+    """The caller's run from the read model or, past the history window, the archive; a run
+    past the window with no archive is gone, and the 404 says so."""
+    history = call.scheduler.run_history
+    found = history.run(call.tenant, run_id)
+    if found is None:
+        if history.archived is None and history.past_window(run_id):
+            raise NotFound(
+                f"run {team_id(run_id)} not found: runs older than the history window "
+                "(--history-window) leave history, and with archiving off (--no-archive) they "
+                "are gone"
+            )
+        raise NotFound(f"run {team_id(run_id)} not found")
+    return found
+
+
 def run_response(call: Call, run_id: str, status: int = 200) -> Response:
-    return json_response(run_out(run_view(call, run_id)), status)
+    found = sourced_run(call, run_id)
+    return json_response(run_out(found.view, found.source), status)

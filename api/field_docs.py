@@ -18,7 +18,8 @@ _WHEN = (
 FIELDS: dict[str, str] = {
     # -- a job's definition
     "name": "A name people read; need not be unique.",
-    "schedule": "A 5-field cron expression (minute hour day-of-month month day-of-week) read in `timezone`; a sixth field is refused (Quartz reads it first, croniter last): put seconds in `seconds`. " + _WHEN,
+    "schedule": "A 5-field cron expression (minute hour day-of-month month day-of-week) read in `timezone`; a sixth field is refused (Quartz reads it first, croniter last): put seconds in `seconds`. "
+    + _WHEN,
     "seconds": "The seconds of a per-second schedule, a cron field (0, */10, 0,30, 5-10); absent or null: second 0.",
     "run_at": "The one instant a one-shot job runs at (RFC 3339). " + _WHEN,
     "interval_sec": "Seconds between the slots of an interval job. " + _WHEN,
@@ -82,6 +83,11 @@ FIELDS: dict[str, str] = {
     "lease_expires_at": "When the lease runs out unless a heartbeat extends it.",
     "next_cursor": "Pass it back as cursor for the next page; null on the last page.",
     "runs": "The runs of this page, newest slot first.",
+    "source": "Where the answer came from: hot (the read model: runs of the history window, and"
+    " every live or dead run) or archive (folded again from the archived events, slower). A"
+    " page says archive when any of its runs came from there.",
+    "gone_before": "With archiving off: runs of slots before this instant have left history for"
+    " good (the history window), so none older is listed. Null otherwise.",
     "jobs": "The jobs of this page, by job id.",
     # -- instants and previews
     "at": "The instant, RFC 3339 in UTC.",
@@ -149,6 +155,27 @@ FIELDS: dict[str, str] = {
 }
 
 BY_STRUCT: dict[str, dict[str, str]] = {
+    # GET /v1/operator/state (api/time_travel.py)
+    "StateOut": {
+        "partition": "The partition the state is of.",
+        "as_of": "The point the state stands at: the offset it reflects and the instant asked for.",
+        "from_snapshot": "The offset of the snapshot the answer started from; null: folded from offset 0.",
+        "events_folded": "Events folded after that snapshot to reach the point.",
+        "jobs": "The jobs the partition held then (of the tenant or job asked for).",
+        "runs": "The runs the partition held then, each as its state held it: status (due, pending, leased, running, dead, ...), attempt, worker_id and lease.",
+    },
+    "JobAsOf": {
+        "job_id": "The job's id in the log: <tenant>/<job id>.",
+        "tenant": "The team the job belongs to.",
+        "status": "The job's status then.",
+        "version": "The job's version then.",
+        "next_slot": "The next slot it was armed for then (epoch ms), null if none.",
+        "live_runs": "The ids of its runs that were live then.",
+    },
+    "AsOf": {
+        "offset": "The state holds the partition's events below this offset.",
+        "instant": "The instant asked for (epoch ms), null when an offset was.",
+    },
     "JobBatchIn": {
         "jobs": "The jobs to create, each a NewJob (the body of POST /v1/jobs), at most 1000; an item that is not one is refused in its result, not the request.",
         "idempotency_key": "Makes the batch safe to send again: an item naming neither job_id nor idempotency_key gets the job of <this key>#<its index>.",

@@ -18,7 +18,17 @@ from typing import Any
 
 import msgspec
 
-from api import batch, changes, dead_letters, events_stream, field_docs, stats, team, wire
+from api import (
+    batch,
+    changes,
+    dead_letters,
+    events_stream,
+    field_docs,
+    stats,
+    team,
+    time_travel,
+    wire,
+)
 from api.errors import ErrorBody
 from api.instants import RFC3339
 from core.jobs import JOB_ID, TAG, TENANT
@@ -114,8 +124,41 @@ _QUERY: dict[str, dict[str, Any]] = {
         "description": f"end the stream after this many events (default when not following:"
         f" {events_stream.DEFAULT_LIMIT})",
     },
+    # GET /v1/operator/state (api/time_travel.py)
+    "state_partition": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": time_travel.MAX_NUMBER,
+        "description": "the partition (default: the job's)",
+    },
+    "state_offset": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": time_travel.MAX_NUMBER,
+        "description": "the state of the events below this offset (default: the log's end)",
+    },
+    "state_at": {
+        "type": "string",
+        "pattern": RFC3339,
+        "description": "the state after the events decided at or before this instant",
+    },
+    "state_job": {
+        "type": "string",
+        "pattern": JOB_ID.pattern,
+        "description": "only this job and its runs (with its tenant)",
+    },
+    "state_tenant": {
+        "type": "string",
+        "pattern": TENANT.pattern,
+        "description": "only this team's jobs and runs",
+    },
 }
 _QUERY_NAMES = {  # a query parameter whose schema differs by route
+    "state_partition": "partition",
+    "state_offset": "offset",
+    "state_at": "at",
+    "state_job": "job",
+    "state_tenant": "tenant",
     "event_cursor": "cursor",
     "from_instant": "from",
     "to_instant": "to",
@@ -301,6 +344,15 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/metrics"): Operation(
         "Prometheus metrics of this node (text exposition format); its own bearer token",
         response=str,
+    ),
+    ("GET", "/v1/operator/state"): Operation(
+        "Time travel, for the operator's token only (a team's: 403): what a partition believed"
+        " as of an offset or an instant (what was due, pending, leased and to whom, running,"
+        " dead), from the nearest snapshot before it plus the events after it; 422 naming"
+        " offset or at when that would fold more events than the node allows",
+        response=time_travel.StateOut,
+        errors=(403, 422, 429),
+        query=("state_partition", "state_job", "state_tenant", "state_offset", "state_at"),
     ),
     ("GET", "/healthz"): Operation("The process is up", response=wire.Health),
     ("GET", "/readyz"): Operation(

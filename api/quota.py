@@ -25,7 +25,7 @@ Upstream jobs
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from contextlib import contextmanager
 
 from api.edge import Call
@@ -42,20 +42,23 @@ class JobQuota:
         self._admitted: dict[str, int] = {}
 
     @contextmanager
-    def admit(self, call: Call, job_id: str) -> Iterator[None]:
+    def admit(self, call: Call, job_id: str, *, fresh: bool = False) -> Iterator[None]:
         """Hold a place for ``job_id`` while the block creates it; 403 when the tenant has none
-        left. A job the tenant has already is no create and takes no place."""
-        with self.admit_many(call, [job_id]) as admitted:
+        left. A job the tenant has already is no create and takes no place. ``fresh``: the id
+        was drawn for this create, so no job has it (the read model is not asked)."""
+        with self.admit_many(call, [job_id], fresh={job_id} if fresh else frozenset()) as admitted:
             if not admitted[0]:
                 raise quota_exceeded(call)
             yield
 
     @contextmanager
-    def admit_many(self, call: Call, job_ids: Sequence[str]) -> Iterator[list[bool]]:
+    def admit_many(
+        self, call: Call, job_ids: Sequence[str], fresh: Container[str] = frozenset()
+    ) -> Iterator[list[bool]]:
         """Hold a place for each new job of ``job_ids`` (a batch) while the block creates them,
         in order, while the tenant has places left: the block is given, for each id, whether
         it was admitted. An id the tenant has already, or one named earlier in the list, takes
-        no place."""
+        no place; an id of ``fresh`` was drawn for this create and is new without asking."""
         history = call.scheduler.history
         room = (
             call.limits.max_jobs
@@ -65,7 +68,9 @@ class JobQuota:
         new: set[str] = set()
         admitted: list[bool] = []
         for job_id in job_ids:
-            if job_id in new or history.job(call.tenant, job_id) is not None:
+            if job_id in new or (
+                job_id not in fresh and history.job(call.tenant, job_id) is not None
+            ):
                 admitted.append(True)
             elif len(new) < room:
                 new.add(job_id)

@@ -20,6 +20,7 @@ from api.edge import (
     query_choice,
     run_response,
     run_view,
+    sourced_run,
 )
 from api.errors import ApiError, bad_request
 from api.held import Held
@@ -68,7 +69,8 @@ async def trigger_run(request: Request) -> Response:
     slot = (
         None if body.scheduled_for is None else parse_rfc3339(body.scheduled_for, "scheduled_for")
     )
-    known = _triggered(call, job_id, key, slot)
+    # A slot past the history window is looked up in the archive: off the event loop.
+    known = await asyncio.to_thread(_triggered, call, job_id, key, slot)
     if known is not None:
         return json_response(run_out(known))
     events = await on_job(
@@ -82,9 +84,7 @@ async def trigger_run(request: Request) -> Response:
     if key is None and slot is None:
         # "Now" was a slot whose run exists, to the millisecond; which instant the partition
         # read as now is not known here.
-        raise Conflict(
-            f"a run of job {team_id(job_id)} for this instant exists already; try again"
-        )
+        raise Conflict(f"a run of job {team_id(job_id)} for this instant exists already; try again")
     known = _triggered(call, job_id, key, slot)
     if known is None:
         await asyncio.to_thread(
@@ -94,9 +94,7 @@ async def trigger_run(request: Request) -> Response:
         )
         known = _triggered(call, job_id, key, slot)
     if known is None:
-        raise Unavailable(
-            f"the run a trigger of job {team_id(job_id)} names is not readable yet"
-        )
+        raise Unavailable(f"the run a trigger of job {team_id(job_id)} names is not readable yet")
     return json_response(run_out(known))
 
 
@@ -105,13 +103,17 @@ def _triggered(call: Call, job_id: str, key: str | None, slot: Millis | None) ->
     history = call.scheduler.history
     known = None if key is None else history.run_by_key(call.tenant, job_id, key)
     if known is None and slot is not None:
-        known = history.run(call.tenant, run_id_of(job_id, slot))
+        # A slot past the hot window may have run: the archive says so (never run it twice).
+        found = call.scheduler.run_history.run(call.tenant, run_id_of(job_id, slot))
+        known = None if found is None else found.view
     return known
 
 
 async def get_run(request: Request) -> Response:
     call = authenticate(request)
-    return run_response(call, call.run_id(request.path_params["run_id"]))
+    run_id = call.run_id(request.path_params["run_id"])
+    # Past the hot window the answer is read from the archive: off the event loop.
+    return await asyncio.to_thread(run_response, call, run_id)
 
 
 async def list_runs(request: Request) -> Response:
@@ -123,14 +125,21 @@ async def list_runs(request: Request) -> Response:
         request.query_params.get("cursor"),
     )
     return json_response(
-        RunPage(runs=[run_out(v) for v in page.items], next_cursor=page.next_cursor)
+        # Runs by state: the read model's alone (live and dead runs never leave it; finished
+        # ones past the history window are not listed here, GET /v1/jobs/{id}/runs has them).
+        RunPage(
+            runs=[run_out(v) for v in page.items],
+            next_cursor=page.next_cursor,
+            source="hot",
+            gone_before=None,
+        )
     )
 
 
 async def cancel_run(request: Request) -> Response:
     call = authenticate(request)
     run_id = call.run_id(request.path_params["run_id"])
-    view = run_view(call, run_id)
+    view = sourced_run(call, run_id).view
     if view.state == "succeeded":
         raise Conflict(f"run {team_id(run_id)} already succeeded")
     if view.state != "cancelled":
@@ -141,7 +150,7 @@ async def cancel_run(request: Request) -> Response:
 async def replay_run(request: Request) -> Response:
     call = authenticate(request)
     run_id = call.run_id(request.path_params["run_id"])
-    view = run_view(call, run_id)
+    view = sourced_run(call, run_id).view
     if view.state != "dead":
         raise Conflict(f"run {team_id(run_id)} is {view.state}; only a dead run can be replayed")
     await call.scheduler.execute(ReplayRun(run_id=run_id, tenant=call.tenant))

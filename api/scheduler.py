@@ -28,6 +28,7 @@ from core.errors import CronlogError, Unavailable
 from core.events import AnyEvent, LeaseGranted
 from eventlog.port import Record
 from projections.decoding import EventDecoder
+from projections.history import History
 from projections.read_model import ReadModel
 from projections.wakeups import Wakeups
 
@@ -91,4 +92,9 @@ class Scheduler(Protocol):
     @property
     def history(self) -> ReadModel:
         """The read model (queries)."""
+        ...
+
+    @property
+    def run_history(self) -> History:
+        """Runs from the read model, and past its hot window from the archive (saying which)."""
         ...

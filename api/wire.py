@@ -262,6 +262,9 @@ RunState = Literal[
 ]
 
 
+HistorySource = Literal["hot", "archive"]
+
+
 class RunOut(msgspec.Struct, kw_only=True):
     run_id: str
     job_id: str
@@ -276,6 +279,7 @@ class RunOut(msgspec.Struct, kw_only=True):
     error: str
     dead_reason: str | None
     attempts: list[AttemptOut]
+    source: HistorySource
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -293,6 +297,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
 class RunPage(msgspec.Struct, kw_only=True):
     runs: list[RunOut]
     next_cursor: str | None
+    source: HistorySource
+    gone_before: str | None
 
 
 class ClaimedRun(msgspec.Struct, kw_only=True):

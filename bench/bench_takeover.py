@@ -3,6 +3,8 @@
     python -m bench.bench_takeover                   # short form: 1M events, 100k live jobs
     python -m bench.bench_takeover --events 10000000 # the full form (on demand: minutes)
     python -m bench.bench_takeover --kafka           # on Kafka (KAFKA_BOOTSTRAP_SERVERS or own)
+    python -m bench.bench_takeover --serve           # a real ``cronlog serve`` takes over
+                                                     # (bench/takeover_serve.py)
 
 The history is real: one partition's events, decided by ``core.partition.Partition``
 (decide, evolve, the timing wheel) on a simulated clock and appended to a fresh embedded log.
@@ -120,7 +122,15 @@ class Measured:
 class History:
     """Decides the partition's history on a simulated clock and appends it to the log."""
 
-    def __init__(self, log: EventLog, start: Millis, live_jobs: int, hot: int) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        start: Millis,
+        live_jobs: int,
+        hot: int,
+        hot_url: str = "http://127.0.0.1:9/hot",
+        hot_grace_s: float = 60.0,
+    ) -> None:
         self.writers = Writers(log)
         self.now = start
         self.partition = Partition(PARTITION, start)
@@ -129,8 +139,9 @@ class History:
         hot_spec = JobSpec(
             name="hot",
             tenant="bench",
-            target=HttpTarget(url="http://127.0.0.1:9/hot"),
+            target=HttpTarget(url=hot_url),
             interval_sec=1.0,
+            misfire_grace_sec=hot_grace_s,
         )
         for i in range(live_jobs - hot):
             spec = JobSpec(
@@ -381,7 +392,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--live-jobs", type=int, default=100_000)
-    parser.add_argument("--hot", type=int, default=1000, help="jobs that run every second")
+    parser.add_argument(
+        "--hot",
+        type=int,
+        help="jobs that run every second (default 1000; --serve: 100, calls a real node makes"
+        " on time on a shared 2-core machine)",
+    )
     parser.add_argument(
         "--tail", type=int, default=50_000, help="events decided after the snapshot"
     )
@@ -390,7 +406,27 @@ def main() -> None:
         action="store_true",
         help="on Kafka: KAFKA_BOOTSTRAP_SERVERS, or a one-node broker of its own",
     )
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="the new owner is a `cronlog serve` process with no local store, timed to its first"
+        " on-time fire, with and without snapshots (bench/takeover_serve.py)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="--serve: rounds of each design (medians)"
+    )
+    parser.add_argument(
+        "--zero-repeats",
+        type=int,
+        help="--serve: rounds of today's design (default --repeats; at 10M events each takes"
+        " minutes)",
+    )
     args = parser.parse_args()
+    if args.hot is None:
+        args.hot = 100 if args.serve else 1000
+    if args.serve:
+        serve_main(args)
+        return
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-takeover-") as tmp:
         if args.kafka:
@@ -438,6 +474,41 @@ def main() -> None:
             f" written off-thread in {snap['snapshot_write_s']} s"
             f" ({snap['snapshot_bytes']:,} bytes)"
         )
+    print(f"load average before {record['load_before']}, after {record['load_after']}")
+
+
+def serve_main(args: argparse.Namespace) -> None:
+    from bench import takeover_serve
+
+    load = os.getloadavg()
+    zero_repeats = args.repeats if args.zero_repeats is None else args.zero_repeats
+    sizes = (args.events, args.live_jobs, args.hot, args.tail, args.repeats, zero_repeats)
+    with tempfile.TemporaryDirectory(prefix="bench-takeover-serve-") as tmp:
+        if args.kafka:
+            from tools.kafka import broker
+
+            external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+            cluster = None if external else broker.start(1, Path(tmp) / "broker")
+            try:
+                bootstrap = external or cluster.bootstrap_servers  # type: ignore[union-attr]
+                figures = takeover_serve.run_kafka(Path(tmp), bootstrap, *sizes)
+            finally:
+                if cluster is not None:
+                    cluster.stop()
+        else:
+            figures = takeover_serve.run_embedded(Path(tmp), *sizes)
+    record = {
+        "bench": "takeover",
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "load_before": [round(x, 2) for x in load],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        **figures,
+    }
+    RESULTS.parent.mkdir(exist_ok=True)
+    with RESULTS.open("a") as out:
+        out.write(json.dumps(record) + "\n")
+    takeover_serve.report(figures)
     print(f"load average before {record['load_before']}, after {record['load_after']}")
 
 

@@ -117,7 +117,7 @@ def post_load(
     command = [PYTHON, "-m", "bench.post_load", url, "--body-file", str(path),
                "--concurrency", str(concurrency), "--seconds", str(seconds)]  # fmt: skip
     if token:
-        command += ["--token", token]
+        command.append(f"--token={token}")  # a token may begin with "-"
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True,
                          timeout=seconds + 300)  # fmt: skip
     figures: dict[str, Any] = json.loads(out.stdout)

@@ -23,6 +23,9 @@ from bench.common import RESULTS_DIR
 
 OUT = Path(__file__).parent / "RESULTS.md"
 QUIET_LOAD = 2.0
+# Sections written by hand from benchmarks that run_all does not run (on demand: minutes to
+# build a history), included as they are.
+EXTRA_SECTIONS = ("takeover.md",)
 
 HERD_ROWS = [
     ("floor", "floor: bare aiohttp client, 512 at once"),
@@ -403,6 +406,10 @@ def write(run_id: str | None = None) -> Path:
             f"{cell(column(restarts, 'figures.empty_node.rss_mb'), ' MB')} | "
             f"{fmt_num(f0.get('disk_mb'), ' MB')} | {loads(restarts)} |",
         ]
+    for extra in EXTRA_SECTIONS:  # analyses of benchmarks run on their own, kept by hand
+        section = RESULTS_DIR / extra
+        if section.exists():
+            out += ["", *section.read_text().rstrip().splitlines()]
     out += [
         "",
         "## How to run",

@@ -19,6 +19,7 @@ from eventlog.retention import (
     DEFAULT_SEGMENT_MS,
     Retention,
 )
+from node.hot_window import DEFAULT_WINDOW_MS
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 _MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -132,6 +133,15 @@ def add_retention_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="Kafka: archive a partition's new events at the latest this long after they "
         "were written (default 5m)",
+    )
+    group.add_argument(
+        "--history-window",
+        type=duration_ms,
+        default=DEFAULT_WINDOW_MS,
+        metavar="DURATION",
+        help="keep finished runs this long in the read model, by slot (default "
+        f"{_days(DEFAULT_WINDOW_MS)}; none keeps every run); older ones are answered from the "
+        "archive, or are gone with --no-archive",
     )
     group.add_argument(
         "--retention-check",

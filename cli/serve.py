@@ -324,6 +324,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.time_travel import PastStates
     from eventlog.embedded import EmbeddedLog
     from node import decisions
     from node.executors import DEFAULT_ERROR_EXCERPT, Executors
@@ -454,7 +455,15 @@ def _serve(args: argparse.Namespace) -> int:
         history_store=history_store,
         history_checkpoint_every_s=args.history_checkpoint_every / 1000,
         history_checkpoints_kept=args.history_checkpoints_kept,
+        history_window_ms=args.history_window,
+        archive=archive,
     )
+    if archive is None and args.history_window is not None:
+        print(
+            "cronlog: no archive: runs older than the history window"
+            f" ({args.history_window / 86_400_000:g} days) leave history for good",
+            flush=True,
+        )
     app = create_app(
         node,
         tokens,
@@ -463,6 +472,7 @@ def _serve(args: argparse.Namespace) -> int:
         limits=limits,
         egress=egress,
         operator_token=load_operator_token(data_dir),
+        past_states=PastStates(log_, snapshots),
     )
     config = uvicorn.Config(
         app,

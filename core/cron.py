@@ -746,10 +746,12 @@ def suppressed_since_previous(
     return tuple(schedule.suppressed_since_previous(fire_ms, until_ms))
 
 
+@lru_cache(maxsize=4096)
 def day_rule_matters(expression: str) -> bool:
     """Whether the two :class:`DayRule` read ``expression`` differently: one day field starts
     with ``*`` but is not the whole field, and the other is restricted (``30 1 3 12 */2``).
-    Raises :class:`InvalidDefinition` as :meth:`CronSchedule.parse` does."""
+    Raises :class:`InvalidDefinition` as :meth:`CronSchedule.parse` does. Memoised: every
+    create asks it, and a team registers many jobs on few schedules."""
     fields = _compile(" ".join(_normalise(expression)), DayRule.CRONTAB)
     return fields.both_days and not (fields.dom_star or fields.dow_star)
 

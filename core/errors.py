@@ -80,3 +80,8 @@ class Pruned(CronlogError):
         self.stream = stream
         self.partition = partition
         self.start = start
+
+
+class TooMuchToFold(InvalidDefinition):
+    """A question about the past (time travel) whose answer would fold more events than the
+    asker allows; ``field`` names the point asked for (``offset`` or ``at``)."""

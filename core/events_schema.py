@@ -10,6 +10,7 @@ against version N reads every later version's events, ignoring the fields it doe
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import msgspec
@@ -31,6 +32,7 @@ def json_schema() -> dict[str, Any]:
     # Through JSON and back, so it compares equal to a schema read from the file (a tuple
     # default is a list there).
     schema: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(msgspec.json.schema(AnyEvent)))
+    _clean_descriptions(schema)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"urn:cronlog:events:v{SCHEMA_VERSION}",
@@ -39,6 +41,23 @@ def json_schema() -> dict[str, Any]:
         "x-cronlog-schema-version": SCHEMA_VERSION,
         **schema,
     }
+
+
+def _clean_descriptions(node: Any) -> None:
+    """Docstrings as ``inspect.cleandoc`` gives them: msgspec 0.22 copies a docstring's
+    indentation into the schema and 0.23 removes it, and the published file must not depend on
+    which one wrote it."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key == "description" and isinstance(value, str):
+                    item[key] = inspect.cleandoc(value)
+                else:
+                    stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def encoded() -> bytes:

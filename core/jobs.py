@@ -317,17 +317,26 @@ def _depth(value: Any) -> int:
             item = item.values()
         elif not isinstance(item, list | tuple):
             continue
-        deepest = max(deepest, depth + 1)
-        if deepest > MAX_PAYLOAD_DEPTH:
-            break  # enough to refuse it
-        stack.extend((child, depth + 1) for child in item)
+        depth += 1
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_PAYLOAD_DEPTH:
+                break  # enough to refuse it
+        # Only containers are stacked: most of a payload is scalars (checked once per create,
+        # twice a job: at the API and in the partition).
+        for child in item:
+            if isinstance(child, dict | list | tuple):
+                stack.append((child, depth))
     return deepest
+
+
+_HTTP_URL = re.compile(r"^https?://[^\s/?#]+")
 
 
 def _validate_target(target: Target) -> None:
     match target:
         case HttpTarget(url=url, max_calls_per_sec=rate):
-            if not re.match(r"^https?://[^\s/?#]+", url) or len(url) > 2048:
+            if not _HTTP_URL.match(url) or len(url) > 2048:
                 raise InvalidDefinition("target", "an HTTP target must be an http(s):// URL")
             if rate is not None and not 0.01 <= rate <= MAX_CALLS_PER_SEC:
                 raise InvalidDefinition(

@@ -194,6 +194,23 @@ class KafkaSnapshots:
         newest = self.latest(partition)
         return 0 if newest is None else newest.offset
 
+    def release(self, partition: int) -> None:
+        """Drop the partition's transactional producer (its threads and broker connections
+        go with it), so a node does not keep one for every partition it ever owned. A write
+        in progress on another thread keeps its reference and ends as it would have; the
+        next owner's ``init_transactions`` fences it either way."""
+        with self._lock:
+            producer = self._producers.pop(partition, None)
+            self._newest.pop(partition, None)
+        if producer is not None:
+            with _suppressed():
+                producer.flush(1.0)
+
+    def writers(self) -> list[int]:
+        """The partitions whose producer is open (for metrics and tests)."""
+        with self._lock:
+            return sorted(self._producers)
+
     def close(self) -> None:
         with self._lock:
             producers = list(self._producers.values())

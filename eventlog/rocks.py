@@ -14,6 +14,10 @@ keep a block cache of its own (32 MiB) and memtables of up to 64 MiB each, so a 
 memory would grow with its number of partitions and with the data scanned at recovery, not with
 anything an operator chose. Scans that read a whole store once (a recovery's load) do not fill
 the cache (:func:`scan_reads`).
+
+**Disk.** :func:`bounded` also bounds RocksDB's info log (:data:`INFO_LOG_BYTES`) and its
+write-ahead log (:data:`WAL_BYTES`), so what a database keeps beside its data does not grow
+with the node's age.
 """
 
 from __future__ import annotations
@@ -30,6 +34,17 @@ BLOCK_CACHE_BYTES = int(os.environ.get("CRONLOG_ROCKSDB_MEMORY_MB", "64")) * MIB
 WRITE_BUFFER_BYTES = BLOCK_CACHE_BYTES // 2
 # One memtable of one store: small stores flush often, which costs nothing much at these sizes.
 MEMTABLE_BYTES = 8 * MIB
+# RocksDB's own info log (``LOG`` in each database's directory) gains lines with every flush and
+# compaction (retention compacts after each prune) and is never cut by default: a node's disk
+# would grow with its age however short its retention. Each database keeps at most this many
+# files of at most this many bytes (the current one and the last one rolled).
+INFO_LOG_BYTES = 4 * MIB
+INFO_LOGS_KEPT = 2
+# A write-ahead log file goes once every column family has flushed what it holds; the embedded
+# log's meta family is written little, so without a bound its WAL would keep files alive until
+# RocksDB's default (four times all memtables: 256 MiB for the log). Past this, RocksDB flushes
+# the families that hold the oldest file.
+WAL_BYTES = 4 * MEMTABLE_BYTES
 
 _shared: tuple[Cache, WriteBufferManager] | None = None
 _shared_lock = threading.Lock()
@@ -68,6 +83,9 @@ def bounded(options: Options) -> Options:
     options.set_write_buffer_manager(manager)
     options.set_write_buffer_size(MEMTABLE_BYTES)
     options.set_max_write_buffer_number(2)
+    options.set_max_log_file_size(INFO_LOG_BYTES)
+    options.set_keep_log_file_num(INFO_LOGS_KEPT)
+    options.set_max_total_wal_size(WAL_BYTES)
     return options
 
 

@@ -19,6 +19,10 @@ Invariants every adapter keeps (``tests/eventlog/test_snapshot_contract.py`` che
    need. Events below it can leave the hot log (retention) without any recovery falling back
    to them. It is read from what the store holds, not from what a writer meant to write, and
    it never moves back (invariant 3).
+5. **Released writers.** :meth:`SnapshotStore.release` lets go of whatever the store holds to
+   write a partition (Kafka: its transactional producer, with its threads and connections);
+   a node calls it when the partition is revoked. Reading is unaffected, and a later ``write``
+   of that partition opens what it needs again.
 
 Adapters: :class:`MemorySnapshots` (the reference), :class:`FileSnapshots` (embedded: one file a
 snapshot, written to a temporary name, fsynced, renamed, directory fsynced) and
@@ -68,6 +72,9 @@ class SnapshotStore(Protocol):
         newest, where only it is kept), 0 when there is none: events from here on are what a
         recovery still needs."""
 
+    def release(self, partition: int) -> None:
+        """Let go of what is held to write ``partition`` (invariant 5); nothing when none is."""
+
     def close(self) -> None: ...
 
 
@@ -98,6 +105,9 @@ class MemorySnapshots:
     def floor(self, partition: int) -> int:
         newest = self.latest(partition)
         return 0 if newest is None else newest.offset
+
+    def release(self, partition: int) -> None:
+        pass  # a dict holds nothing per writer
 
     def close(self) -> None:
         pass
@@ -167,6 +177,9 @@ class FileSnapshots:
     def floor(self, partition: int) -> int:
         offsets = self._offsets(partition)  # the oldest kept: recovery falls back to it
         return offsets[0] if offsets else 0
+
+    def release(self, partition: int) -> None:
+        pass  # each write opens and closes its own file
 
     def close(self) -> None:
         pass

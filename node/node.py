@@ -34,11 +34,13 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
 
+from archive.archive import Archive
 from archive.store import ObjectStore
 from core import events as ev
 from core.clock import Clock, SystemClock
@@ -70,6 +72,12 @@ from node.claims import ReadyHints, split
 from node.executors import Executors
 from node.handoff import handoff_to
 from node.history_checkpointer import HistoryCheckpointer
+from node.hot_window import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_WINDOW_MS,
+    HotWindow,
+    HotWindowMetrics,
+)
 from node.metrics import Gauges, NodeMetrics, TimedWriter
 from node.relay import DependencyRelay
 from node.retention import recovery_floor
@@ -78,6 +86,7 @@ from node.snapshotter import SnapshotPolicy, Snapshotter
 from node.standby import StandbyFollower
 from projections import history_checkpoint
 from projections.decoding import EventDecoder
+from projections.history import ArchivedRuns, History
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
 from projections.wakeups import Wakeups
@@ -129,6 +138,8 @@ class Node:
         standby_replicas: int = 0,
         snapshot_offset: Callable[[int], int | None] | None = None,
         retention_ms: int = DEFAULT_RETENTION_MS,
+        history_window_ms: int | None = DEFAULT_WINDOW_MS,
+        archive: Archive | None = None,
         history_store: ObjectStore | None = None,
         history_checkpoint_every_s: float = history_checkpoint.DEFAULT_EVERY_S,
         history_checkpoints_kept: int = history_checkpoint.DEFAULT_KEEP,
@@ -186,6 +197,28 @@ class Node:
             log_, self._history, self.execute, EventDecoder("relay", self.metrics.foreign)
         )
         self.metrics.watch(self.gauges)
+        # Finished runs older than the window leave the read model; past it, the archive
+        # answers (read through log_, which is archive + log when there is an archive).
+        self.hot_window = (
+            None
+            if history_window_ms is None
+            else HotWindow(
+                self._history,
+                history_window_ms,
+                self._clock,
+                HotWindowMetrics(self.metrics.registry),
+                # every minute, or a tenth of a window shorter than ten minutes
+                interval_s=min(DEFAULT_INTERVAL_S, max(0.1, history_window_ms / 10_000)),
+            )
+        )
+        self._run_history = History(
+            self._history,
+            self._clock,
+            history_window_ms,
+            None
+            if archive is None
+            else ArchivedRuns(log_, archive, EventDecoder("history", self.metrics.foreign)),
+        )
         self.executors.route = self._decide
         self.executors.on_process_failed = self.metrics.thread_failures.labels(
             "executor-process"
@@ -231,6 +264,8 @@ class Node:
         self._history_runner.start()
         if self.history_checkpointer is not None:
             self.history_checkpointer.start()
+        if self.hot_window is not None:
+            self.hot_window.start()
         self._relay.start()
         self._mailbox = self._log.mailbox(self.node_id)
         self._mail_reader = threading.Thread(target=self._read_mailbox, name="mailbox", daemon=True)
@@ -268,6 +303,8 @@ class Node:
         self.executors.stop()
         if self.history_checkpointer is not None:
             self.history_checkpointer.stop()
+        if self.hot_window is not None:
+            self.hot_window.stop()
         self._history_runner.stop()
         self._history.close()
         self._decisions.close()
@@ -438,10 +475,12 @@ class Node:
         own work; this catches whatever else could end them)."""
         assert self._membership is not None
         workers: tuple[
-            tuple[str, Snapshotter | StandbyFollower | HistoryCheckpointer | None], ...
+            tuple[str, Snapshotter | StandbyFollower | HotWindow | HistoryCheckpointer | None],
+            ...,
         ] = (
             ("snapshots", self.snapshotter),
             ("standby", self.standby),
+            ("history-window", self.hot_window),
             ("history-checkpoints", self.history_checkpointer),
         )
         for name, worker in workers:
@@ -479,6 +518,9 @@ class Node:
     def revoked(self, partitions: list[int]) -> None:
         reason = "the node is stopping" if self._stopping.is_set() else "the partition was revoked"
         self._stop_runners(partitions, reason)
+        if self.snapshotter is not None:
+            for p in partitions:  # its snapshot writer (Kafka: a producer) is not needed here
+                self.snapshotter.release(p)
 
     def _stop_runners(self, partitions: list[int], reason: str) -> None:
         stopped = []
@@ -502,6 +544,10 @@ class Node:
     @property
     def history(self) -> ReadModel:
         return self._history
+
+    @property
+    def run_history(self) -> History:
+        return self._run_history
 
     def now_ms(self) -> int:
         return self._clock.now_ms()
@@ -639,39 +685,58 @@ class Node:
         offsets: dict[int, int] = {}  # partition -> the last offset its answers hold
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[None] = loop.create_future()
-        pending = 0
         handoff = handoff_to(loop)
-
-        def deliver(i: int, p: int, result: Decided | CronlogError) -> None:
-            nonlocal pending
-            if results[i] is not None:
-                return
-            if isinstance(result, CronlogError):
-                results[i] = result
-            else:
-                results[i] = result.events
-                if result.offsets:
-                    offsets[p] = max(offsets.get(p, -1), result.offsets[-1])
-            pending -= 1
-            if pending == 0 and not answered.done():
-                answered.set_result(None)
-
-        def replier(i: int, p: int) -> Callable[[Decided | CronlogError], None]:
-            return lambda result: handoff.post(deliver, i, p, result)
-
         remote: list[asyncio.Task[None]] = []
+        local: list[tuple[int, list[int], PartitionRunner]] = []
         for p, indices in by_partition.items():
             runner = self._runners.get(p)
             if runner is None:
                 remote += [asyncio.create_task(self._ask(p, i, commands, results)) for i in indices]
-                continue
-            pending += len(indices)
-            runner.submit_many([Request(commands[i], reply=replier(i, p)) for i in indices])
-        if pending:
+            else:
+                local.append((p, indices, runner))
+        # The runners' answers are kept where their threads leave them, and the loop is woken
+        # once, by the last: not a hand-over and a call in the loop per command.
+        expected = sum(len(indices) for _, indices, _ in local)
+        lock = threading.Lock()
+        answers: dict[int, Decided | CronlogError] = {}
+
+        def finish() -> None:
+            if not answered.done():
+                answered.set_result(None)
+
+        def replier(i: int) -> Callable[[Decided | CronlogError], None]:
+            def reply(result: Decided | CronlogError) -> None:
+                with lock:
+                    if i in answers:
+                        return
+                    answers[i] = result
+                    last = len(answers) == expected
+                if last:
+                    handoff.post(finish)
+
+            return reply
+
+        for _, indices, runner in local:
+            runner.submit_many([Request(commands[i], reply=replier(i)) for i in indices])
+        if expected:
+            timer = loop.call_later(LOCAL_TIMEOUT_S, finish)
             try:
-                await asyncio.wait_for(answered, LOCAL_TIMEOUT_S)
-            except TimeoutError:
-                log.error("%d commands had no answer in %.0f s", pending, LOCAL_TIMEOUT_S)
+                await answered
+            finally:
+                timer.cancel()
+        with lock:
+            got = dict(answers)  # an answer later than the timeout is not read
+        if len(got) < expected:
+            log.error("%d commands had no answer in %.0f s", expected - len(got), LOCAL_TIMEOUT_S)
+        for p, indices, _ in local:
+            for i in indices:
+                result = got.get(i)
+                if isinstance(result, CronlogError):
+                    results[i] = result
+                elif result is not None:
+                    results[i] = result.events
+                    if result.offsets:
+                        offsets[p] = max(offsets.get(p, -1), result.offsets[-1])
         if remote:
             await asyncio.gather(*remote)
         for p, last in offsets.items():
@@ -718,9 +783,9 @@ class Node:
                 partition, command, visible=visible, timeout_s=timeout_s or FORWARD_TIMEOUT_S
             )
         loop = asyncio.get_running_loop()
-        answer: asyncio.Future[Decided | CronlogError] = loop.create_future()
+        answer: asyncio.Future[Decided | CronlogError | None] = loop.create_future()
 
-        def deliver(result: Decided | CronlogError) -> None:
+        def deliver(result: Decided | CronlogError | None) -> None:
             if not answer.done():
                 answer.set_result(result)
 
@@ -729,12 +794,17 @@ class Node:
         def settle(result: Decided | CronlogError) -> None:
             handoff.post(deliver, result)
 
-        runner.submit(Request(command, reply=settle))
+        # No answer in time settles it with None: one timer, where wait_for would add a
+        # future, a task switch and callbacks to every request.
+        timer = loop.call_later(LOCAL_TIMEOUT_S, deliver, None)
+        _gathering(loop).submit(runner, Request(command, reply=settle))
         try:
-            result = await asyncio.wait_for(answer, LOCAL_TIMEOUT_S)
-        except TimeoutError:
+            result = await answer
+        finally:
+            timer.cancel()
+        if result is None:
             log.error("partition %d: no answer in %.0f s", partition, LOCAL_TIMEOUT_S)
-            raise Unavailable(f"partition {partition} did not answer") from None
+            raise Unavailable(f"partition {partition} did not answer")
         if isinstance(result, CronlogError):
             raise result
         if visible:
@@ -875,6 +945,50 @@ class Node:
         except Unavailable:
             return None
         return [e for e in events if isinstance(e, ev.LeaseGranted)]
+
+
+class _Gathering:
+    """The requests an event loop hands the partition runners, gathered for the rest of the
+    loop's current turn and handed over together: one :meth:`PartitionRunner.submit_many` per
+    partition instead of one wake-up of its thread per request. Under load, the requests
+    that arrive together (uvloop reads every ready connection in one turn) are decided in one
+    batch and made durable in one commit; alone, a request waits for nothing but the end of
+    the turn. Used from its loop's thread only."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: dict[PartitionRunner, list[Request]] = {}
+
+    def submit(self, runner: PartitionRunner, request: Request) -> None:
+        if not self._waiting:
+            self._loop.call_soon(self._hand_over)
+        self._waiting.setdefault(runner, []).append(request)
+
+    def _hand_over(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for runner, requests in waiting.items():
+            try:
+                runner.submit_many(requests)
+            except Exception as err:  # never a request left waiting for its timeout
+                log.exception("partition %d: requests not handed over", runner.partition)
+                for request in requests:
+                    if request.reply is not None:
+                        request.reply(Unavailable(f"partition {runner.partition}: {err}"))
+
+
+_gatherings: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Gathering] = (
+    weakref.WeakKeyDictionary()
+)
+_gatherings_lock = threading.Lock()  # loops of several threads (the API's, the executors')
+
+
+def _gathering(loop: asyncio.AbstractEventLoop) -> _Gathering:
+    """The loop's :class:`_Gathering` (called from that loop's thread)."""
+    with _gatherings_lock:
+        gathering = _gatherings.get(loop)
+        if gathering is None:
+            gathering = _gatherings[loop] = _Gathering(loop)
+        return gathering
 
 
 def _no_snapshot(partition: int) -> int | None:

@@ -114,6 +114,7 @@ class Snapshotter(SupervisedWorker):
         self.metrics: SnapshotMetrics = metrics or _Unmeasured()
         self._queue: deque[_Job] = deque()
         self._busy: set[int] = set()
+        self._release_after: set[int] = set()  # revoked while their snapshot was being written
         self._cv = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
@@ -158,6 +159,33 @@ class Snapshotter(SupervisedWorker):
         view.close()
         return False
 
+    def release(self, partition: int) -> None:
+        """(When ``partition`` is revoked.) Drop its queued snapshot and let the store let go
+        of its writer: now, or after the snapshot being written, on the snapshotter's thread
+        (the revoking thread never waits for a write)."""
+        with self._cv:
+            dropped = [job for job in self._queue if job.partition == partition]
+            for job in dropped:
+                self._queue.remove(job)
+            writing = partition in self._busy and not dropped
+            if dropped:
+                self._busy.discard(partition)
+            if writing:
+                self._release_after.add(partition)
+            self._cv.notify_all()
+        for job in dropped:
+            job.view.close()
+        if not writing:
+            self._release_store(partition)
+
+    def _release_store(self, partition: int) -> None:
+        try:
+            self.store.release(partition)
+        except Exception:
+            self.failures += 1
+            log.exception("partition %d: letting go of the snapshot writer failed", partition)
+            self.metrics.snapshot_failed()
+
     def wait_idle(self, partition: int, timeout_s: float) -> bool:
         """Wait until no snapshot of ``partition`` is in hand (tests, benchmarks, shutdown)."""
         with self._cv:
@@ -180,7 +208,11 @@ class Snapshotter(SupervisedWorker):
                 job.view.close()
                 with self._cv:
                     self._busy.discard(job.partition)
+                    release = job.partition in self._release_after
+                    self._release_after.discard(job.partition)
                     self._cv.notify_all()
+                if release:
+                    self._release_store(job.partition)
 
     def _write(self, job: _Job) -> None:
         start = time.perf_counter()

@@ -23,7 +23,8 @@ newest first)::
     jr/<job_id>/<inv(scheduled_for)><run_id>  -> ""   runs of a job, newest slot first
     jk/<job_id>/<idempotency_key>             -> run_id   the run a keyed manual trigger made
     rs/<tenant>/<state>/<inv(scheduled_for)><run_id>  -> ""  runs by state (the dead letters)
-    c/<tenant>/<state>                        -> u64  runs by state, kept incrementally
+    c/<tenant>/<state>                        -> u64  runs by state the model holds (after the
+                                                      history window: forget_runs)
     cj/<tenant>                               -> u64  jobs not cancelled (the jobs quota)
     sk/<job_id>/<inv(offset)>                 -> msgpack SkipView, newest first
     tf/<tenant>/<minute:u64>                  -> msgpack figures.Minute (projections/figures.py)
@@ -103,14 +104,13 @@ from core.events import (
 from core.ids import is_scoped, team_id
 from eventlog.port import EventLog, Record
 from eventlog.rocks import bounded, checked_reads, is_damage, iterator_error
+from projections import run_fold
 from projections.aside import set_aside
 from projections.decoding import EventDecoder
 from projections.figures import HOUR_MS, RETENTION_MS, Minute, minute_of, observe
 from projections.views import (
     JOB_STATUSES,
     RUN_STATES,
-    AttemptOutcome,
-    AttemptView,
     JobStatusName,
     JobView,
     Page,
@@ -128,7 +128,7 @@ MAX_LIMIT = 1000
 MAX_SEARCH_SCAN = 10_000  # jobs one page of a search looks at
 MAX_SET_ASIDE = 3  # rebuilds one runner starts; more means something other than the disk is wrong
 LIVE_STATES = frozenset({"blocked", "pending", "running", "failed", "retrying"})
-LEASE_EXPIRED = "lease expired"
+LEASE_EXPIRED = run_fold.LEASE_EXPIRED
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -141,6 +141,22 @@ _encoder = msgspec.msgpack.Encoder()
 _run_decoder = msgspec.msgpack.Decoder(RunView)
 _skip_decoder = msgspec.msgpack.Decoder(SkipView)
 _minute_decoder = msgspec.msgpack.Decoder(Minute)
+
+
+# Finished for good: the states a run may leave the hot window in. A dead run stays (it can
+# still be replayed, and the dead-letter list is where operators find it); live runs stay.
+FORGETTABLE: tuple[RunStateName, ...] = ("succeeded", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class Forgot:
+    """What one batch of forgetting removed, and how long it held the writer's lock."""
+
+    runs: int = 0
+    skips: int = 0
+    held_s: float = 0.0
+    took_s: float = 0.0
+    resume: bytes | None = None
 
 
 def _tag(p: _Pending, tenant: str, job_id: str, tags: Sequence[str], value: bytes | None) -> None:
@@ -618,68 +634,22 @@ class ReadModel:
                 if job is not None:
                     job.view.next_slot = event.next_slot
                     self._put_job(p, job)
-            case RunReleased():
+            case (
+                RunReleased()
+                | LeaseGranted()
+                | RunCompleted()
+                | RunFailed()
+                | LeaseExpired()
+                | RetryScheduled()
+                | RunDeadLettered()
+                | RunCancelled()
+                | RunReplayed()
+            ):
                 run = self._run(p, event.run_id)
                 if run is not None:
-                    run.available_at = event.available_at
-                    self._move(p, run, "pending")
-            case LeaseGranted():
-                run = self._run(p, event.run_id)
-                if run is not None:
-                    run.attempt = event.attempt
-                    run.attempts.append(
-                        AttemptView(
-                            attempt=event.attempt,
-                            fencing_token=event.fencing_token,
-                            worker_id=event.worker_id,
-                            started_at=event.at,
-                        )
-                    )
-                    if run.started_at is None:
-                        run.started_at, run.lateness_ms = event.at, event.lateness_ms
-                    self._move(p, run, "running")
-            case RunCompleted():
-                run = self._run(p, event.run_id)
-                if run is not None:
-                    _close_attempt(run, event.fencing_token, event.at, "succeeded", "")
-                    run.finished_at, run.error = event.at, ""
-                    self._move(p, run, "succeeded")
-            case RunFailed():
-                run = self._run(p, event.run_id)
-                if run is not None:
-                    _close_attempt(run, event.fencing_token, event.at, "failed", event.error)
-                    run.error = event.error
-                    self._move(p, run, "failed")
-            case LeaseExpired():
-                run = self._run(p, event.run_id)
-                if run is not None and run.state != "cancelled":
-                    _close_attempt(run, event.fencing_token, event.at, "lease_expired", "")
-                    run.error = LEASE_EXPIRED
-                    self._move(p, run, "failed")
-            case RetryScheduled():
-                run = self._run(p, event.run_id)
-                if run is not None:
-                    run.attempt, run.available_at = event.attempt, event.available_at
-                    self._move(p, run, "retrying")
-            case RunDeadLettered():
-                run = self._run(p, event.run_id)
-                if run is not None:
-                    run.error, run.dead_reason = event.error, str(event.reason)
-                    run.finished_at = event.at
-                    self._move(p, run, "dead")
-            case RunCancelled():
-                run = self._run(p, event.run_id)
-                if run is not None:
-                    if event.was_running:
-                        _close_attempt(run, event.fencing_token, event.at, "cancelled", "")
-                    run.finished_at = event.at
-                    self._move(p, run, "cancelled")
-            case RunReplayed():
-                run = self._run(p, event.run_id)
-                if run is not None:
-                    run.attempt, run.available_at = event.attempt, event.available_at
-                    run.finished_at, run.dead_reason, run.error = None, None, ""
-                    self._move(p, run, "pending")
+                    state = run_fold.evolve(run, event)
+                    if state is not None:
+                        self._move(p, run, state)
             case Heartbeat() | UpstreamRecorded() | JobForgotten():
                 # The partition forgetting a job that ended changes nothing in its history.
                 pass
@@ -718,31 +688,14 @@ class ReadModel:
         p.raw[marker] = _U64.pack(cutoff)
 
     def _materialise(self, p: _Pending, event: RunMaterialised) -> None:
-        run = RunView(
-            run_id=event.run_id,
-            job_id=event.job_id,
-            tenant=event.tenant,
-            scheduled_for=event.scheduled_for,
-            state="blocked" if event.blocked else "pending",
-            attempt=event.attempt,
-            trigger=str(event.trigger),
-            available_at=event.available_at,
-            idempotency_key=event.idempotency_key,
-        )
         old = self._run(p, event.run_id)
+        run = run_fold.materialised(event, old)
         if old is None:
             p.raw[
                 b"jr/" + run.job_id.encode() + b"/" + _inv(run.scheduled_for) + run.run_id.encode()
             ] = b""
         else:  # the same slot again: one record, its history kept (see the module docstring)
             self._unindex(p, old)
-            run.attempts, run.started_at, run.lateness_ms = (
-                old.attempts,
-                old.started_at,
-                old.lateness_ms,
-            )
-            if run.idempotency_key is None:
-                run.idempotency_key = old.idempotency_key
         p.runs[run.run_id] = run
         if event.idempotency_key is not None:
             p.raw[_key_index(run.job_id, event.idempotency_key)] = run.run_id.encode()
@@ -1036,6 +989,161 @@ class ReadModel:
                 out.append((at, _minute_decoder.decode(value)))
         return out
 
+    # -- the hot window (projections.hot_window drives it) ------------------------------------
+
+    def forget_runs(
+        self, cutoff: int, max_runs: int, resume: dict[bytes, bytes] | None = None
+    ) -> Forgot:
+        """Remove up to ``max_runs`` finished runs (:data:`FORGETTABLE` states) whose slot is
+        before ``cutoff``, oldest slot first, with every index key that names them (``r/``,
+        ``jr/``, ``rs/``, ``jk/``) and their ``c/`` counts, in one batch. Live and dead runs
+        stay; a job's own record and ``cj/`` do not change. Holds the writer's lock for this
+        one batch only (``Forgot.held_s``). ``resume`` (index prefix -> the last key removed),
+        kept by the caller across the batches of one cutoff, starts each scan past what earlier
+        batches deleted: RocksDB would otherwise step over their tombstones again each time."""
+        started = time.perf_counter()
+        with self._write_lock:
+            held_from = time.perf_counter()
+            removed = 0
+            wb = WriteBatch(raw_mode=True)
+            counts: dict[bytes, int] = {}
+            with self._reading():
+                for tenant in self._tenants():
+                    for state in FORGETTABLE:
+                        prefix = f"rs/{tenant}/{state}/".encode()
+                        before = None if resume is None else resume.get(prefix)
+                        for suffix in self._oldest(prefix, cutoff, max_runs - removed, before):
+                            run_id = suffix[8:]
+                            run = _run_decoder.decode(self._indexed(b"r/" + run_id))
+                            job = run.job_id.encode()
+                            wb.delete(b"r/" + run_id)
+                            wb.delete(prefix + suffix)
+                            wb.delete(b"jr/" + job + b"/" + suffix)
+                            if run.idempotency_key is not None:
+                                key = _key_index(run.job_id, run.idempotency_key)
+                                if self._db.get(key) == run_id:
+                                    wb.delete(key)
+                            count = f"c/{tenant}/{state}".encode()
+                            counts[count] = counts.get(count, 0) + 1
+                            removed += 1
+                            if resume is not None:
+                                resume[prefix] = suffix
+                        if removed >= max_runs:
+                            break
+                    if removed >= max_runs:
+                        break
+                for key, gone in counts.items():
+                    stored = self._db.get(key)
+                    held = 0 if stored is None else _U64.unpack(stored)[0]
+                    wb.put(key, _U64.pack(max(0, held - gone)))
+                if not wb.is_empty():
+                    with self._db_lock:
+                        self._db.write(wb, self._write_options)
+            done = time.perf_counter()
+        return Forgot(runs=removed, held_s=done - held_from, took_s=done - started)
+
+    def forget_skips(self, cutoff: int, after: bytes | None, max_scan: int) -> Forgot:
+        """Look at up to ``max_scan`` skipped-slot records after the key ``after`` (None: from
+        the first) and remove those whose last slot is before ``cutoff``. ``Forgot.resume``
+        is where the next call goes on (None: the scan reached the end)."""
+        started = time.perf_counter()
+        with self._write_lock:
+            held_from = time.perf_counter()
+            wb = WriteBatch(raw_mode=True)
+            removed = scanned = 0
+            resume: bytes | None = None
+            with self._reading():
+                for suffix, value in self._scan(b"sk/", after):
+                    if suffix == after:
+                        continue
+                    if scanned == max_scan:
+                        break
+                    scanned += 1
+                    resume = suffix
+                    if _skip_decoder.decode(value).last_scheduled_for < cutoff:
+                        wb.delete(b"sk/" + suffix)
+                        removed += 1
+                else:
+                    resume = None
+                if not wb.is_empty():
+                    with self._db_lock:
+                        self._db.write(wb, self._write_options)
+            done = time.perf_counter()
+        return Forgot(skips=removed, held_s=done - held_from, took_s=done - started, resume=resume)
+
+    @_query
+    def oldest_forgettable(self, cutoff: int) -> int | None:
+        """The oldest slot of a finished run still held that is before ``cutoff`` (None: none
+        is): how far behind forgetting is."""
+        oldest: int | None = None
+        with self._db_lock:
+            for tenant in self._tenants():
+                for state in FORGETTABLE:
+                    for suffix in self._oldest(f"rs/{tenant}/{state}/".encode(), cutoff, 1):
+                        slot = _TOP - _U64.unpack(suffix[:8])[0]
+                        oldest = slot if oldest is None else min(oldest, slot)
+        return oldest
+
+    @_query
+    def job_runs_after(
+        self, job_id: str, after: bytes | None, limit: int
+    ) -> list[tuple[bytes, RunView]]:
+        """Up to ``limit`` of the job's runs after the key ``after`` (:func:`run_key`), newest
+        slot first, with their keys (the caller checked the job is its tenant's)."""
+        return self.job_runs_with(job_id, after, limit, [])[0]
+
+    @_query
+    def job_runs_with(
+        self, job_id: str, after: bytes | None, limit: int, run_ids: Sequence[str]
+    ) -> tuple[list[tuple[bytes, RunView]], set[str]]:
+        """:meth:`job_runs_after`, and which of ``run_ids`` the model holds, in one read."""
+        prefix = f"jr/{job_id}/".encode()
+        with self._db_lock:
+            keys = [k for k, _ in self._scan(prefix, after, limit=limit + 1) if k != after]
+            found = [(k, self._indexed(b"r/" + k[8:])) for k in keys[:limit]]
+            held = {r for r in run_ids if self._db.get(b"r/" + r.encode()) is not None}
+        return [(k, _run_decoder.decode(v)) for k, v in found], held
+
+    def _tenants(self) -> list[str]:
+        """Every tenant that has had a run (its ``c/`` counters), from the counters alone."""
+        tenants: list[str] = []
+        for key, _ in self._scan(b"c/"):
+            tenant = key.decode().partition("/")[0]
+            if not tenants or tenants[-1] != tenant:
+                tenants.append(tenant)
+        return tenants
+
+    def _oldest(
+        self, prefix: bytes, cutoff: int, limit: int, before: bytes | None = None
+    ) -> list[bytes]:
+        """Up to ``limit`` key suffixes of an ``<inv(slot)><run_id>`` index whose slot is before
+        ``cutoff``, oldest slot first (a backward scan from the prefix's end, or from just
+        before the suffix ``before``)."""
+        if limit <= 0 or cutoff <= 0:
+            return []
+        lower = prefix + _inv(cutoff - 1)
+        upper = prefix[:-1] + bytes([prefix[-1] + 1])
+        options = checked_reads()
+        options.set_iterate_upper_bound(upper)
+        it: Any = self._db.iter(options)
+        start = upper if before is None else prefix + before
+        it.seek_for_prev(start)
+        found: list[bytes] = []
+        # The lower bound is checked here: rocksdict's iterate_lower_bound does not stop a
+        # backward scan when nothing lies between the bounds.
+        while it.valid() and len(found) < limit:
+            key = bytes(it.key())
+            if key < lower:
+                break
+            if key != start:
+                found.append(key[len(prefix) :])
+            it.prev()
+        error = iterator_error(it)
+        del it  # a live iterator keeps the model's LOCK
+        if error is not None:
+            raise StoreDamaged(f"read model {self._path}: {error}")
+        return found
+
     def dump(self) -> list[tuple[bytes, bytes]]:
         """Every stored key and value in key order (for tests and tools)."""
         with self._db_lock, self._reading():
@@ -1085,15 +1193,17 @@ class ReadModel:
             raise StoreDamaged(f"read model {self._path}: {error}")
 
 
+def run_key(scheduled_for: int, run_id: str) -> bytes:
+    """A run's key in a listing of runs (newest slot first); a cursor encodes one."""
+    return _inv(scheduled_for) + run_id.encode()
+
+
+encode_cursor = _encode_cursor
+decode_cursor = _decode_cursor
+
+
 def _next_cursor(keys: list[bytes], limit: int) -> str | None:
     return _encode_cursor(keys[limit - 1]) if len(keys) > limit else None
-
-
-def _close_attempt(run: RunView, token: int, at: int, outcome: AttemptOutcome, error: str) -> None:
-    for attempt in reversed(run.attempts):
-        if attempt.fencing_token == token and attempt.outcome is None:
-            attempt.finished_at, attempt.outcome, attempt.error = at, outcome, error
-            return
 
 
 class ReadModelRunner:

@@ -154,11 +154,14 @@ class Wakeups:
             heapq.heappush(
                 self._writes.setdefault(partition, []), (offset, next(self._order), loop, future)
             )
+        # One timer, where wait_for would add a future, a task switch and callbacks to every
+        # write; a timed-out entry goes with the first fold past it.
+        timer = loop.call_later(timeout_s, _settle, future)
         try:
-            await asyncio.wait_for(future, timeout_s)
-            return True
-        except TimeoutError:  # its entry goes with the first fold past it
-            return position(partition) > offset
+            await future
+        finally:
+            timer.cancel()
+        return position(partition) > offset
 
     def _remember(self, key: tuple[str, str], at: int, now: int) -> None:
         due = self._due.get(key)

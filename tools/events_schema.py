@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from core import events_schema
 
@@ -27,16 +28,24 @@ def problems_writing(path: Path) -> list[str]:
     old = json.loads(path.read_text(encoding="utf-8"))
     new = events_schema.json_schema()
     found = events_schema.incompatibilities(old, new)
-    unversioned = {k: v for k, v in old.items() if k not in ("$id", "x-cronlog-schema-version")}
-    changed = unversioned != {
-        k: v for k, v in new.items() if k not in ("$id", "x-cronlog-schema-version")
-    }
+    # Words are not the events: a description reworded (or re-indented) needs no new version.
+    changed = _shape(old) != _shape(new)
     if changed and old.get("x-cronlog-schema-version") == events_schema.SCHEMA_VERSION:
         found.append(
             "the events changed: raise core.events_schema.SCHEMA_VERSION"
             f" (now {events_schema.SCHEMA_VERSION})"
         )
     return found
+
+
+def _shape(schema: Any) -> Any:
+    """``schema`` without its version, its id and every description."""
+    unversioned = ("$id", "x-cronlog-schema-version", "description")
+    if isinstance(schema, dict):
+        return {k: _shape(v) for k, v in schema.items() if k not in unversioned}
+    if isinstance(schema, list):
+        return [_shape(v) for v in schema]
+    return schema
 
 
 def main(argv: list[str] | None = None) -> int:

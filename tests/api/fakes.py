@@ -38,7 +38,9 @@ from core.events import AnyEvent, LeaseGranted, decode, encode
 from core.partition import Partition
 from core.state import RunStatus
 from eventlog.port import Record, partition_for
+from node.hot_window import DEFAULT_WINDOW_MS
 from projections.decoding import EventDecoder
+from projections.history import ArchivedRuns, History
 from projections.read_model import ReadModel
 from projections.wakeups import Wakeups
 
@@ -67,6 +69,10 @@ class FakeScheduler:
         self._wakeups = Wakeups(clock.now_ms)
         self._decoder = EventDecoder("events_stream")
         history.observe(self._wakeups)
+        # Its events stream is never pruned: it stands for archive + log alike.
+        self._run_history = History(
+            history, clock, DEFAULT_WINDOW_MS, ArchivedRuns(self, None, EventDecoder("history"))
+        )
 
     # -- the port ---------------------------------------------------------------------------
 
@@ -115,6 +121,12 @@ class FakeScheduler:
     def events_end(self, partition: int) -> int:
         return len(self.records[partition])
 
+    def start_offset(self, stream: str, partition: int) -> int:
+        return 0
+
+    def end_offset(self, stream: str, partition: int) -> int:
+        return len(self.records[partition])
+
     @property
     def events_decoder(self) -> EventDecoder:
         return self._decoder
@@ -138,6 +150,10 @@ class FakeScheduler:
     @property
     def history(self) -> ReadModel:
         return self._history
+
+    @property
+    def run_history(self) -> History:
+        return self._run_history
 
     # -- driving it -------------------------------------------------------------------------
 

@@ -177,3 +177,15 @@ async def test_a_secret_reference_is_stored_and_shown_as_the_reference(api: Api)
 async def test_the_openapi_document_describes_secret_references(api: Api) -> None:
     schemas = (await api.a.get("/openapi.json")).json()["components"]["schemas"]
     assert "from_file" in schemas["SecretRefIn"]["properties"]
+
+
+def test_every_white_space_or_control_character_in_a_url_is_refused() -> None:
+    policy = EgressPolicy.build()
+    assert policy.check_url("http://93.184.215.14/hook") is None
+    # Every white space and control character of the first planes' blocks, and a few beyond.
+    chars = [chr(c) for c in [*range(0x3100), 0xE000, 0xFEFF, 0xFFF9, 0x1D173, 0xE0001]]
+    odd = [c for c in chars if c.isspace() or not c.isprintable()]
+    assert len(odd) > 100
+    for c in odd:
+        reason = policy.check_url(f"http://93.184.215.14/a{c}b")
+        assert reason == "the URL holds white space or control characters", repr(c)

@@ -52,3 +52,19 @@ def test_the_last_instant_is_accepted() -> None:
 @given(st.integers(min_value=0, max_value=MAX_INSTANT))
 def test_round_trip(ms: int) -> None:
     assert parse_rfc3339(to_rfc3339(ms), "f") == ms
+
+
+def test_instants_read_as_the_calendar_reads_them() -> None:
+    # The text is computed without a datetime per instant: it must still be the calendar's.
+    import datetime as dt
+    import random
+
+    from core.clock import MAX_INSTANT
+
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    picks = random.Random(8)
+    edges = [0, 1, 999, 86_399_999, 86_400_000, 951_782_400_000, MAX_INSTANT]  # 2000-02-29
+    for ms in edges + [picks.randrange(MAX_INSTANT + 1) for _ in range(20_000)]:
+        at = epoch + dt.timedelta(milliseconds=ms)
+        expected = at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
+        assert to_rfc3339(ms) == expected

@@ -9,7 +9,11 @@ from typing import Any
 from api import openapi
 from api.app import ROUTES
 
-DOCUMENT = json.loads(openapi.document([(m, p) for m, p, _ in ROUTES] + [("GET", "/metrics")]))
+DOCUMENT = json.loads(
+    openapi.document(
+        [(m, p) for m, p, _ in ROUTES] + [("GET", "/metrics"), ("GET", "/v1/operator/state")]
+    )
+)
 SCHEMAS: dict[str, Any] = DOCUMENT["components"]["schemas"]
 
 

@@ -51,7 +51,8 @@ async def test_team_b_gets_404_on_every_verb_and_changes_nothing(api: Api) -> No
     assert (await api.b.get("/v1/jobs")).json() == {"jobs": [], "next_cursor": None}
     for state in ("running", "pending", "dead"):
         listed = await api.b.get("/v1/runs", params={"state": state})
-        assert listed.json() == {"runs": [], "next_cursor": None}
+        empty = {"runs": [], "next_cursor": None, "source": "hot", "gone_before": None}
+        assert listed.json() == empty
     # its workers do not get team-a's runs from a pool of the same name
     api.fake.advance(60_000)
     claim = {"pool": "shared-pool", "worker_id": "b-worker", "limit": 10}

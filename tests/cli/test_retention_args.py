@@ -30,6 +30,12 @@ def test_the_defaults_a_user_gets() -> None:
     assert retention.segment_bytes == 64 * 2**20 and retention.segment_ms == DAY_MS
 
 
+def test_the_history_window_default_and_forever() -> None:
+    assert _parse().history_window == 30 * DAY_MS
+    assert _parse("--history-window", "7d").history_window == 7 * DAY_MS
+    assert _parse("--history-window", "none").history_window is None  # every run kept hot
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -37,6 +43,7 @@ def test_the_defaults_a_user_gets() -> None:
         (["--retention", "30 days"], "--retention"),
         (["--retention-bytes", "-5"], "--retention-bytes"),
         (["--segment-bytes", "none"], "--segment-bytes"),
+        (["--history-window", "a month"], "--history-window"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_flag(argv: list[str], message: str) -> None:

@@ -119,3 +119,17 @@ def test_files_keep_the_newest_few_for_falling_back(tmp_path: Path) -> None:
     ]
     older = store.older(0, below=30)
     assert older is not None and older.offset == 20
+
+
+def test_a_released_writer_is_let_go_and_opened_again_by_the_next_write(reopen: Reopen) -> None:
+    store = reopen()
+    assert store.write(0, 10, b"ten")
+    store.release(0)
+    if isinstance(store, KafkaSnapshots):
+        assert store.writers() == []  # its producer is closed
+    newest = store.latest(0)  # reading is unaffected
+    assert newest is not None and newest.offset == 10
+    assert store.write(0, 20, b"twenty")
+    newest = store.latest(0)
+    assert newest is not None and newest.offset == 20
+    store.release(1)  # a partition it never wrote: nothing to let go of

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from core.commands import PauseJob, PutJob
-from core.errors import Conflict, NotFound
+from core.errors import Conflict, NotFound, Unavailable
 from core.events import JobRegistered
 from core.jobs import JobSpec, PullTarget
 from eventlog.embedded import EmbeddedLog
@@ -71,3 +72,43 @@ def test_each_command_gets_its_own_answer_in_order(node: Node) -> None:
     assert isinstance(results[3], NotFound)
     assert results[4] == []
     assert node.history.job("team-a", "team-a/there").spec.name == "job"  # type: ignore[union-attr]
+
+
+def test_single_commands_sent_together_are_decided_in_one_batch_per_partition(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Concurrent requests (one each, as the API's handlers send them) that reach the node in
+    # the same turn of its event loop are decided together: one batch, and so one append, per
+    # partition, not a batch for whatever had arrived when the runner's thread woke.
+    commands = [put(f"s{i}") for i in range(2000)]
+    partitions = {partition_for(c.job_id, PARTITIONS) for c in commands}
+    batches: list[int] = []
+    appended = node.metrics.appended
+
+    def count(partition: int, offsets: list[int], events: list[Any]) -> None:
+        batches.append(partition)
+        appended(partition, offsets, events)
+
+    monkeypatch.setattr(node.metrics, "appended", count)
+
+    async def all_at_once() -> list[list[Any]]:
+        return await asyncio.gather(*(node.execute(c) for c in commands))
+
+    results = asyncio.run(all_at_once())
+    assert sorted(batches) == sorted(partitions)
+    assert all(isinstance(r[0], JobRegistered) for r in results)
+    assert all(node.history.job("team-a", c.job_id) is not None for c in commands)
+
+
+def test_a_runner_that_never_answers_makes_the_request_unavailable_in_time(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A runner answers every request it takes; should one ever not, the caller is told
+    # "unavailable" at the deadline instead of waiting forever, singly and in a batch.
+    monkeypatch.setattr("node.node.LOCAL_TIMEOUT_S", 0.3)
+    for runner in node._runners.values():
+        monkeypatch.setattr(runner, "submit_many", lambda requests: None)
+    with pytest.raises(Unavailable):
+        asyncio.run(asyncio.wait_for(node.execute(put("lost")), 10))
+    results = asyncio.run(asyncio.wait_for(node.execute_many([put("a"), put("b")]), 10))
+    assert all(isinstance(r, Unavailable) for r in results), results

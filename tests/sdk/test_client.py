@@ -317,3 +317,24 @@ def test_many_jobs_at_once_in_batches(
             assert fresh.created == 2
 
     asyncio.run(scenario())
+
+
+def test_a_page_says_where_its_runs_came_from() -> None:
+    """A page the server answers from the archive (``api.wire``) reads back with its source."""
+    from cronlog_client.models import RunPage
+
+    from api.wire import RunPage as ServerPage
+
+    server = ServerPage(runs=[], next_cursor=None, source="archive", gone_before=None)
+    run = {
+        "run_id": "r.1", "job_id": "r", "state": "succeeded", "attempt": 1, "trigger": "schedule",
+        "scheduled_for": "2026-11-01T00:00:00Z", "available_at": "2026-11-01T00:00:00Z",
+        "started_at": None, "finished_at": None, "lateness_ms": None, "error": "",
+        "dead_reason": None, "attempts": [], "source": "archive",
+    }  # fmt: skip
+    body = msgspec.json.encode({**msgspec.to_builtins(server), "runs": [run]})
+    page = msgspec.json.decode(body, type=RunPage)
+    assert (page.source, page.runs[0].source, page.gone_before) == ("archive", "archive", None)
+    gone = msgspec.json.encode({**msgspec.to_builtins(server), "gone_before": run["available_at"]})
+    when = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    assert msgspec.json.decode(gone, type=RunPage).gone_before == when

@@ -32,6 +32,7 @@ import httpx
 from core.clock import Clock, Millis, SystemClock
 from core.errors import CronlogError, LogCorrupted
 from eventlog.port import EventLog, partition_for
+from projections import time_travel
 from tools.replay import backfill, dump, rebuild, snapshots, stats, verify
 from tools.replay.progress import Meter, meter_for
 from tools.replay.source import Layout, ReplayError, add_source_arguments, open_log
@@ -80,8 +81,8 @@ def parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--offset", type=int, help="the state of the events below this offset")
     where.add_argument(
-        "--at", help="the state after the events decided at or before this instant (RFC 3339"
-        " or epoch ms)"
+        "--at",
+        help="the state after the events decided at or before this instant (RFC 3339 or epoch ms)",
     )
     p.add_argument("--partition", type=int, help="the partition (default: the --job's)")
     p.add_argument("--job", metavar="JOB_ID", help="only this job and its runs")
@@ -158,12 +159,8 @@ def _on_log(args: argparse.Namespace, log: EventLog, layout: Layout, meter: Mete
             raise ReplayError(
                 f"partition {args.partition} is out of range 0..{log.num_partitions - 1}"
             )
-        partitions = (
-            list(range(log.num_partitions)) if args.partition is None else [args.partition]
-        )
-        printed = dump.dump(
-            log, partitions, args.from_offset, args.job, args.follow, meter=meter
-        )
+        partitions = list(range(log.num_partitions)) if args.partition is None else [args.partition]
+        printed = dump.dump(log, partitions, args.from_offset, args.job, args.follow, meter=meter)
         print(
             f"dump: {printed} lines from {len(partitions)} partitions in"
             f" {time.monotonic() - started:.1f} s",
@@ -176,9 +173,7 @@ def _on_log(args: argparse.Namespace, log: EventLog, layout: Layout, meter: Mete
         return _state(args, log, meter)
     if args.command == "verify":
         checks = []
-        meter.start(
-            "verify", sum(log.end_offset("events", p) for p in range(log.num_partitions))
-        )
+        meter.start("verify", sum(log.end_offset("events", p) for p in range(log.num_partitions)))
         for partition in range(log.num_partitions):
             checks.append(verify.verify_partition(log, layout, partition, meter))
             print(checks[-1].describe(), flush=True)
@@ -258,11 +253,8 @@ def _state(args: argparse.Namespace, log: EventLog, meter: Meter) -> int:
         meter.stop()
     finally:
         store.close()
-    report = snapshots.describe_state(state, args.tenant, args.job)
-    report["as_of"] = {"offset": reached, "instant": instant}
-    report["from_snapshot"] = base
-    report["events_folded"] = folded
-    snapshots.print_state(report)
+    answer = time_travel.StateAsOf(state, reached, base, folded)
+    snapshots.print_state(time_travel.report(answer, instant, args.tenant, args.job))
     return 0
 
 

@@ -6,8 +6,9 @@ byte for byte (the snapshot is what the owner folded), and at the log's end it m
 snapshot with the tail after it folded in (what a new owner restoring it would decide from).
 A snapshot that cannot be decoded, or one past the log's end, is a difference.
 
-``state --at OFFSET`` or ``--at INSTANT``: what the partition believed then, from the nearest
-snapshot at or before that point plus the events after it (from offset 0 when there is none).
+``state --offset OFFSET`` or ``--at INSTANT``: what the partition believed then, from the
+nearest snapshot at or before that point plus the events after it (from offset 0 when there is
+none), by :mod:`projections.time_travel`, as the node's ``GET /v1/operator/state`` answers it.
 An instant means the state after the last event decided at or before it. Printed as JSON:
 every job (status, next slot) and every run (status, attempt, worker, lease) the state held,
 optionally of one tenant or one job.
@@ -20,16 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from core.clock import Millis
-from core.errors import StoreDamaged
 from core.state import PartitionState, evolve
 from eventlog.port import EventLog
-from eventlog.snapshots import FileSnapshots, SnapshotStore, StoredSnapshot
+from eventlog.snapshots import FileSnapshots, SnapshotStore
+from projections import time_travel
 from projections.decoding import ForeignRecord
-from projections.snapshot import SnapshotUnusable, decode, read_header
-from projections.state_store import build
+from projections.snapshot import SnapshotUnusable
 from tools.replay.progress import Meter
 from tools.replay.records import decoded, tool_decoder
 from tools.replay.verify import differences
@@ -75,19 +73,6 @@ def open_snapshots(args: Any, data_dir: Path) -> SnapshotStore:
     return FileSnapshots(data_dir / "snapshots")
 
 
-def _state_of(stored: StoredSnapshot, partition: int) -> PartitionState:
-    snapshot = decode(stored.data, partition)
-    try:
-        state, offset = build(partition, snapshot.items)
-    except StoreDamaged as damage:
-        raise SnapshotUnusable(str(damage)) from damage
-    if offset != snapshot.offset or offset != stored.offset:
-        raise SnapshotUnusable(
-            f"snapshot stored at offset {stored.offset} holds a state at offset {offset}"
-        )
-    return state
-
-
 def verify_partition(
     log: EventLog, snapshots: SnapshotStore, partition: int, meter: Meter | None = None
 ) -> SnapshotCheck:
@@ -101,7 +86,7 @@ def verify_partition(
         check.problems.append(f"snapshot at offset {stored.offset} is past the log's end {end}")
         return check
     try:
-        restored = _state_of(stored, partition)
+        restored = time_travel.restore(stored, partition)
     except SnapshotUnusable as exc:
         check.problems.append(f"the snapshot cannot be restored: {exc}")
         return check
@@ -151,82 +136,22 @@ def state_at(
 ) -> tuple[PartitionState, int, int | None, int]:
     """The partition's state as of ``offset`` (the events below it) or ``instant`` (the events
     decided at or before it): (state, the next offset it reflects, the offset of the snapshot
-    it started from or None, events folded)."""
-    end = log.end_offset("events", partition)
-    until = end if offset is None else min(offset, end)
-    base = _nearest(snapshots, partition, until, instant)
-    if base is not None:
-        state, start = _state_of(base, partition), base.offset
-    else:
-        state, start = PartitionState(partition), 0
-    folded = 0
-    reached = start
+    it started from or None, events folded). The node's operator endpoint answers the same
+    through :func:`projections.time_travel.state_at`."""
     found: list[ForeignRecord] = []
-    for record, event in decoded(log, partition, tool_decoder(found), start, until, meter):
-        if event is not None:
-            if instant is not None and event.at > instant:
-                break
-            evolve(state, event)
-            folded += 1
-        reached = record.offset + 1
-    return state, reached, None if base is None else base.offset, folded
+    answer = time_travel.state_at(
+        log,
+        snapshots,
+        partition,
+        tool_decoder(found),
+        offset=offset,
+        instant=instant,
+        on_read=None if meter is None else meter.advance,
+    )
+    return answer.state, answer.offset, answer.from_snapshot, answer.folded
 
 
-def _nearest(
-    snapshots: SnapshotStore, partition: int, until: int, instant: Millis | None
-) -> StoredSnapshot | None:
-    """The newest snapshot at or before ``until`` and taken at or before ``instant``, among
-    those the store keeps (files keep a few; Kafka only the newest)."""
-    candidate = snapshots.latest(partition)
-    for _ in range(1000):  # a store keeps a handful; the bound only guards the loop
-        if candidate is None:
-            return None
-        if candidate.offset <= until and (instant is None or _taken_at(candidate) <= instant):
-            return candidate
-        candidate = snapshots.older(partition, below=candidate.offset)
-    return None
-
-
-def _taken_at(stored: StoredSnapshot) -> Millis:
-    try:
-        return read_header(stored.data)[2]
-    except SnapshotUnusable:
-        return 2**63  # unreadable: never the base of a time travel
-
-
-def describe_state(
-    state: PartitionState, tenant: str | None = None, job: str | None = None
-) -> dict[str, Any]:
-    """A JSON-ready view of a state: its jobs and runs, of one tenant or one job if asked."""
-    jobs = [
-        j
-        for j in state.jobs.values()
-        if (tenant is None or j.spec.tenant == tenant) and (job is None or j.job_id == job)
-    ]
-    runs = [
-        r
-        for r in state.runs.values()
-        if (tenant is None or r.tenant == tenant) and (job is None or r.job_id == job)
-    ]
-    return {
-        "partition": state.partition,
-        "jobs": [
-            {
-                "job_id": j.job_id,
-                "tenant": j.spec.tenant,
-                "status": j.status.value,
-                "version": j.version,
-                "next_slot": j.next_slot,
-                "live_runs": list(j.live),
-            }
-            for j in jobs
-        ],
-        "runs": [
-            msgspec.to_builtins(r, builtin_types=None)
-            | {"status": r.status.value, "trigger": r.trigger.value}
-            for r in runs
-        ],
-    }
+describe_state = time_travel.describe_state
 
 
 def print_state(report: dict[str, Any]) -> None:

@@ -283,11 +283,17 @@ class Run(msgspec.Struct, kw_only=True):
     error: str
     dead_reason: str | None
     attempts: list[Attempt]
+    # "archive": the run left the server's history window and was read back from the archive
+    # (defaults keep answers of servers from before the field readable).
+    source: Literal["hot", "archive"] = "hot"
 
 
 class RunPage(msgspec.Struct, kw_only=True):
     runs: list[Run]
     next_cursor: str | None
+    source: Literal["hot", "archive"] = "hot"  # "archive" when any run came from there
+    # With archiving off: runs of slots before this instant are gone, none older is listed.
+    gone_before: dt.datetime | None = None
 
 
 class ClaimedRun(msgspec.Struct, kw_only=True):
