@@ -11,7 +11,8 @@ snapshot of the partition's state (``node.snapshotter``) and a checkpoint of a r
 caught up to that point (``projections.history_checkpoint.take``, what the owner of partition 0
 writes every ``--history-checkpoint-every``) in the archive directory. The default tail is the
 worst case of the default spacing at the seeds' load: 460 events/s for 2 minutes. At the end
-the hot jobs are paused, so the node measured has nothing to fire.
+the hot jobs are paused, so the node measured has nothing to fire. The history starts two days
+before the run, so all of it lies within the read model's hot window (``--history-window``).
 
 Each round starts ``cronlog serve`` twice, side by side, on copies of that data directory with
 no read model (``DIR/node`` absent): **from zero** (the archive holds no checkpoint: today's
@@ -92,7 +93,9 @@ class Traced(History):
 def build(source: Path, events: int, live_jobs: int, hot: int, tail: int) -> dict[str, Any]:
     """The data directory a joining node finds: log, snapshot, archive with a checkpoint."""
     started = time.perf_counter()
-    start = int(datetime(2026, 6, 1, tzinfo=UTC).timestamp() * 1000)
+    # Two days ago: the history then lies within the read model's hot window (30 days), which
+    # is what a joining node serves from its model.
+    start = (int(time.time()) - 2 * 86_400) * 1000
     snapshots = FileSnapshots(source / "snapshots")
     store = DirectoryStore(source / "archive")
     with EmbeddedLog.open(source / "log", 1) as log_:
