@@ -256,6 +256,11 @@ def main() -> None:
         help=f"events after the checkpoint (default {DEFAULT_TAIL:,}: 2 min at the seeds' load)",
     )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--only",
+        choices=("from_zero", "checkpoint"),
+        help="run one side only (the other's figure from an earlier side-by-side run)",
+    )
     args = parser.parse_args()
     if not 0 < args.tail < args.events:
         parser.error("--tail must be between 0 and --events")
@@ -265,7 +270,8 @@ def main() -> None:
         log(f"building {args.events:,} events")
         built = build(source, args.events, args.live_jobs, args.hot, args.tail)
         log(f"built: {json.dumps(built)}")
-        rounds: dict[str, list[dict[str, Any]]] = {"from_zero": [], "checkpoint": []}
+        sides = [args.only] if args.only else ["from_zero", "checkpoint"]
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
         for i in range(args.rounds):
             for name in rounds:
                 result = join(source, Path(tmp) / f"{name}-{i}", name == "checkpoint", built)
