@@ -28,6 +28,7 @@ from api import events_stream, openapi, time_travel, ui
 from api.auth import Tokens
 from api.batch import create_jobs
 from api.changes import preview_change
+from api.completions import complete_runs
 from api.dead_letters import replay_dead_runs
 from api.edge import edge_state, json_response
 from api.errors import EXCEPTION_HANDLERS, unauthorized
@@ -97,6 +98,7 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
     ("POST", "/v1/runs/{run_id}/replay", replay_run),
     ("POST", "/v1/runs/{run_id}/heartbeat", heartbeat),
     ("POST", "/v1/runs/{run_id}/complete", complete),
+    ("POST", "/v1/runs:complete", complete_runs),
     ("POST", "/v1/workers/claim", claim),
     ("GET", "/v1/events", events_stream.events),
     ("GET", "/healthz", healthz),

@@ -193,6 +193,20 @@ BY_STRUCT: dict[str, dict[str, str]] = {
         "existing": "Items whose job was already there as given (200).",
         "failed": "Items refused.",
     },
+    "CompletionBatchIn": {
+        "runs": "The outcomes to record, each the body of POST /v1/runs/{run_id}/complete with its run_id, at most 1000; an item that is not one is refused in its result, not the request.",
+    },
+    "CompletionResult": {
+        "index": "The item's place in the request's runs, from 0.",
+        "status": "What POST /v1/runs/{run_id}/complete would have answered: 200 recorded, else the error's status.",
+        "run_id": "The run the item names (absent when the item was refused before it named one).",
+        "error": "Why the item was refused: the body POST /v1/runs/{run_id}/complete would have answered (409 lease_lost says whether the run was cancelled), field prefixed with runs[index].",
+    },
+    "CompletionBatchOut": {
+        "results": "One result per item, in the request's order.",
+        "completed": "Items whose outcome was recorded (200).",
+        "failed": "Items refused.",
+    },
     "ChangePreviewOut": {"after": "The next fire times as the job would stand after the change."},
     "ClaimIn": {
         "limit": "Lease up to this many ready runs.",
@@ -274,6 +288,9 @@ STRUCTS: dict[str, str] = {
     "JobBatchIn": "Jobs to create at once (POST /v1/jobs:batch).",
     "JobResult": "One item's outcome.",
     "JobBatchOut": "Each item's outcome, and how many were created, already there, refused.",
+    "CompletionBatchIn": "Attempts' outcomes to record at once (POST /v1/runs:complete).",
+    "CompletionResult": "One item's outcome.",
+    "CompletionBatchOut": "Each item's outcome, and how many were recorded and refused.",
     "SecretRef": "A header value read from the node's secrets directory at each call.",
 }
 

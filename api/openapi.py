@@ -21,6 +21,7 @@ import msgspec
 from api import (
     batch,
     changes,
+    completions,
     dead_letters,
     events_stream,
     field_docs,
@@ -324,6 +325,17 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         response=wire.RunOut,
         request=wire.CompleteIn,
         errors=(404, 409, 503),
+    ),
+    ("POST", "/v1/runs:complete"): Operation(
+        f"Report up to {completions.MAX_BATCH_RUNS} attempts' outcomes at once (more: 400). Each"
+        " item is what POST /v1/runs/{run_id}/complete takes, with its run_id, and is answered in"
+        " a result of its own as that request would be (200, or its error: 409 lease_lost"
+        " unless the fencing token holds the live lease, the field prefixed with runs[i]); each"
+        " item counts as a request against the token's rate. The items of one partition are"
+        " appended in one write",
+        response=completions.CompletionBatchOut,
+        request=completions.CompletionBatchIn,
+        errors=(503,),
     ),
     ("POST", "/v1/workers/claim"): Operation(
         "Lease up to limit ready runs of a pull pool; with wait_sec, wait up to that long for"

@@ -223,6 +223,15 @@ def cpu_seconds(pid: int) -> float | None:
     return total / CLK_TCK
 
 
+def own_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of ``pid`` alone (the node's main process, whose interpreter lock
+    every partition, the read model and the API share); ``None`` once it has exited."""
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 def rss_bytes(pid: int) -> tuple[int, int]:
     """(RSS now, peak RSS) summed over ``pid`` and its descendants."""
     now = peak = 0
@@ -246,10 +255,13 @@ class CpuWindow:
     pid: int
     _cpu0: float = 0.0
     _wall0: float = 0.0
+    _own0: float = 0.0
+    _own: float = 0.0
     samples: list[tuple[float, float]] = field(default_factory=list)
 
     def begin(self) -> None:
         self._cpu0, self._wall0 = cpu_seconds(self.pid) or 0.0, time.monotonic()
+        self._own0 = self._own = own_cpu_seconds(self.pid) or 0.0
         self.samples = [(self._wall0, self._cpu0)]
 
     def sample(self) -> None:
@@ -258,6 +270,7 @@ class CpuWindow:
         cpu = cpu_seconds(self.pid)
         if cpu is not None:
             self.samples.append((time.monotonic(), cpu))
+            self._own = own_cpu_seconds(self.pid) or self._own
 
     def end(self) -> dict[str, float]:
         self.sample()
@@ -273,6 +286,8 @@ class CpuWindow:
                 peak = max(peak, (c - self.samples[j][1]) / (t - self.samples[j][0]))
         return {
             "cpu_s": round(cpu, 2),
+            # of which the process itself, without the processes it started
+            "main_cpu_s": round(self._own - self._own0, 2),
             "wall_s": round(wall, 3),
             "cores_mean": round(cpu / wall, 2) if wall > 0 else 0.0,
             "cores_peak_1s": round(peak or (cpu / wall if wall > 0 else 0.0), 2),
@@ -414,7 +429,8 @@ class Serve:
     command-line arguments, and so does ``CRONLOG_BENCH_SERVE_ARGS`` (shell words) for every
     node a benchmark starts: a setting to compare against the defaults a user gets. Output goes
     to ``data_dir.parent / (data_dir.name + '.out')``. ``source`` runs the cronlog of another
-    checkout (a baseline) under this interpreter, from that directory.
+    checkout (a baseline) under this interpreter, from that directory (default: the directory
+    ``CRONLOG_BENCH_SOURCE`` names, if set, so any benchmark can run a baseline side by side).
     """
 
     def __init__(
@@ -428,6 +444,8 @@ class Serve:
         source: Path | None = None,
     ) -> None:
         self.data_dir = data_dir
+        if source is None and os.environ.get("CRONLOG_BENCH_SOURCE"):
+            source = Path(os.environ["CRONLOG_BENCH_SOURCE"])
         self.source = source
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -336,7 +336,9 @@ def describe(record: dict[str, Any]) -> str:
     extra = ""
     cpu = record["figures"].get("node_cpu") or record["figures"].get("peer_cpu")
     if cpu:
-        extra = f", {cpu['cores_mean']} cores (peak {cpu['cores_peak_1s']})"
+        extra = f", {cpu['cores_mean']} cores (peak {cpu['cores_peak_1s']}), {cpu['cpu_s']} CPU s"
+        if "main_cpu_s" in cpu:
+            extra += f" ({cpu['main_cpu_s']} in the main process)"
     return (
         f"{record['scenario']} {record['jobs']:,}: p50 {lag.get('p50_ms')} ms, p99 "
         f"{lag.get('p99_ms')} ms, all after {lag.get('all_started_after_s')} s, "

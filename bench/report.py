@@ -246,6 +246,67 @@ def goal_rows(
     return rows
 
 
+# What the profiles of the run path show, and what would close the goals it still misses; kept
+# by hand beside the figures of the latest side-by-side run (bench/results/perfherd.md has the
+# profiles and the measurements behind it).
+RUN_PATH_NOTES = """\
+Against the goals (short form, this shared machine): the HTTP herd of 2,000 started every call
+after 0.96 s against a floor of 0.44 s in the same minutes (2.2 x; `main` 0.90 s, 2.0 x; goal
+1.5 x): one executor process lowers the main process's CPU a run by a third but does not make
+the herd start sooner on two cores the recorder shares. Sustained HTTP at 1,000 a second now
+holds p99 ≤ 100 ms here (68 ms against `main`'s 101 ms); 2,000 HTTP and 2,500 pull a second
+held for neither build (earlier side-by-side runs at load 6-15: bench/results/perfherd.md),
+and at 1,000 pull a second this branch's p99 was 116-118 ms against `main`'s 749-1,147 ms.
+
+Where the time goes (py-spy over `cronlog serve`; bench/results/perfherd.md): with the calls in
+an executor process (the default on more than one core), the node's main process spends
+0.27-0.38 ms of CPU a run under a herd, against 0.43-0.54 ms with the calls in it; the
+executor process about 0.25 ms a call, so the two together spend more than one did (the
+hand-off costs a message each way). Of the main process under the herd: the read model's
+fold 43 % (`ReadModel._commit`, `_job`, `_index`, `_apply`), the log's group commit 6 %, the
+state store's save 6 %, the executors' bookkeeping 5 %, the runners 4 %, encoding and
+deciding 6 %, metrics 1 %, and the decision log's lines 7 % before a team's herd shared one
+line (about 1 % after). Under 2,500 pull runs a second with batched completions: the read
+model 42 %, the state store 12 %, the log 9 %, the decision log 6 % (one line a run: at that
+rate each batch holds few), the API 5 %.
+
+What would close the goals still missed: every run is decided, appended, saved and folded by
+one Python process under one interpreter lock, and the read model's fold is the largest
+share. The next levers: (1) the read model folding in a process of its own, from the log, as a
+follower already does; (2) partition workers, each a process owning a set of partitions with
+its runners and state store, so deciding spreads over the cores; (3) runs prepared a lead time
+ahead of their slot, so the slot's second is only dispatch. On two cores shared with the
+benchmark's own target (the recorder) and with other work, an executor process competes for
+the second core; whether the herd then starts sooner is for a quiet run to show."""
+
+
+def run_path_section() -> list[str]:
+    """The latest ``bench.side_by_side`` run's table and the notes on the run path."""
+    from bench import side_by_side
+
+    path = RESULTS_DIR / "side_by_side.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    rows = side_by_side.latest([json.loads(line) for line in lines if line.strip()])
+    if not rows:
+        return []
+    rounds = max(len(rs) for rs in rows.values())
+    first = min(r["timestamp"] for rs in rows.values() for r in rs)
+    return [
+        "",
+        "## The run path, side by side with a baseline",
+        "",
+        f"`python -m bench.side_by_side` from {first}: this checkout against a baseline checkout"
+        " (`--baseline`), interleaved round by round; medians of the rounds. Herd: HTTP jobs due"
+        " in one second, lag = arrival at the recorder - slot; sustained: one step of the rate,"
+        " a fresh node each (pull: lease granted - slot). Node CPU: the node and its children"
+        " over the window, and (in brackets) its main process alone.",
+        "",
+        side_by_side.table(rows, rounds, load_now=False).rstrip(),
+        "",
+        RUN_PATH_NOTES,
+    ]
+
+
 def write(run_id: str | None = None) -> Path:
     run = find_run(run_id) if run_id else latest_run()
     run_id = run["run_id"]
@@ -406,6 +467,7 @@ def write(run_id: str | None = None) -> Path:
             f"{cell(column(restarts, 'figures.empty_node.rss_mb'), ' MB')} | "
             f"{fmt_num(f0.get('disk_mb'), ' MB')} | {loads(restarts)} |",
         ]
+    out += run_path_section()
     for extra in EXTRA_SECTIONS:  # analyses of benchmarks run on their own, kept by hand
         section = RESULTS_DIR / extra
         if section.exists():
@@ -430,6 +492,7 @@ def write(run_id: str | None = None) -> Path:
         "python -m bench.registration --seconds 15",
         "python -m bench.restart --jobs 1000000 --restarts 3",
         "python -m bench.report [--run-id ID]                  # rewrite this file",
+        "python -m bench.side_by_side --baseline /tmp/base     # the run path against a checkout",
         "python -m bench.herd_serve --jobs 50000 --only http,pull --profile  # where the node's"
         " CPU goes (py-spy)",
         "```",

@@ -101,11 +101,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--executor-processes",
-        type=int,
-        default=0,
+        type=_processes,
+        default=None,
         metavar="N",
         help="make the calls to HTTP and Kafka targets in N processes of their own, so they"
-        " run on other cores than the partitions and the API (default 0: in the node's process)",
+        " run on other cores than the partitions and the API (default: 1 when the node may use"
+        " more than one core, else 0: in the node's process)",
     )
     serve.add_argument(
         "--drain-sec",
@@ -298,6 +299,36 @@ EXIT_LOG_DAMAGED = 3  # the log is damaged: the node refused to start, or stoppe
 DAMAGED_HINT = "the node will not run on a damaged log; see docs/operations.md, 'A damaged log'"
 
 
+def _processes(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {count}")
+    return count
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container's cpuset sets),
+    or the machine's where the platform cannot say."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def executor_processes(requested: int | None, cores: int) -> int:
+    """How many executor processes a node starts: what ``--executor-processes`` asked for, else
+    one when it has a second core. One process takes the HTTP client's share of a herd (about
+    a third of the node's CPU per run, measured) off the interpreter lock the partitions, the
+    read model and the API share; more only pay with cores to spare, which the operator knows
+    and says (docs/operations.md, Capacity)."""
+    if requested is not None:
+        return requested
+    return 1 if cores > 1 else 0
+
+
 def serve_command(args: argparse.Namespace) -> int:
     """``cronlog serve``; a failure to start (or a damaged log) is one line on stderr, not a
     traceback (``--log-level debug`` logs the traceback too)."""
@@ -447,7 +478,7 @@ def _serve(args: argparse.Namespace) -> int:
             egress=egress,
             secrets=Secrets(secrets_dir),
             error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
-            processes=args.executor_processes,
+            processes=executor_processes(args.executor_processes, usable_cores()),
         ),
         snapshots=snapshots,
         snapshot_policy=SnapshotPolicy(args.snapshot_every_events, args.snapshot_every_sec),

@@ -33,6 +33,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,7 +42,7 @@ import msgspec
 from core import events as ev
 from core.commands import Outcome
 from core.jobs import JobSpec
-from node.caller import Caller, CallerConfig, Result
+from node.caller import NOT_CALLED, Caller, CallerConfig, Result
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,15 @@ async def _serve(fd: int) -> None:
 
     async def run(message: Call) -> None:
         try:
-            result = await caller.call(message.lease, message.spec)
+            if time.time() * 1000 >= message.lease.lease_expires_at:
+                # The node checked the lease when it handed the call over; taken up after it
+                # ran out (a backlog here, a pause), the run may be another node's by now: no
+                # call, and the target saw nothing.
+                run_id = message.lease.run_id
+                log.warning("run %s: its lease ran out before the call started", run_id)
+                result = Result(Outcome.FAILED, NOT_CALLED)
+            else:
+                result = await caller.call(message.lease, message.spec)
         except asyncio.CancelledError:
             return  # the node abandoned it and expects nothing
         finally:

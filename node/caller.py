@@ -75,6 +75,7 @@ MAX_ERROR = 500
 DEFAULT_ERROR_EXCERPT = 200
 MAX_ERROR_EXCERPT = 1024  # every failed attempt's error is kept in the log for good
 UNREACHABLE = "unreachable"
+NOT_CALLED = "not called: the lease ran out before the call"
 
 
 def iso(ms: int) -> str:

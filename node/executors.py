@@ -45,6 +45,7 @@ from node.call_process import CallerProcesses
 from node.caller import (
     DEFAULT_ERROR_EXCERPT,
     MAX_ERROR_EXCERPT,
+    NOT_CALLED,
     Caller,
     CallerConfig,
     Result,
@@ -268,7 +269,7 @@ class Executors(Dispatcher):
                 # target saw nothing, so even a critical run may be tried again (if the expiry
                 # was decided first, this is refused and the expiry stands).
                 log.warning("run %s: its lease ran out before the call started", lease.run_id)
-                result = Result(Outcome.FAILED, "not called: the lease ran out before the call")
+                result = Result(Outcome.FAILED, NOT_CALLED)
                 await self._complete(lease, spec, result)
                 return
             call = self._start_call(lease, spec)

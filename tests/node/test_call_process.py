@@ -170,3 +170,34 @@ def test_a_lease_that_ran_out_before_its_call_is_reported_not_called(target: Tar
     assert complete.fencing_token == 3 and not complete.ambiguous
     assert complete.error.startswith("not called")
     assert target.calls == []
+
+
+def test_a_call_handed_to_a_process_after_its_lease_ran_out_is_not_made(target: Target) -> None:
+    # The node checked the lease when it handed the call over; a process that takes the call
+    # up later (a backlog, a pause) checks again: another node may own the run by then.
+    from node.call_process import CallerProcesses
+    from node.caller import NOT_CALLED, CallerConfig
+
+    lease = ev.LeaseGranted(
+        at=1_000, job_id="j", tenant="team-a", run_id="j.1000", scheduled_for=1_000,
+        attempt=1, fencing_token=3, worker_id="n1/executor", lease_expires_at=now_ms() - 1,
+        lateness_ms=0,
+    )  # fmt: skip
+
+    async def scenario() -> None:
+        processes = CallerProcesses(CallerConfig(egress=LOOPBACK_ALLOWED), 1)
+        await processes.start()
+        try:
+            result = await asyncio.wait_for(
+                processes.submit(lease, once(target.url, 1_000, critical=True)), 10
+            )
+        finally:
+            await processes.stop()
+        assert (result.outcome.value, result.error, result.ambiguous) == (
+            "failed",
+            NOT_CALLED,
+            False,
+        )
+
+    asyncio.run(scenario())
+    assert target.calls == []

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from core import events as ev
-from node.decisions import DecisionLog
+from node.decisions import FIRED_LINES_PER_BATCH, DecisionLog, write
 
 
 def fired(i: int) -> ev.RunMaterialised:
@@ -65,3 +65,46 @@ def test_a_failing_handler_does_not_end_the_thread(caplog: pytest.LogCaptureFixt
     said = [r.getMessage() for r in caplog.records]
     assert "partition 0: writing decision lines failed" in said
     assert "fired run j1.60000 of job j1 (team-a, partition 0): schedule" in said
+
+
+def _fired_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "decision", None) == "fired"]
+
+
+def test_a_herd_of_one_team_s_runs_is_one_line_naming_every_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    herd = [fired(i) for i in range(FIRED_LINES_PER_BATCH + 1)]
+    other = ev.RunMaterialised(
+        at=1, job_id="team-b/x", tenant="team-b", run_id="team-b/x.60000",
+        scheduled_for=60_000, available_at=60_000, priority=5,
+    )  # fmt: skip
+    late = ev.RunMaterialised(
+        at=1, job_id="team-a/late", tenant="team-a", run_id="team-a/late.120000",
+        scheduled_for=120_000, available_at=120_000, priority=5,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="cronlog.decisions"):
+        write(3, [*herd[:5], other, *herd[5:], late])
+    together, alone = _fired_lines(caplog)
+    run_ids = [f"j{i}.60000" for i in range(FIRED_LINES_PER_BATCH + 1)] + ["late.120000"]
+    assert together.__dict__["run_ids"] == run_ids
+    assert together.__dict__["count"] == len(run_ids)
+    assert (together.__dict__["scheduled_for"], together.__dict__["last_scheduled_for"]) == (
+        60_000,
+        120_000,
+    )
+    assert (together.__dict__["tenant"], together.__dict__["partition"]) == ("team-a", 3)
+    message = together.getMessage()
+    assert message.startswith(f"fired {len(run_ids)} runs of team-a (partition 3): schedule: ")
+    assert all(run_id in message.split() for run_id in run_ids)  # a run id finds its line
+    # another team's run, alone in the batch, keeps its line of its own
+    assert alone.getMessage() == "fired run x.60000 of job x (team-b, partition 3): schedule"
+
+
+def test_up_to_the_bound_each_run_keeps_its_line(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="cronlog.decisions"):
+        write(0, [fired(i) for i in range(FIRED_LINES_PER_BATCH)])
+    lines = _fired_lines(caplog)
+    assert [r.__dict__["run_id"] for r in lines] == [
+        f"j{i}.60000" for i in range(FIRED_LINES_PER_BATCH)
+    ]

@@ -319,6 +319,50 @@ def test_many_jobs_at_once_in_batches(
     asyncio.run(scenario())
 
 
+def test_many_outcomes_at_once_in_batches(
+    a: Client, b: Client, node: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("cronlog_client.client.MAX_BATCH_RUNS", 2)  # split a few into batches
+    pool = unique("sdk-many")
+    job_ids = [unique("many") for _ in range(4)]
+    for job_id in job_ids:
+        a.put_job(job_id, JobDefinition(name="m", schedule="0 0 1 1 *", target=f"pull://{pool}"))
+        a.trigger(job_id)
+    claimed = sorted(a.claim(pool, "w1", limit=10), key=lambda r: r.job_id)
+    assert len(claimed) == 4
+    ok, retry, lost, other = claimed
+    assert b.complete_many([models.Completion(run_id=ok.run_id, fencing_token=ok.fencing_token)]
+                           ).results[0].status == 404  # fmt: skip
+    done = a.complete_many(
+        [
+            models.Completion(run_id=ok.run_id, fencing_token=ok.fencing_token),
+            models.Completion(run_id=retry.run_id, fencing_token=retry.fencing_token,
+                              status="failed", error="busy", retry_after_sec=600),
+            models.Completion(run_id=lost.run_id, fencing_token=lost.fencing_token + 1),
+            models.Completion(run_id=other.run_id, fencing_token=-1),
+        ]
+    )  # fmt: skip
+    assert [r.status for r in done.results] == [200, 200, 409, 400]
+    assert [r.index for r in done.results] == [0, 1, 2, 3]
+    assert (done.completed, done.failed) == (2, 2)
+    assert [r.index for r in done.refused] == [2, 3]
+    refusal = done.results[3].error
+    assert refusal is not None and refusal.field == "runs[3].fencing_token"  # as given
+    assert a.get_run(ok.run_id).state == "succeeded"
+    assert a.get_run(retry.run_id).state == "retrying"
+    assert a.get_run(lost.run_id).state == "running"
+
+    async def scenario() -> None:
+        async with async_client(node) as cronlog:
+            out = await cronlog.complete_many(
+                [models.Completion(run_id=lost.run_id, fencing_token=lost.fencing_token)]
+            )
+            assert [r.status for r in out.results] == [200]
+
+    asyncio.run(scenario())
+    assert a.get_run(lost.run_id).state == "succeeded"
+
+
 def test_a_page_says_where_its_runs_came_from() -> None:
     """A page the server answers from the archive (``api.wire``) reads back with its source."""
     from cronlog_client.models import RunPage

@@ -23,6 +23,9 @@ __all__ = [
     "BackoffIn",
     "ChangePreview",
     "ClaimedRun",
+    "Completion",
+    "CompletionBatch",
+    "CompletionResult",
     "Event",
     "FireTime",
     "HeartbeatOut",
@@ -217,8 +220,9 @@ class Job(msgspec.Struct, kw_only=True):
 
 
 class ItemError(msgspec.Struct, kw_only=True):
-    """Why an item of a batch was refused: what POST /v1/jobs would have answered; ``field``
-    starts with ``jobs[<index>]``."""
+    """Why an item of a batch was refused: what its single request (POST /v1/jobs, POST
+    /v1/runs/{run_id}/complete) would have answered; ``field`` starts with ``jobs[<index>]``
+    or ``runs[<index>]``."""
 
     error: str
     message: str
@@ -251,6 +255,45 @@ class JobBatch(msgspec.Struct, kw_only=True):
 
     @property
     def refused(self) -> list[JobResult]:
+        return [r for r in self.results if not r.ok]
+
+
+class Completion(msgspec.Struct, kw_only=True):
+    """One attempt's outcome, for ``complete_many``: what ``complete`` sends, with its run."""
+
+    run_id: str
+    fencing_token: int
+    status: Literal["succeeded", "failed"] = "succeeded"
+    error: str = ""
+    permanent: bool = False
+    ambiguous: bool = False
+    retry_after_sec: float | None = None
+
+
+class CompletionResult(msgspec.Struct, kw_only=True):
+    """One outcome of ``complete_many``: ``status`` 200 recorded, else the refusal's status
+    with its ``error`` (409 ``lease_lost``: the lease is gone, ``error.cancelled`` says
+    whether the run was cancelled)."""
+
+    index: int
+    status: int
+    run_id: str | None = None
+    error: ItemError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+class CompletionBatch(msgspec.Struct, kw_only=True):
+    """What ``complete_many`` did, one result per outcome given, in order."""
+
+    results: list[CompletionResult]
+    completed: int
+    failed: int
+
+    @property
+    def refused(self) -> list[CompletionResult]:
         return [r for r in self.results if not r.ok]
 
 

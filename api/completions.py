@@ -1,0 +1,191 @@
+"""``POST /v1/runs:complete``: many attempts' outcomes in one request, for pull workers that
+finish runs by the hundred.
+
+Each item is what ``POST /v1/runs/{run_id}/complete`` takes, with the ``run_id`` in it, and is
+answered as that request would be, in a result of its own: ``200`` recorded, or the error a
+single completion would answer (400 or 422 for the item itself, its ``field`` prefixed with the
+item's place, ``runs[3].fencing_token``; 404 for a run the team does not have; 409
+``lease_lost`` when the token no longer holds the live lease, with ``cancelled``; 429 past the
+token's rate; 503 when the run's partition could not decide it now). One refused item refuses
+only itself; the request as a whole is refused only when it is not a batch at all (not JSON,
+no ``runs`` list, none or more than ``MAX_BATCH_RUNS`` items: 400 naming ``runs``).
+
+Every item counts as one request against the token's rate, as a single completion would (the
+request itself pays for the first). The items that pass go to the scheduler together
+(:meth:`Scheduler.execute_many`): one partition's items are decided in one batch and appended
+in one durable write, and the answer comes once they are durable, so a completion the worker
+hears recorded is never lost. A replayed item is safe: its fencing token no longer holds the
+lease once the first was recorded, so it is answered 409 and changes nothing.
+
+Worked example: ``{"runs": [A, B]}`` where B's lease ran out answers ``{"results": [{"index":
+0, "status": 200, "run_id": "nightly.1796097600000"}, {"index": 1, "status": 409, "run_id":
+..., "error": {"error": "lease_lost", "message": ..., "cancelled": false}}], "completed": 1,
+"failed": 1}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.edge import Call, as_type, authenticate, json_response, read_json
+from api.errors import ApiError, ErrorBody, from_exception
+from api.rate import RequestRates
+from api.wire import MAX_ERROR_CHARS, MAX_RETRY_AFTER_SEC, FencingToken
+from core.commands import CompleteRun, Outcome
+from core.errors import CronlogError, LeaseLost, NotFound
+from core.ids import team_id
+
+MAX_BATCH_RUNS = 1000
+# an item is a few fields and an error text of up to MAX_ERROR_CHARS characters
+MAX_BATCH_BODY_BYTES = 4 << 20
+
+
+class RunCompletion(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One attempt's outcome: POST /v1/runs/{run_id}/complete's body, with its run."""
+
+    run_id: Annotated[str, Meta(min_length=1, max_length=1024)]
+    fencing_token: FencingToken
+    status: Literal["succeeded", "failed"]
+    error: str = ""  # kept up to MAX_ERROR_CHARS characters
+    permanent: bool = False
+    ambiguous: bool = False
+    retry_after_sec: Annotated[float, Meta(ge=0, le=MAX_RETRY_AFTER_SEC)] | None = None
+
+
+class CompletionBatchIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """POST /v1/runs:complete: the outcomes to record, each as POST
+    /v1/runs/{run_id}/complete takes it, with its ``run_id``.
+
+    The document leaves the items' schema open on purpose: an item is read on its own and a bad
+    one is answered in its result (400 naming ``runs[i].<field>``) while the request is a 200."""
+
+    runs: Annotated[list[Any], Meta(min_length=1, max_length=MAX_BATCH_RUNS)]
+
+
+class CompletionResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One item's outcome: ``status`` is what POST /v1/runs/{run_id}/complete would have
+    answered (200 recorded, else the error's); ``run_id`` the run it names (when it got that
+    far)."""
+
+    index: int
+    status: int
+    run_id: str | None = None
+    error: ErrorBody | None = None
+
+
+class CompletionBatchOut(msgspec.Struct, kw_only=True):
+    results: list[CompletionResult]
+    completed: int
+    failed: int
+
+
+def _refused(index: int, err: Exception, run_id: str | None = None) -> CompletionResult:
+    api_error = from_exception(err)
+    body = api_error.body
+    field = f"runs[{index}]" if body.field is None else f"runs[{index}].{body.field}"
+    return CompletionResult(
+        index=index,
+        status=api_error.status,
+        run_id=run_id,
+        error=ErrorBody(error=body.error, message=body.message, field=field),
+    )
+
+
+def _lease_lost(call: Call, index: int, run_id: str, err: LeaseLost) -> CompletionResult:
+    """As a single completion says it: whether the run was cancelled (stop) or reclaimed."""
+    now = call.scheduler.history.run(call.tenant, run_id)
+    cancelled = now is not None and now.state == "cancelled"
+    return CompletionResult(
+        index=index,
+        status=409,
+        run_id=team_id(run_id),
+        error=ErrorBody(error="lease_lost", message=str(err), cancelled=cancelled),
+    )
+
+
+async def complete_runs(request: Request) -> Response:
+    call = authenticate(request)
+    raw = await read_json(request, MAX_BATCH_BODY_BYTES, deep="runs")
+    if isinstance(raw, dict) and isinstance(raw.get("runs"), list):
+        count = len(raw["runs"])
+        if count > MAX_BATCH_RUNS:
+            raise ApiError(
+                400,
+                "bad_request",
+                f"a batch holds at most {MAX_BATCH_RUNS} outcomes, not {count}; send several",
+                field="runs",
+            )
+    shape = msgspec.convert(raw, CompletionBatchIn)
+    results: list[CompletionResult | None] = [None] * len(shape.runs)
+    allowed = 1 + _take(request, call, len(shape.runs) - 1)
+    sent: list[tuple[int, CompleteRun]] = []
+    for i, item in enumerate(shape.runs):
+        if i >= allowed:
+            results[i] = _refused(i, _over_rate(call))
+            continue
+        try:
+            body = as_type(item, RunCompletion)
+        except msgspec.ValidationError as err:
+            results[i] = _refused(i, err)
+            continue
+        run_id = call.run_id(body.run_id)
+        if call.scheduler.history.run(call.tenant, run_id) is None:
+            # another team's run, or none: 404, never a lease error that would say it exists
+            results[i] = _refused(i, NotFound(f"run {body.run_id} not found"), body.run_id)
+            continue
+        retry_after = body.retry_after_sec
+        sent.append(
+            (
+                i,
+                CompleteRun(
+                    run_id=run_id,
+                    fencing_token=body.fencing_token,
+                    outcome=Outcome(body.status),
+                    error=body.error[:MAX_ERROR_CHARS],
+                    permanent=body.permanent,
+                    ambiguous=body.ambiguous,
+                    retry_after_ms=None if retry_after is None else round(retry_after * 1000),
+                    tenant=call.tenant,
+                ),
+            )
+        )
+    answers = await call.scheduler.execute_many([command for _, command in sent])
+    for (i, command), answer in zip(sent, answers, strict=True):
+        if isinstance(answer, LeaseLost):
+            results[i] = _lease_lost(call, i, command.run_id, answer)
+        elif isinstance(answer, CronlogError):
+            results[i] = _refused(i, answer, team_id(command.run_id))
+        else:
+            results[i] = CompletionResult(index=i, status=200, run_id=team_id(command.run_id))
+    done = [r for r in results if r is not None]
+    assert len(done) == len(results)
+    completed = sum(1 for r in done if r.status == 200)
+    return json_response(
+        CompletionBatchOut(results=done, completed=completed, failed=len(done) - completed)
+    )
+
+
+def _over_rate(call: Call) -> ApiError:
+    return ApiError(
+        429,
+        "rate_limited",
+        f"this token may make {call.limits.requests_per_sec:g} requests a second, and each item"
+        " of a batch counts as one; send the items refused so again in a moment",
+    )
+
+
+def _take(request: Request, call: Call, n: int) -> int:
+    """How many of ``n`` items beyond the first the token may still send now."""
+    if n <= 0:
+        return 0
+    rates: RequestRates = request.state.rates
+    clock: Callable[[], float] = request.state.clock
+    token = (request.headers.get("authorization") or "").partition(" ")[2].strip()
+    limits = call.limits
+    return rates.take_up_to(token, n, limits.requests_per_sec, limits.request_burst, clock())

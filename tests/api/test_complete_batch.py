@@ -1,0 +1,118 @@
+"""POST /v1/runs:complete: many outcomes in one request, each answered as a single completion
+would be, one refused item refusing only itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.api.conftest import Api
+
+pytestmark = pytest.mark.anyio
+
+JOB = {
+    "name": "export",
+    "interval_sec": 60,
+    "target": "pull://exports",
+    "lease_sec": 30,
+}
+CLAIM = {"pool": "exports", "worker_id": "worker-1", "limit": 10}
+
+
+async def _claim(api: Api, n: int) -> list[dict[str, Any]]:
+    for i in range(n):
+        r = await api.a.put(f"/v1/jobs/export-{i}", json=JOB)
+        assert r.status_code == 201
+    api.fake.advance(1)  # each one's first slot is its registration
+    runs = (await api.a.post("/v1/workers/claim", json=CLAIM)).json()["runs"]
+    assert len(runs) == n
+    return sorted(runs, key=lambda r: str(r["job_id"]))
+
+
+def _done(run: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {"run_id": run["run_id"], "fencing_token": run["fencing_token"], **more}
+
+
+async def test_every_outcome_is_recorded_as_a_single_completion_would_record_it(
+    api: Api,
+) -> None:
+    ok, retry, dead = await _claim(api, 3)
+    r = await api.a.post(
+        "/v1/runs:complete",
+        json={
+            "runs": [
+                _done(ok, status="succeeded"),
+                _done(retry, status="failed", error="429 from the target", retry_after_sec=600),
+                _done(dead, status="failed", permanent=True),
+            ]
+        },
+    )
+    assert r.status_code == 200
+    assert r.json() == {
+        "results": [
+            {"index": 0, "status": 200, "run_id": ok["run_id"]},
+            {"index": 1, "status": 200, "run_id": retry["run_id"]},
+            {"index": 2, "status": 200, "run_id": dead["run_id"]},
+        ],
+        "completed": 3,
+        "failed": 0,
+    }
+    views = [(await api.a.get(f"/v1/runs/{run['run_id']}")).json() for run in (ok, retry, dead)]
+    assert [v["state"] for v in views] == ["succeeded", "retrying", "dead"]
+    assert views[1]["attempts"][0]["error"] == "429 from the target"
+    assert views[2]["dead_reason"] == "permanent_failure"
+
+
+async def test_a_stale_token_a_bad_item_and_another_team_s_run_refuse_only_themselves(
+    api: Api,
+) -> None:
+    first, second = await _claim(api, 2)
+    cancelled = await api.a.post(f"/v1/runs/{second['run_id']}/cancel")
+    assert cancelled.status_code == 200
+    before_b = api.everything()
+    r = await api.b.post(
+        "/v1/runs:complete", json={"runs": [_done(first, status="succeeded")]}
+    )  # team-b names team-a's run: not found, nothing changed
+    assert r.status_code == 200
+    [other] = r.json()["results"]
+    assert (other["status"], other["error"]["error"]) == (404, "not_found")
+    assert api.everything() == before_b
+    r = await api.a.post(
+        "/v1/runs:complete",
+        json={
+            "runs": [
+                _done(first, status="succeeded"),
+                _done(second, status="succeeded"),
+                {"run_id": first["run_id"], "fencing_token": -1, "status": "succeeded"},
+                _done(first, status="succeeded"),  # the same outcome again: the lease is gone
+            ]
+        },
+    )
+    assert r.status_code == 200
+    body = r.json()
+    ok, lost, bad, replayed = body["results"]
+    assert (ok["status"], body["completed"], body["failed"]) == (200, 1, 3)
+    assert (lost["status"], lost["error"]["error"], lost["error"]["cancelled"]) == (
+        409,
+        "lease_lost",
+        True,
+    )
+    assert (bad["status"], bad["error"]["field"]) == (400, "runs[2].fencing_token")
+    assert (replayed["status"], replayed["error"]["error"]) == (409, "lease_lost")
+    assert replayed["error"]["cancelled"] is False
+    states = [(await api.a.get(f"/v1/runs/{r['run_id']}")).json()["state"] for r in (first, second)]
+    assert states == ["succeeded", "cancelled"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"runs": []}, "runs"), ({"runs": [{}] * 1001}, "runs"), ({"outcomes": []}, "outcomes")],
+)
+async def test_what_is_not_a_batch_is_a_400_naming_the_field(
+    api: Api, body: dict[str, Any], field: str
+) -> None:
+    before = api.everything()
+    r = await api.a.post("/v1/runs:complete", json=body)
+    assert (r.status_code, r.json()["field"]) == (400, field)
+    assert api.everything() == before
