@@ -25,7 +25,7 @@ OUT = Path(__file__).parent / "RESULTS.md"
 QUIET_LOAD = 2.0
 # Sections written by hand from benchmarks that run_all does not run (on demand: minutes to
 # build a history), included as they are.
-EXTRA_SECTIONS = ("takeover.md",)
+EXTRA_SECTIONS = ("registration-single.md", "takeover.md")
 
 HERD_ROWS = [
     ("floor", "floor: bare aiohttp client, 512 at once"),
