@@ -1,6 +1,6 @@
 """The object-store port the archive writes to, and its one adapter so far: a directory.
 
-Shaped like S3 and its kin so that such a backend is one more adapter of three calls.
+Shaped like S3 and its kin so that such a backend is one more adapter of four calls.
 Invariants every adapter keeps:
 
 1. **Durable on return.** ``put`` returns once the object survives a crash (a directory: the
@@ -9,6 +9,8 @@ Invariants every adapter keeps:
    part: a ``put`` over an existing key replaces it atomically (a directory: rename).
 3. **Keys are paths.** ``/``-separated segments of ``[A-Za-z0-9._-]``, none ``.`` or ``..``;
    ``list(prefix)`` returns every key starting with ``prefix``, sorted.
+4. **Deleting is idempotent.** ``delete`` of a key that is not there does nothing; once it
+   returns, ``get`` of the key raises :class:`ArchiveMissing`.
 
 A put over a key someone else wrote meanwhile wins blindly; the archive writes each key from
 one writer (a partition's owner) at a time, and an S3 adapter can add a conditional put.
@@ -40,6 +42,9 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str) -> list[str]:
         """Every key that starts with ``prefix``, sorted."""
+
+    def delete(self, key: str) -> None:
+        """Remove the object under ``key``, if any (invariant 4)."""
 
 
 def check_key(key: str) -> str:
@@ -80,12 +85,18 @@ class DirectoryStore:
         except FileNotFoundError:
             raise ArchiveMissing(f"archive {self.root} has no {key}") from None
 
+    def delete(self, key: str) -> None:
+        (self.root / check_key(key)).unlink(missing_ok=True)
+
     def list(self, prefix: str) -> list[str]:
-        if not self.root.is_dir():
+        # Walk only the directory the prefix names: the archive's event files are many.
+        folder = prefix.rpartition("/")[0]
+        top = self.root / check_key(folder) if folder else self.root
+        if not top.is_dir():
             return []
         keys = (
             p.relative_to(self.root).as_posix()
-            for p in self.root.rglob("*")
+            for p in top.rglob("*")
             if p.is_file() and not p.name.startswith(".put-")
         )
         return sorted(k for k in keys if k.startswith(prefix))

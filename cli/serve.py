@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from archive.reading import ArchivedLog
-from cli.retention_args import add_retention_arguments, retention_from
+from cli.retention_args import add_retention_arguments, duration_ms, retention_from
 from eventlog.retention import Retention
 from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
+from projections.history_checkpoint import DEFAULT_KEEP
 
 if TYPE_CHECKING:
     from api.limits import Limits
@@ -181,6 +182,33 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="neither write nor restore snapshots: every recovery without a local store folds"
         " the partition's log from its first event",
     )
+    history = serve.add_argument_group(
+        "history checkpoints",
+        "a node without a read model restores the newest read-model checkpoint from the"
+        " archive directory and folds only the events after it (docs/operations.md)",
+    )
+    history.add_argument(
+        "--history-checkpoint-every",
+        type=_period_ms,
+        default="2m",
+        metavar="DURATION",
+        help="how often the owner of partition 0 writes a checkpoint of its read model to the"
+        " archive directory's history/ (default 2m: a joining node folds at most what came"
+        " since)",
+    )
+    history.add_argument(
+        "--history-checkpoints-kept",
+        type=int,
+        default=DEFAULT_KEEP,
+        metavar="N",
+        help=f"the newest N checkpoints are kept, older ones deleted (default {DEFAULT_KEEP})",
+    )
+    history.add_argument(
+        "--no-history-checkpoints",
+        action="store_true",
+        help="neither write nor restore read-model checkpoints: a new read model folds every"
+        " partition from its first event",
+    )
     egress = serve.add_argument_group(
         "egress policy", "where jobs' targets may call (docs/security.md)"
     )
@@ -255,6 +283,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         " log costs more than the requests)",
     )
     return serve
+
+
+def _period_ms(text: str) -> int:
+    """A duration that must be set (``none`` is not one)."""
+    value = duration_ms(text)
+    if value is None:
+        raise argparse.ArgumentTypeError("this setting needs a duration; none is not one")
+    return value
 
 
 EXIT_FAILED = 1  # could not start, or stopped on an error
@@ -356,10 +392,13 @@ def _serve(args: argparse.Namespace) -> int:
         sys.exit("cronlog: --snapshot-every-events and --snapshot-every-sec must be positive")
     if args.standby_replicas < 0:
         sys.exit("cronlog: --standby-replicas must not be negative")
+    if args.history_checkpoints_kept < 1:
+        sys.exit("cronlog: --history-checkpoints-kept must be at least 1")
     snapshots: SnapshotStore | None = None
     retention = retention_from(args)
     raw_log: EventLog
     archive = None
+    history_store = None
     if args.archive_dir is not None or not (args.kafka or args.no_archive):
         from archive.archive import Archive
         from archive.store import DirectoryStore
@@ -367,6 +406,8 @@ def _serve(args: argparse.Namespace) -> int:
         archive_dir = args.archive_dir or data_dir / "archive"
         make_private_dir(archive_dir)
         archive = Archive(DirectoryStore(archive_dir))
+        if not args.no_history_checkpoints:
+            history_store = DirectoryStore(archive_dir)
     if args.kafka:
         from confluent_kafka import KafkaException
 
@@ -442,6 +483,9 @@ def _serve(args: argparse.Namespace) -> int:
         snapshots=snapshots,
         snapshot_policy=SnapshotPolicy(args.snapshot_every_events, args.snapshot_every_sec),
         standby_replicas=args.standby_replicas,
+        history_store=history_store,
+        history_checkpoint_every_s=args.history_checkpoint_every / 1000,
+        history_checkpoints_kept=args.history_checkpoints_kept,
         history_window_ms=args.history_window,
         archive=archive,
     )

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
@@ -35,6 +35,7 @@ from core import events as ev
 from eventlog.port import PartitionWriter
 from node.snapshotter import Written
 from projections.decoding import ForeignRecord
+from projections.history_checkpoint import Restored, Taken
 
 # Scheduling delay: the target is "within a second of the slot", aiming for milliseconds.
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -211,6 +212,56 @@ class NodeMetrics:
             " over to the state store and the log.",
             registry=r,
         )
+
+        self.history_start_fold = Gauge(
+            "cronlog_history_start_fold_events",
+            "Events the read model had to fold when the node started, to catch up with the log"
+            " (after the checkpoint it restored, if it restored one).",
+            registry=r,
+        )
+        self.history_restores = Counter(
+            "cronlog_history_checkpoint_restores",
+            "Starts whose read model was restored from a history checkpoint.",
+            registry=r,
+        )
+        self.history_unusable = Counter(
+            "cronlog_history_checkpoints_unusable",
+            "History checkpoints a start could not restore (damaged, missing a file, of another"
+            " format) and passed over for an older one.",
+            registry=r,
+        )
+        self.history_pause = Histogram(
+            "cronlog_history_checkpoint_pause_seconds",
+            "How long the read model's folds waited while a history checkpoint was taken.",
+            buckets=APPEND_BUCKETS,
+            registry=r,
+        )
+        self.history_seconds = Histogram(
+            "cronlog_history_checkpoint_write_seconds",
+            "Taking and uploading one history checkpoint, off the fold.",
+            buckets=DELAY_BUCKETS,
+            registry=r,
+        )
+        self.history_failures = Counter(
+            "cronlog_history_checkpoint_failures",
+            "History checkpoints that could not be written (logged; the next is tried).",
+            registry=r,
+        )
+
+    def history_start(self, restored: Restored | None, tail: int) -> None:
+        if restored is not None:
+            self.history_restores.inc()
+        self.history_start_fold.set(tail)
+
+    def history_checkpoint_written(self, taken: Taken) -> None:
+        self.history_pause.observe(taken.pause_s)
+        self.history_seconds.observe(taken.seconds)
+
+    def history_checkpoint_failed(self) -> None:
+        self.history_failures.inc()
+
+    def history_checkpoint_unusable(self) -> None:
+        self.history_unusable.inc()
 
     def snapshot_paused(self, seconds: float) -> None:
         self.snapshot_pause.observe(seconds)

@@ -41,6 +41,7 @@ from pathlib import Path
 import msgspec
 
 from archive.archive import Archive
+from archive.store import ObjectStore
 from core import events as ev
 from core.clock import Clock, SystemClock
 from core.commands import (
@@ -70,6 +71,7 @@ from node import decisions, wire
 from node.claims import ReadyHints, split
 from node.executors import Executors
 from node.handoff import handoff_to
+from node.history_checkpointer import HistoryCheckpointer
 from node.hot_window import (
     DEFAULT_INTERVAL_S,
     DEFAULT_WINDOW_MS,
@@ -82,6 +84,7 @@ from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
 from node.snapshotter import SnapshotPolicy, Snapshotter
 from node.standby import StandbyFollower
+from projections import history_checkpoint
 from projections.decoding import EventDecoder
 from projections.history import ArchivedRuns, History
 from projections.read_model import ReadModel, ReadModelRunner
@@ -137,7 +140,14 @@ class Node:
         retention_ms: int = DEFAULT_RETENTION_MS,
         history_window_ms: int | None = DEFAULT_WINDOW_MS,
         archive: Archive | None = None,
+        history_store: ObjectStore | None = None,
+        history_checkpoint_every_s: float = history_checkpoint.DEFAULT_EVERY_S,
+        history_checkpoints_kept: int = history_checkpoint.DEFAULT_KEEP,
     ) -> None:
+        """``history_store``: where read-model checkpoints are kept (the archive's object
+        store; shared by the cluster's nodes): a node without a read model restores the newest
+        and folds only the tail, and the owner of partition 0 writes one every
+        ``history_checkpoint_every_s``. None: every new read model folds from the first event."""
         self.node_id = node_id
         self._retention_ms = retention_ms
         # The oldest snapshot a recovery may fall back to, per partition, once snapshots exist
@@ -161,8 +171,11 @@ class Node:
         self._mailbox: Mailbox | None = None
         self._mail_reader: threading.Thread | None = None
         self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
-        self._history = ReadModel.open(self._data_dir)
         self.metrics = NodeMetrics()
+        self._history, restored = history_checkpoint.open_model(
+            self._data_dir, history_store, self.metrics
+        )
+        self._report_history_start(restored)
         self._decisions = decisions.DecisionLog(
             on_dropped=self.metrics.decision_lines_dropped.inc,
             on_failed=self.metrics.thread_failures.labels("decision-log").inc,
@@ -221,6 +234,23 @@ class Node:
             on_failed=lambda p, err: self.metrics.thread_failures.labels("standby").inc(),
         )
         self._history.observe(self._wakeups)
+        # One node writes read-model checkpoints for every node to start from.
+        self.history_checkpointer = (
+            None
+            if history_store is None
+            else HistoryCheckpointer(
+                self._history,
+                history_store,
+                self._data_dir,
+                node_id=node_id,
+                clock=self._clock,
+                writes=lambda: 0 in self._runners,
+                lag=lambda: sum(self._history.lag(self._log).values()),
+                every_s=history_checkpoint_every_s,
+                keep=history_checkpoints_kept,
+                metrics=self.metrics,
+            )
+        )
         self._ready_hints = ReadyHints()
         self._history.observe(self._ready_hints)
 
@@ -232,6 +262,8 @@ class Node:
             self.snapshotter.start()
         self.executors.start()
         self._history_runner.start()
+        if self.history_checkpointer is not None:
+            self.history_checkpointer.start()
         if self.hot_window is not None:
             self.hot_window.start()
         self._relay.start()
@@ -269,6 +301,8 @@ class Node:
             self.snapshotter.stop()
         self._relay.stop()
         self.executors.stop()
+        if self.history_checkpointer is not None:
+            self.history_checkpointer.stop()
         if self.hot_window is not None:
             self.hot_window.stop()
         self._history_runner.stop()
@@ -403,6 +437,34 @@ class Node:
             return 0
         return floor or None
 
+    def _report_history_start(self, restored: history_checkpoint.Restored | None) -> None:
+        """Say where the read model starts from and how much it has to fold to catch up."""
+        try:
+            tail = sum(self._history.lag(self._log).values())
+        except CronlogError as err:
+            log.warning("read model: how far behind the log it starts is unknown: %s", err)
+            tail = -1
+        self.metrics.history_start(restored, tail)
+        held = sum(self._history.positions().values())
+        if restored is not None:
+            log.info(
+                "read model restored from history checkpoint %s (%d events, %.1f MB in %.2f s);"
+                " folding the %d events after it",
+                restored.key,
+                restored.manifest.events,
+                restored.size / 1e6,
+                restored.seconds,
+                tail,
+            )
+        elif held == 0:
+            log.info(
+                "read model: no history checkpoint; folding every event from the first: %d", tail
+            )
+        else:
+            log.info(
+                "read model: reopened with %d events folded; folding the %d after them", held, tail
+            )
+
     def _runner_failed(self, partition: int, err: BaseException) -> None:
         self.metrics.runner_failures.inc()
 
@@ -412,11 +474,16 @@ class Node:
         snapshotter and the standby follower are alive too (neither ends on a failure of its
         own work; this catches whatever else could end them)."""
         assert self._membership is not None
-        for name, worker in (
+        workers: tuple[
+            tuple[str, Snapshotter | StandbyFollower | HotWindow | HistoryCheckpointer | None],
+            ...,
+        ] = (
             ("snapshots", self.snapshotter),
             ("standby", self.standby),
             ("history-window", self.hot_window),
-        ):
+            ("history-checkpoints", self.history_checkpointer),
+        )
+        for name, worker in workers:
             if worker is not None and worker.started and not worker.alive:
                 log.error("the %s thread ended; starting it again", name)
                 self.metrics.thread_failures.labels(name).inc()

@@ -367,6 +367,17 @@ class ReadModel:
             self._db.flush_wal(True)
             return self._stored_positions()
 
+    def checkpoint(self, path: str | Path) -> dict[int, int]:
+        """A consistent copy of the model at ``path`` (a RocksDB checkpoint: hard links to its
+        files where it can, so it costs a memtable flush, not a copy), and the positions it
+        holds. Folds wait for it (it holds the write lock, so the copy and the positions are
+        of the same batch); queries do not. ``projections.history_checkpoint`` ships it."""
+        from rocksdict import Checkpoint
+
+        with self._write_lock:
+            Checkpoint(self._db).create_checkpoint(str(path))
+            return self.positions()
+
     def _stored_positions(self) -> dict[int, int]:
         with self._reading():
             return {

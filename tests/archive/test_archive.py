@@ -13,7 +13,7 @@ import pytest
 from archive.archive import Archive
 from archive.archiver import Archiver
 from archive.files import ArchiveDamaged, manifest_key
-from archive.store import DirectoryStore
+from archive.store import ArchiveMissing, DirectoryStore
 from eventlog.memory import MemoryLog
 from eventlog.port import Record
 from tests.projections.histories import Writers
@@ -134,3 +134,18 @@ def test_a_writer_goes_on_from_what_another_process_archived(tmp_path: Path) -> 
     assert [(f.from_offset, f.end_offset) for f in again.files(3)] == [(0, 2), (2, 5)]
     assert [r.value for r in again.read(3, 0, 10)] == [r.value for r in RECORDS]
     writers.close()
+
+
+def test_a_deleted_key_is_gone_and_listing_a_prefix_finds_only_its_keys(tmp_path: Path) -> None:
+    store = DirectoryStore(tmp_path / "archive")
+    for key in ("a/b/one", "a/b/two", "a/bc/three", "a/top", "z/other"):
+        store.put(key, key.encode())
+    assert store.list("a/b") == ["a/b/one", "a/b/two", "a/bc/three"]
+    assert store.list("a/b/") == ["a/b/one", "a/b/two"]
+    assert store.list("a/") == ["a/b/one", "a/b/two", "a/bc/three", "a/top"]
+    assert store.list("missing/") == []
+    store.delete("a/b/one")
+    store.delete("a/b/one")  # again: nothing to do
+    assert store.list("a/b/") == ["a/b/two"]
+    with pytest.raises(ArchiveMissing):
+        store.get("a/b/one")

@@ -1,0 +1,133 @@
+"""Writing read-model checkpoints on a schedule, from one node of the cluster.
+
+Every ``every_s`` seconds (``--history-checkpoint-every``, default 2 minutes) the node that owns
+partition 0 writes a checkpoint of its read model (``projections.history_checkpoint``) if the
+model is caught up (at most ``CAUGHT_UP_EVENTS`` behind the log) and holds something the newest
+checkpoint does not. Why partition 0's owner: the group already elects exactly one, so N nodes
+do not write N copies and nothing new has to be agreed; every node's model folds every
+partition, so any one of them is as good as another. During a rebalance two nodes may both
+believe they own it for a moment: both write, under distinct keys, and the older is pruned
+like any other, so the worst case is one extra copy.
+
+The fold and the queries go on meanwhile: folds wait only while RocksDB makes the checkpoint
+(a memtable flush and hard links; ``cronlog_history_checkpoint_pause_seconds``); hashing and
+uploading happen on this thread. A checkpoint that fails is logged and counted, and the next
+one is tried at the next due time; the thread never ends on a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from archive.store import ObjectStore
+from core.clock import Clock
+from node.worker import SupervisedWorker
+from projections import history_checkpoint as checkpoints
+from projections.history_checkpoint import HistoryMetrics, Taken, Unmeasured
+from projections.read_model import ReadModel
+
+log = logging.getLogger(__name__)
+
+# A model this far behind the log (events, over every partition) is still catching up: a
+# checkpoint of it would be older than it need be.
+CAUGHT_UP_EVENTS = 10_000
+
+
+class HistoryCheckpointer(SupervisedWorker):
+    def __init__(
+        self,
+        model: ReadModel,
+        store: ObjectStore,
+        work_dir: Path,
+        *,
+        node_id: str,
+        clock: Clock,
+        writes: Callable[[], bool],
+        lag: Callable[[], int],
+        every_s: float = checkpoints.DEFAULT_EVERY_S,
+        keep: int = checkpoints.DEFAULT_KEEP,
+        metrics: HistoryMetrics | None = None,
+    ) -> None:
+        """``writes()``: whether this node is the one that writes now; ``lag()``: how many
+        events the model is behind the log."""
+        if not every_s > 0:
+            raise ValueError(f"every_s must be positive, got {every_s}")
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self._model = model
+        self._store = store
+        self._work_dir = work_dir
+        self._node_id = node_id
+        self._clock = clock
+        self._writes = writes
+        self._lag = lag
+        self.every_s = every_s
+        self.keep = keep
+        self.metrics: HistoryMetrics = metrics or Unmeasured()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last: Taken | None = None
+        self._digests: dict[tuple[int, int, int], str] = {}  # the last checkpoint's tables
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="history-checkpoints", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _stopped_flag(self) -> bool:
+        return self._stopping.is_set()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.every_s):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("history checkpoint failed; the next is due in %.0f s", self.every_s)
+                self.metrics.history_checkpoint_failed()
+
+    def tick(self) -> Taken | None:
+        """Write a checkpoint now if this node writes them, its model is caught up and holds
+        events the newest checkpoint does not; the checkpoint written, else None."""
+        if not self._writes():
+            return None
+        lag = self._lag()
+        if lag > CAUGHT_UP_EVENTS:
+            log.info("history checkpoint skipped: the read model is %d events behind", lag)
+            return None
+        positions = self._model.positions()
+        newest = checkpoints.newest(self._store)
+        if newest is not None and all(
+            at <= newest.positions.get(p, 0) for p, at in positions.items()
+        ):
+            return None
+        taken = checkpoints.take(
+            self._model,
+            self._store,
+            self._work_dir,
+            node_id=self._node_id,
+            now_ms=self._clock.now_ms(),
+            keep=self.keep,
+            digests=self._digests,
+        )
+        self.last = taken
+        self.metrics.history_checkpoint_written(taken)
+        log.info(
+            "history checkpoint %s written: %d events, %d files, %.1f MB (%.1f MB new) in"
+            " %.2f s; folds waited %.1f ms",
+            taken.key,
+            sum(taken.positions.values()),
+            taken.files,
+            taken.size / 1e6,
+            taken.uploaded / 1e6,
+            taken.seconds,
+            taken.pause_s * 1000,
+        )
+        return taken
