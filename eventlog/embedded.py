@@ -11,6 +11,7 @@ Layout (raw mode, three column families)::
                b"start" + stream:u8 + partition:u32 -> u64  first offset retention left
                b"seg" + stream:u8 + partition:u32 + first:u64
                                                   -> end, bytes, first_ms, last_ms (u64 each)
+               b"checked" + stream:u8 + partition:u32 -> u64  where the last verify ended
 
 A record is ``0x00 value`` or ``0x01 len(key):u32 key value``. Big-endian keys make RocksDB's
 byte order the (partition, offset) order, so a read is one seek and a forward scan. Offsets
@@ -102,6 +103,7 @@ _THROUGH = b"through"
 _END = b"end"
 _START = b"start"
 _SEG = b"seg"
+_CHECKED = b"checked"
 _SEG_VALUE = struct.Struct(">QQQQ")
 _MAX_OFFSET = 2**64 - 1
 _KEY_BYTES = _KEY.size  # what a record's key takes, counted in a segment's bytes
@@ -343,13 +345,19 @@ class EmbeddedLog(SingleProcessLog):
         self._damage_seen.wait(timeout_s)
         return self._known_damage()
 
-    def verify(self) -> int:
+    def verify(self, *, since_last: bool = False) -> int:
         """Read every record of every stream-partition once, checking what a read checks
         (checksums, contiguous offsets, framing) without handing records out; returns how many
-        there are. Raises LogCorrupted, and the log fails as on any read that finds damage.
+        it read. Raises LogCorrupted, and the log fails as on any read that finds damage.
+
+        Where a verify ends is recorded per stream-partition; ``since_last`` reads only the
+        records written after that (the log is append-only: what was checked is never
+        rewritten), so a start check costs what was written since the previous one, not the
+        log's age. Damage that appears later in records already checked is found by the read
+        that reaches them, as all damage after a start is, or by a full verify.
 
         RocksDB reads every block: a million records of ~250 bytes (34 MB) took 0.63 s on the
-        2-core machine the benchmarks ran on."""
+        2-core machine the benchmarks ran on (2 s a million at load 4-13)."""
         total = 0
         for stream in STREAMS:
             for partition in self._partitions():
@@ -362,7 +370,11 @@ class EmbeddedLog(SingleProcessLog):
                     start, end = self._starts[stream][partition], self._visible[stream][partition]
                     self._readers += 1
                 try:
+                    checked = _CHECKED + _STREAM_ID[stream]
+                    if since_last:
+                        start = max(start, min(end, self._meta_u64(checked, partition)))
                     total += self._check(stream, partition, start, end)
+                    self._tables[_META].put(checked + _U32.pack(partition), _U64.pack(end))
                 except LogCorrupted as found:
                     raise self._damaged(found) from None
                 finally:

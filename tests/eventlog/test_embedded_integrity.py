@@ -178,3 +178,40 @@ def test_a_log_rocksdb_will_not_open_is_named_damaged_with_its_file(tmp_path: Pa
         EmbeddedLog.open(tmp_path / "log", PARTITIONS)
     assert caught.value.file == str(manifest)
     assert str(caught.value).startswith(f"event log {tmp_path / 'log'} is damaged: file {manifest}")
+
+
+def test_a_start_check_reads_only_what_was_written_since_the_previous_one(tmp_path: Path) -> None:
+    fill(tmp_path / "log")
+    with EmbeddedLog.open(tmp_path / "log", PARTITIONS) as log:
+        assert log.verify(since_last=True) == PARTITIONS * PER_PARTITION  # never checked yet
+        assert log.verify(since_last=True) == 0
+        for p in range(PARTITIONS):
+            log.submit(p, b"a command")
+        assert log.verify(since_last=True) == PARTITIONS  # the new commands, nothing else
+    # Damage in records already checked: the next start check does not read them, a full
+    # check and the read that reaches them find it.
+    edit(tmp_path / "log", put={KEY.pack(3, 5): b'\x07{"type":"X"}'})
+    with EmbeddedLog.open(tmp_path / "log", PARTITIONS) as log:
+        assert log.verify(since_last=True) == 0
+        with pytest.raises(LogCorrupted, match="events partition 3 at offset 5"):
+            log.read_events(3, 0, 100)
+    with (
+        EmbeddedLog.open(tmp_path / "log", PARTITIONS) as log,
+        pytest.raises(LogCorrupted, match="events partition 3 at offset 5"),
+    ):
+        log.verify()
+
+
+def test_records_written_after_a_check_are_checked_by_the_next(tmp_path: Path) -> None:
+    fill(tmp_path / "log")
+    with EmbeddedLog.open(tmp_path / "log", PARTITIONS) as log:
+        log.verify(since_last=True)
+        writers = Writers(log)
+        writers.append(2, [record(2, PER_PARTITION + i) for i in range(10)], chunk=10)
+        writers.close()
+    edit(tmp_path / "log", put={KEY.pack(2, PER_PARTITION + 4): b'\x07{"type":"X"}'})
+    with (
+        EmbeddedLog.open(tmp_path / "log", PARTITIONS) as log,
+        pytest.raises(LogCorrupted, match=f"events partition 2 at offset {PER_PARTITION + 4}"),
+    ):
+        log.verify(since_last=True)
