@@ -31,7 +31,6 @@ place left answers ``{"results": [{"index": 0, "status": 201, ...}, {"index": 1,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Annotated, Any
 
 import msgspec
@@ -39,11 +38,19 @@ from msgspec import UNSET, Meta, UnsetType
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.edge import Call, as_type, authenticate, json_response, read_json, too_deep
+from api.edge import (
+    Call,
+    as_type,
+    authenticate,
+    json_response,
+    over_rate,
+    read_json,
+    take_items,
+    too_deep,
+)
 from api.errors import ApiError, ErrorBody, from_exception
 from api.jobs import CATCH_UP_S, is_fresh, new_job
 from api.quota import JobQuota, quota_exceeded
-from api.rate import RequestRates
 from api.wire import MAX_IDEMPOTENCY_KEY, NewJob
 from core.commands import PutJob
 from core.egress import EgressPolicy
@@ -159,14 +166,14 @@ async def create_jobs(request: Request) -> Response:
     if not shape.jobs:
         raise ApiError(400, "bad_request", "must hold at least one job", field="jobs")
     results: list[JobResult | None] = [None] * len(shape.jobs)
-    allowed = 1 + _take(request, call, len(shape.jobs) - 1)
+    allowed = 1 + take_items(request, call, len(shape.jobs) - 1)
     batch_key = None if shape.idempotency_key is UNSET else shape.idempotency_key
     commands: list[tuple[int, PutJob]] = []
     fresh: set[str] = set()  # ids drawn for their items: no job has them
     targets = _Targets(request.state.egress)
     for i, item in enumerate(shape.jobs):
         if i >= allowed:
-            results[i] = _refused(i, _over_rate(call))
+            results[i] = _refused(i, over_rate(call))
             continue
         try:
             body = as_type(item, NewJob)
@@ -203,26 +210,6 @@ async def create_jobs(request: Request) -> Response:
             results=done, created=created, existing=existing, failed=len(done) - created - existing
         )
     )
-
-
-def _over_rate(call: Call) -> ApiError:
-    return ApiError(
-        429,
-        "rate_limited",
-        f"this token may make {call.limits.requests_per_sec:g} requests a second, and each item"
-        " of a batch counts as one; send the items refused so again in a moment",
-    )
-
-
-def _take(request: Request, call: Call, n: int) -> int:
-    """How many of ``n`` items beyond the first the token may still send now."""
-    if n <= 0:
-        return 0
-    rates: RequestRates = request.state.rates
-    clock: Callable[[], float] = request.state.clock
-    token = (request.headers.get("authorization") or "").partition(" ")[2].strip()
-    limits = call.limits
-    return rates.take_up_to(token, n, limits.requests_per_sec, limits.request_burst, clock())
 
 
 async def _settle(

@@ -25,7 +25,6 @@ Worked example: ``{"runs": [A, B]}`` where B's lease ran out answers ``{"results
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -33,9 +32,8 @@ from msgspec import Meta
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.edge import Call, as_type, authenticate, json_response, read_json
+from api.edge import Call, as_type, authenticate, json_response, over_rate, read_json, take_items
 from api.errors import ApiError, ErrorBody, from_exception
-from api.rate import RequestRates
 from api.wire import MAX_ERROR_CHARS, MAX_RETRY_AFTER_SEC, FencingToken
 from core.commands import CompleteRun, Outcome
 from core.errors import CronlogError, LeaseLost, NotFound
@@ -123,11 +121,11 @@ async def complete_runs(request: Request) -> Response:
             )
     shape = msgspec.convert(raw, CompletionBatchIn)
     results: list[CompletionResult | None] = [None] * len(shape.runs)
-    allowed = 1 + _take(request, call, len(shape.runs) - 1)
+    allowed = 1 + take_items(request, call, len(shape.runs) - 1)
     sent: list[tuple[int, CompleteRun]] = []
     for i, item in enumerate(shape.runs):
         if i >= allowed:
-            results[i] = _refused(i, _over_rate(call))
+            results[i] = _refused(i, over_rate(call))
             continue
         try:
             body = as_type(item, RunCompletion)
@@ -169,23 +167,3 @@ async def complete_runs(request: Request) -> Response:
     return json_response(
         CompletionBatchOut(results=done, completed=completed, failed=len(done) - completed)
     )
-
-
-def _over_rate(call: Call) -> ApiError:
-    return ApiError(
-        429,
-        "rate_limited",
-        f"this token may make {call.limits.requests_per_sec:g} requests a second, and each item"
-        " of a batch counts as one; send the items refused so again in a moment",
-    )
-
-
-def _take(request: Request, call: Call, n: int) -> int:
-    """How many of ``n`` items beyond the first the token may still send now."""
-    if n <= 0:
-        return 0
-    rates: RequestRates = request.state.rates
-    clock: Callable[[], float] = request.state.clock
-    token = (request.headers.get("authorization") or "").partition(" ")[2].strip()
-    limits = call.limits
-    return rates.take_up_to(token, n, limits.requests_per_sec, limits.request_burst, clock())

@@ -352,3 +352,24 @@ def sourced_run(call: Call, run_id: str) -> SourcedRun:
 def run_response(call: Call, run_id: str, status: int = 200) -> Response:
     found = sourced_run(call, run_id)
     return json_response(run_out(found.view, found.source), status)
+
+
+def over_rate(call: Call) -> ApiError:
+    return ApiError(
+        429,
+        "rate_limited",
+        f"this token may make {call.limits.requests_per_sec:g} requests a second, and each item"
+        " of a batch counts as one; send the items refused so again in a moment",
+    )
+
+
+def take_items(request: Request, call: Call, n: int) -> int:
+    """A batch (of jobs, of outcomes), where each item counts against the token's rate: how many
+    of ``n`` items beyond the first the token may still send now."""
+    if n <= 0:
+        return 0
+    rates: RequestRates = request.state.rates
+    clock: Callable[[], float] = request.state.clock
+    token = (request.headers.get("authorization") or "").partition(" ")[2].strip()
+    limits = call.limits
+    return rates.take_up_to(token, n, limits.requests_per_sec, limits.request_burst, clock())
