@@ -18,13 +18,12 @@ one is tried at the next due time; the thread never ends on a failure.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from archive.store import ObjectStore
 from core.clock import Clock
-from node.worker import SupervisedWorker
+from node.worker import PeriodicWorker
 from projections import history_checkpoint as checkpoints
 from projections.history_checkpoint import HistoryMetrics, Taken, Unmeasured
 from projections.read_model import ReadModel
@@ -36,7 +35,7 @@ log = logging.getLogger(__name__)
 CAUGHT_UP_EVENTS = 10_000
 
 
-class HistoryCheckpointer(SupervisedWorker):
+class HistoryCheckpointer(PeriodicWorker):
     def __init__(
         self,
         model: ReadModel,
@@ -67,31 +66,22 @@ class HistoryCheckpointer(SupervisedWorker):
         self.every_s = every_s
         self.keep = keep
         self.metrics: HistoryMetrics = metrics or Unmeasured()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
         self.last: Taken | None = None
         self._digests: dict[tuple[int, int, int], str] = {}  # the last checkpoint's tables
 
-    def start(self) -> None:
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="history-checkpoints", daemon=True)
-        self._thread.start()
+    _thread_name = "history-checkpoints"
+    _wait_first = True
+    _stop_timeout_s = 60.0
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+    def _pass(self) -> Taken | None:
+        return self.tick()
 
-    def _stopped_flag(self) -> bool:
-        return self._stopping.is_set()
+    def _interval_s(self) -> float:
+        return self.every_s
 
-    def _run(self) -> None:
-        while not self._stopping.wait(self.every_s):
-            try:
-                self.tick()
-            except Exception:
-                log.exception("history checkpoint failed; the next is due in %.0f s", self.every_s)
-                self.metrics.history_checkpoint_failed()
+    def _failed(self) -> None:
+        log.exception("history checkpoint failed; the next is due in %.0f s", self.every_s)
+        self.metrics.history_checkpoint_failed()
 
     def tick(self) -> Taken | None:
         """Write a checkpoint now if this node writes them, its model is caught up and holds

@@ -22,13 +22,12 @@ thread never ends on a failure, and the node starts it again if it ends anyway
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from core.clock import Clock
-from node.worker import SupervisedWorker
+from node.worker import PeriodicWorker
 from projections.read_model import ReadModel
 
 log = logging.getLogger(__name__)
@@ -81,7 +80,7 @@ class Pass:
     behind_ms: int = 0
 
 
-class HotWindow(SupervisedWorker):
+class HotWindow(PeriodicWorker):
     def __init__(
         self,
         model: ReadModel,
@@ -103,8 +102,6 @@ class HotWindow(SupervisedWorker):
         self.batch = batch
         self.max_batches = max_batches
         self._skips_from: bytes | None = None  # where the skip records' scan goes on
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
         self.last: Pass | None = None
         self.longest_hold_s = 0.0  # the longest one batch held the writer's lock, ever
 
@@ -148,24 +145,14 @@ class HotWindow(SupervisedWorker):
 
     # -- the worker's thread ----------------------------------------------------------------
 
-    def start(self) -> None:
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="history-window", daemon=True)
-        self._thread.start()
+    _thread_name = "history-window"
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+    def _pass(self) -> Pass:
+        return self.run_once()
 
-    def _stopped_flag(self) -> bool:
-        return self._stopping.is_set()
+    def _interval_s(self) -> float:
+        return self.interval_s
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                self.run_once()
-            except Exception:
-                self.metrics.failures.inc()
-                log.exception("history window: a pass failed; the next one tries again")
-            self._stopping.wait(self.interval_s)
+    def _failed(self) -> None:
+        self.metrics.failures.inc()
+        log.exception("history window: a pass failed; the next one tries again")
