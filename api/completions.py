@@ -34,8 +34,9 @@ from starlette.responses import Response
 
 from api.edge import Call, as_type, authenticate, json_response, over_rate, read_json, take_items
 from api.errors import ApiError, ErrorBody, from_exception
-from api.wire import MAX_ERROR_CHARS, MAX_RETRY_AFTER_SEC, FencingToken
-from core.commands import CompleteRun, Outcome
+from api.translate import complete_run
+from api.wire import MAX_RETRY_AFTER_SEC, FencingToken
+from core.commands import CompleteRun
 from core.errors import CronlogError, LeaseLost, NotFound
 from core.ids import team_id
 
@@ -137,22 +138,7 @@ async def complete_runs(request: Request) -> Response:
             # another team's run, or none: 404, never a lease error that would say it exists
             results[i] = _refused(i, NotFound(f"run {body.run_id} not found"), body.run_id)
             continue
-        retry_after = body.retry_after_sec
-        sent.append(
-            (
-                i,
-                CompleteRun(
-                    run_id=run_id,
-                    fencing_token=body.fencing_token,
-                    outcome=Outcome(body.status),
-                    error=body.error[:MAX_ERROR_CHARS],
-                    permanent=body.permanent,
-                    ambiguous=body.ambiguous,
-                    retry_after_ms=None if retry_after is None else round(retry_after * 1000),
-                    tenant=call.tenant,
-                ),
-            )
-        )
+        sent.append((i, complete_run(run_id, body, call.tenant)))
     answers = await call.scheduler.execute_many([command for _, command in sent])
     for (i, command), answer in zip(sent, answers, strict=True):
         if isinstance(answer, LeaseLost):

@@ -26,9 +26,8 @@ from api.errors import ApiError, bad_request
 from api.held import Held
 from api.instants import parse_rfc3339, to_rfc3339
 from api.scheduler import Unavailable
-from api.translate import claimed, run_out
+from api.translate import claimed, complete_run, run_out
 from api.wire import (
-    MAX_ERROR_CHARS,
     ClaimIn,
     ClaimOut,
     CompleteIn,
@@ -38,7 +37,7 @@ from api.wire import (
     TriggerIn,
 )
 from core.clock import Millis
-from core.commands import CancelRun, CompleteRun, HeartbeatRun, Outcome, ReplayRun, TriggerRun
+from core.commands import CancelRun, CompleteRun, HeartbeatRun, ReplayRun, TriggerRun
 from core.decide import run_id_of
 from core.errors import Conflict, LeaseLost
 from core.events import Heartbeat, LeaseGranted, RunMaterialised
@@ -244,19 +243,5 @@ async def complete(request: Request) -> Response:
     call = authenticate(request)
     run_id = call.run_id(request.path_params["run_id"])
     body = await decode(request, CompleteIn)
-    retry_after = body.retry_after_sec
-    await _fenced(
-        call,
-        run_id,
-        CompleteRun(
-            run_id=run_id,
-            fencing_token=body.fencing_token,
-            outcome=Outcome(body.status),
-            error=body.error[:MAX_ERROR_CHARS],
-            permanent=body.permanent,
-            ambiguous=body.ambiguous,
-            retry_after_ms=None if retry_after is None else round(retry_after * 1000),
-            tenant=call.tenant,
-        ),
-    )
+    await _fenced(call, run_id, complete_run(run_id, body, call.tenant))
     return run_response(call, run_id)

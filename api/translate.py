@@ -24,13 +24,14 @@ import random
 import secrets
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import msgspec
 from msgspec import UNSET
 
 from api.instants import parse_rfc3339, to_rfc3339
 from api.wire import (
+    MAX_ERROR_CHARS,
     AttemptOut,
     BackoffIn,
     ClaimedRun,
@@ -45,6 +46,7 @@ from api.wire import (
     SecretRefIn,
     TargetIn,
 )
+from core.commands import CompleteRun, Outcome
 from core.cron import DayRule, day_rule_matters, split_seconds, with_seconds
 from core.errors import InvalidDefinition
 from core.events import LeaseGranted
@@ -291,6 +293,38 @@ def run_summary(view: RunView) -> RunSummary:
         lateness_ms=view.lateness_ms,
         error=view.error,
         dead_reason=view.dead_reason,
+    )
+
+
+class _Completion(Protocol):
+    """An attempt's outcome as a worker sends it: ``CompleteIn``, or an item of a batch."""
+
+    @property
+    def fencing_token(self) -> int: ...
+    @property
+    def status(self) -> Literal["succeeded", "failed"]: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def permanent(self) -> bool: ...
+    @property
+    def ambiguous(self) -> bool: ...
+    @property
+    def retry_after_sec(self) -> float | None: ...
+
+
+def complete_run(run_id: str, body: _Completion, tenant: str) -> CompleteRun:
+    """The command a worker's outcome for ``run_id`` (the log's id) becomes."""
+    retry_after = body.retry_after_sec
+    return CompleteRun(
+        run_id=run_id,
+        fencing_token=body.fencing_token,
+        outcome=Outcome(body.status),
+        error=body.error[:MAX_ERROR_CHARS],
+        permanent=body.permanent,
+        ambiguous=body.ambiguous,
+        retry_after_ms=None if retry_after is None else round(retry_after * 1000),
+        tenant=tenant,
     )
 
 
