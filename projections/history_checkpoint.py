@@ -58,6 +58,10 @@ beside the model and renamed into place only once all of them are verified, so a
 leaves no half model. The model then opens as any other and its runner folds from its
 positions, through the archive and the log.
 
+The same restore refills a model found damaged while it runs (by a fold or a query): it is set
+aside, the newest usable checkpoint restored beside it and swapped in, and only the tail after
+it folded (``ReadModel.refill_with``); from offset 0 only when there is no usable checkpoint.
+
 Worked example: a checkpoint taken at positions {0: 9_000_000, 1: 8_700_000}, the log now at
 {0: 9_050_000, 1: 8_720_000}: a joining node restores it and folds 70,000 events, not 17.77M.
 """
@@ -508,13 +512,17 @@ def open_model(
     to be set aside as damaged, or when it is more than ``REPLACE_BEHIND_EVENTS`` behind the
     checkpoint on every partition (a node back after days away); with it, the checkpoint
     restored (None: the model is the one found, or an empty one that folds from the first
-    event)."""
+    event). With a ``store``, a model found damaged later, by a fold or a query, is refilled
+    from the newest usable checkpoint the same way (``ReadModel.refill_with``)."""
     path = Path(data_dir) / "read_model"
     restored = None
     if store is not None and not path.exists():
         restored = restore(store, path, metrics)
     model = ReadModel.open(data_dir)
-    if store is None or restored is not None:
+    if store is None:
+        return model, restored
+    model.refill_with(_refiller(store, metrics))
+    if restored is not None:
         return model, restored
     if model.set_asides:
         # The damaged model was set aside and an empty one started: a checkpoint is better.
@@ -523,6 +531,7 @@ def open_model(
         restored = restore(store, path, metrics)
         model = ReadModel.open(data_dir)
         model.set_asides = 1
+        model.refill_with(_refiller(store, metrics))
         return model, restored
     newest_ = newest(store)
     if newest_ is None or not _far_behind(model.positions(), newest_.positions):
@@ -543,7 +552,30 @@ def open_model(
     else:  # the newest usable one is not far enough ahead: folding the local tail is quicker
         shutil.rmtree(staging, ignore_errors=True)
         restored = None
-    return ReadModel.open(data_dir), restored
+    model = ReadModel.open(data_dir)
+    model.refill_with(_refiller(store, metrics))
+    return model, restored
+
+
+def _refiller(
+    store: ObjectStore, metrics: HistoryMetrics | None
+) -> Callable[[Path], dict[int, int] | None]:
+    """What a model found damaged while it runs is refilled by (``ReadModel.refill_with``):
+    the newest usable checkpoint, restored at the path given; its positions."""
+
+    def refill(path: Path) -> dict[int, int] | None:
+        restored = restore(store, path, metrics)
+        if restored is None:
+            return None
+        log.info(
+            "history checkpoint %s restored for a damaged read model (%d events, %.1f MB)",
+            restored.key,
+            restored.manifest.events,
+            restored.size / 1e6,
+        )
+        return dict(restored.manifest.positions)
+
+    return refill
 
 
 def _far_behind(local: dict[int, int], checkpoint: dict[int, int]) -> bool:

@@ -4,15 +4,19 @@ to the model folded from zero, and a damaged one is passed over for the one befo
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
 from archive.store import DirectoryStore
 from core import events as ev
+from core.errors import StoreDamaged
 from eventlog.embedded import EmbeddedLog
+from eventlog.port import EventLog, Record
 from projections import history_checkpoint as hc
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.views import RUN_STATES
@@ -526,3 +530,102 @@ def test_a_lease_put_while_the_collector_looks_spares_the_files_it_names(
     collected = hc.collect(store, now_ms=now)
     assert collected.files == 1
     assert store.list(hc.FILES) == [hc.FILES + orphan]
+
+
+# -- damage found while running ------------------------------------------------------------
+
+
+class HeldBelow:
+    """The log, recording where the read model's threads start each read; once ``held`` is
+    set, a read below ``floor`` waits (up to 10 s, once per partition) until the model has
+    been swapped for a checkpoint: the fold from 0 does not race the restore."""
+
+    def __init__(self, log: EventLog, model: ReadModel) -> None:
+        self._log = log
+        self._model = model
+        self.floor: dict[int, int] = {}
+        self.held = threading.Event()
+        self.generation = 0
+        self.reads: list[tuple[int, int]] = []
+        self._waited: set[int] = set()
+
+    def read_events(self, partition: int, from_offset: int, *args: Any, **kw: Any) -> list[Record]:
+        if threading.current_thread().name.startswith("read-model:"):
+            if (
+                self.held.is_set()
+                and partition not in self._waited
+                and from_offset < self.floor.get(partition, 0)
+            ):
+                self._waited.add(partition)
+                self._model.wait_until(lambda: self._model.generation >= self.generation + 2, 10)
+            self.reads.append((partition, from_offset))
+        return self._log.read_events(partition, from_offset, *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+
+def damage_at_the_next_event(model: ReadModel, log: HeldBelow) -> None:
+    """The next event the model folds finds it damaged (a block whose checksum fails)."""
+    apply = model._apply
+
+    def damaged(p: Any, event: Any, partition: int, offset: int) -> None:
+        if not log.held.is_set():
+            log.generation = model.generation
+            log.held.set()
+            raise StoreDamaged(f"read model: block checksum mismatch at {partition}/{offset}")
+        apply(p, event, partition, offset)
+
+    model._apply = damaged  # type: ignore[method-assign]
+
+
+def test_damage_a_fold_finds_is_repaired_from_the_newest_checkpoint_and_the_tail(
+    history: Partly, tmp_path: Path
+) -> None:
+    store = DirectoryStore(tmp_path / "archive")
+    history.append_upto(0.4)
+    writer = folded(history, tmp_path / "w")
+    hc.take(writer, store, tmp_path / "w", node_id="w", now_ms=1000)
+    history.append_upto(0.6)
+    ReadModelRunner(history.log, writer).run_once()
+    newest = hc.take(writer, store, tmp_path / "w", node_id="w", now_ms=2000)
+    writer.close()
+    history.append_upto(0.8)
+    folded(history, tmp_path / "n").close()  # this node's own model, further on
+    model, restored = hc.open_model(tmp_path / "n", store)
+    assert restored is None  # its own model is kept: it is not far behind
+    log = HeldBelow(history.log, model)
+    log.floor = dict(newest.positions)
+    damage_at_the_next_event(model, log)
+    history.append_upto(1.0)
+    ends = {p: history.appended[p] for p in range(PARTITIONS)}
+    with model, ReadModelRunner(log, model):  # type: ignore[arg-type]
+        for p, end in ends.items():
+            assert model.wait_for(p, end - 1, timeout_s=30)
+        assert model.set_asides == 1
+        after = log.reads[next(i for i, r in enumerate(log.reads) if r[1] == 0) :]
+        for p, at in newest.positions.items():
+            assert (p, at) in after, f"partition {p} did not fold on from the checkpoint"
+        with folded(history, tmp_path / "z") as from_zero:
+            assert views(model, history) == views(from_zero, history)
+            assert model.dump() == from_zero.dump()
+    assert not (tmp_path / "n" / "read_model.refill").exists()
+    assert len(list((tmp_path / "n").glob("read_model.damaged-*"))) == 1
+
+
+def test_damage_a_fold_finds_with_no_checkpoint_folds_again_from_offset_0(
+    history: Partly, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = DirectoryStore(tmp_path / "archive")  # no checkpoint in it
+    history.append_upto(0.5)
+    folded(history, tmp_path / "n").close()
+    model, _ = hc.open_model(tmp_path / "n", store)
+    log = HeldBelow(history.log, model)
+    damage_at_the_next_event(model, log)
+    history.append_upto(1.0)
+    with model, ReadModelRunner(log, model):  # type: ignore[arg-type]
+        for p in range(PARTITIONS):
+            assert model.wait_for(p, history.appended[p] - 1, timeout_s=30)
+        with folded(history, tmp_path / "z") as from_zero:
+            assert model.dump() == from_zero.dump()
+    assert "no usable history checkpoint" in caplog.text
