@@ -324,6 +324,8 @@ class ReadModel:
         """The read model of a node's data directory: ``<data>/read_model``. One that cannot
         be read back is set aside and an empty one started (the runner refills it)."""
         path = Path(data_dir) / "read_model"
+        for leftover in path.parent.glob(f"{path.name}.refill-*"):  # a refill cut short
+            shutil.rmtree(leftover, ignore_errors=True)
         try:
             return cls(path)
         except StoreDamaged as damage:
@@ -378,7 +380,8 @@ class ReadModel:
         """Restore a checkpoint beside the emptied model, off every lock (folds and queries go
         on meanwhile), then swap it in if the model was not set aside again since and the
         checkpoint is further on than the fold from 0 has come."""
-        staging = self._path.with_name(self._path.name + ".refill")
+        # One directory per set-aside: a refill overtaken by another must not share its copy.
+        staging = self._path.with_name(f"{self._path.name}.refill-{generation}")
         try:
             shutil.rmtree(staging, ignore_errors=True)
             positions = restore(staging)
