@@ -424,11 +424,18 @@ def collect(store: ObjectStore, *, now_ms: int, grace_ms: int = DEFAULT_GRACE_MS
     if garbage:
         # Look at the leases once more, just before deleting: a writer that began since
         # the first look may have seen these files and be about to name them.
-        for key in set(store.list(LEASES)) - set(leases):
+        # A stale lease may have been renewed meanwhile (its writer was only slow): read
+        # those again too.
+        for key in sorted(set(store.list(LEASES)) - (set(leases) - set(stale))):
             lease = _record(store, key, _lease_decoder)
+            if lease is None:
+                continue
             if not isinstance(lease, Lease):
                 return Collected()  # unknown claims: try again on the next pass
-            garbage -= set(lease.files)
+            if key not in stale or lease.renewed_at_ms > cutoff:
+                garbage -= set(lease.files)
+                if key in stale:
+                    stale.remove(key)
     for digest in sorted(garbage):
         store.delete(FILES + digest)
     for key in stale:

@@ -629,3 +629,26 @@ def test_damage_a_fold_finds_with_no_checkpoint_folds_again_from_offset_0(
         with folded(history, tmp_path / "z") as from_zero:
             assert model.dump() == from_zero.dump()
     assert "no usable history checkpoint" in caplog.text
+
+
+def test_a_stale_lease_renewed_while_the_collector_looks_keeps_its_files(tmp_path: Path) -> None:
+    """A writer that was only slow renews its lease after the collector first found it stale:
+    the second look, just before deleting, sees the renewal."""
+    store = Hooked(tmp_path / "archive")
+    mine = "ab" * 32
+    store.put(hc.FILES + mine, b"x")
+    key = f"{hc.LEASES}{1000:013d}-slow-0.json"
+    lease = hc.Lease(node_id="slow", started_at_ms=1000, renewed_at_ms=1000, files=[mine])
+    store.put(key, msgspec.json.encode(lease))
+    now = 1000 + 2 * GRACE
+
+    def writer_wakes(op: str, prefix: str) -> None:
+        if op == "list" and prefix == hc.FILES:
+            store.hook = lambda op, key: None
+            renewed = msgspec.structs.replace(lease, renewed_at_ms=now)
+            store.put(key, msgspec.json.encode(renewed))
+
+    store.hook = writer_wakes
+    collected = hc.collect(store, now_ms=now)
+    assert collected.files == 0 and collected.leases == 0
+    assert store.list(hc.FILES) == [hc.FILES + mine] and store.list(hc.LEASES) == [key]
