@@ -422,10 +422,9 @@ def collect(store: ObjectStore, *, now_ms: int, grace_ms: int = DEFAULT_GRACE_MS
     stored = {k[len(FILES) :] for k in store.list(FILES)}
     garbage = stored - needed - for_grace
     if garbage:
-        # Look at the leases once more, just before deleting: a writer that began since
-        # the first look may have seen these files and be about to name them.
-        # A stale lease may have been renewed meanwhile (its writer was only slow): read
-        # those again too.
+        # Look at the leases once more, just before deleting: a writer that began since the
+        # first look may have seen these files and be about to name them, and one whose lease
+        # looked stale may only have been slow and renewed it.
         for key in sorted(set(store.list(LEASES)) - (set(leases) - set(stale))):
             lease = _record(store, key, _lease_decoder)
             if lease is None:
