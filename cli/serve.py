@@ -25,7 +25,7 @@ from archive.reading import ArchivedLog
 from cli.retention_args import add_retention_arguments, duration_ms, retention_from
 from eventlog.retention import Retention
 from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
-from projections.history_checkpoint import DEFAULT_KEEP
+from projections.history_checkpoint import DEFAULT_GRACE_MS, DEFAULT_KEEP
 
 if TYPE_CHECKING:
     from api.limits import Limits
@@ -207,7 +207,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_KEEP,
         metavar="N",
-        help=f"the newest N checkpoints are kept, older ones deleted (default {DEFAULT_KEEP})",
+        help=f"the newest N checkpoints are kept, older ones dropped (default {DEFAULT_KEEP})",
+    )
+    history.add_argument(
+        "--history-checkpoint-grace",
+        type=_period_ms,
+        default=f"{DEFAULT_GRACE_MS // 60_000}m",
+        metavar="DURATION",
+        help="how long a dropped checkpoint's files, and those of an upload not renewed, are"
+        " kept before they are deleted (default %(default)s: longer than a node takes to"
+        " fetch a checkpoint, and than two nodes' clocks disagree)",
     )
     history.add_argument(
         "--no-history-checkpoints",
@@ -400,6 +409,8 @@ def _serve(args: argparse.Namespace) -> int:
         sys.exit("cronlog: --standby-replicas must not be negative")
     if args.history_checkpoints_kept < 1:
         sys.exit("cronlog: --history-checkpoints-kept must be at least 1")
+    if args.history_checkpoint_grace <= 0:
+        sys.exit("cronlog: --history-checkpoint-grace must be positive")
     snapshots: SnapshotStore | None = None
     retention = retention_from(args)
     raw_log: EventLog
@@ -492,6 +503,7 @@ def _serve(args: argparse.Namespace) -> int:
         history_store=history_store,
         history_checkpoint_every_s=args.history_checkpoint_every / 1000,
         history_checkpoints_kept=args.history_checkpoints_kept,
+        history_checkpoint_grace_ms=args.history_checkpoint_grace,
         history_window_ms=args.history_window,
         archive=archive,
     )

@@ -334,6 +334,19 @@ def _index(state: PartitionState, run: RunState) -> None:
         heapq.heappush(heap, (ageing_key(run), run.scheduled_for, run.run_id, run.attempt))
 
 
+def _tidy_ready(state: PartitionState, pool: str) -> None:
+    """Drop the stale entries at the top of ``pool``'s ready heap, and the heap once empty: a
+    forgotten job's runs must not stay in the index of a pool nobody claims from any more
+    (claims tidy the rest as they pop)."""
+    heap = state.ready.get(pool)
+    if heap is None:
+        return
+    while heap and not state.is_ready_entry_live(heap[0], pool):
+        heapq.heappop(heap)
+    if not heap:
+        del state.ready[pool]
+
+
 def _end(state: PartitionState, run: RunState, *, keep: bool) -> None:
     """The run is no longer live for its job; drop it unless it must be kept (dead, cancelling)."""
     job = state.jobs[run.job_id]
@@ -483,7 +496,9 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
         case JobForgotten():
             for run_id in state.kept.pop(event.job_id, ()):
                 del state.runs[run_id]
-            del state.jobs[event.job_id]
+            pool = state.jobs.pop(event.job_id).spec.pool
+            if pool is not None:
+                _tidy_ready(state, pool)
             return state
         case _:
             assert_never(event)  # a new event must be folded here, or replay would drop it

@@ -7,7 +7,12 @@ checkpoint does not. Why partition 0's owner: the group already elects exactly o
 do not write N copies and nothing new has to be agreed; every node's model folds every
 partition, so any one of them is as good as another. During a rebalance two nodes may both
 believe they own it for a moment: both write, under distinct keys, and the older is pruned
-like any other, so the worst case is one extra copy.
+like any other, so the worst case is one extra copy; neither collects a file the other is
+uploading (its lease says so: ``projections.history_checkpoint``, "Collecting files").
+
+Each pass of the writer also collects the files nothing needs any more (those of dropped
+checkpoints once the grace period is over, and those a writer that died left), even when it
+has nothing new to write.
 
 The fold and the queries go on meanwhile: folds wait only while RocksDB makes the checkpoint
 (a memtable flush and hard links; ``cronlog_history_checkpoint_pause_seconds``); hashing and
@@ -48,6 +53,7 @@ class HistoryCheckpointer(PeriodicWorker):
         lag: Callable[[], int],
         every_s: float = checkpoints.DEFAULT_EVERY_S,
         keep: int = checkpoints.DEFAULT_KEEP,
+        grace_ms: int = checkpoints.DEFAULT_GRACE_MS,
         metrics: HistoryMetrics | None = None,
     ) -> None:
         """``writes()``: whether this node is the one that writes now; ``lag()``: how many
@@ -56,6 +62,8 @@ class HistoryCheckpointer(PeriodicWorker):
             raise ValueError(f"every_s must be positive, got {every_s}")
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
+        if grace_ms <= 0:
+            raise ValueError(f"grace_ms must be positive, got {grace_ms}")
         self._model = model
         self._store = store
         self._work_dir = work_dir
@@ -65,6 +73,7 @@ class HistoryCheckpointer(PeriodicWorker):
         self._lag = lag
         self.every_s = every_s
         self.keep = keep
+        self.grace_ms = grace_ms
         self.metrics: HistoryMetrics = metrics or Unmeasured()
         self.last: Taken | None = None
         self._digests: dict[tuple[int, int, int], str] = {}  # the last checkpoint's tables
@@ -85,18 +94,23 @@ class HistoryCheckpointer(PeriodicWorker):
 
     def tick(self) -> Taken | None:
         """Write a checkpoint now if this node writes them, its model is caught up and holds
-        events the newest checkpoint does not; the checkpoint written, else None."""
+        events the newest checkpoint does not; the checkpoint written, else None. The writer
+        collects unneeded files either way."""
         if not self._writes():
             return None
         lag = self._lag()
-        if lag > CAUGHT_UP_EVENTS:
-            log.info("history checkpoint skipped: the read model is %d events behind", lag)
-            return None
         positions = self._model.positions()
         newest = checkpoints.newest(self._store)
-        if newest is not None and all(
-            at <= newest.positions.get(p, 0) for p, at in positions.items()
+        if lag > CAUGHT_UP_EVENTS or (
+            newest is not None
+            and all(at <= newest.positions.get(p, 0) for p, at in positions.items())
         ):
+            if lag > CAUGHT_UP_EVENTS:
+                log.info("history checkpoint skipped: the read model is %d events behind", lag)
+            collected = checkpoints.collect(
+                self._store, now_ms=self._clock.now_ms(), grace_ms=self.grace_ms
+            )
+            self.metrics.history_checkpoint_collected(collected)
             return None
         taken = checkpoints.take(
             self._model,
@@ -106,9 +120,13 @@ class HistoryCheckpointer(PeriodicWorker):
             now_ms=self._clock.now_ms(),
             keep=self.keep,
             digests=self._digests,
+            grace_ms=self.grace_ms,
+            clock=self._clock.now_ms,
         )
         self.last = taken
         self.metrics.history_checkpoint_written(taken)
+        if taken.collected is not None:
+            self.metrics.history_checkpoint_collected(taken.collected)
         log.info(
             "history checkpoint %s written: %d events, %d files, %.1f MB (%.1f MB new) in"
             " %.2f s; folds waited %.1f ms",

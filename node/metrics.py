@@ -35,7 +35,7 @@ from core import events as ev
 from eventlog.port import PartitionWriter
 from node.snapshotter import Written
 from projections.decoding import ForeignRecord
-from projections.history_checkpoint import Restored, Taken
+from projections.history_checkpoint import Collected, Restored, Taken
 
 # Scheduling delay: the target is "within a second of the slot", aiming for milliseconds.
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -247,6 +247,23 @@ class NodeMetrics:
             "History checkpoints that could not be written (logged; the next is tried).",
             registry=r,
         )
+        self.history_collected = Counter(
+            "cronlog_history_checkpoint_files_collected",
+            "Checkpoint files deleted because nothing needed them any more (dropped"
+            " checkpoints' after the grace period, and those a writer that died left).",
+            registry=r,
+        )
+        self.history_reuploaded = Counter(
+            "cronlog_history_checkpoint_files_reuploaded",
+            "Files found deleted under a checkpoint being written and put back by its writer.",
+            registry=r,
+        )
+        self.history_kept_for_grace = Gauge(
+            "cronlog_history_checkpoint_files_kept_for_grace",
+            "Checkpoint files no checkpoint names, kept for the grace period (a writer's lease"
+            " or a dropped checkpoint still protects them).",
+            registry=r,
+        )
 
     def history_start(self, restored: Restored | None, tail: int) -> None:
         if restored is not None:
@@ -256,6 +273,11 @@ class NodeMetrics:
     def history_checkpoint_written(self, taken: Taken) -> None:
         self.history_pause.observe(taken.pause_s)
         self.history_seconds.observe(taken.seconds)
+        self.history_reuploaded.inc(taken.reuploaded)
+
+    def history_checkpoint_collected(self, collected: Collected) -> None:
+        self.history_collected.inc(collected.files)
+        self.history_kept_for_grace.set(collected.kept_for_grace)
 
     def history_checkpoint_failed(self) -> None:
         self.history_failures.inc()

@@ -143,11 +143,14 @@ class Node:
         history_store: ObjectStore | None = None,
         history_checkpoint_every_s: float = history_checkpoint.DEFAULT_EVERY_S,
         history_checkpoints_kept: int = history_checkpoint.DEFAULT_KEEP,
+        history_checkpoint_grace_ms: int = history_checkpoint.DEFAULT_GRACE_MS,
     ) -> None:
         """``history_store``: where read-model checkpoints are kept (the archive's object
         store; shared by the cluster's nodes): a node without a read model restores the newest
         and folds only the tail, and the owner of partition 0 writes one every
-        ``history_checkpoint_every_s``. None: every new read model folds from the first event."""
+        ``history_checkpoint_every_s``; files nothing names are collected once
+        ``history_checkpoint_grace_ms`` is over. None: every new read model folds from the
+        first event."""
         self.node_id = node_id
         self._retention_ms = retention_ms
         # The oldest snapshot a recovery may fall back to, per partition, once snapshots exist
@@ -248,6 +251,7 @@ class Node:
                 lag=lambda: sum(self._history.lag(self._log).values()),
                 every_s=history_checkpoint_every_s,
                 keep=history_checkpoints_kept,
+                grace_ms=history_checkpoint_grace_ms,
                 metrics=self.metrics,
             )
         )

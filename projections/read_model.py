@@ -54,9 +54,13 @@ RocksDB checksum that fails, a value that does not decode, an index pointing at 
 aside (renamed ``read_model.damaged-<time>``, kept for whoever looks into why) and starts an
 empty one; damage found later, by a fold or a query, sets it aside the same way
 (:meth:`ReadModel.set_aside`), the query answering ``Unavailable``, and
-:class:`ReadModelRunner` folds every partition again from offset 0. Until it has caught up,
-history shows what it has folded so far, as on a node's first start; the lag metric says how
-far it is.
+:class:`ReadModelRunner` folds every partition again from offset 0. With a source of
+checkpoints (:meth:`ReadModel.refill_with`: ``projections.history_checkpoint`` gives the
+newest usable one of the shared store), a thread of the set-aside restores the newest
+checkpoint beside the model meanwhile and swaps it in, so the runner folds only the tail
+after it; only when there is none, or it is no further on than the fold from 0 has come, does
+that fold go on. Until it has caught up, history shows what it has folded so far, as on a
+node's first start; the lag metric says how far it is.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ import binascii
 import contextlib
 import functools
 import logging
+import os
+import shutil
 import struct
 import threading
 import time
@@ -127,6 +133,7 @@ MAX_RETRY_S = 10.0
 MAX_LIMIT = 1000
 MAX_SEARCH_SCAN = 10_000  # jobs one page of a search looks at
 MAX_SET_ASIDE = 3  # rebuilds one runner starts; more means something other than the disk is wrong
+REFILL_JOIN_S = 30.0  # how long closing waits for a refill still restoring a checkpoint
 LIVE_STATES = frozenset({"blocked", "pending", "running", "failed", "retrying"})
 LEASE_EXPIRED = run_fold.LEASE_EXPIRED
 
@@ -297,6 +304,9 @@ class ReadModel:
         self._moved = threading.Condition()
         self._generation = 0  # grows each time the model is set aside and started again
         self.set_asides = 0
+        self._restore: Callable[[Path], dict[int, int] | None] | None = None
+        self._refills: list[threading.Thread] = []
+        self._closed = False
         self._observers: list[Observer] = []
         self._db = self._open_db()
         try:
@@ -314,6 +324,8 @@ class ReadModel:
         """The read model of a node's data directory: ``<data>/read_model``. One that cannot
         be read back is set aside and an empty one started (the runner refills it)."""
         path = Path(data_dir) / "read_model"
+        for leftover in path.parent.glob(f"{path.name}.refill-*"):  # a refill cut short
+            shutil.rmtree(leftover, ignore_errors=True)
         try:
             return cls(path)
         except StoreDamaged as damage:
@@ -345,8 +357,88 @@ class ReadModel:
             with self._moved:
                 self._positions = {}
                 self._moved.notify_all()
+            generation_now = self._generation
         log.error("%s; set aside as %s, rebuilding it from the log", damage, aside)
+        if self._restore is not None:
+            refill = threading.Thread(
+                target=self._refill,
+                args=(self._restore, generation_now),
+                name="read-model-refill",
+                daemon=True,
+            )
+            self._refills = [t for t in self._refills if t.is_alive()] + [refill]
+            refill.start()
         return True
+
+    def refill_with(self, restore: Callable[[Path], dict[int, int] | None]) -> None:
+        """From now on a model set aside (:meth:`set_aside`) is refilled by ``restore(path)``:
+        it writes a model from a checkpoint at ``path`` (which does not exist) and returns the
+        positions it holds, or None when there is no usable checkpoint."""
+        self._restore = restore
+
+    def _refill(self, restore: Callable[[Path], dict[int, int] | None], generation: int) -> None:
+        """Restore a checkpoint beside the emptied model, off every lock (folds and queries go
+        on meanwhile), then swap it in if the model was not set aside again since and the
+        checkpoint is further on than the fold from 0 has come."""
+        # One directory per set-aside: a refill overtaken by another must not share its copy.
+        staging = self._path.with_name(f"{self._path.name}.refill-{generation}")
+        try:
+            shutil.rmtree(staging, ignore_errors=True)
+            positions = restore(staging)
+            if positions is None:
+                log.warning(
+                    "read model %s: no usable history checkpoint; folding every partition"
+                    " from offset 0",
+                    self._path,
+                )
+                return
+            with self._write_lock, self._db_lock:
+                if self._closed or generation != self._generation:
+                    return  # closed, or set aside again: that set-aside refills
+                if sum(positions.values()) <= sum(self._positions.values()):
+                    log.info("read model %s: folded past the checkpoint already", self._path)
+                    return
+                self._db.close()
+                shutil.rmtree(self._path)
+                os.replace(staging, self._path)
+                self._generation += 1  # a fold read before the swap must not land after it
+                try:
+                    self._db = self._open_db()
+                    stored = self._stored_positions()
+                    with self._reading():
+                        self._unscoped = self._db.get(_UNSCOPED) is not None
+                        if self._db.get(_JOB_COUNTS) is None:
+                            self._count_jobs_once()
+                except StoreDamaged as damage:  # verified when restored: the disk, again
+                    with contextlib.suppress(Exception):
+                        self._db.close()
+                    log.error("%s; set aside as %s", damage, set_aside(self._path))
+                    self._db = self._open_db()
+                    self._count_jobs_once()
+                    self._unscoped = False
+                    stored = {}
+                with self._moved:
+                    self._positions = stored
+                    self._moved.notify_all()
+            log.warning(
+                "read model %s refilled from a history checkpoint at %d events; folding the"
+                " tail after it",
+                self._path,
+                sum(stored.values()),
+            )
+            for observer in self._observers:
+                try:
+                    observer.folded(dict(stored), [])
+                except Exception:
+                    log.exception("a read model observer failed")
+        except Exception:
+            log.exception(
+                "read model %s: refilling from a history checkpoint failed; folding every"
+                " partition from offset 0",
+                self._path,
+            )
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def _open_db(self) -> Rdict:
         self._path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -400,7 +492,12 @@ class ReadModel:
 
     def close(self) -> None:
         with self._write_lock, self._db_lock:
+            self._closed = True
             self._db.close()
+        for refill in self._refills:  # a restore under way stops at the swap, undone
+            refill.join(REFILL_JOIN_S)
+            if refill.is_alive():
+                log.warning("read model %s closed with a refill still restoring", self._path)
 
     def observe(self, observer: Observer) -> None:
         """Tell ``observer`` of every batch written from now on."""

@@ -93,11 +93,28 @@ def test_a_cancelled_job_answers_as_cancelled_until_it_is_forgotten() -> None:
         sim.do(PutJob(job_id="a", spec=every_minute()))
     sim.advance(RETENTION)
     assert [e.job_id for e in _forgotten(sim)] == ["a"]
+    # Deleting a job is cancelling it (DELETE /v1/jobs/{id}): it leaves the state and the wheel.
+    assert "a" not in sim.state.jobs and not sim.state.runs and not sim.state.kept
+    assert len(sim.wheel) == 0 and _keys_of(sim, "a") == set()
     with pytest.raises(NotFound):
         sim.do(CancelJob(job_id="a", tenant="t1"))
     # After the retention the id is free: registering it is a new job, at version 1.
     [registered] = sim.do(PutJob(job_id="a", spec=every_minute()))
     assert isinstance(registered, ev.JobRegistered) and registered.version == 1
+
+
+def test_a_job_cancelled_while_its_run_waited_for_a_worker_leaves_the_pool_s_index() -> None:
+    """Its run never claimed, nothing else in the pool: once the job is forgotten the pool's
+    ready index holds nothing of it (a pool nobody claims from would keep it forever)."""
+    sim = _sim()
+    sim.do(PutJob(job_id="a", spec=one_shot()))
+    sim.advance(60_000)
+    assert [run.status.value for run in sim.state.runs.values()] == ["pending"]
+    sim.do(CancelJob(job_id="a", tenant="t1"))
+    sim.advance(RETENTION)
+    assert [e.job_id for e in _forgotten(sim)] == ["a"]
+    assert not sim.state.jobs and not sim.state.runs and len(sim.wheel) == 0
+    assert sim.state.ready == {}
 
 
 def test_a_cancelled_run_still_leased_holds_its_job_until_the_lease_runs_out() -> None:

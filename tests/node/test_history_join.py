@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from archive.store import DirectoryStore
@@ -142,4 +143,49 @@ def test_only_the_owner_of_partition_0_writes_and_only_when_caught_up_with_news(
         assert taken is not None and hc.manifests(store) == [taken.key]
         assert taken.positions == model.positions()
         assert checkpointer.tick() is None  # nothing folded since the newest checkpoint
+    log.close()
+
+
+def test_the_writer_collects_a_dead_writers_files_on_a_pass_with_nothing_new(
+    tmp_path: Path,
+) -> None:
+    log, _ends = history_log(tmp_path / "log")
+    store = DirectoryStore(tmp_path / "archive")
+    # What a writer that died mid-upload left: a file and its lease, at 1 s.
+    orphan = "ab" * 32
+    store.put(hc.FILES + orphan, b"half a checkpoint")
+    lease = hc.Lease(node_id="gone", started_at_ms=1_000, renewed_at_ms=1_000, files=[orphan])
+    store.put(f"{hc.LEASES}{1_000:013d}-gone-0.json", msgspec.json.encode(lease))
+    now = [Millis(1_000)]
+
+    class Clock:
+        def now_ms(self) -> Millis:
+            return now[0]
+
+    counted: list[hc.Collected] = []
+
+    class Metrics(hc.Unmeasured):
+        def history_checkpoint_collected(self, collected: hc.Collected) -> None:
+            counted.append(collected)
+
+    with ReadModel.open(tmp_path / "n") as model:
+        ReadModelRunner(log, model).run_once()
+        checkpointer = HistoryCheckpointer(
+            model,
+            store,
+            tmp_path / "n",
+            node_id="n1",
+            clock=Clock(),
+            writes=lambda: True,
+            lag=lambda: 0,
+            grace_ms=60_000,
+            metrics=Metrics(),
+        )
+        taken = checkpointer.tick()
+        assert taken is not None and hc.FILES + orphan in store.list(hc.FILES)  # in its grace
+        now[0] = Millis(1_000 + 60_001)
+        assert checkpointer.tick() is None  # nothing new folded: no checkpoint, but a pass
+    assert hc.FILES + orphan not in store.list(hc.FILES)
+    assert store.list(hc.LEASES) == []
+    assert [c.files for c in counted] == [0, 1]
     log.close()

@@ -115,3 +115,34 @@ def test_the_floor_is_the_least_known_checkpoint_and_takes_a_snapshot_offset() -
     assert recovery_floor(state_store=40, read_model=90, snapshot=25) == 25
     assert recovery_floor(state_store=None, read_model=90, snapshot=25) is None
     assert recovery_floor(state_store=40, read_model=None) is None
+
+
+def test_commands_an_owner_has_not_decided_stay_however_old_and_decided_ones_go(
+    tmp_path: Path,
+) -> None:
+    """``P.commands`` keeps only what an owner can still need: a year on, every sealed segment
+    wholly below the owner's command position goes, and nothing at or above it."""
+    values = [b"command %03d " % i + b"x" * 60 for i in range(80)]
+    with EmbeddedLog.open(tmp_path / "log", 1, segment_bytes=512) as log:
+        offsets = [log.submit(0, value) for value in values]
+        decided = offsets[49] + 1  # the owner decided the first 50
+        writers = Writers(log)
+        writers.writer(0).append([], commands_through=decided)
+        writers.close()
+        assert log.command_position(0) == decided
+        segments = log.segments("commands", 0)
+        assert len(segments) > 5
+        loop = EmbeddedRetention(
+            log,
+            Retention(retention_ms=DAY, command_retention_ms=DAY),
+            lambda p: None,  # the events' floor unknown: only commands may go
+            RetentionMetrics(CollectorRegistry()),
+            archiver=None,
+        )
+        loop.run_once(now_ms=segments[-1].last_ms + 365 * DAY)
+        start = log.start_offset("commands", 0)
+        # Pruned up to the last sealed boundary at or below the position, never past it.
+        assert start == max(s.first for s in segments if s.first <= decided) > 0
+        kept = log.read_commands(0, decided, max_records=1000)
+        assert [r.value for r in kept] == values[decided:]
+        assert log.start_offset("events", 0) == 0

@@ -4,14 +4,19 @@ to the model folded from zero, and a damaged one is passed over for the one befo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 from archive.store import DirectoryStore
 from core import events as ev
+from core.errors import StoreDamaged
 from eventlog.embedded import EmbeddedLog
+from eventlog.port import EventLog, Record
 from projections import history_checkpoint as hc
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.views import RUN_STATES
@@ -196,7 +201,12 @@ def test_the_newest_k_are_kept_and_only_their_files(history: Partly, tmp_path: P
         for key in hc.manifests(store)
         for f in json.loads(store.get(key))["files"]
     }
+    # The dropped ones' files stay for the grace period (a reader may be fetching them).
+    assert set(store.list(hc.FILES)) > named
+    assert len(store.list(hc.DROPPED)) == 2
+    hc.collect(store, now_ms=3 + hc.DEFAULT_GRACE_MS + 1)
     assert set(store.list(hc.FILES)) == named
+    assert store.list(hc.DROPPED) == [] and store.list(hc.LEASES) == []
     # Files are shared between checkpoints: the later ones uploaded less than their size.
     assert taken[-1].uploaded < taken[-1].size
 
@@ -270,3 +280,375 @@ def test_a_model_far_behind_the_newest_checkpoint_is_replaced_one_close_to_it_ke
         assert restored is not None and restored.key == taken.key
         assert model.positions() == taken.positions
     assert not (tmp_path / "behind" / "read_model.replacing").exists()
+
+
+# -- collecting files -------------------------------------------------------------------------
+
+GRACE = hc.DEFAULT_GRACE_MS
+
+
+class Crashed(Exception):
+    """The writer's process died: nothing it would do afterwards happens."""
+
+
+class Hooked(DirectoryStore):
+    """A directory store that runs ``hook(op, key)`` before each call, and fails every call
+    once ``crash_at(op, key)`` says so (a writer that died there)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.hook: Callable[[str, str], None] = lambda op, key: None
+        self.crash_at: Callable[[str, str], bool] = lambda op, key: False
+        self.crashed = False
+        self.deleted: list[str] = []
+
+    def _before(self, op: str, key: str) -> None:
+        if self.crashed or self.crash_at(op, key):
+            self.crashed = True
+            raise Crashed(f"{op} {key}")
+        self.hook(op, key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._before("put", key)
+        super().put(key, data)
+
+    def get(self, key: str) -> bytes:
+        self._before("get", key)
+        return super().get(key)
+
+    def list(self, prefix: str) -> list[str]:
+        self._before("list", prefix)
+        return super().list(prefix)
+
+    def delete(self, key: str) -> None:
+        self._before("delete", key)
+        self.deleted.append(key)
+        super().delete(key)
+
+
+def named_files(store: DirectoryStore, key: str) -> set[str]:
+    return {hc.FILES + f["sha256"] for f in json.loads(store.get(key))["files"]}
+
+
+def test_the_files_of_a_writer_that_died_before_its_manifest_go_after_the_grace(
+    history: Partly, tmp_path: Path
+) -> None:
+    history.append_upto(0.5)
+    model = folded(history, tmp_path / "a")
+    store = Hooked(tmp_path / "archive")
+    good = hc.take(model, store, tmp_path / "a", node_id="n1", now_ms=1000)
+    history.append_upto(1.0)
+    ReadModelRunner(history.log, model).run_once()
+    store.crash_at = lambda op, key: op == "put" and key.startswith(hc.CHECKPOINTS)
+    with pytest.raises(Crashed):
+        hc.take(model, store, tmp_path / "a", node_id="n1", now_ms=5000)
+    model.close()
+    survivor = DirectoryStore(store.root)  # the store, as the next writer finds it
+    orphans = set(survivor.list(hc.FILES)) - named_files(survivor, good.key)
+    assert orphans, "the dead writer uploaded files no manifest names"
+    assert len(survivor.list(hc.LEASES)) == 1
+
+    # Within the grace it may be a live writer still uploading: nothing goes.
+    early = hc.collect(survivor, now_ms=5000 + GRACE - 1)
+    assert early.files == 0 and early.kept_for_grace == len(orphans)
+    assert orphans <= set(survivor.list(hc.FILES))
+
+    late = hc.collect(survivor, now_ms=5000 + GRACE + 1)
+    assert late.files == len(orphans) and late.leases == 1
+    assert set(survivor.list(hc.FILES)) == named_files(survivor, good.key)
+    assert survivor.list(hc.LEASES) == []
+    restored = hc.restore(survivor, tmp_path / "b" / "read_model")
+    assert restored is not None and restored.key == good.key
+
+
+def test_a_writer_mid_upload_keeps_its_files_while_another_writer_collects(
+    history: Partly, tmp_path: Path
+) -> None:
+    """Two nodes both own partition 0 for a moment (a rebalance in Kafka mode) and write to
+    the shared archive directory: one's pruning and collecting, in the middle of the other's
+    upload, takes none of the other's files."""
+    history.append_upto(0.5)
+    store = Hooked(tmp_path / "archive")
+    a, b = folded(history, tmp_path / "a"), folded(history, tmp_path / "b")
+    hc.take(a, store, tmp_path / "a", node_id="a", now_ms=1000, keep=1)
+    history.append_upto(1.0)
+    ReadModelRunner(history.log, a).run_once()
+    ReadModelRunner(history.log, b).run_once()
+    puts: list[str] = []
+    others: list[hc.Taken] = []
+
+    def a_writes_meanwhile(op: str, key: str) -> None:
+        if op == "put" and key.startswith(hc.FILES):
+            puts.append(key)
+            if len(puts) == 2:  # b has uploaded one file of its checkpoint, not its manifest
+                store.hook = lambda op, key: None
+                others.append(hc.take(a, store, tmp_path / "a", node_id="a", now_ms=3000, keep=1))
+
+    store.hook = a_writes_meanwhile
+    taken_b = hc.take(b, store, tmp_path / "b", node_id="b", now_ms=2000, keep=2)
+    a.close()
+    b.close()
+    [taken_a] = others
+    assert hc.manifests(store) == [taken_b.key, taken_a.key]
+    assert taken_a.collected is not None and taken_a.collected.kept_for_grace >= 1
+    assert not set(store.deleted) & named_files(store, taken_b.key)
+    assert taken_b.reuploaded == 0
+    for taken in (taken_a, taken_b):  # each restores, the newer one set aside for the older
+        restored = hc.restore(store, tmp_path / taken.key[-6:] / "read_model")
+        assert restored is not None and restored.key == taken.key
+        store.delete(taken.key)
+
+
+def test_a_long_upload_renews_its_lease_so_a_collector_past_the_grace_spares_it(
+    history: Partly, tmp_path: Path
+) -> None:
+    history.append_upto(1.0)
+    store = Hooked(tmp_path / "archive")
+    now = [1000]
+    collections: list[hc.Collected] = []
+
+    def slow_upload_and_a_collector(op: str, key: str) -> None:
+        if op == "put" and key.startswith(hc.FILES):
+            now[0] += GRACE // 3  # each file takes a third of the grace period
+            store.hook = lambda op, key: None
+            collections.append(hc.collect(store, now_ms=now[0]))
+            store.hook = slow_upload_and_a_collector
+
+    store.hook = slow_upload_and_a_collector
+    with folded(history, tmp_path / "a") as model:
+        taken = hc.take(
+            model, store, tmp_path / "a", node_id="n1", now_ms=1000, clock=lambda: now[0]
+        )
+    assert now[0] - 1000 > GRACE  # the upload outlasted the grace period
+    assert len(collections) == taken.files
+    assert not any(c.files for c in collections), "a collector took a file being uploaded"
+    assert taken.reuploaded == 0
+    restored = hc.restore(store, tmp_path / "b" / "read_model")
+    assert restored is not None and restored.key == taken.key
+
+
+def test_a_reader_restoring_a_checkpoint_dropped_meanwhile_still_finds_its_files(
+    history: Partly, tmp_path: Path
+) -> None:
+    history.append_upto(0.5)
+    store = Hooked(tmp_path / "archive")
+    model = folded(history, tmp_path / "a")
+    first = hc.take(model, store, tmp_path / "a", node_id="n1", now_ms=1000, keep=1)
+    history.append_upto(1.0)
+    ReadModelRunner(history.log, model).run_once()
+    later: list[hc.Taken] = []
+
+    def writer_drops_it(op: str, key: str) -> None:
+        if op == "get" and key.startswith(hc.FILES):  # the reader has begun fetching files
+            store.hook = lambda op, key: None
+            later.append(hc.take(model, store, tmp_path / "a", node_id="n1", now_ms=2000, keep=1))
+
+    store.hook = writer_drops_it
+    restored = hc.restore(store, tmp_path / "b" / "read_model")
+    model.close()
+    assert later and hc.manifests(store) == [later[0].key]  # it was dropped mid-restore
+    assert restored is not None and restored.key == first.key
+    with ReadModel.open(tmp_path / "b") as copy:
+        assert copy.positions() == first.positions
+
+    only_first = named_files(store, later[0].key)
+    hc.collect(store, now_ms=2000 + GRACE + 1)  # the grace over: its own files go
+    assert set(store.list(hc.FILES)) == only_first
+    assert store.list(hc.DROPPED) == []
+
+
+def test_a_file_deleted_after_the_writer_saw_it_stored_is_put_back(
+    history: Partly, tmp_path: Path
+) -> None:
+    """A collector that stalled past its last look at the leases deletes a file the writer
+    saw stored and so did not upload: the writer's check after its manifest puts it back."""
+    history.append_upto(0.5)
+    store = Hooked(tmp_path / "archive")
+    model = folded(history, tmp_path / "a")
+    hc.take(model, store, tmp_path / "a", node_id="n1", now_ms=1000)
+    history.append_upto(1.0)
+    ReadModelRunner(history.log, model).run_once()
+    deleted: list[str] = []
+
+    def late_delete(op: str, key: str) -> None:
+        if op == "put" and key.startswith(hc.FILES):  # the writer has looked what is stored
+            store.hook = lambda op, key: None
+            direct = DirectoryStore(store.root)
+            [lease] = direct.list(hc.LEASES)
+            wanted = {hc.FILES + d for d in json.loads(direct.get(lease))["files"]}
+            adopted = sorted(wanted & set(direct.list(hc.FILES)) - {key})
+            assert adopted, "the new checkpoint shares files with the first"
+            direct.delete(adopted[0])  # just after that look, before the manifest
+            deleted.append(adopted[0])
+
+    store.hook = late_delete
+    second = hc.take(model, store, tmp_path / "a", node_id="n1", now_ms=2000)
+    model.close()
+    assert deleted and deleted[0] in named_files(store, second.key)
+    assert second.reuploaded == 1
+    assert set(store.list(hc.FILES)) >= named_files(store, second.key)
+    restored = hc.restore(store, tmp_path / "b" / "read_model")
+    assert restored is not None and restored.key == second.key
+
+
+def test_collection_keeps_what_a_manifest_of_another_format_names(
+    history: Partly, tmp_path: Path
+) -> None:
+    history.append_upto(0.5)
+    store = DirectoryStore(tmp_path / "archive")
+    with folded(history, tmp_path / "a") as model:
+        good = hc.take(model, store, tmp_path / "a", node_id="n1", now_ms=1000)
+    newer = json.loads(store.get(good.key)) | {"format": hc.HISTORY_FORMAT + 1}
+    newer["files"] = newer["files"] + [{"name": "x.sst", "size": 1, "sha256": "ab" * 32}]
+    store.put(hc.CHECKPOINTS + "0000000002000-n2.json", json.dumps(newer).encode())
+    store.put(hc.FILES + "ab" * 32, b"x")
+    store.put(hc.FILES + "cd" * 32, b"y")  # named by nothing, no lease: garbage
+    collected = hc.collect(store, now_ms=1000 + GRACE + 1)
+    assert collected.files == 1
+    assert hc.FILES + "ab" * 32 in store.list(hc.FILES)
+    assert hc.FILES + "cd" * 32 not in store.list(hc.FILES)
+
+
+def test_a_lease_put_while_the_collector_looks_spares_the_files_it_names(
+    tmp_path: Path,
+) -> None:
+    """A writer that begins after the collector's first look at the leases, and finds an old
+    orphan it will name, keeps it: the collector looks again just before it deletes."""
+    store = Hooked(tmp_path / "archive")
+    orphan, other = "ab" * 32, "cd" * 32
+    store.put(hc.FILES + orphan, b"x")
+    store.put(hc.FILES + other, b"y")
+    now = 10 * GRACE
+
+    def writer_begins(op: str, key: str) -> None:
+        if op == "list" and key == hc.FILES:
+            store.hook = lambda op, key: None
+            lease = hc.Lease(node_id="w", started_at_ms=now, renewed_at_ms=now, files=[orphan])
+            store.put(f"{hc.LEASES}{now:013d}-w-0.json", msgspec.json.encode(lease))
+
+    store.hook = writer_begins
+    collected = hc.collect(store, now_ms=now)
+    assert collected.files == 1
+    assert store.list(hc.FILES) == [hc.FILES + orphan]
+
+
+# -- damage found while running ------------------------------------------------------------
+
+
+class HeldBelow:
+    """The log, recording where the read model's threads start each read; once ``held`` is
+    set, a read below ``floor`` waits (up to 10 s, once per partition) until the model has
+    been swapped for a checkpoint: the fold from 0 does not race the restore."""
+
+    def __init__(self, log: EventLog, model: ReadModel) -> None:
+        self._log = log
+        self._model = model
+        self.floor: dict[int, int] = {}
+        self.held = threading.Event()
+        self.generation = 0
+        self.reads: list[tuple[int, int]] = []
+        self._waited: set[int] = set()
+
+    def read_events(self, partition: int, from_offset: int, *args: Any, **kw: Any) -> list[Record]:
+        if threading.current_thread().name.startswith("read-model:"):
+            if (
+                self.held.is_set()
+                and partition not in self._waited
+                and from_offset < self.floor.get(partition, 0)
+            ):
+                self._waited.add(partition)
+                self._model.wait_until(lambda: self._model.generation >= self.generation + 2, 10)
+            self.reads.append((partition, from_offset))
+        return self._log.read_events(partition, from_offset, *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+
+def damage_at_the_next_event(model: ReadModel, log: HeldBelow) -> None:
+    """The next event the model folds finds it damaged (a block whose checksum fails)."""
+    apply = model._apply
+
+    def damaged(p: Any, event: Any, partition: int, offset: int) -> None:
+        if not log.held.is_set():
+            log.generation = model.generation
+            log.held.set()
+            raise StoreDamaged(f"read model: block checksum mismatch at {partition}/{offset}")
+        apply(p, event, partition, offset)
+
+    model._apply = damaged  # type: ignore[method-assign]
+
+
+def test_damage_a_fold_finds_is_repaired_from_the_newest_checkpoint_and_the_tail(
+    history: Partly, tmp_path: Path
+) -> None:
+    store = DirectoryStore(tmp_path / "archive")
+    history.append_upto(0.4)
+    writer = folded(history, tmp_path / "w")
+    hc.take(writer, store, tmp_path / "w", node_id="w", now_ms=1000)
+    history.append_upto(0.6)
+    ReadModelRunner(history.log, writer).run_once()
+    newest = hc.take(writer, store, tmp_path / "w", node_id="w", now_ms=2000)
+    writer.close()
+    history.append_upto(0.8)
+    folded(history, tmp_path / "n").close()  # this node's own model, further on
+    model, restored = hc.open_model(tmp_path / "n", store)
+    assert restored is None  # its own model is kept: it is not far behind
+    log = HeldBelow(history.log, model)
+    log.floor = dict(newest.positions)
+    damage_at_the_next_event(model, log)
+    history.append_upto(1.0)
+    ends = {p: history.appended[p] for p in range(PARTITIONS)}
+    with model, ReadModelRunner(log, model):  # type: ignore[arg-type]
+        for p, end in ends.items():
+            assert model.wait_for(p, end - 1, timeout_s=30)
+        assert model.set_asides == 1
+        after = log.reads[next(i for i, r in enumerate(log.reads) if r[1] == 0) :]
+        for p, at in newest.positions.items():
+            assert (p, at) in after, f"partition {p} did not fold on from the checkpoint"
+        with folded(history, tmp_path / "z") as from_zero:
+            assert views(model, history) == views(from_zero, history)
+            assert model.dump() == from_zero.dump()
+    assert not list((tmp_path / "n").glob("read_model.refill*"))
+    assert len(list((tmp_path / "n").glob("read_model.damaged-*"))) == 1
+
+
+def test_damage_a_fold_finds_with_no_checkpoint_folds_again_from_offset_0(
+    history: Partly, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = DirectoryStore(tmp_path / "archive")  # no checkpoint in it
+    history.append_upto(0.5)
+    folded(history, tmp_path / "n").close()
+    model, _ = hc.open_model(tmp_path / "n", store)
+    log = HeldBelow(history.log, model)
+    damage_at_the_next_event(model, log)
+    history.append_upto(1.0)
+    with model, ReadModelRunner(log, model):  # type: ignore[arg-type]
+        for p in range(PARTITIONS):
+            assert model.wait_for(p, history.appended[p] - 1, timeout_s=30)
+        with folded(history, tmp_path / "z") as from_zero:
+            assert model.dump() == from_zero.dump()
+    assert "no usable history checkpoint" in caplog.text
+
+
+def test_a_stale_lease_renewed_while_the_collector_looks_keeps_its_files(tmp_path: Path) -> None:
+    """A writer that was only slow renews its lease after the collector first found it stale:
+    the second look, just before deleting, sees the renewal."""
+    store = Hooked(tmp_path / "archive")
+    mine = "ab" * 32
+    store.put(hc.FILES + mine, b"x")
+    key = f"{hc.LEASES}{1000:013d}-slow-0.json"
+    lease = hc.Lease(node_id="slow", started_at_ms=1000, renewed_at_ms=1000, files=[mine])
+    store.put(key, msgspec.json.encode(lease))
+    now = 1000 + 2 * GRACE
+
+    def writer_wakes(op: str, prefix: str) -> None:
+        if op == "list" and prefix == hc.FILES:
+            store.hook = lambda op, key: None
+            renewed = msgspec.structs.replace(lease, renewed_at_ms=now)
+            store.put(key, msgspec.json.encode(renewed))
+
+    store.hook = writer_wakes
+    collected = hc.collect(store, now_ms=now)
+    assert collected.files == 0 and collected.leases == 0
+    assert store.list(hc.FILES) == [hc.FILES + mine] and store.list(hc.LEASES) == [key]
