@@ -20,8 +20,8 @@ from archive.archive import Archive
 from archive.archiver import Archiver
 from archive.reading import ArchivedLog
 from archive.store import DirectoryStore
-from core.errors import Pruned
-from eventlog.kafka import KafkaLog, KafkaMembership, topic_configs
+from core.errors import Fenced, Pruned
+from eventlog.kafka import KafkaLog, KafkaMembership, KafkaPartitionWriter, topic_configs
 from eventlog.port import Record
 from eventlog.retention import Retention
 from node.retention import KafkaRetention, RetentionMetrics, gap_counter
@@ -212,6 +212,16 @@ def test_commands_below_the_committed_position_are_trimmed_and_a_takeover_decide
             log.read_commands(0, 0, 10)
         loop.run_once(0)  # nothing more to trim: a no-op, not an error
         assert metrics.failures._value.get() == 0
+
+        # A newer writer fences the owner: the zombie, which still thinks it owns the
+        # partition, can move the position no further, and its trims stay below it.
+        zombie = first.writer(0)
+        fencer = KafkaPartitionWriter.open(log, 0, first.group_metadata)
+        with pytest.raises(Fenced):
+            zombie.append([b"decided too late"], commands_through=consumed[-1].offset + 1)
+        loop.run_once(0)
+        assert log.start_offset("commands", 0) == committed == log.command_position(0)
+        fencer.close()
         first.close()  # the owner goes with 15 commands fetched but not decided
 
         second, rest = _owner(log, wanted=len(values) - 25)
