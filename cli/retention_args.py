@@ -93,9 +93,10 @@ def add_retention_arguments(serve: argparse.ArgumentParser) -> None:
         type=duration_ms,
         default=DEFAULT_COMMAND_RETENTION_MS,
         metavar="DURATION",
-        help="keep commands this long (default "
-        f"{_days(DEFAULT_COMMAND_RETENTION_MS)}); the embedded log also keeps every command "
-        "its owner has not decided yet. Kafka: the commands topic's retention.ms",
+        help="Kafka: delete commands nobody decided after this long (default "
+        f"{_days(DEFAULT_COMMAND_RETENTION_MS)}; the commands topic's retention.ms). Decided "
+        "commands go at the next retention check on both logs; the embedded log never "
+        "deletes an undecided one",
     )
     group.add_argument(
         "--segment-bytes",

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from eventlog.port import EventLog
     from eventlog.snapshots import SnapshotStore
     from node.node import Node
-    from node.retention import EmbeddedRetention, KafkaArchiving
+    from node.retention import EmbeddedRetention, KafkaRetention
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
 
@@ -589,12 +589,14 @@ def _retention_loop(
     archive: Archive | None,
     retention: Retention,
     node: Node,
-) -> EmbeddedRetention | KafkaArchiving | _NoLoop:
+) -> EmbeddedRetention | KafkaRetention | _NoLoop:
     """What archives and prunes: the embedded log's retention loop, or in Kafka mode (where
-    the brokers prune) the archiver, if there is an archive."""
+    the brokers prune events by time and size) the loop that trims the commands topic and
+    archives, if there is an archive."""
     from archive.archiver import Archiver
     from eventlog.embedded import EmbeddedLog
-    from node.retention import EmbeddedRetention, KafkaArchiving, RetentionMetrics, gap_counter
+    from eventlog.kafka import KafkaLog
+    from node.retention import EmbeddedRetention, KafkaRetention, RetentionMetrics, gap_counter
 
     metrics = RetentionMetrics(node.metrics.registry)
     archiver = None if archive is None else Archiver(raw_log, archive, on_gap=gap_counter(metrics))
@@ -625,17 +627,19 @@ def _retention_loop(
             archiver=archiver,
             interval_s=interval_s,
         )
+    if not isinstance(raw_log, KafkaLog):
+        return _NoLoop()
     if archiver is None:
         print(
             "cronlog: no --archive-dir: events the brokers' retention removes"
             f" ({_describe_ms(retention.retention_ms)}) are gone for good",
             flush=True,
         )
-        return _NoLoop()
-    return KafkaArchiving(
-        archiver,
+    return KafkaRetention(
+        raw_log,
         node.owned,
         metrics,
+        archiver=archiver,
         retention_ms=retention.retention_ms,
         max_delay_ms=args.archive_delay,
         interval_s=interval_s,

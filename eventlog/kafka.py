@@ -26,6 +26,14 @@ answers a request only once its read model, which folds committed events only, h
 request's events, so the writer's own wait would only hold the partition's next transaction
 back (a reader's round trip per append, on the path every write of the partition waits on).
 
+The commands topic is trimmed, not only expired: :meth:`KafkaLog.trim_commands` deletes (the
+admin API's DeleteRecords) the records of ``commands[p]`` below p's committed command position,
+which it reads back from the broker. Nothing below it is read again: a new owner starts there,
+and a fenced owner's transactions can no longer commit. An owner's in-memory position is never
+used, since its consumer may have fetched past what it committed. Kafka Streams purges its
+repartition topics up to the committed offset in the same way. The topic's ``retention.ms``
+stays, as the backstop for commands no owner ever decided.
+
 Errors from a transaction follow librdkafka's flags: ``fatal()`` (``_FENCED`` among them) and
 unflagged errors close the writer and raise :class:`core.errors.Fenced`;
 ``txn_requires_abort()`` aborts and raises :class:`AppendAborted` (nothing of the append will
@@ -56,6 +64,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
+    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Message,
@@ -73,7 +82,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from core.errors import CronlogError, Fenced, Pruned
 from eventlog.port import OwnershipListener, Record, partition_for
-from eventlog.retention import Retention
+from eventlog.retention import Retention, commands_may_go_below
 
 if TYPE_CHECKING:
     from eventlog.port import EventLog
@@ -148,6 +157,7 @@ class KafkaLog:
         )
         self._readers: list[Consumer] = []
         self._readers_lock = threading.Lock()
+        self._admin: AdminClient | None = None  # opened by the first trim
         self._members: list[KafkaMembership] = []
         self._mailboxes: list[KafkaMailbox] = []
         self._closed = threading.Event()
@@ -185,8 +195,9 @@ class KafkaLog:
 
         ``retention`` (what ``cronlog serve`` passes) sets the events topic's ``retention.ms``
         and ``retention.bytes`` and the commands topic's ``retention.ms`` (never a size bound:
-        that could delete commands nobody consumed yet), at creation and, when an existing
-        topic says otherwise, by altering it: the nodes' settings are the source of truth.
+        that could delete commands nobody consumed yet; decided ones go by
+        :meth:`trim_commands`), at creation and, when an existing topic says otherwise, by
+        altering it: the nodes' settings are the source of truth.
         """
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
@@ -267,6 +278,40 @@ class KafkaLog:
             tp = TopicPartition(self._topic(stream), partition)
             return _start_offset(consumer, tp, self._timeout_s)
 
+    def command_position(self, partition: int) -> int:
+        """The partition's command position as the broker holds it: the scheduler group's
+        committed offset of ``commands[partition]``, committed in the transaction of the events
+        that decided the commands below it, and where a new owner starts (0 when none is)."""
+        self._check_partition(partition)
+        tp = TopicPartition(self.topics["commands"], partition)
+        request = ConsumerGroupTopicPartitions(f"{self.prefix}.scheduler", [tp])
+        futures = self._admin_client().list_consumer_group_offsets(
+            [request], request_timeout=self._timeout_s
+        )
+        [answer] = [f.result() for f in futures.values()]
+        [committed] = answer.topic_partitions
+        if committed.error is not None:
+            raise CronlogError(f"committed offset of {tp.topic}[{partition}]: {committed.error}")
+        return max(int(committed.offset), 0)  # -1: nothing committed yet
+
+    def trim_commands(self, partition: int) -> tuple[int, int] | None:
+        """Delete the commands of ``partition`` that every owner, present or future, is done
+        with: those below the command position read back from the broker (never an owner's
+        in-memory one, which can be ahead of what it committed), through the admin API's
+        DeleteRecords, as Kafka Streams purges its repartition topics. Returns the partition's
+        start before and after, or None when nothing was left to delete."""
+        start = self.start_offset("commands", partition)
+        to = commands_may_go_below(self.command_position(partition), start)
+        if to is None:
+            return None
+        tp = TopicPartition(self.topics["commands"], partition, to)
+        admin = self._admin_client()
+        futures = admin.delete_records(
+            [tp], request_timeout=self._timeout_s, operation_timeout=self._timeout_s
+        )
+        [deleted] = [f.result() for f in futures.values()]
+        return start, int(deleted.low_watermark)
+
     def join(self, listener: OwnershipListener) -> KafkaMembership:
         self._check_open()
         member = KafkaMembership(self, listener)
@@ -317,6 +362,13 @@ class KafkaLog:
         self.close()
 
     # -- internals shared with memberships and writers ------------------------------------------
+
+    def _admin_client(self) -> AdminClient:
+        self._check_open()
+        with self._readers_lock:
+            if self._admin is None:
+                self._admin = AdminClient(self._base)
+            return self._admin
 
     def _client_config(self, **settings: Any) -> dict[str, Any]:
         return {**self._base, **settings}
@@ -827,7 +879,8 @@ def _warn_if_commands_were_deleted(
     """Say so loudly when the commands topic's retention deleted commands nobody decided:
     consuming goes on from the topic's start (``auto.offset.reset``), which is all that can
     be done, but it must not pass unnoticed. The commands' retention (7 days by default) is
-    meant to make this impossible short of a week without an owner."""
+    meant to make this impossible short of a week without an owner; trimming
+    (:meth:`KafkaLog.trim_commands`) never deletes past the committed position."""
     try:
         start = _start_offset(
             consumer, TopicPartition(partition.topic, partition.partition), timeout_s

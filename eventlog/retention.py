@@ -16,6 +16,13 @@ Kafka does not know of::
 A segment goes when it is sealed, ends at or below ``keep_from``, and either its newest record
 is older than ``retention_ms`` or the partition is over ``retention_bytes`` without it;
 pruning stops at the first segment that must stay, so what remains is always contiguous.
+**Commands** follow another rule, :func:`commands_may_go_below`, the same on both logs: a
+partition's commands may go as soon as they are below its durable command position (the one
+committed with the events that decided them, where a new owner starts), whatever their age.
+The embedded log removes the sealed segments wholly below it (:func:`sealed_below`); Kafka
+deletes up to it exactly (DeleteRecords). Kafka keeps ``command_retention_ms`` as a backstop
+for a partition nobody owns: the only bound on commands nobody decided.
+
 Nothing here does I/O or reads a clock.
 """
 
@@ -47,8 +54,9 @@ class Retention:
     """How long the log keeps records. ``None`` means no bound of that kind.
 
     ``retention_ms``/``retention_bytes`` bound the events stream (bytes per partition, as
-    Kafka's ``retention.bytes``); ``command_retention_ms`` bounds the commands stream, whose
-    records an owner consumes within seconds (see docs/operations.md for why 7 days is safe).
+    Kafka's ``retention.bytes``). Decided commands go at once (:func:`commands_may_go_below`);
+    ``command_retention_ms`` is Kafka's backstop for commands nobody decided (the commands
+    topic's ``retention.ms``; see docs/operations.md for why 7 days is safe).
     """
 
     retention_ms: int | None = DEFAULT_RETENTION_MS
@@ -87,5 +95,27 @@ def prune_before(
         if not (expired or oversized):
             break
         total -= segment.bytes
+        cut = segment.end
+    return cut
+
+
+def commands_may_go_below(position: int | None, start: int) -> int | None:
+    """How far a partition's commands may be deleted: up to ``position``, its durable command
+    position, below which every command was decided in a transaction that committed the
+    position with the events (so neither a new owner, which starts there, nor a fenced one,
+    which can commit nothing more, reads below it again). ``start`` is the stream's first
+    offset now. None when the position is unknown or nothing below it is left."""
+    if position is None or position <= start:
+        return None
+    return position
+
+
+def sealed_below(segments: Sequence[Segment], offset: int) -> int | None:
+    """The first offset to keep when removing only whole sealed segments below ``offset``: the
+    end of the last sealed segment that ends at or below it. None when there is none."""
+    cut: int | None = None
+    for segment in segments[:-1]:  # the active segment always stays
+        if segment.end > offset:
+            break
         cut = segment.end
     return cut

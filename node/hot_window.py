@@ -6,7 +6,11 @@ days by default): a run whose slot is older than ``now - window`` and that is fi
 good (succeeded or cancelled, :data:`projections.read_model.FORGETTABLE`) leaves it, with its
 index keys; so do skipped-slot records whose last slot is that old. Live runs of any age stay,
 and so do dead ones (still replayable, and listed as dead letters). What left is answered from
-the archive (:mod:`projections.history`).
+the archive (:mod:`projections.history`). Then jobs go: a job its partition forgot
+(``JobForgotten``) that ended before the window's start, of which no run and no skip record is
+held any more, leaves with its index keys (:meth:`projections.read_model.ReadModel.forget_jobs`), so
+one-shots and deleted jobs do not pile up in the model; its runs stay answerable by id from the
+archive.
 
 A pass (:meth:`HotWindow.run_once`, every ``interval_s`` on the worker's thread) reads the clock
 once and removes in batches of at most ``batch`` runs (or ``batch`` skip records looked at), each
@@ -51,6 +55,12 @@ class HotWindowMetrics:
             "Skipped-slot records that left the read model for being older than the window.",
             registry=r,
         )
+        self.jobs = Counter(
+            "cronlog_history_window_forgotten_jobs",
+            "Jobs that left the read model: forgotten by their partition, ended before the "
+            "window, with none of their runs held any more.",
+            registry=r,
+        )
         self.behind = Gauge(
             "cronlog_history_window_behind_seconds",
             "How far the oldest finished run still in the read model is past the window (0: "
@@ -76,6 +86,7 @@ class Pass:
     cutoff: int
     runs: int = 0
     skips: int = 0
+    jobs: int = 0
     longest_hold_s: float = 0.0
     behind_ms: int = 0
 
@@ -102,6 +113,7 @@ class HotWindow(PeriodicWorker):
         self.batch = batch
         self.max_batches = max_batches
         self._skips_from: bytes | None = None  # where the skip records' scan goes on
+        self._jobs_from: bytes | None = None  # ... and the forgotten jobs'
         self.last: Pass | None = None
         self.longest_hold_s = 0.0  # the longest one batch held the writer's lock, ever
 
@@ -126,19 +138,29 @@ class HotWindow(PeriodicWorker):
             self._skips_from = forgot.resume
             if forgot.resume is None:
                 break
+        for _ in range(self.max_batches):  # after the runs: a job goes once none is held
+            forgot = self.model.forget_jobs(done.cutoff, self._jobs_from, self.batch)
+            done.jobs += forgot.jobs
+            done.longest_hold_s = max(done.longest_hold_s, forgot.held_s)
+            self._jobs_from = forgot.resume
+            if forgot.resume is None:
+                break
         oldest = self.model.oldest_forgettable(done.cutoff)
         done.behind_ms = 0 if oldest is None else done.cutoff - oldest
         self.metrics.runs.inc(done.runs)
         self.metrics.skips.inc(done.skips)
+        self.metrics.jobs.inc(done.jobs)
         self.metrics.behind.set(done.behind_ms / 1000)
         self.longest_hold_s = max(self.longest_hold_s, done.longest_hold_s)
         self.metrics.pause.set(self.longest_hold_s)
         self.last = done
-        if done.runs or done.skips:
+        if done.runs or done.skips or done.jobs:
             log.info(
-                "history window: %d runs and %d skip records older than %d left the read model",
+                "history window: %d runs, %d skip records and %d jobs older than %d left the "
+                "read model",
                 done.runs,
                 done.skips,
+                done.jobs,
                 done.cutoff,
             )
         return done

@@ -13,15 +13,22 @@ stores and the log alone. Snapshots plug in through ``Node(snapshot_offset=...)`
    or several for a segment of more than 100,000 records, so files end where segments end);
 2. prune the events stream's sealed segments that are past ``retention_ms`` or over
    ``retention_bytes``, but only below ``min(recovery floor, archived through)``;
-3. prune the commands stream's sealed segments past ``command_retention_ms`` and below the
-   partition's command position (every command below it has been decided).
+3. prune the commands stream's sealed segments wholly below the partition's command position
+   (:func:`eventlog.retention.commands_may_go_below`: every command below it has been
+   decided, in the same write as its events), whatever their age.
 
-**Kafka mode** (:class:`KafkaArchiving`): the brokers apply retention themselves (the topics'
-``retention.ms``/``retention.bytes``, see ``eventlog.kafka``); this loop keeps the archive ahead
-of them. For each partition this node owns, it archives once ``file_records`` are waiting or
-the oldest waiting record has waited ``max_delay_ms``, and it measures how close the oldest
-unarchived event is to the brokers' retention (``cronlog_archive_retention_used_ratio``: at 1
-the brokers delete events nobody archived).
+**Kafka mode** (:class:`KafkaRetention`): the brokers apply retention themselves (the topics'
+``retention.ms``/``retention.bytes``, see ``eventlog.kafka``); this loop trims the commands
+topic and keeps the archive ahead of the brokers. For each partition this node owns, it
+
+1. deletes the commands below the command position the broker holds for the partition
+   (``KafkaLog.trim_commands``: the committed offset, never this node's in-memory one), so
+   ``P.commands`` holds only what an owner can still need; the topic's ``retention.ms`` stays
+   as the backstop for a partition nobody owns;
+2. with an archive, archives once ``file_records`` are waiting or the oldest waiting record has
+   waited ``max_delay_ms``, and measures how close the oldest unarchived event is to the
+   brokers' retention (``cronlog_archive_retention_used_ratio``: at 1 the brokers delete
+   events nobody archived).
 
 Each loop catches, logs and counts (``cronlog_retention_failures``) whatever fails for one
 partition and goes on with the next; the next pass tries again.
@@ -34,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -42,7 +50,13 @@ from archive.archiver import Archiver
 from archive.files import ArchivedFile, at_of
 from core.errors import Pruned
 from eventlog.embedded import EmbeddedLog
-from eventlog.retention import Retention, Segment, prune_before
+from eventlog.retention import (
+    Retention,
+    Segment,
+    commands_may_go_below,
+    prune_before,
+    sealed_below,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +119,7 @@ class RetentionMetrics:
         )
         self.pruned_records = Counter(
             "cronlog_retention_pruned_records",
-            "Records the embedded log's retention removed, by stream.",
+            "Records retention removed, by stream (on Kafka: the commands trimmed).",
             ["stream"],
             registry=r,
         )
@@ -268,10 +282,8 @@ class EmbeddedRetention(_Loop):
             end = self.log.end_offset("events", p)
             self.metrics.lag.set(p, max(0, end - through), None)
         if keep_from is not None:
-            self._prune("events", p, now_ms, keep_from, self.retention.retention_ms)
-        self._prune(
-            "commands", p, now_ms, self.log.command_position(p), self.retention.command_retention_ms
-        )
+            self._prune_events(p, now_ms, keep_from)
+        self._prune_commands(p)
 
     def _archive_sealed(self, p: int) -> None:
         assert self.archiver is not None
@@ -287,17 +299,24 @@ class EmbeddedRetention(_Loop):
             if through < segment.end:  # the log ended early: it would have raised
                 raise RuntimeError(f"segment {segment} of partition {p} archived only to {through}")
 
-    def _prune(
-        self, stream: str, p: int, now_ms: int, keep_from: int, retention_ms: int | None
-    ) -> None:
-        segments = self.log.segments(stream, p)
+    def _prune_events(self, p: int, now_ms: int, keep_from: int) -> None:
+        segments = self.log.segments("events", p)
         before = prune_before(
             segments,
             now_ms=now_ms,
             keep_from=keep_from,
-            retention_ms=retention_ms,
-            retention_bytes=self.retention.retention_bytes if stream == "events" else None,
+            retention_ms=self.retention.retention_ms,
+            retention_bytes=self.retention.retention_bytes,
         )
+        self._prune_to("events", p, segments, before)
+
+    def _prune_commands(self, p: int) -> None:
+        segments = self.log.segments("commands", p)
+        start = self.log.start_offset("commands", p)
+        to = commands_may_go_below(self.log.command_position(p), start)
+        self._prune_to("commands", p, segments, None if to is None else sealed_below(segments, to))
+
+    def _prune_to(self, stream: str, p: int, segments: list[Segment], before: int | None) -> None:
         if before is None:
             return
         self.log.prune(stream, p, before)
@@ -313,21 +332,30 @@ class EmbeddedRetention(_Loop):
         )
 
 
-class KafkaArchiving(_Loop):
-    """Keep the archive ahead of the brokers' retention, for the partitions owned here."""
+class TrimsCommands(Protocol):
+    """What :class:`KafkaRetention` needs of the log: ``KafkaLog.trim_commands``."""
+
+    def trim_commands(self, partition: int) -> tuple[int, int] | None: ...
+
+
+class KafkaRetention(_Loop):
+    """Trim the commands topic and keep the archive ahead of the brokers' retention, for the
+    partitions owned here (module docstring)."""
 
     def __init__(
         self,
-        archiver: Archiver,
+        log_: TrimsCommands,
         owned: Callable[[], Iterable[int]],
         metrics: RetentionMetrics,
         *,
+        archiver: Archiver | None,
         retention_ms: int | None,
         max_delay_ms: int = DEFAULT_MAX_DELAY_MS,
         interval_s: float = 10.0,
         wall_ms: Callable[[], int] = _wall_ms,
     ) -> None:
-        super().__init__("archiver", interval_s, wall_ms)
+        super().__init__("retention", interval_s, wall_ms)
+        self.log = log_
         self.archiver = archiver
         self.owned = owned
         self.metrics = metrics
@@ -340,21 +368,36 @@ class KafkaArchiving(_Loop):
         self.metrics.lag.keep_only(owned)
         for p in owned:
             try:
-                self._partition(p, now_ms)
+                self._trim_commands(p)
+            except Exception:
+                self.metrics.failures.inc()
+                log.exception("trimming the commands of partition %d failed; next pass", p)
+            if self.archiver is None:
+                continue
+            try:
+                self._archive(self.archiver, p, now_ms)
             except Exception:
                 self.metrics.failures.inc()
                 log.exception("archiving partition %d failed; trying again next pass", p)
 
-    def _partition(self, p: int, now_ms: int) -> None:
-        log_, archive = self.archiver.log, self.archiver.archive
-        backlog = self.archiver.backlog(p)
+    def _trim_commands(self, p: int) -> None:
+        trimmed = self.log.trim_commands(p)
+        if trimmed is None:
+            return
+        before, start = trimmed
+        self.metrics.pruned_records.labels("commands").inc(max(0, start - before))
+        log.debug("retention: commands partition %d now starts at %d", p, start)
+
+    def _archive(self, archiver: Archiver, p: int, now_ms: int) -> None:
+        log_, archive = archiver.log, archiver.archive
+        backlog = archiver.backlog(p)
         # The log starting past the archive means retention outran it: record that at once.
         outran = archive.archived_through(p) < log_.start_offset("events", p)
         if backlog:
             since = self._waiting_since.setdefault(p, now_ms)
             waited = now_ms - since >= self.max_delay_ms
-            if outran or waited or backlog >= self.archiver.file_records:
-                self.metrics.archived(self.archiver.archive_until(p, log_.end_offset("events", p)))
+            if outran or waited or backlog >= archiver.file_records:
+                self.metrics.archived(archiver.archive_until(p, log_.end_offset("events", p)))
                 self._waiting_since.pop(p, None)
         else:
             self._waiting_since.pop(p, None)

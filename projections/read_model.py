@@ -16,9 +16,12 @@ Layout (raw mode; ``inv(t)`` is ``2**64 - 1 - t`` as a big-endian u64, so a forw
 newest first)::
 
     j/<job_id>                                -> msgpack _JobRecord (the JobView and counters)
-    tj/<tenant>/<job_id>                      -> ""   jobs of a tenant, by job id
-    tjs/<tenant>/<status>/<job_id>            -> ""   the same, by status
-    tt/<tenant>/<tag>/<job_id>                -> ""   the same, by tag (a tag has no "/")
+    tj/<tenant>/<job_id>                      -> ""   jobs of a tenant, by job id (not deleted)
+    tjs/<tenant>/<status>/<job_id>            -> ""   the same, by status (deleted ones too)
+    tt/<tenant>/<tag>/<job_id>                -> ""   the same, by tag (a tag has no "/"; not
+                                                      deleted)
+    jf/<ended_at:u64><job_id>                 -> ""   jobs their partition forgot, by when they
+                                                      ended: what forget_jobs looks at
     r/<run_id>                                -> msgpack RunView (with every attempt)
     jr/<job_id>/<inv(scheduled_for)><run_id>  -> ""   runs of a job, newest slot first
     jk/<job_id>/<idempotency_key>             -> run_id   the run a keyed manual trigger made
@@ -32,6 +35,16 @@ newest first)::
     m/pos/<partition:u32>                     -> u64  next event offset of the partition
     m/job-counts                              -> ""   the cj/ counters are kept (a model
                                                       written before them counts once on open)
+    m/unlisted-cancelled                      -> ""   deleted jobs are out of tj/ and tt/ (a
+                                                      model written before takes them out once)
+
+**Jobs leave too.** A deleted (cancelled) job leaves the listings by id and by tag at once and
+stays readable (and listed by ``status=cancelled``). Once its partition has forgotten a job
+(``JobForgotten``, a retention after it ended), it ended before the history window's start,
+and none of its runs or skipped-slot records is held any more (they leave with the window; a
+dead run holds its job), the hot window removes the job's record and every index key naming
+it (:meth:`ReadModel.forget_jobs`), so a model fed one-shots by the million holds only those
+of the window.
 
 A slot materialised again (a manual trigger after its run ended, once the partition state has
 forgotten it) keeps its one record: it shows the new materialisation's state and trigger, and
@@ -142,6 +155,7 @@ _U64 = struct.Struct(">Q")
 _TOP = 2**64 - 1
 _POSITION = b"m/pos/"
 _JOB_COUNTS = b"m/job-counts"
+_UNLISTED_CANCELLED = b"m/unlisted-cancelled"
 _UNSCOPED = b"m/unscoped"  # present once a job id from before ids were scoped was folded in
 
 _encoder = msgspec.msgpack.Encoder()
@@ -161,6 +175,7 @@ class Forgot:
 
     runs: int = 0
     skips: int = 0
+    jobs: int = 0
     held_s: float = 0.0
     took_s: float = 0.0
     resume: bytes | None = None
@@ -185,6 +200,7 @@ class _JobRecord(msgspec.Struct, kw_only=True, gc=False):
     base: JobStatusName  # active, paused or cancelled, as the job events say
     live: int = 0  # runs blocked, pending, running, failed or retrying
     runs: int = 0  # runs ever materialised
+    ended_at: int | None = None  # when it ended, once its partition forgot it (JobForgotten)
 
 
 _job_decoder = msgspec.msgpack.Decoder(_JobRecord)
@@ -192,6 +208,10 @@ _job_decoder = msgspec.msgpack.Decoder(_JobRecord)
 
 def _inv(t: int) -> bytes:
     return _U64.pack(_TOP - t)
+
+
+def _forgotten_key(at: int, job_id: str) -> bytes:
+    return b"jf/" + _U64.pack(max(0, at)) + job_id.encode()
 
 
 def _key_index(job_id: str, idempotency_key: str) -> bytes:
@@ -313,8 +333,7 @@ class ReadModel:
             self._positions = self._stored_positions()
             with self._reading():
                 self._unscoped = self._db.get(_UNSCOPED) is not None
-                if self._db.get(_JOB_COUNTS) is None:
-                    self._count_jobs_once()
+                self._upgrade()
         except StoreDamaged:
             self._db.close()
             raise
@@ -350,7 +369,7 @@ class ReadModel:
             self._db.close()
             aside = set_aside(self._path)
             self._db = self._open_db()
-            self._count_jobs_once()  # none yet: says the counters are kept from here on
+            self._upgrade()  # none yet: says the counters are kept from here on
             self._generation += 1
             self.set_asides += 1
             self._unscoped = False
@@ -407,14 +426,13 @@ class ReadModel:
                     stored = self._stored_positions()
                     with self._reading():
                         self._unscoped = self._db.get(_UNSCOPED) is not None
-                        if self._db.get(_JOB_COUNTS) is None:
-                            self._count_jobs_once()
+                        self._upgrade()
                 except StoreDamaged as damage:  # verified when restored: the disk, again
                     with contextlib.suppress(Exception):
                         self._db.close()
                     log.error("%s; set aside as %s", damage, set_aside(self._path))
                     self._db = self._open_db()
-                    self._count_jobs_once()
+                    self._upgrade()
                     self._unscoped = False
                     stored = {}
                 with self._moved:
@@ -663,6 +681,8 @@ class ReadModel:
                     p.raw[key.encode()] = None
                     if earlier.base != "cancelled":
                         self._count_key(p, f"cj/{event.tenant}".encode(), -1)
+                    if earlier.ended_at is not None:
+                        p.raw[_forgotten_key(earlier.ended_at, event.job_id)] = None
                 self._put_job(
                     p,
                     _JobRecord(
@@ -692,7 +712,8 @@ class ReadModel:
                     _depend(p, view.tenant, view.job_id, view.spec.depends_on, None)
                     _depend(p, view.tenant, view.job_id, event.spec.depends_on, b"")
                     _tag(p, view.tenant, view.job_id, view.spec.tags, None)
-                    _tag(p, view.tenant, view.job_id, event.spec.tags, b"")
+                    if job.base != "cancelled":  # a deleted job is not listed by tag
+                        _tag(p, view.tenant, view.job_id, event.spec.tags, b"")
                     moved_to = event.spec.pool if event.spec.pool != view.spec.pool else None
                     view.spec, view.name, view.version = event.spec, event.spec.name, event.version
                     view.next_slot, view.updated_at = event.next_slot, event.at
@@ -712,7 +733,11 @@ class ReadModel:
                         job.base, job.view.next_slot = "active", event.next_slot
                     else:
                         job.base, job.view.next_slot = "cancelled", None
-                        _depend(p, job.view.tenant, job.view.job_id, job.view.spec.depends_on, None)
+                        view = job.view
+                        _depend(p, view.tenant, view.job_id, view.spec.depends_on, None)
+                        # Deleted: out of the listings by id and tag; still readable by id.
+                        p.raw[f"tj/{view.tenant}/{view.job_id}".encode()] = None
+                        _tag(p, view.tenant, view.job_id, view.spec.tags, None)
                     self._put_job(p, job)
             case RunMaterialised():
                 self._materialise(p, event)
@@ -747,8 +772,15 @@ class ReadModel:
                     state = run_fold.evolve(run, event)
                     if state is not None:
                         self._move(p, run, state)
-            case Heartbeat() | UpstreamRecorded() | JobForgotten():
-                # The partition forgetting a job that ended changes nothing in its history.
+            case JobForgotten():
+                # The job's history stays; the hot window removes its record once none of
+                # its runs is held any more (forget_jobs).
+                job = self._job(p, event.job_id)
+                if job is not None and job.ended_at is None:
+                    job.ended_at = event.ended_at
+                    p.jobs[event.job_id] = job
+                    p.raw[_forgotten_key(event.ended_at, event.job_id)] = b""
+            case Heartbeat() | UpstreamRecorded():
                 pass
             case _:
                 assert_never(event)  # a new event must be shown here, or history misses it
@@ -1045,6 +1077,29 @@ class ReadModel:
             stored = self._db.get(f"cj/{tenant}".encode())
         return 0 if stored is None else int(_U64.unpack(stored)[0])
 
+    def _upgrade(self) -> None:
+        """Bring a model written by an earlier version up to this one's layout, once."""
+        if self._db.get(_JOB_COUNTS) is None:
+            self._count_jobs_once()
+        if self._db.get(_UNLISTED_CANCELLED) is None:
+            self._unlist_cancelled_once()
+
+    def _unlist_cancelled_once(self) -> None:
+        """Take the deleted jobs of a model written before they left the listings out of
+        ``tj/`` and ``tt/``, in one batch with the marker that says it is done."""
+        wb = WriteBatch(raw_mode=True)
+        for key, _ in self._scan(b"tjs/"):
+            tenant, status, job_id = key.decode().split("/", 2)
+            if status != "cancelled":
+                continue
+            wb.delete(f"tj/{tenant}/{job_id}".encode())
+            stored = self._db.get(b"j/" + job_id.encode())
+            if stored is not None:
+                for tag in _job_decoder.decode(stored).view.spec.tags:
+                    wb.delete(f"tt/{tenant}/{tag}/{job_id}".encode())
+        wb.put(_UNLISTED_CANCELLED, b"")
+        self._db.write(wb, self._write_options)
+
     def _count_jobs_once(self) -> None:
         """Fill the ``cj/`` counters of a model written before they were kept, from the
         jobs-by-status index, in one batch with the marker that says they are kept."""
@@ -1167,6 +1222,72 @@ class ReadModel:
                         self._db.write(wb, self._write_options)
             done = time.perf_counter()
         return Forgot(skips=removed, held_s=done - held_from, took_s=done - started, resume=resume)
+
+    def forget_jobs(self, cutoff: int, after: bytes | None, max_scan: int) -> Forgot:
+        """Look at up to ``max_scan`` jobs their partition forgot that ended before ``cutoff``,
+        oldest first from after the ``jf/`` key suffix ``after`` (None: from the first), and remove
+        those of which no run and no skipped-slot record is held: the record, every index key
+        naming the job, its keys of manual triggers, and its count in ``cj/`` (one batch).
+        ``Forgot.resume`` is where the next call goes on (None: no more before ``cutoff``)."""
+        started = time.perf_counter()
+        with self._write_lock:
+            held_from = time.perf_counter()
+            wb = WriteBatch(raw_mode=True)
+            removed = scanned = 0
+            resume: bytes | None = None
+            counts: dict[bytes, int] = {}
+            with self._reading():
+                for suffix, _ in self._scan(b"jf/", after):
+                    if suffix == after:
+                        continue
+                    if scanned == max_scan:
+                        break
+                    if _U64.unpack(suffix[:8])[0] >= cutoff:
+                        resume = None
+                        break
+                    scanned += 1
+                    resume = suffix
+                    job_id = suffix[8:].decode()
+                    if self._holds_history_of(job_id):
+                        continue  # a dead run, or runs still in the window: it stays
+                    job = _job_decoder.decode(self._indexed(b"j/" + suffix[8:]))
+                    self._delete_job(wb, job)
+                    wb.delete(b"jf/" + suffix)
+                    if job.base != "cancelled":
+                        key = f"cj/{job.view.tenant}".encode()
+                        counts[key] = counts.get(key, 0) + 1
+                    removed += 1
+                else:
+                    resume = None
+                for key, gone in counts.items():
+                    stored = self._db.get(key)
+                    held = 0 if stored is None else _U64.unpack(stored)[0]
+                    wb.put(key, _U64.pack(max(0, held - gone)))
+                if not wb.is_empty():
+                    with self._db_lock:
+                        self._db.write(wb, self._write_options)
+            done = time.perf_counter()
+        return Forgot(jobs=removed, held_s=done - held_from, took_s=done - started, resume=resume)
+
+    def _holds_history_of(self, job_id: str) -> bool:
+        for prefix in (f"jr/{job_id}/", f"sk/{job_id}/"):
+            if next(iter(self._scan(prefix, limit=1)), None) is not None:
+                return True
+        return False
+
+    @staticmethod
+    def _delete_job(wb: WriteBatch, job: _JobRecord) -> None:
+        view = job.view
+        tenant, job_id = view.tenant, view.job_id
+        wb.delete(b"j/" + job_id.encode())
+        wb.delete(f"tj/{tenant}/{job_id}".encode())
+        wb.delete(f"tjs/{tenant}/{view.status}/{job_id}".encode())
+        for tag in view.spec.tags:
+            wb.delete(f"tt/{tenant}/{tag}/{job_id}".encode())
+        for upstream in view.spec.depends_on:
+            wb.delete(f"dp/{tenant}/{upstream}/{job_id}".encode())
+        keys = f"jk/{job_id}/".encode()
+        wb.delete_range(keys, keys[:-1] + b"0")  # "/" + 1: every key of a manual trigger
 
     @_query
     def oldest_forgettable(self, cutoff: int) -> int | None:

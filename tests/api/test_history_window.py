@@ -3,13 +3,17 @@ the archive (the fake's events stream, never pruned, stands for archive + log), 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
+from api.limits import Limits, TenantLimits
 from node.hot_window import DEFAULT_WINDOW_MS, HotWindow
 from projections.read_model import ReadModel
-from tests.api.conftest import Api
+from tests.api.conftest import ANY_TOPIC, Api, serve
+from tests.api.fakes import FakeScheduler
 
 pytestmark = pytest.mark.anyio
 
@@ -134,3 +138,113 @@ async def test_a_slot_that_ran_past_the_window_is_not_run_again(api: Api) -> Non
     assert again.status_code == 200, again.text
     assert again.json()["run_id"] == run_ids[0] and again.json()["state"] == "succeeded"
     assert len(api.fake.events) == events  # nothing decided
+
+
+async def _one_shot(api: Api, name: str) -> tuple[str, str]:
+    """A one-shot created now, run a minute later and succeeded: (its job id, its run id)."""
+    at = api.fake.clock.now_ms() + 60_000
+    body = {"name": name, "run_at": _rfc3339(at), "target": "pull://exports"}
+    created = await api.a.post("/v1/jobs", json={**body, "job_id": name})
+    assert created.status_code == 201, created.text
+    api.fake.advance(61_000)
+    [run] = (await api.a.post("/v1/workers/claim", json=CLAIM)).json()["runs"]
+    done = {"fencing_token": run["fencing_token"], "status": "succeeded"}
+    assert (await api.a.post(f"/v1/runs/{run['run_id']}/complete", json=done)).is_success
+    return name, run["run_id"]
+
+
+def _rfc3339(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _job_records(model: ReadModel) -> int:
+    return sum(1 for k, _ in model.dump() if k.startswith(b"j/"))
+
+
+async def _answers(api: Api, job_id: str, run_id: str) -> dict[str, Any]:
+    paths = [f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/runs", f"/v1/runs/{run_id}"]
+    got = {p: await api.a.get(p) for p in paths}
+    listed = (await api.a.get("/v1/jobs", params={"limit": 1000})).json()["jobs"]
+    return {
+        **{p: (r.status_code, r.json()) for p, r in got.items()},
+        "listed": job_id in [j["job_id"] for j in listed],
+    }
+
+
+@pytest.fixture
+async def busy(fake: FakeScheduler) -> AsyncIterator[Api]:
+    """The API with room for a month of requests in a second of the test."""
+    limits = Limits(defaults=TenantLimits(requests_per_sec=10_000.0, request_burst=10_000))
+    async with serve(fake, egress=ANY_TOPIC, limits=limits) as transport:
+        clients = [
+            httpx.AsyncClient(
+                transport=transport,
+                base_url="http://cronlog",
+                headers={"Authorization": f"Bearer {token}"} if token else {},
+            )
+            for token in ("token-of-team-a", "token-of-team-b", None)
+        ]
+        try:
+            yield Api(fake, *clients)
+        finally:
+            for client in clients:
+                await client.aclose()
+
+
+async def test_finished_one_shots_leave_the_read_model_once_their_runs_have(busy: Api) -> None:
+    """A model fed one-shots day after day holds the jobs of the window, not every job ever;
+    a one-shot is answered as it was until its run leaves the window, and then its run still
+    is, from the archive."""
+    api = busy
+    window = HotWindow(api.fake.history, DEFAULT_WINDOW_MS, api.fake.clock)
+    first, first_run = await _one_shot(api, "once-0")
+    api.fake.advance(1_000)
+    as_it_was = await _answers(api, first, first_run)
+    assert as_it_was[f"/v1/jobs/{first}"][1]["status"] == "finished" and as_it_was["listed"]
+    days, per_day = 40, 3
+    records, left_on = [], None
+    for day in range(days):
+        for i in range(per_day):
+            await _one_shot(api, f"once-{day + 1}-{i}")
+        api.fake.advance(DAY - per_day * 61_000)
+        window.run_once()
+        records.append(_job_records(api.fake.history))
+        now = await _answers(api, first, first_run)
+        if left_on is None and now == as_it_was:
+            continue
+        if left_on is None:
+            left_on = day
+            assert day >= DEFAULT_WINDOW_MS // DAY - 1  # not before its run left the window
+        assert now[f"/v1/jobs/{first}"][0] == 404 and not now["listed"]
+        assert now[f"/v1/jobs/{first}/runs"][0] == 404
+        status, run = now[f"/v1/runs/{first_run}"]  # its run: from the archive, as it was
+        archived = {**as_it_was[f"/v1/runs/{first_run}"][1], "source": "archive"}
+        assert (status, run) == (200, archived)
+    assert left_on is not None
+    # Bounded: the window's jobs (a day's one-shots are forgotten a day after they ran).
+    bound = (DEFAULT_WINDOW_MS // DAY + 2) * per_day
+    assert max(records) <= bound < days * per_day
+    assert records[-1] == records[-2]  # flat: as many leave as arrive
+    assert api.fake.history.job_count("team-a") == records[-1]  # the quota counts what is held
+
+
+async def test_a_deleted_job_is_not_listed_and_is_answered_until_it_leaves(api: Api) -> None:
+    assert (await api.a.put("/v1/jobs/export", json=JOB)).status_code == 201
+    deleted = await api.a.delete("/v1/jobs/export")
+    assert deleted.json()["status"] == "cancelled"
+    listed = (await api.a.get("/v1/jobs")).json()["jobs"]
+    assert listed == []
+    by_status = (await api.a.get("/v1/jobs", params={"status": "cancelled"})).json()["jobs"]
+    assert [j["job_id"] for j in by_status] == ["export"]
+    window = HotWindow(api.fake.history, DEFAULT_WINDOW_MS, api.fake.clock)
+    for _ in range(DEFAULT_WINDOW_MS // DAY):  # forgotten by its partition after a day
+        api.fake.advance(DAY)
+        window.run_once()
+        again = await api.a.get("/v1/jobs/export")
+        assert (again.status_code, again.json()) == (200, deleted.json())
+    api.fake.advance(DAY)
+    assert window.run_once().jobs == 1
+    assert (await api.a.get("/v1/jobs/export")).status_code == 404
+    assert [k for k, _ in api.fake.history.dump() if b"export" in k] == []

@@ -16,6 +16,10 @@ and (non-critical job) runs it again, or (critical job) dead-letters it with
 - no slot is silently lost: from each job's first slot to its last, every second is a run or a
   recorded skip (with ``fire_once`` and a 60 s grace a ~10 s outage skips nothing).
 
+The nodes trim the commands topic every second (``--retention-check 1s``), and the dead node's
+partitions are trimmed to their committed command position before it is killed: the takeover
+starts from a topic whose decided commands are gone.
+
 The history is read from the log itself by a read model built in the test process, as an
 outside audit consumer would.
 """
@@ -46,7 +50,7 @@ LIVE = {"blocked", "pending", "running", "failed", "retrying"}
 
 @pytest.fixture
 def cluster(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(kafka_bootstrap, tmp_path)
+    c = Cluster(kafka_bootstrap, tmp_path, serve_args=("--retention-check", "1s"))
     try:
         c.start("n1", "n2")
         yield c
@@ -76,6 +80,23 @@ def first_worker(node: NodeProcess, job_id: str) -> str:
             return str(runs[-1]["attempts"][0]["worker_id"])
         assert time.monotonic() < deadline, f"{job_id} never ran"
         time.sleep(0.1)
+
+
+def commands_trimmed(cluster: Cluster, partitions: set[int]) -> dict[int, int]:
+    """Wait until the commands of ``partitions`` start at their committed position (their
+    owner trimmed them); return where they start."""
+    with KafkaLog.open(
+        cluster.bootstrap, PARTITIONS, prefix=cluster.prefix, replication_factor=1
+    ) as log_:
+        deadline = time.monotonic() + 10
+        while True:
+            ends = {
+                p: (log_.start_offset("commands", p), log_.command_position(p)) for p in partitions
+            }
+            if all(start == position for start, position in ends.values()):
+                return {p: start for p, (start, _) in ends.items()}
+            assert time.monotonic() < deadline, f"commands (start, position) {ends}"
+            time.sleep(0.2)  # the trim runs on the node's retention check; nothing to wait on
 
 
 class Audit:
@@ -146,6 +167,8 @@ def test_the_survivor_takes_over_and_every_acknowledged_slot_fires(
     assert set(owner.values()) == {n1.worker_id, n2.worker_id}, owner
     orphaned = {p for p, worker in owner.items() if worker == n2.worker_id}
     target.wait_for(len(target.calls) + 2 * len(jobs), timeout_s=10)  # two more rounds
+    trimmed = commands_trimmed(cluster, orphaned)
+    assert all(start > 0 for start in trimmed.values()), trimmed  # its creates came as commands
 
     killed_at = time.time()
     n2.kill()

@@ -1,12 +1,14 @@
 """Retention on Kafka, against a real broker: the topics carry the nodes' retention settings
 (and follow a change of them), reading below a partition's start is an error rather than a jump
-to its end, and the archiver keeps what the brokers' retention deletes, saying how close it is
-to losing any."""
+to its end, the archiver keeps what the brokers' retention deletes, saying how close it is
+to losing any, and the commands topic is trimmed to the committed command position, so that a
+takeover after a trim still decides every acknowledged command."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,11 @@ from archive.archive import Archive
 from archive.archiver import Archiver
 from archive.reading import ArchivedLog
 from archive.store import DirectoryStore
-from core.errors import Pruned
-from eventlog.kafka import KafkaLog, topic_configs
+from core.errors import Fenced, Pruned
+from eventlog.kafka import KafkaLog, KafkaMembership, KafkaPartitionWriter, topic_configs
+from eventlog.port import Record
 from eventlog.retention import Retention
-from node.retention import KafkaArchiving, RetentionMetrics, gap_counter
+from node.retention import KafkaRetention, RetentionMetrics, gap_counter
 from tests.projections.histories import Writers
 from tools.replay.records import events
 
@@ -75,7 +78,9 @@ def test_the_archive_keeps_what_the_brokers_deleted_and_the_lag_is_measured(
     archive = Archive(DirectoryStore(tmp_path / "archive"))
     metrics = RetentionMetrics(CollectorRegistry())
     archiver = Archiver(log, archive, on_gap=gap_counter(metrics))
-    loop = KafkaArchiving(archiver, lambda: [0, 1], metrics, retention_ms=DAY, max_delay_ms=HOUR)
+    loop = KafkaRetention(
+        log, lambda: [0, 1], metrics, archiver=archiver, retention_ms=DAY, max_delay_ms=HOUR
+    )
     try:
         loop.run_once(now)  # the events wait for their hour (or 100k of them): not yet
         assert archive.archived_through(0) == 0
@@ -142,5 +147,91 @@ def test_commands_deleted_before_any_owner_decided_them_are_reported(
         with caplog.at_level("ERROR", logger="eventlog.kafka"):
             Writers(log).close()  # an owner takes the partition over from position 0
         assert f"{prefix}.commands[1]: commands 0..1 were deleted" in caplog.text
+    finally:
+        log.close()
+
+
+class _Quiet:
+    def assigned(self, partitions: list[int]) -> None:
+        pass
+
+    def revoked(self, partitions: list[int]) -> None:
+        pass
+
+
+def _owner(log: KafkaLog, wanted: int) -> tuple[KafkaMembership, list[Record]]:
+    """A member that owns every partition, and the commands of partition 0 it has consumed
+    once it has ``wanted`` of them."""
+    member = log.join(_Quiet())
+    consumed: list[Record] = []
+    deadline = time.monotonic() + 60
+    while len(member.owned()) < log.num_partitions or len(consumed) < wanted:
+        assert time.monotonic() < deadline, f"owns {member.owned()}, consumed {len(consumed)}"
+        consumed += [r for r in member.poll(0.2) if r.partition == 0]
+    return member, consumed
+
+
+def _decide(member: KafkaMembership, commands: list[Record]) -> None:
+    """What an owner does with commands: their events and the position, in one transaction."""
+    for i in range(0, len(commands), 5):
+        chunk = commands[i : i + 5]
+        member.writer(0).append(
+            [b"decided " + r.value for r in chunk], commands_through=chunk[-1].offset + 1
+        )
+
+
+def _eventually(check: Callable[[], bool], what: str) -> None:
+    # The broker materialises a transaction's offsets a moment after its commit returns.
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_commands_below_the_committed_position_are_trimmed_and_a_takeover_decides_the_rest(
+    kafka_bootstrap: str,
+) -> None:
+    prefix = f"retention-{uuid.uuid4().hex[:12]}"
+    log = _open(kafka_bootstrap, prefix, Retention())
+    metrics = RetentionMetrics(CollectorRegistry())
+    values = [b"command %02d" % i for i in range(40)]
+    acknowledged = [log.submit(0, value) for value in values]
+    try:
+        first, consumed = _owner(log, wanted=40)
+        assert [r.value for r in consumed] == values  # fetched all, in memory
+        _decide(first, consumed[:25])
+        committed = consumed[24].offset + 1
+        _eventually(lambda: log.command_position(0) == committed, "position never committed")
+
+        loop = KafkaRetention(log, first.owned, metrics, archiver=None, retention_ms=None)
+        loop.run_once(0)
+        # Trimmed to the position the broker holds, not to what the owner has fetched.
+        assert log.start_offset("commands", 0) == committed < log.end_offset("commands", 0)
+        assert metrics.pruned_records.labels("commands")._value.get() == committed
+        with pytest.raises(Pruned):
+            log.read_commands(0, 0, 10)
+        loop.run_once(0)  # nothing more to trim: a no-op, not an error
+        assert metrics.failures._value.get() == 0
+
+        # A newer writer fences the owner: the zombie, which still thinks it owns the
+        # partition, can move the position no further, and its trims stay below it.
+        zombie = first.writer(0)
+        fencer = KafkaPartitionWriter.open(log, 0, first.group_metadata)
+        with pytest.raises(Fenced):
+            zombie.append([b"decided too late"], commands_through=consumed[-1].offset + 1)
+        loop.run_once(0)
+        assert log.start_offset("commands", 0) == committed == log.command_position(0)
+        fencer.close()
+        first.close()  # the owner goes with 15 commands fetched but not decided
+
+        second, rest = _owner(log, wanted=len(values) - 25)
+        assert [r.offset for r in rest] == acknowledged[25:]
+        _decide(second, rest)
+        decided = [r.value for r in log.read_events(0, 0, 1000)]
+        assert decided == [b"decided " + v for v in values]  # every one, once, in order
+        _eventually(lambda: log.command_position(0) == acknowledged[-1] + 1, "not committed")
+        KafkaRetention(log, second.owned, metrics, archiver=None, retention_ms=None).run_once(0)
+        assert log.start_offset("commands", 0) == log.end_offset("commands", 0)
+        second.close()
     finally:
         log.close()

@@ -12,6 +12,7 @@ import pytest
 
 from core import events as ev
 from core.clock import FakeClock
+from core.partition import DEFAULT_RETENTION_MS
 from eventlog.embedded import EmbeddedLog
 from node.hot_window import HotWindow, HotWindowMetrics
 from node.node import Node
@@ -179,3 +180,68 @@ def test_the_node_starts_the_window_again_when_its_thread_ends(
             assert passes.acquire(timeout=30)  # the new thread makes its pass
         finally:
             node.stop()
+
+
+def _job_ids(model: ReadModel) -> set[str]:
+    return {k[2:].decode() for k, _ in model.dump() if k.startswith(b"j/")}
+
+
+def test_forgotten_jobs_leave_once_none_of_their_runs_is_held(model: ReadModel) -> None:
+    sim = busy_partition(6, steps=400)
+    sim.jump(DEFAULT_RETENTION_MS + 60_000)  # a retention on: the partition forgets what ended
+    events = list(sim.events())
+    with model.batch():
+        for offset, event in enumerate(events):
+            model.process(event, 0, offset)
+    ended: dict[str, int] = {}  # the jobs their partition forgot (and did not register again)
+    for event in events:
+        if isinstance(event, ev.JobForgotten):
+            ended[event.job_id] = event.ended_at
+        elif isinstance(event, ev.JobRegistered):
+            ended.pop(event.job_id, None)
+    before = _job_ids(model)
+    assert len(ended) >= 2 and set(ended) <= before
+    cutoff = max(e.at for e in events) + 1
+    window = HotWindow(model, WINDOW, FakeClock(cutoff + WINDOW), batch=2, max_batches=1)
+    for _ in range(100):  # bounded passes that go on where the last stopped
+        window.run_once()
+    after = _job_ids(model)
+    stored = model.dump()
+    holding = {
+        job_id
+        for job_id in before
+        if any(k.startswith(f"jr/{job_id}/".encode()) for k, _ in stored)
+    }
+    assert holding  # dead runs stay, and so do their jobs
+    assert after == before - (set(ended) - holding)
+    assert before - after  # some left
+    for job_id in before - after:  # no key names a job that left (a dependant's keys stay)
+        named = [
+            k
+            for k, _ in stored
+            if k.endswith(job_id.encode())
+            or (f"/{job_id}/".encode() in k and not k.startswith(b"dp/"))
+        ]
+        assert named == []
+    for tenant in TENANTS:  # the quota counts the jobs held that are not deleted
+        held = [model.job(tenant, j) for j in after]
+        assert model.job_count(tenant) == sum(
+            1 for v in held if v is not None and v.status != "cancelled"
+        )
+
+
+def test_a_model_from_before_takes_deleted_jobs_out_of_the_listings_once(tmp_path: Path) -> None:
+    with ReadModel.open(tmp_path) as model:
+        _fed(model)
+        deleted = [j.job_id for t in TENANTS for j in model.jobs(t, "cancelled", 1000).items]
+        assert deleted
+        listed = {j.job_id for t in TENANTS for j in model.jobs(t, limit=1000).items}
+        assert not set(deleted) & listed
+        view = model.job(TENANTS[0], deleted[0]) or model.job(TENANTS[1], deleted[0])
+        assert view is not None
+        # as an earlier version left it: the deleted job listed, no marker
+        model._db[f"tj/{view.tenant}/{view.job_id}".encode()] = b""
+        del model._db[b"m/unlisted-cancelled"]
+    with ReadModel.open(tmp_path) as model:
+        assert view.job_id not in {j.job_id for j in model.jobs(view.tenant, limit=1000).items}
+        assert model.job(view.tenant, view.job_id) == view

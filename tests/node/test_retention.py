@@ -15,11 +15,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from core import events as ev
-from core.errors import Pruned
+from core.errors import CronlogError, Pruned
 from core.state import PartitionState, evolve
 from eventlog.embedded import EmbeddedLog
-from eventlog.retention import Retention
-from node.retention import EmbeddedRetention, RetentionMetrics, recovery_floor
+from eventlog.retention import Retention, Segment, commands_may_go_below, sealed_below
+from node.retention import EmbeddedRetention, KafkaRetention, RetentionMetrics, recovery_floor
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore, catch_up
 from tests.projections.histories import Writers, busy_partition
@@ -120,8 +120,10 @@ def test_the_floor_is_the_least_known_checkpoint_and_takes_a_snapshot_offset() -
 def test_commands_an_owner_has_not_decided_stay_however_old_and_decided_ones_go(
     tmp_path: Path,
 ) -> None:
-    """``P.commands`` keeps only what an owner can still need: a year on, every sealed segment
-    wholly below the owner's command position goes, and nothing at or above it."""
+    """``P.commands`` keeps only what an owner can still need: every sealed segment wholly
+    below the owner's command position goes at the next pass, however young (the command
+    retention is Kafka's backstop for commands nobody decided), and nothing at or above it,
+    however old."""
     values = [b"command %03d " % i + b"x" * 60 for i in range(80)]
     with EmbeddedLog.open(tmp_path / "log", 1, segment_bytes=512) as log:
         offsets = [log.submit(0, value) for value in values]
@@ -139,10 +141,50 @@ def test_commands_an_owner_has_not_decided_stay_however_old_and_decided_ones_go(
             RetentionMetrics(CollectorRegistry()),
             archiver=None,
         )
-        loop.run_once(now_ms=segments[-1].last_ms + 365 * DAY)
+        loop.run_once(now_ms=segments[-1].last_ms)  # younger than the command retention
         start = log.start_offset("commands", 0)
         # Pruned up to the last sealed boundary at or below the position, never past it.
         assert start == max(s.first for s in segments if s.first <= decided) > 0
         kept = log.read_commands(0, decided, max_records=1000)
         assert [r.value for r in kept] == values[decided:]
         assert log.start_offset("events", 0) == 0
+        loop.run_once(now_ms=segments[-1].last_ms + 365 * DAY)  # a year on: undecided stay
+        assert log.start_offset("commands", 0) == start
+        assert [r.value for r in log.read_commands(0, decided, 1000)] == values[decided:]
+
+
+class _Trims:
+    """A log whose trim of partition 0 fails, as a broker refusing DeleteRecords would."""
+
+    def __init__(self) -> None:
+        self.trimmed: list[int] = []
+
+    def trim_commands(self, partition: int) -> tuple[int, int] | None:
+        if partition == 0:
+            raise CronlogError("DeleteRecords: TOPIC_AUTHORIZATION_FAILED")
+        self.trimmed.append(partition)
+        return 10, 25
+
+
+def test_a_failed_trim_of_the_commands_is_counted_and_the_other_partitions_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    trims = _Trims()
+    metrics = RetentionMetrics(CollectorRegistry())
+    loop = KafkaRetention(trims, lambda: [0, 1], metrics, archiver=None, retention_ms=None)
+    with caplog.at_level("ERROR", logger="node.retention"):
+        loop.run_once(now_ms=0)
+    assert trims.trimmed == [1]
+    assert metrics.failures._value.get() == 1
+    assert metrics.pruned_records.labels("commands")._value.get() == 15
+    assert "trimming the commands of partition 0 failed" in caplog.text
+
+
+def test_commands_may_go_below_the_durable_position_in_whole_sealed_segments() -> None:
+    assert commands_may_go_below(None, 0) is None  # the position unknown: nothing goes
+    assert commands_may_go_below(7, 7) is None and commands_may_go_below(3, 7) is None
+    assert commands_may_go_below(12, 7) == 12
+    segments = [Segment(0, 5, 50, 0, 0), Segment(5, 9, 40, 0, 0), Segment(9, 20, 90, 0, 0)]
+    assert sealed_below(segments, 4) is None
+    assert sealed_below(segments, 8) == 5
+    assert sealed_below(segments, 20) == 9  # the active segment always stays

@@ -290,8 +290,11 @@ def test_a_scripted_retry_then_success(tmp_path: Path) -> None:
 def test_jobs_list_by_id_and_status(model: ReadModel) -> None:
     sim = busy_partition(9, steps=400)
     feed(model, sim)
+    cancelled = 0
     for tenant in TENANTS:
         ids = sorted(j for j, s in sim.state.jobs.items() if s.spec.tenant == tenant)
+        deleted = [j for j in ids if str(sim.state.jobs[j].status) == "cancelled"]
+        cancelled += len(deleted)
         listed, cursor = [], None
         while True:
             page = model.jobs(tenant, limit=2, cursor=cursor)
@@ -299,7 +302,8 @@ def test_jobs_list_by_id_and_status(model: ReadModel) -> None:
             if page.next_cursor is None:
                 break
             cursor = page.next_cursor
-        assert listed == ids
+        assert listed == [j for j in ids if j not in deleted]  # a deleted job is not listed
+        assert [j.job_id for j in model.jobs(tenant, "cancelled", limit=1000).items] == deleted
         for job_id in ids:
             view = model.job(tenant, job_id)
             state = sim.state.jobs[job_id]
@@ -308,6 +312,7 @@ def test_jobs_list_by_id_and_status(model: ReadModel) -> None:
             if view.status != "finished":
                 assert view.status == str(state.status)
             assert view.job_id in [j.job_id for j in model.jobs(tenant, view.status).items]
+    assert cancelled > 0  # the history deletes some
 
 
 def test_skipped_slots_newest_first(model: ReadModel) -> None:
