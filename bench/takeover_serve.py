@@ -275,7 +275,9 @@ def run_embedded(
         sources = [None] if baseline is None else [None, baseline]
         for i, with_snapshots in _designs(repeats, zero_repeats):
             for source in sources:
+                # A directory of its own: the node's output file is named after it.
                 copy = tmp / f"round-{i}-{'snapshot' if with_snapshots else 'zero'}"
+                copy = copy.with_name(copy.name + ("-before" if source else ""))
                 _link_copy(base, copy)
                 try:
                     rounds.append(one_round(recorder, copy, with_snapshots, None, source))
