@@ -30,18 +30,20 @@ equals the snapshot of the state that replaying its events gives.
 **Parked slots.** A partition built from a state (a recovery, a restore) arms every timer the
 state calls for, but a job's slot further away than two ``park_ms`` spans (10 minutes each by
 default) is not put in the wheel yet: its job id waits in the list of the span its slot falls
-in, ``slot // park_ms``, one reference per job instead of a wheel timer (a key, a packed
-deadline, two map entries: about 190 bytes and a microsecond and a half each, for a million
-jobs whose next slot is hours or years away). ``advance`` takes a span's jobs into the wheel one
-span before the span begins, so each is in the wheel at least ``park_ms`` before its slot, and
-``next_deadline`` wakes the driver for that. A parked job's deadline is not kept: taken in, its
-slot timer is derived from the state as it stands then (``core.timers.slot_timer``), unless the
-wheel holds one already, which a later event armed and which is therefore newer. So whatever
-was folded meanwhile (a pause, an update, the job forgotten), the timer armed is the one the
-state calls for. It keeps the arming number it would have had (``TimingWheel.reserve``), so it
-fires among equal deadlines where it would have: a restored partition decides exactly what a
-partition with every timer armed decides (``tests/core/test_partition.py``). Only the building
-parks: a timer armed afterwards goes to the wheel, however far.
+in, one reference per job instead of a wheel timer (a key, a packed deadline, two map entries:
+about 190 bytes and a microsecond and a half each, for a million jobs whose next slot is hours
+or years away). A span is ``park_ms`` long for a slot less than a day away and a whole day
+(UTC) for a farther one, so that slots strewn over years share lists too. ``advance`` takes a
+span's jobs into the wheel ``park_ms`` before the span begins, so each is in the wheel at least
+that long before its slot, and ``next_deadline`` wakes the driver for that. A parked job's
+deadline is not kept: taken in, its slot timer is derived from the state as it stands then
+(``core.timers.slot_timer``), unless the wheel holds one already, which a later event armed and
+which is therefore newer. So whatever was folded meanwhile (a pause, an update, the job
+forgotten), the timer armed is the one the state calls for. It keeps the arming number it would
+have had (``TimingWheel.reserve``), so it fires among equal deadlines where it would have: a
+restored partition decides exactly what a partition with every timer armed decides
+(``tests/core/test_partition.py``). Only the building parks: a timer armed afterwards goes to
+the wheel, however far.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ DEFAULT_RETENTION_MS = 24 * 3_600_000
 # The span of the parked slots' lists (module docstring): a slot at least one span and at most
 # two away is in the wheel; a farther one waits in its span's list.
 DEFAULT_PARK_MS = 600_000
+_DAY_MS = 86_400_000  # the span of a slot a day or more away
 
 
 class Partition:
@@ -90,9 +93,9 @@ class Partition:
         self.wheel: TimingWheel[TimerKey] = TimingWheel(now, tick_ms=tick_ms, wheel_size=wheel_size)
         self._due: deque[TimerKey] = deque()
         self._park_ms = park_ms  # 0: nothing is parked
-        # span (slot // park_ms) -> its jobs, and the arming number each would have had
+        # when a span's jobs enter the wheel -> its jobs, and the arming number each would have had
         self._parked: dict[int, tuple[list[str], array[int]]] = {}
-        self._spans: list[int] = []  # heap of the spans in ``_parked``
+        self._takes: list[int] = []  # heap of the instants in ``_parked``
         self._arm_all(now)
 
     def _arm_all(self, now: Millis) -> None:
@@ -106,11 +109,13 @@ class Partition:
         for job in state.jobs.values():
             slot = job.next_slot
             if slot is not None and job.status is active:
-                span = slot // park if park else 0
-                if park and (span - 1) * park > now:
-                    waiting = parked.get(span)
+                take = now  # not parked
+                if park:
+                    take = slot - slot % (park if slot - now < _DAY_MS else _DAY_MS) - park
+                if take > now:
+                    waiting = parked.get(take)
                     if waiting is None:
-                        waiting = parked[span] = ([], array("q"))
+                        waiting = parked[take] = ([], array("q"))
                     waiting[0].append(job.job_id)
                     waiting[1].append(self.wheel.reserve())
                 else:
@@ -120,8 +125,8 @@ class Partition:
             ended = ended_at(state, job)
             if ended is not None:
                 self._arm(("forget", job.job_id), ended + retention)
-        self._spans = list(parked)
-        heapq.heapify(self._spans)
+        self._takes = list(parked)
+        heapq.heapify(self._takes)
         for key, deadline in run_timers(state):
             self._arm(key, deadline)
 
@@ -168,17 +173,17 @@ class Partition:
 
     def advance(self, now: Millis) -> None:
         """Move the wheel to ``now``: every timer whose deadline passed becomes due."""
-        spans = self._spans
-        if spans and (spans[0] - 1) * self._park_ms <= now:
+        takes = self._takes
+        if takes and takes[0] <= now:
             self._take_parked(now)
         for _, key in self.wheel.advance(now):
             self._due.append(key)
 
     def _take_parked(self, now: Millis) -> None:
-        """Arm the parked slots of every span that begins within one span of ``now``."""
-        spans, wheel, state = self._spans, self.wheel, self.state
-        while spans and (spans[0] - 1) * self._park_ms <= now:
-            jobs, armings = self._parked.pop(heapq.heappop(spans))
+        """Arm the parked slots of every span that begins within ``park_ms`` of ``now``."""
+        takes, wheel, state = self._takes, self.wheel, self.state
+        while takes and takes[0] <= now:
+            jobs, armings = self._parked.pop(heapq.heappop(takes))
             for job_id, arming in zip(jobs, armings, strict=True):
                 key: TimerKey = ("slot", job_id)
                 if key in wheel:
@@ -189,11 +194,7 @@ class Partition:
 
     def parked(self) -> dict[str, int]:
         """The jobs whose slot timer is parked, each with the instant it will be armed by."""
-        return {
-            job_id: (span - 1) * self._park_ms
-            for span, (jobs, _) in self._parked.items()
-            for job_id in jobs
-        }
+        return {job_id: take for take, (jobs, _) in self._parked.items() for job_id in jobs}
 
     def next_due(self) -> TimerKey | None:
         """The next timer that came due, oldest first (None when none is)."""
@@ -206,8 +207,8 @@ class Partition:
         """When to advance next: the earliest armed deadline not yet due, or, when sooner, the
         moment parked slots are to be armed."""
         deadline = self.wheel.next_deadline()
-        if self._spans:
-            take = (self._spans[0] - 1) * self._park_ms
+        if self._takes:
+            take = self._takes[0]
             if deadline is None or take < deadline:
                 return take
         return deadline

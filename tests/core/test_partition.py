@@ -82,9 +82,15 @@ def test_a_snapshot_of_another_format_is_refused() -> None:
     assert err.value.field == "snapshot"
 
 
-# Jobs whose next slot is hours away, so that a restore parks them, and steps that reach it.
-daily = specs.map(lambda spec: msgspec_replace(spec, schedule="30 1 * * *"))
-hours = st.tuples(st.just("advance"), st.integers(3_600_000, 10_800_000))
+# Jobs whose next slot is hours or days away, so that a restore parks them, and steps that
+# reach it.
+daily = st.builds(
+    msgspec_replace, specs, schedule=st.sampled_from(["30 1 * * *", "0 12 * * 1", "0 0 1 * *"])
+)  # a day's slot a few hours away (a 10-minute span); a week's or a month's (a day's span)
+hours = st.one_of(
+    st.tuples(st.just("advance"), st.integers(3_600_000, 10_800_000)),
+    st.tuples(st.just("jump"), st.integers(86_400_000, 4 * 86_400_000)),
+)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -152,3 +158,47 @@ def test_a_far_slot_is_parked_at_restore_and_fires_at_its_instant() -> None:
         e for e in again.events() if isinstance(e, ev.RunMaterialised) and e.job_id == "daily"
     ]
     assert fired.scheduled_for == slot and fired.at == slot
+
+
+def test_a_parked_slot_fires_among_equal_deadlines_where_it_would_have() -> None:
+    """Taken into the wheel after a job armed since, a parked slot still fires first: it keeps
+    the arming number it had when the partition was built."""
+    daily = JobSpec(
+        name="j", tenant="t1", target=HttpTarget(url="http://127.0.0.1:9/"), schedule="30 1 * * *"
+    )
+    sim = Sim(T0)
+    sim.do(PutJob(job_id="parked", spec=daily))
+    logs = []
+    for park_ms in (DEFAULT_PARK_MS, 0):
+        again = Sim(sim.now)
+        again.partition = Partition.restore(
+            sim.partition.snapshot(), sim.now, tick_ms=10, wheel_size=64, park_ms=park_ms
+        )
+        assert set(again.partition.parked()) == ({"parked"} if park_ms else set())
+        again.do(PutJob(job_id="later", spec=daily))  # the same slot, armed now
+        again.advance(4 * 3_600_000)
+        logs.append(again.events())
+    parked, armed = logs
+    fired = [e.job_id for e in parked if isinstance(e, ev.RunMaterialised)]
+    assert fired[:2] == ["parked", "later"]
+    assert parked == armed
+
+
+def test_a_slot_days_away_waits_in_its_day_and_fires_at_its_instant() -> None:
+    weekly = JobSpec(
+        name="j", tenant="t1", target=HttpTarget(url="http://127.0.0.1:9/"), schedule="0 12 * * 1"
+    )
+    sim = Sim(T0)  # Saturday 23:00 UTC
+    sim.do(PutJob(job_id="weekly", spec=weekly))
+    slot = sim.state.jobs["weekly"].next_slot
+    assert slot == T0 + 37 * 3_600_000  # Monday noon
+    again = Sim(sim.now)
+    again.partition = Partition.restore(
+        sim.partition.snapshot(), sim.now, tick_ms=10, wheel_size=64
+    )
+    monday = slot - 12 * 3_600_000
+    assert again.partition.parked() == {"weekly": monday - DEFAULT_PARK_MS}  # the day's span
+    assert again.partition.next_deadline() == monday - DEFAULT_PARK_MS
+    again.advance(slot - again.now)
+    [fired] = [e for e in again.events() if isinstance(e, ev.RunMaterialised)]
+    assert fired.scheduled_for == slot and fired.at == slot and again.partition.parked() == {}
