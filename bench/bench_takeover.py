@@ -416,6 +416,12 @@ def main() -> None:
         "--repeats", type=int, default=3, help="--serve: rounds of each design (medians)"
     )
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="--serve, embedded: a checkout of another commit, run on the same history right"
+        " after each round (before and after side by side)",
+    )
+    parser.add_argument(
         "--zero-repeats",
         type=int,
         help="--serve: rounds of today's design (default --repeats; at 10M events each takes"
@@ -496,7 +502,7 @@ def serve_main(args: argparse.Namespace) -> None:
                 if cluster is not None:
                     cluster.stop()
         else:
-            figures = takeover_serve.run_embedded(Path(tmp), *sizes)
+            figures = takeover_serve.run_embedded(Path(tmp), *sizes, baseline=args.baseline)
     record = {
         "bench": "takeover",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),

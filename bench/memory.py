@@ -82,6 +82,8 @@ def partition_breakdown(cores: Iterable[Any]) -> dict[str, int]:
         out["runs"] += deep_size(state.runs, seen)
         out["ready_index"] += deep_size(state.ready, seen)
         out["wheel"] += deep_size(core.wheel, seen)
+        # The slots a recovery parked (``core.partition``): timers too, held outside the wheel.
+        out["wheel"] += deep_size(getattr(core, "_parked", None), seen)
     return out
 
 

@@ -29,6 +29,10 @@ receives for a slot at or after the start (or the assignment) that arrives withi
 its slot (the hot jobs' misfire grace is a second, so the slots missed meanwhile are skipped
 rather than run first: see ``HOT_GRACE_S``). The node's own log gives the phases on the way
 (log check, ownership, restore).
+
+``--baseline SRC`` (embedded only; a checkout of another commit) runs that cronlog too, on
+the same history, right after each round of this one's: before and after side by side, under
+the same load, recorded under ``baseline_snapshot`` and ``baseline_from_zero``.
 """
 
 from __future__ import annotations
@@ -130,9 +134,14 @@ def _assigned_ns(serve: Serve, deadline: float) -> int:
 
 
 def one_round(
-    recorder: Recorder, data_dir: Path, snapshots: bool, kafka: tuple[str, str] | None
+    recorder: Recorder,
+    data_dir: Path,
+    snapshots: bool,
+    kafka: tuple[str, str] | None,
+    source: Path | None = None,
 ) -> dict[str, Any]:
-    """``cronlog serve`` on ``data_dir`` until its first on-time fire; then stopped."""
+    """``cronlog serve`` on ``data_dir`` until its first on-time fire; then stopped. ``source``:
+    another checkout's cronlog (a baseline)."""
     extra = ["--partitions", "1", "--log-format", "json"]
     if not snapshots:
         extra.append("--no-snapshots")
@@ -141,6 +150,7 @@ def one_round(
         kafka=None if kafka is None else kafka[0],
         topic_prefix=None if kafka is None else kafka[1],
         extra=extra,
+        source=source,
     )
     recorder.take()  # what an earlier round's node called
     deadline = time.monotonic() + ROUND_TIMEOUT_S
@@ -177,6 +187,7 @@ def one_round(
     lines = _node_log(serve.output)
     return {
         "snapshots": snapshots,
+        "baseline": source is not None,
         "first_on_time_fire_s": round((on_time[0] - origin_ns) / 1e9, 3),
         "first_call_s": round((first_call_ns - origin_ns) / 1e9, 3),
         "calls_for_missed_slots": missed,  # slots before the start (or the assignment)
@@ -191,8 +202,12 @@ def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
-def _summary(rounds: list[dict[str, Any]], snapshots: bool) -> dict[str, Any]:
-    mine = [r for r in rounds if r["snapshots"] is snapshots]
+def _summary(
+    rounds: list[dict[str, Any]], snapshots: bool, baseline: bool = False
+) -> dict[str, Any]:
+    mine = [
+        r for r in rounds if r["snapshots"] is snapshots and r.get("baseline", False) is baseline
+    ]
     keys = ("first_on_time_fire_s", "first_call_s", "log_checked_s", "owned_s", "restored_s")
     return {
         "rounds": len(mine),
@@ -235,7 +250,14 @@ def _designs(repeats: int, zero_repeats: int) -> list[tuple[int, bool]]:
 
 
 def run_embedded(
-    tmp: Path, events: int, live_jobs: int, hot: int, tail: int, repeats: int, zero_repeats: int
+    tmp: Path,
+    events: int,
+    live_jobs: int,
+    hot: int,
+    tail: int,
+    repeats: int,
+    zero_repeats: int,
+    baseline: Path | None = None,
 ) -> dict[str, Any]:
     base = tmp / "history"
     base.mkdir(mode=0o700)
@@ -250,16 +272,24 @@ def run_embedded(
         snapshots.close()
         (base / "partitions").write_text("1\n")
         rounds = []
+        sources = [None] if baseline is None else [None, baseline]
         for i, with_snapshots in _designs(repeats, zero_repeats):
-            copy = tmp / f"round-{i}-{'snapshot' if with_snapshots else 'zero'}"
-            _link_copy(base, copy)
-            try:
-                rounds.append(one_round(recorder, copy, with_snapshots, None))
-            finally:
-                shutil.rmtree(copy, ignore_errors=True)
-            print(json.dumps(rounds[-1]), flush=True)
+            for source in sources:
+                # A directory of its own: the node's output file is named after it.
+                copy = tmp / f"round-{i}-{'snapshot' if with_snapshots else 'zero'}"
+                copy = copy.with_name(copy.name + ("-before" if source else ""))
+                _link_copy(base, copy)
+                try:
+                    rounds.append(one_round(recorder, copy, with_snapshots, None, source))
+                finally:
+                    shutil.rmtree(copy, ignore_errors=True)
+                print(json.dumps(rounds[-1]), flush=True)
     figures = _figures("embedded", total, live_jobs, hot, snapshot, build_s, rounds)
     figures["archived_through"] = archived
+    if baseline is not None:
+        figures["baseline"] = str(baseline)
+        figures["baseline_from_zero"] = _summary(rounds, False, baseline=True)
+        figures["baseline_snapshot"] = _summary(rounds, True, baseline=True)
     return figures
 
 
@@ -335,7 +365,15 @@ def report(figures: dict[str, Any]) -> None:
         f" {figures['snapshot']['rounds']} (snapshot) rounds, seconds from the node's {origin}"
     )
     print(f"{'takeover':<12} {'first on-time fire':>19} {'log checked':>12} {'restored':>9}")
-    for name, row in (("from zero", figures["from_zero"]), ("snapshot", figures["snapshot"])):
+    rows = [("from zero", figures["from_zero"]), ("snapshot", figures["snapshot"])]
+    if "baseline" in figures:
+        rows += [
+            ("(before) 0", figures["baseline_from_zero"]),
+            ("(before) sn", figures["baseline_snapshot"]),
+        ]
+    for name, row in rows:
+        if not row["rounds"]:
+            continue
         checked = row.get("median_log_checked_s")
         restored = row.get("median_restored_s")
         print(

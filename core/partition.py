@@ -26,10 +26,30 @@ and replaying the log folds what was decided, whatever the setting is now.
 ``snapshot()`` gives the canonical state as bytes with a format version in front, and
 ``restore()`` takes them back (rebuilding every timer from the state): a snapshot of a state
 equals the snapshot of the state that replaying its events gives.
+
+**Parked slots.** A partition built from a state (a recovery, a restore) arms every timer the
+state calls for, but a job's slot further away than two ``park_ms`` spans (10 minutes each by
+default) is not put in the wheel yet: its job id waits in the list of the span its slot falls
+in, one reference per job instead of a wheel timer (a key, a packed deadline, two map entries:
+about 190 bytes and a microsecond and a half each, for a million jobs whose next slot is hours
+or years away). A span is ``park_ms`` long for a slot less than a day away and a whole day
+(UTC) for a farther one, so that slots strewn over years share lists too. ``advance`` takes a
+span's jobs into the wheel ``park_ms`` before the span begins, so each is in the wheel at least
+that long before its slot, and ``next_deadline`` wakes the driver for that. A parked job's
+deadline is not kept: taken in, its slot timer is derived from the state as it stands then
+(``core.timers.slot_timer``), unless the wheel holds one already, which a later event armed and
+which is therefore newer. So whatever was folded meanwhile (a pause, an update, the job
+forgotten), the timer armed is the one the state calls for. It keeps the arming number it would
+have had (``TimingWheel.reserve``), so it fires among equal deadlines where it would have: a
+restored partition decides exactly what a partition with every timer armed decides
+(``tests/core/test_partition.py``). Only the building parks: a timer armed afterwards goes to
+the wheel, however far.
 """
 
 from __future__ import annotations
 
+import heapq
+from array import array
 from collections import deque
 
 from core import events as ev
@@ -37,14 +57,18 @@ from core.clock import Millis
 from core.commands import AnyCommand, ForgetDue, LeaseDue, SlotDue
 from core.decide import decide
 from core.errors import CronlogError, InvalidDefinition
-from core.state import PartitionState, evolve
-from core.timers import TimerKey, all_timers, forget_timer, timers_after
+from core.state import JobStatus, PartitionState, ended_at, evolve
+from core.timers import TimerKey, forget_timer, run_timers, slot_timer, timers_after
 from core.wheel import TimingWheel
 
 SNAPSHOT_FORMAT = 1
 # How long a job that ended stays known: a repeated request within it (a create, a cancel, a
 # trigger) is answered from the job; after it the job is history only (docs/architecture.md).
 DEFAULT_RETENTION_MS = 24 * 3_600_000
+# The span of the parked slots' lists (module docstring): a slot at least one span and at most
+# two away is in the wheel; a farther one waits in its span's list.
+DEFAULT_PARK_MS = 600_000
+_DAY_MS = 86_400_000  # the span of a slot a day or more away
 
 
 class Partition:
@@ -57,15 +81,53 @@ class Partition:
         tick_ms: int = 10,
         wheel_size: int = 512,
         retention_ms: int = DEFAULT_RETENTION_MS,
+        park_ms: int = DEFAULT_PARK_MS,
     ) -> None:
         if retention_ms < 0:
             raise ValueError(f"retention_ms must not be negative, got {retention_ms}")
+        if park_ms < 0:
+            raise ValueError(f"park_ms must not be negative, got {park_ms}")
         self.number = number
         self.retention_ms = retention_ms
         self.state = state if state is not None else PartitionState(number)
         self.wheel: TimingWheel[TimerKey] = TimingWheel(now, tick_ms=tick_ms, wheel_size=wheel_size)
         self._due: deque[TimerKey] = deque()
-        for key, deadline in all_timers(self.state, retention_ms):
+        self._park_ms = park_ms  # 0: nothing is parked
+        # when a span's jobs enter the wheel -> its jobs, and the arming number each would have had
+        self._parked: dict[int, tuple[list[str], array[int]]] = {}
+        self._takes: list[int] = []  # heap of the instants in ``_parked``
+        self._arm_all(now)
+
+    def _arm_all(self, now: Millis) -> None:
+        """Every timer the state calls for (``core.timers.all_timers``), far slots parked.
+
+        The same timers as ``all_timers`` gives, in its order, written out for the jobs: it
+        runs once per job of a recovery, a million times over."""
+        state, retention, park = self.state, self.retention_ms, self._park_ms
+        parked = self._parked
+        active = JobStatus.ACTIVE
+        for job in state.jobs.values():
+            slot = job.next_slot
+            if slot is not None and job.status is active:
+                take = now  # not parked
+                if park:
+                    take = slot - slot % (park if slot - now < _DAY_MS else _DAY_MS) - park
+                if take > now:
+                    waiting = parked.get(take)
+                    if waiting is None:
+                        waiting = parked[take] = ([], array("q"))
+                    waiting[0].append(job.job_id)
+                    waiting[1].append(self.wheel.reserve())
+                else:
+                    self._arm(("slot", job.job_id), slot)
+                if job.ended_at is None:
+                    continue  # active with a next slot: it has not ended (``ended_at``)
+            ended = ended_at(state, job)
+            if ended is not None:
+                self._arm(("forget", job.job_id), ended + retention)
+        self._takes = list(parked)
+        heapq.heapify(self._takes)
+        for key, deadline in run_timers(state):
             self._arm(key, deadline)
 
     # -- deciding ------------------------------------------------------------------------------
@@ -111,8 +173,28 @@ class Partition:
 
     def advance(self, now: Millis) -> None:
         """Move the wheel to ``now``: every timer whose deadline passed becomes due."""
+        takes = self._takes
+        if takes and takes[0] <= now:
+            self._take_parked(now)
         for _, key in self.wheel.advance(now):
             self._due.append(key)
+
+    def _take_parked(self, now: Millis) -> None:
+        """Arm the parked slots of every span that begins within ``park_ms`` of ``now``."""
+        takes, wheel, state = self._takes, self.wheel, self.state
+        while takes and takes[0] <= now:
+            jobs, armings = self._parked.pop(heapq.heappop(takes))
+            for job_id, arming in zip(jobs, armings, strict=True):
+                key: TimerKey = ("slot", job_id)
+                if key in wheel:
+                    continue  # armed by an event folded since: newer than the parked one
+                _, deadline = slot_timer(state, job_id)
+                if deadline is not None and not wheel.add(key, deadline, arming):
+                    self._due.append(key)
+
+    def parked(self) -> dict[str, int]:
+        """The jobs whose slot timer is parked, each with the instant it will be armed by."""
+        return {job_id: take for take, (jobs, _) in self._parked.items() for job_id in jobs}
 
     def next_due(self) -> TimerKey | None:
         """The next timer that came due, oldest first (None when none is)."""
@@ -122,8 +204,14 @@ class Partition:
         return bool(self._due)
 
     def next_deadline(self) -> Millis | None:
-        """The earliest armed deadline not yet due."""
-        return self.wheel.next_deadline()
+        """When to advance next: the earliest armed deadline not yet due, or, when sooner, the
+        moment parked slots are to be armed."""
+        deadline = self.wheel.next_deadline()
+        if self._takes:
+            take = self._takes[0]
+            if deadline is None or take < deadline:
+                return take
+        return deadline
 
     def _arm(self, key: TimerKey, deadline: Millis) -> None:
         if not self.wheel.add(key, deadline):  # already due

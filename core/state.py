@@ -135,6 +135,9 @@ _NONE: dict[str, Any] = {}
 _SHARED_MAX = 65_536
 _shared: dict[Any, Any] = {}
 _floats: dict[float, float] = {}
+# Instants too (32 bytes each): jobs registered in one batch share their ``registered_at``,
+# and jobs on the same schedule their next slot.
+_instants: dict[int, int] = {}
 
 
 def _share(value: T, key: Any = None) -> T:
@@ -197,6 +200,15 @@ def compact_spec(spec: JobSpec) -> JobSpec:
     )
 
 
+def _share_instant(value: Millis) -> Millis:
+    kept = _instants.get(value)
+    if kept is not None:
+        return kept
+    if len(_instants) < _SHARED_MAX:
+        _instants[value] = value
+    return value
+
+
 def compact_job(job: JobState) -> JobState:
     """``job`` (as decoded from a store or a snapshot) holding the least memory; returns it."""
     job.spec = compact_spec(job.spec)
@@ -204,6 +216,9 @@ def compact_job(job: JobState) -> JobState:
         job.upstream = _NONE
     if not job.trigger_keys:
         job.trigger_keys = _NONE
+    job.registered_at = _share_instant(job.registered_at)
+    if job.next_slot is not None:
+        job.next_slot = _share_instant(job.next_slot)
     if job.anchor == job.next_slot:
         job.anchor = job.next_slot
     return job

@@ -51,6 +51,11 @@ TimerKey = tuple[str, str]
 TimerChange = tuple[TimerKey, Millis | None]
 
 
+def slot_timer(state: PartitionState, job_id: str) -> TimerChange:
+    """The job's slot timer as its state stands: its next slot, or None (cancel it)."""
+    return _slot_timer(state, job_id)
+
+
 def _slot_timer(state: PartitionState, job_id: str) -> TimerChange:
     job = state.jobs.get(job_id)
     if job is None or job.status is not JobStatus.ACTIVE or job.next_slot is None:
@@ -133,6 +138,11 @@ def all_timers(
             yield key, deadline
         if retention_ms is not None and (ended := ended_at(state, job)) is not None:
             yield ("forget", job.job_id), ended + retention_ms
+    yield from run_timers(state)
+
+
+def run_timers(state: PartitionState) -> Iterator[tuple[TimerKey, Millis]]:
+    """The lease and ready timers of every run ``state`` holds."""
     for run in state.runs.values():
         if run.lease_expires_at is not None:
             yield ("lease", run.run_id), run.lease_expires_at

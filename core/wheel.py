@@ -127,21 +127,30 @@ class TimingWheel(Generic[K]):
         """The wheel's current time: the latest instant it was advanced to (or its start)."""
         return self._now
 
-    def add(self, key: K, deadline_ms: int) -> bool:
+    def add(self, key: K, deadline_ms: int, arming: int | None = None) -> bool:
         """Arm (or re-arm: replaces any existing timer for key) a timer.
 
         Returns False, and stores nothing, when the deadline is already due
         (``deadline_ms <= now``): the caller fires it now. A re-arm to a due deadline
-        therefore also removes the key's previous timer.
+        therefore also removes the key's previous timer. ``arming`` is a number
+        :meth:`reserve` gave: the timer is ordered among equal deadlines as if it had been
+        armed when the number was reserved.
         """
         old = self._timers.pop(key, None)
         if old is not None:
             del old.timers[key]
         if deadline_ms <= self._now:
             return False
-        self._seq += 1
-        self._place(key, deadline_ms << SEQ_BITS | self._seq)
+        if arming is None:
+            self._seq += 1
+            arming = self._seq
+        self._place(key, deadline_ms << SEQ_BITS | arming)
         return True
+
+    def reserve(self) -> int:
+        """An arming number for a timer to be added later (:meth:`add`'s ``arming``)."""
+        self._seq += 1
+        return self._seq
 
     def cancel(self, key: K) -> bool:
         """Remove the key's timer in O(1). True if there was one."""

@@ -9,8 +9,10 @@ Delivery is at least once. A request that fails is retried with backoff; a node 
 between the append and the send loses nothing either, because a new owner, once it has
 recovered a partition, relays again the successes among that partition's most recent events.
 Repeats are harmless: the dependant's partition ignores a success at or before the slot it last
-triggered for, and records the same success twice as once. Rereading recent events passes over
-records that are not events, reporting each once (``projections.decoding``).
+triggered for, and records the same success twice as once. Rereading recent events decodes only
+the successes (of the others only the tag is read: after a restart with a million jobs, the
+recent events are mostly registrations) and passes over records that are not events,
+reporting each once (``projections.decoding``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from projections.read_model import ReadModel
 log = logging.getLogger(__name__)
 
 RECENT_EVENTS = 10_000  # how far back a new owner looks for successes to relay again
+_COMPLETED = frozenset({"RunCompleted"})
 ATTEMPTS = 8
 
 
@@ -99,7 +102,8 @@ class DependencyRelay:
             records = await asyncio.to_thread(self._log.read_events, partition, offset, 1000)
             if not records:
                 break
-            decoded = (self._decoder.decode(record) for record in records)
+            # Most recent events are not successes: only their tags are read.
+            decoded = (self._decoder.decode_kind(record, _COMPLETED) for record in records)
             await self._relay_all([e for e in decoded if isinstance(e, ev.RunCompleted)])
             offset = records[-1].offset + 1
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import typing
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -41,6 +42,16 @@ log = logging.getLogger(__name__)
 
 REMEMBERED = 10_000  # foreign records a decoder remembers having reported
 REASON_CHARS = 200  # the decoder's message is the record's doing: keep a log line a line
+
+
+class _Kind(msgspec.Struct):
+    """What an event's record says it is, and nothing else of it."""
+
+    type: str
+
+
+_kind_decoder = msgspec.json.Decoder(_Kind)
+KINDS = frozenset(str(kind.__struct_config__.tag) for kind in typing.get_args(AnyEvent))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +94,19 @@ class EventDecoder:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._report(record, str(exc)[:REASON_CHARS])
             return None
+
+    def decode_kind(self, record: Record, kinds: frozenset[str]) -> AnyEvent | None:
+        """The record's event if it is of one of ``kinds`` (their tags: ``"RunCompleted"``);
+        None for an event of another kind, which is not decoded further (a reader that wants
+        one kind out of many reads each record's tag only), and for a foreign record
+        (reported, as :meth:`decode` does)."""
+        try:
+            kind = _kind_decoder.decode(record.value).type
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            kind = None
+        if kind in KINDS and kind not in kinds:
+            return None
+        return self.decode(record)  # one of ``kinds``; or not an event: then reported
 
     def decode_all(self, records: Iterable[Record]) -> list[tuple[int, AnyEvent]]:
         """(offset, event) for every record that decodes, in order; the others reported."""

@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+from array import array
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -170,11 +171,13 @@ def changes(
 
 
 def build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
-    """The state and next offset from a store's key/values (any order).
+    """The state and next offset from a store's key/values, in key order (as a store's scan, a
+    view and a snapshot give them).
 
     ``items`` may be a stream: each job and run is decoded as it comes, so no more than one
     stored value is held as bytes at a time (a recovery's peak memory is the state's, not
-    twice it). Raises StoreDamaged when the items are not what :func:`changes` writes."""
+    twice it). Raises StoreDamaged when the items are not what :func:`changes` writes, or not
+    in key order."""
     try:
         return _build(partition, items)
     except (msgspec.DecodeError, msgspec.ValidationError, struct.error, UnicodeError) as exc:
@@ -182,12 +185,18 @@ def build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[Partiti
 
 
 def _build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
+    # In key order a job's order key ("oj/<id>") comes after every job ("j/<id>"), and the
+    # order keys come in the same order of ids as the jobs: the n-th order key is the n-th
+    # job's. So the jobs are paired with their order by position, and nothing per job is held
+    # beside the jobs themselves until they are sorted (a million keys and offsets held to the
+    # end would be allocated between the jobs' own objects, and keep their memory from being
+    # given back). Runs ("or/" before "r/") are few: paired by id.
     state = PartitionState(partition)
     has_offset = False
     offset = 0
-    job_order: dict[bytes, int] = {}
+    jobs: list[JobState] = []
+    job_order = array("q")
     run_order: dict[bytes, int] = {}
-    jobs: dict[bytes, JobState] = {}
     runs: dict[bytes, RunState] = {}
     seen = False
     for key, value in items:
@@ -198,7 +207,11 @@ def _build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[Partit
                 raise StoreDamaged(
                     f"state store of partition {partition}: job {key!r} holds another"
                 )
-            jobs[key[len(JOB) :]] = job
+            if job_order:
+                raise StoreDamaged(
+                    f"state store of partition {partition}: job {key!r} after the order keys"
+                )
+            jobs.append(job)
         elif key.startswith(RUN):
             run = _run_decoder.decode(value)
             if run.run_id.encode() != key[len(RUN) :]:
@@ -207,7 +220,13 @@ def _build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[Partit
                 )
             runs[key[len(RUN) :]] = run
         elif key.startswith(JOB_ORDER):
-            job_order[key[len(JOB_ORDER) :]] = _U64.unpack(value)[0]
+            n = len(job_order)
+            if n == len(jobs) or jobs[n].job_id.encode() != key[len(JOB_ORDER) :]:
+                raise StoreDamaged(
+                    f"state store of partition {partition}: jobs without their value or order"
+                    f" key (order key {key!r} is not the next job's)"
+                )
+            job_order.append(_U64.unpack(value)[0])
         elif key.startswith(RUN_ORDER):
             run_order[key[len(RUN_ORDER) :]] = _U64.unpack(value)[0]
         elif key == OFFSET:
@@ -216,12 +235,16 @@ def _build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[Partit
             state.last_token = _U64.unpack(value)[0]
         else:
             raise StoreDamaged(f"state store of partition {partition}: unknown key {key!r}")
-    _check_paired(partition, "job", jobs, job_order)
+    if len(job_order) != len(jobs):
+        raise StoreDamaged(
+            f"state store of partition {partition}: {len(jobs) - len(job_order)} jobs without"
+            f" their value or order key (first {jobs[len(job_order)].job_id!r})"
+        )
     _check_paired(partition, "run", runs, run_order)
     if seen and not has_offset:
         raise StoreDamaged(f"state store of partition {partition}: no offset among its keys")
-    for key in sorted(jobs, key=job_order.__getitem__):
-        job = jobs[key]
+    for n in sorted(range(len(jobs)), key=job_order.__getitem__):
+        job = jobs[n]
         state.jobs[job.job_id] = job
     del jobs, job_order
     for key in sorted(runs, key=run_order.__getitem__):
@@ -234,7 +257,7 @@ def _build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[Partit
 def _check_paired(
     partition: int, kind: str, values: dict[bytes, Any], order: dict[bytes, int]
 ) -> None:
-    """Every job (run) has its order key and every order key its job (run): written together."""
+    """Every run has its order key and every order key its run: written together."""
     if values.keys() != order.keys():
         odd = sorted(values.keys() ^ order.keys())
         raise StoreDamaged(
@@ -279,7 +302,7 @@ class MemoryStateStore:
         return self._partition
 
     def load(self) -> tuple[PartitionState, int]:
-        return build(self._partition, list(self._data.items()))
+        return build(self._partition, sorted(self._data.items()))
 
     def save(
         self,

@@ -65,3 +65,19 @@ def test_values_that_compare_equal_but_encode_apart_are_not_shared() -> None:
     assert msgspec.msgpack.encode(sim.state.jobs["j1"].spec.allow_jitter_sec) == (
         msgspec.msgpack.encode(-0.0)
     )
+
+
+def test_jobs_loaded_share_their_equal_instants() -> None:
+    sim = Sim(T0)
+    for n in range(2):
+        sim.do(PutJob(job_id=f"j{n}", spec=spec(n)))
+    loaded = [
+        compact_job(msgspec.msgpack.decode(msgspec.msgpack.encode(job), type=JobState))
+        for job in sim.state.jobs.values()
+    ]
+    a, b = loaded
+    assert a.registered_at == b.registered_at and a.registered_at is b.registered_at
+    assert a.next_slot is not None and a.next_slot is b.next_slot and a.anchor is a.next_slot
+    assert [msgspec.msgpack.encode(j) for j in loaded] == [
+        msgspec.msgpack.encode(j) for j in sim.state.jobs.values()
+    ]

@@ -64,3 +64,20 @@ def test_the_reason_is_bounded() -> None:
     seen: list[ForeignRecord] = []
     EventDecoder("r", seen.append).decode(Record(0, 0, b'{"type": "' + b"x" * 10_000 + b'"}'))
     assert len(seen[0].reason) <= 200
+
+
+@pytest.mark.parametrize("value", FOREIGN)
+def test_reading_one_kind_still_reports_every_foreign_record(value: bytes) -> None:
+    seen: list[ForeignRecord] = []
+    decoder = EventDecoder("relay", seen.append)
+    assert decoder.decode_kind(Record(3, 7, value), frozenset({"RunCompleted"})) is None
+    assert [(f.reader, f.offset) for f in seen] == [("relay", 7)]
+
+
+def test_reading_one_kind_gives_its_events_and_passes_the_others_over() -> None:
+    seen: list[ForeignRecord] = []
+    decoder = EventDecoder("relay", seen.append)
+    record = Record(3, 7, ev.encode(EVENT))
+    assert decoder.decode_kind(record, frozenset({"JobPaused"})) == EVENT
+    assert decoder.decode_kind(record, frozenset({"RunCompleted"})) is None
+    assert seen == []

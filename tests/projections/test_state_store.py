@@ -30,6 +30,7 @@ from projections.state_store import (
     MemoryStateStore,
     RocksStateStore,
     StateStore,
+    build,
     catch_up,
 )
 from tests import corruption
@@ -355,6 +356,7 @@ def test_a_flipped_block_in_a_state_store_is_found_set_aside_and_rebuilt(
     "tamper",
     [
         pytest.param(lambda db, k: db.__delitem__(b"o" + k), id="a job without its order key"),
+        pytest.param(lambda db, k: db.__delitem__(k), id="an order key without its job"),
         pytest.param(lambda db, k: db.__setitem__(k, b"\xc1not msgpack"), id="undecodable job"),
         pytest.param(lambda db, k: db.__delitem__(b"m/offset"), id="no offset"),
         pytest.param(lambda db, k: db.__setitem__(b"m/token", b"\x01"), id="short token"),
@@ -388,3 +390,15 @@ def test_a_store_rocksdb_will_not_open_is_set_aside_on_open(tmp_path: Path) -> N
         assert store.load()[1] == 0 and not store.load()[0].jobs
         assert catch_up(store, log, 0).snapshot() == expected.snapshot()
     assert len(_aside(tmp_path)) == 1
+
+
+def test_key_values_out_of_key_order_are_refused_never_misread(tmp_path: Path) -> None:
+    """Jobs are paired with their order keys by position, which key order guarantees: items in
+    another order (a snapshot written wrong) are damage."""
+    _, expected = _store_on_disk(tmp_path)
+    with RocksStateStore.open(tmp_path / "node", 0) as store:
+        items = store.dump()
+    assert sum(k.startswith(b"j/") for k, _ in items) > 1
+    assert build(0, items)[0].snapshot() == expected.snapshot()
+    with pytest.raises(StoreDamaged, match="state store of partition 0"):
+        build(0, list(reversed(items)))
