@@ -9,6 +9,7 @@ Every benchmark that measures cronlog "as a user runs it" goes through :class:`S
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
@@ -414,12 +415,35 @@ def serve_args() -> list[str]:
     return shlex.split(os.environ.get("CRONLOG_BENCH_SERVE_ARGS", ""))
 
 
+_FROM_ROOT = [PYTHON, "-c", "import sys; from cli.main import main; sys.exit(main())"]
+
+
+@functools.cache
+def _installed_root() -> Path | None:
+    """Where this environment's installed ``cronlog`` imports its code from (outside any cwd)."""
+    found = subprocess.run(
+        [PYTHON, "-c", "import cli; print(cli.__file__)"],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if found.returncode != 0 or not found.stdout.strip():
+        return None
+    return Path(found.stdout.strip()).resolve().parent.parent
+
+
 def cronlog_command() -> list[str]:
-    """The ``cronlog`` console script of this interpreter's environment, as a user runs it."""
+    """The ``cronlog`` console script of this interpreter's environment, as a user runs it.
+
+    The script imports the code the environment installed, which for an editable install may
+    be another checkout than this one (a worktree beside the one installed): then this
+    checkout's code is run from its own directory instead, so a figure is always this code's.
+    """
     script = Path(PYTHON).parent / "cronlog"
-    if script.exists():
+    if script.exists() and _installed_root() == ROOT:
         return [str(script)]
-    return [PYTHON, "-c", "import sys; from cli.main import main; sys.exit(main())"]
+    return list(_FROM_ROOT)
 
 
 class Serve:
@@ -456,7 +480,7 @@ class Serve:
         limits.write_text(LIMITS)
         command = cronlog_command()
         if source is not None:  # its own code first on the path: the script would import ours
-            command = [PYTHON, "-c", "import sys; from cli.main import main; sys.exit(main())"]
+            command = list(_FROM_ROOT)
         self.args = [
             *command,
             "serve",
