@@ -66,6 +66,7 @@ class Recovery:
     snapshot_offset: int | None  # the offset of the snapshot it restored, if it restored one
     replayed: int  # records it read from the events stream after what it restored or held
 
+
 MAX_BATCH = 2000  # requests decided per append
 # Events folded per store save while recovering: a save re-encodes every job and run its batch
 # touched, so larger batches write a busy job once instead of once per thousand events
