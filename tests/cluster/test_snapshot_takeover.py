@@ -165,7 +165,9 @@ def test_a_new_node_without_a_store_restores_the_snapshots_and_replays_only_the_
             f" {at_kill}; b restored {restored} and replayed {replayed}"
         )
         for p in range(PARTITIONS):
-            assert restored[p] == snapshotted[p], (p, restored, snapshotted)
+            # The newest snapshot seen after the kill (or one a's last commit made visible
+            # just after we looked), not an older one.
+            assert snapshotted[p] <= restored[p] <= at_kill[p], (p, restored, snapshotted)
             # Only the events after the snapshot were read (offsets also count the
             # transactions' markers, so a tail of n events spans more than n offsets) ...
             assert replayed[p] <= at_kill[p] - restored[p], (p, replayed, at_kill, restored)
