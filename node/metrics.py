@@ -33,6 +33,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from core import events as ev
 from eventlog.port import PartitionWriter
+from node.runner import Recovery
 from node.snapshotter import Written
 from projections.decoding import ForeignRecord
 from projections.history_checkpoint import Collected, Restored, Taken
@@ -61,6 +62,7 @@ class Gauges:
     waiting_for_room: int = 0  # due push runs held back by the node's or their team's room
     waiting_for_rate: int = 0  # ... by their downstream's max_calls_per_sec
     partitions_not_deciding: int = 0  # owned, but recovering, failing, fenced or without runner
+    recoveries: dict[int, Recovery] = field(default_factory=dict)  # by owned partition
 
 
 class NodeMetrics:
@@ -206,6 +208,13 @@ class NodeMetrics:
             "Recoveries that restored a snapshot and replayed only the tail after it.",
             registry=r,
         )
+        self.snapshot_offset = Gauge(
+            "cronlog_snapshot_offset",
+            "The event offset of the newest snapshot this node wrote of each partition (the"
+            " next owner replays the events from there on).",
+            ["partition"],
+            registry=r,
+        )
         self.snapshots_unusable = Counter(
             "cronlog_snapshots_unusable",
             "Snapshots a recovery could not restore (damaged, of another format) and passed"
@@ -291,6 +300,7 @@ class NodeMetrics:
     def snapshot_written(self, written: Written) -> None:
         self.snapshot_seconds.observe(written.seconds)
         self.snapshot_bytes.observe(written.size)
+        self.snapshot_offset.labels(str(written.partition)).set(written.offset)
 
     def snapshot_failed(self) -> None:
         self.snapshot_failures.inc()
@@ -453,4 +463,21 @@ class _GaugeCollector:
         )
         held.add_metric(["room"], g.waiting_for_room)
         held.add_metric(["rate"], g.waiting_for_rate)
-        return [ready, owned, dark, runs, queue, oldest, jobs, lag, calls, held]
+        restored = GaugeMetricFamily(
+            "cronlog_recovery_snapshot_offset",
+            "The offset of the snapshot the last recovery of each owned partition restored"
+            " (-1: it restored none, and folded from its state store, a standby or the log's"
+            " first event).",
+            labels=["partition"],
+        )
+        replayed = GaugeMetricFamily(
+            "cronlog_recovery_replayed_events",
+            "Records the last recovery of each owned partition read from the events stream,"
+            " after the snapshot, state store or standby it started from.",
+            labels=["partition"],
+        )
+        for partition, recovery in sorted(g.recoveries.items()):
+            offset = recovery.snapshot_offset
+            restored.add_metric([str(partition)], -1 if offset is None else offset)
+            replayed.add_metric([str(partition)], recovery.replayed)
+        return [ready, owned, dark, runs, queue, oldest, jobs, lag, calls, held, restored, replayed]

@@ -663,6 +663,8 @@ class Node:
                     oldest = run.available_at if oldest is None else min(oldest, run.available_at)
             for job in list(state.jobs.values()):
                 g.jobs[job.status.value] += 1
+            if runner.last_recovery is not None:
+                g.recoveries[runner.partition] = runner.last_recovery
         g.oldest_ready_age_s = 0.0 if oldest is None else (now - oldest) / 1000
         try:
             g.read_model_lag = sum(self._history.lag(self._log).values())

@@ -58,6 +58,15 @@ from projections.state_store import StateStore, catch_up
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """What a partition's last recovery started from and read (``cronlog_recovery_*``)."""
+
+    snapshot_offset: int | None  # the offset of the snapshot it restored, if it restored one
+    replayed: int  # records it read from the events stream after what it restored or held
+
+
 MAX_BATCH = 2000  # requests decided per append
 # Events folded per store save while recovering: a save re-encodes every job and run its batch
 # touched, so larger batches write a busy job once instead of once per thousand events
@@ -146,6 +155,7 @@ class PartitionRunner:
         self._snapshot_at = time.monotonic()
         self.restored_from: int | None = None  # the snapshot offset the last recovery restored
         self.warm_from: int | None = None  # the standby offset the last recovery started from
+        self.last_recovery: Recovery | None = None  # None until the first recovery has ended
         self._inbox: deque[Request] = deque()
         self._cv = threading.Condition()
         self._stopped = False
@@ -257,6 +267,12 @@ class PartitionRunner:
         snapshots = self._snapshotter.store if self._snapshotter is not None else None
         self.restored_from = None
         self.warm_from = None if loaded is None else loaded[1]
+        replayed = 0
+
+        def read(records: int) -> None:
+            nonlocal replayed
+            replayed += records
+
         state = catch_up(
             self._store,
             self._log,
@@ -267,7 +283,9 @@ class PartitionRunner:
             on_restored=self._restored,
             on_unusable=self._unusable,
             loaded=loaded,
+            on_batch=read,
         )
+        self.last_recovery = Recovery(self.restored_from, replayed)
         self.core = Partition(
             self.partition, self._clock.now_ms(), state, retention_ms=self._retention_ms
         )

@@ -10,8 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from core import events as ev
 from core.commands import PauseJob, PutJob, TriggerRun
 from core.jobs import DAY_MS, PullTarget
-from node.metrics import NodeMetrics
+from node.metrics import Gauges, NodeMetrics
 from node.node import Node
+from node.runner import Recovery
+from node.snapshotter import Written
 from tests.node.targets import Target
 from tests.node.test_node_embedded import node as node  # the fixtures
 from tests.node.test_node_embedded import now_ms, spec, state_of
@@ -164,3 +166,16 @@ def test_backfills_and_manual_triggers_have_their_own_figure(node: Node, target:
     assert got["cronlog_schedule_delay_seconds_count", ()] == 1
     assert got["cronlog_schedule_delay_seconds_sum", ()] == scheduled.lateness_ms / 1000
     assert got["cronlog_triggered_start_seconds_count", manual] == 2
+
+
+def test_each_partition_shows_what_its_last_recovery_restored_and_replayed() -> None:
+    metrics = NodeMetrics()
+    metrics.watch(lambda: Gauges(recoveries={0: Recovery(4_000, 12), 3: Recovery(None, 9_000)}))
+    metrics.snapshot_written(Written(partition=3, offset=8_990, size=100, items=4, seconds=0.01))
+    samples = scrape(metrics)
+    assert samples["cronlog_recovery_snapshot_offset", (("partition", "0"),)] == 4_000
+    assert samples["cronlog_recovery_replayed_events", (("partition", "0"),)] == 12
+    assert samples["cronlog_recovery_snapshot_offset", (("partition", "3"),)] == -1  # none
+    assert samples["cronlog_recovery_replayed_events", (("partition", "3"),)] == 9_000
+    assert samples["cronlog_snapshot_offset", (("partition", "3"),)] == 8_990
+    assert ("cronlog_recovery_replayed_events", (("partition", "1"),)) not in samples

@@ -9,6 +9,7 @@ from core import events as ev
 from core.state import PartitionState, evolve
 from eventlog.memory import MemoryLog
 from eventlog.snapshots import MemorySnapshots
+from node.runner import Recovery
 from node.snapshotter import SnapshotPolicy, Snapshotter, Written
 from projections.state_store import MemoryStateStore, RocksStateStore, StoreView
 from tests.node.test_runner import put, started
@@ -76,6 +77,7 @@ def test_the_owner_snapshots_and_a_new_owner_replays_only_the_tail(tmp_path: Pat
             assert seen.restored == 1
             assert new_owner.state.snapshot() == folded(log).snapshot()
             assert len(log.read_events(0, newest.offset, 100)) == 5  # the tail it read
+            assert new_owner.last_recovery == Recovery(newest.offset, 5)
             assert not isinstance(put(new_owner, "after").result(timeout=10), Exception)
             assert new_owner.state.snapshot() == folded(log).snapshot()
         finally:
@@ -96,6 +98,7 @@ def test_without_snapshots_a_new_owner_folds_from_zero(tmp_path: Path) -> None:
     try:
         assert new_owner.deciding.wait(10)
         assert new_owner.restored_from is None
+        assert new_owner.last_recovery == Recovery(None, 5)  # one event a job, from offset 0
         assert new_owner.state.snapshot() == folded(log).snapshot()
     finally:
         new_owner.stop()
