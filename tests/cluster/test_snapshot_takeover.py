@@ -101,7 +101,6 @@ def snapshots_past(cluster: Cluster, wanted: dict[int, int], timeout_s: float) -
 def test_a_new_node_without_a_store_restores_the_snapshots_and_replays_only_the_tail(
     cluster: Cluster, target: Target, tmp_path: Path
 ) -> None:
-    started = time.monotonic()
     (a,) = cluster.start("a")
     ticks = [j for p in range(PARTITIONS) for j in job_ids("tick", p, TICKS_PER_PARTITION)]
     for job_id in ticks:
@@ -201,7 +200,6 @@ def test_a_new_node_without_a_store_restores_the_snapshots_and_replays_only_the_
             assert check.ok and not check.store_missing, check.describe()
     finally:
         log_.close()
-    assert time.monotonic() - started < 50
 
 
 def parse_ms(instant: str) -> int:
