@@ -155,11 +155,14 @@ def test_a_stop_sends_the_outcomes_that_wait(node: Serve) -> None:
     """One run done, one still working, an hour's linger: the stop sends the first at once."""
     pool = unique("flush")
     transport = Counting()
-    release = asyncio.Event()
+    release, slow_began = asyncio.Event(), asyncio.Event()
 
     async def handle(run: RunContext) -> None:
         if run.payload == "slow":
+            slow_began.set()
             await release.wait()
+        else:  # done while the other still works: its outcome waits for the linger
+            await slow_began.wait()
 
     async def scenario() -> None:
         async with AsyncClient(node.url, "token-a", transport=transport) as cronlog:

@@ -44,6 +44,7 @@ log = logging.getLogger("cronlog_client.worker")
 
 MAX_BACKOFF_S = 10.0
 COMPLETE_TRIES = 5  # a completion that could not be sent is sent again (the token makes it safe)
+READ_BACK_TRIES, READ_BACK_EVERY_S = 10, 0.1  # how long a run's view may trail its partition
 
 Settled = Literal["completed", "lost", "refused", "undelivered"]
 Sleep = Callable[[float], Awaitable[None]]
@@ -197,16 +198,20 @@ class Completer:
 
     async def _recorded(self, completion: Completion) -> bool:
         """Whether the node holds this attempt's outcome as sent (by a try whose answer was
-        lost), read from the run's attempts."""
-        try:
-            run = await self.client.get_run(completion.run_id)
-        except errors.CronlogError as e:
-            log.warning("run %s: could not read it back: %s", completion.run_id, e)
-            return False
-        return any(
-            a.fencing_token == completion.fencing_token and a.outcome == completion.status
-            for a in run.attempts
-        )
+        lost), read from the run's attempts. The node answered the first try once its outcome
+        was durable, but the run's view may trail it a moment: read again while the attempt
+        shows no outcome yet, for about a second."""
+        for _ in range(READ_BACK_TRIES):
+            try:
+                run = await self.client.get_run(completion.run_id)
+            except errors.CronlogError as e:
+                log.warning("run %s: could not read it back: %s", completion.run_id, e)
+                return False
+            ours = [a for a in run.attempts if a.fencing_token == completion.fencing_token]
+            if not ours or ours[0].outcome is not None:
+                return bool(ours) and ours[0].outcome == completion.status
+            await asyncio.sleep(READ_BACK_EVERY_S)
+        return False
 
     @staticmethod
     def _settle(outcome: _Outcome, how: Settled) -> None:
