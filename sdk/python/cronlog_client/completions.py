@@ -98,6 +98,7 @@ class Completer:
         await sending
 
     async def run(self) -> None:
+        self._closing = False  # a worker run again after a stop
         try:
             while True:
                 if not self._queue:
