@@ -27,7 +27,11 @@ What the worker does for the handler:
   a lost run.
 - **Completes** with the token: returning is success; raising is failure, retried by the
   job's policy. Raise :class:`PermanentFailure` for what retrying cannot fix (it
-  dead-letters), :class:`RetryLater` to say when the next attempt may start.
+  dead-letters), :class:`RetryLater` to say when the next attempt may start. The outcomes of
+  runs that finish together go in one ``POST /v1/runs:complete`` (``complete_batch``
+  outcomes at most; one waits ``complete_linger_sec``, 5 ms by default, for others, and none
+  when every run the worker holds has finished or it is stopping); each is answered for its
+  run alone, as a single completion would be (``completions.py``).
 - **The run's timeout** (``timeout_sec`` of the job) cancels an async handler and fails the
   attempt as ``ambiguous`` (it may have taken effect); a plain handler is told through
   ``run.lost`` and its result is not waited for.
@@ -36,7 +40,8 @@ What the worker does for the handler:
   ``drain_sec``; one still running then is cancelled and failed as ``ambiguous``, so its run
   is retried without waiting for the lease to run out.
 - **Concurrency**: up to ``concurrency`` runs at once; it claims only as many as it has room
-  for.
+  for, up to ``MAX_CLAIM`` (the node's limit) a claim, claiming again at once while room is
+  left. A run's slot is free again once its outcome is answered.
 
 A claim answered 429 waits its ``Retry-After``; an unreachable node or a 503 is tried again
 after a backoff (doubling up to ``MAX_BACKOFF_S``). A 401 ends :meth:`run` with the error: no
@@ -60,12 +65,13 @@ from typing import Any
 
 from cronlog_client import errors
 from cronlog_client.client import AsyncClient
-from cronlog_client.models import ClaimedRun
+from cronlog_client.completions import MAX_BACKOFF_S, Completer, Sleep
+from cronlog_client.models import ClaimedRun, Completion
 
 log = logging.getLogger("cronlog_client.worker")
 
-MAX_BACKOFF_S = 10.0
-COMPLETE_TRIES = 5  # a completion that could not be sent is sent again (the token makes it safe)
+MAX_CLAIM = 100  # the most runs the node leases in one claim
+MAX_COMPLETE_BATCH = 1000  # the most outcomes the node takes in one POST /v1/runs:complete
 
 Handler = Callable[["RunContext"], Awaitable[Any]] | Callable[["RunContext"], Any]
 
@@ -157,9 +163,16 @@ class Worker:
         concurrency: int = 1,
         wait_sec: float = 20.0,
         drain_sec: float = 30.0,
+        complete_batch: int = MAX_COMPLETE_BATCH,
+        complete_linger_sec: float = 0.005,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if not 1 <= complete_batch <= MAX_COMPLETE_BATCH:
+            raise ValueError(f"complete_batch must be between 1 and {MAX_COMPLETE_BATCH}")
+        if complete_linger_sec < 0:
+            raise ValueError("complete_linger_sec must not be negative")
         self.client = client
         self.pool = pool
         self.handler = handler
@@ -173,11 +186,26 @@ class Worker:
         self._running: set[asyncio.Task[None]] = set()
         self.completed = 0  # runs this worker completed (succeeded or failed)
         self.lost = 0  # runs it gave up because the lease was lost
+        self.refused = 0  # outcomes the node refused or that could not be delivered (logged)
+        self._completer = Completer(
+            client,
+            max_batch=complete_batch,
+            linger_sec=complete_linger_sec,
+            held=lambda: len(self._running),
+            sleep=sleep,
+        )
+
+    @property
+    def complete_requests(self) -> int:
+        """How many ``POST /v1/runs:complete`` requests the worker has made."""
+        return self._completer.requests
 
     def stop(self) -> None:
         """Stop claiming; :meth:`run` returns once the handlers in flight have finished (or
-        ``drain_sec`` has passed). Safe to call from a signal handler of the loop."""
+        ``drain_sec`` has passed) and their outcomes are sent. Safe to call from a signal
+        handler of the loop."""
         self._stopping.set()
+        self._completer.hurry()
 
     async def run(self, *, handle_signals: bool = False) -> None:
         """Claim and handle runs until :meth:`stop`."""
@@ -185,10 +213,14 @@ class Worker:
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
+        sending = asyncio.ensure_future(self._completer.run())
         try:
             await self._claim_until_stopped()
         finally:
-            await self._drain()
+            try:
+                await self._drain()
+            finally:
+                await self._completer.close(sending)
             if handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -204,7 +236,8 @@ class Worker:
                 self._freed.clear()
                 await self._until(self._freed)
                 continue
-            room, self._free = self._free, 0
+            room = min(self._free, MAX_CLAIM)
+            self._free -= room
             runs: list[ClaimedRun] = []
             try:
                 runs = await self._claim(room)
@@ -343,31 +376,22 @@ class Worker:
         ambiguous: bool,
         retry_after_sec: float | None,
     ) -> None:
-        for attempt in range(COMPLETE_TRIES):
-            try:
-                await self.client.complete(
-                    context.run_id,
-                    context.fencing_token,
-                    "succeeded" if status == "succeeded" else "failed",
-                    error=error,
-                    permanent=permanent,
-                    ambiguous=ambiguous,
-                    retry_after_sec=retry_after_sec,
-                )
-                self.completed += 1
-                return
-            except errors.LeaseLost as e:
-                self.lost += 1
-                log.warning("run %s: completed too late, the lease was lost: %s", context.run_id, e)
-                return
-            except (errors.Unreachable, errors.Unavailable) as e:
-                log.warning("run %s: completion not delivered (%s); again", context.run_id, e)
-                await asyncio.sleep(min(MAX_BACKOFF_S, 0.5 * 2**attempt))
-        log.error(
-            "run %s: completion not delivered after %d tries; the lease will run out",
-            context.run_id,
-            COMPLETE_TRIES,
+        completion = Completion(
+            run_id=context.run_id,
+            fencing_token=context.fencing_token,
+            status="succeeded" if status == "succeeded" else "failed",
+            error=error,
+            permanent=permanent,
+            ambiguous=ambiguous,
+            retry_after_sec=retry_after_sec,
         )
+        match await self._completer.add(completion):  # logged there, for its run
+            case "completed":
+                self.completed += 1
+            case "lost":
+                self.lost += 1
+            case "refused" | "undelivered":
+                self.refused += 1
 
 
 def _describe(error: BaseException) -> str:
