@@ -427,6 +427,12 @@ def main() -> None:
         help="--serve: rounds of today's design (default --repeats; at 10M events each takes"
         " minutes)",
     )
+    parser.add_argument(
+        "--unchecked-log",
+        action="store_true",
+        help="--serve, embedded: the new owner is the first `cronlog serve` on the log, so its"
+        " start check reads every record (by default the previous owner's start checked it)",
+    )
     args = parser.parse_args()
     if args.hot is None:
         args.hot = 100 if args.serve else 1000
@@ -502,7 +508,9 @@ def serve_main(args: argparse.Namespace) -> None:
                 if cluster is not None:
                     cluster.stop()
         else:
-            figures = takeover_serve.run_embedded(Path(tmp), *sizes, baseline=args.baseline)
+            figures = takeover_serve.run_embedded(
+                Path(tmp), *sizes, baseline=args.baseline, unchecked_log=args.unchecked_log
+            )
     record = {
         "bench": "takeover",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
