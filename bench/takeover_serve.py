@@ -16,8 +16,9 @@ left ``--tail`` events before the end, where a node finds it:
   (no ``node/``: the state stores and the read model are gone, as on a machine restored from
   the log alone). The log carries where its previous owner's start check ended, as a log
   written by ``cronlog serve`` does, so the new owner checks only what came after
-  (``--unchecked-log``: a log no node has checked, read whole at the start). Each round starts ``cronlog serve`` on a fresh copy of it (hard links: RocksDB
-  never writes a file it has closed) and times from the process's start.
+  (``--unchecked-log``: a log no node has checked, read whole at the start). Each round
+  starts ``cronlog serve`` on a fresh copy of it (hard links: RocksDB never writes a file it
+  has closed) and times from the process's start.
 * **Kafka**: the events topic and the compacted snapshots topic of one topic prefix; each
   round starts ``cronlog serve --kafka`` on an empty data directory and times from the moment
   it logs that it owns the partition (its JSON log's timestamp). A topic cannot be copied, so

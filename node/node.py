@@ -195,6 +195,8 @@ class Node:
             self._history,
             on_failed=lambda p, err: self.metrics.thread_failures.labels("read-model").inc(),
             decoder=EventDecoder("read_model", self.metrics.foreign),
+            # History far behind waits while partitions recover: their first fires come first.
+            defer_while=self._recovering,
         )
         self._relay = DependencyRelay(
             log_, self._history, self.execute, EventDecoder("relay", self.metrics.foreign)
@@ -597,6 +599,14 @@ class Node:
         return bool(self._membership is not None and self._membership.owned()) and not (
             self.not_deciding()
         )
+
+    def _recovering(self) -> bool:
+        """No partition assigned yet, or one this node owns has a runner not caught up."""
+        if not self._assigned.is_set():
+            return True
+        with self._lock:
+            runners = list(self._runners.values())
+        return any(not runner.caught_up.is_set() for runner in runners)
 
     def not_deciding(self) -> list[int]:
         """Partitions this node owns whose runner is not deciding: recovering, failing, fenced,

@@ -142,6 +142,14 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.2  # a follower that failed reads again after this, doubling with each failure
 MAX_RETRY_S = 10.0
+# A node starting with a read model far behind the log (a new node, a model rebuilt) folds
+# that history while its partitions recover from their stores and snapshots: both want the
+# one interpreter lock, and the partitions' recovery is what the first on-time fire waits for.
+# So a follower more than a batch behind waits while any partition is still recovering, for at
+# most this long after the runner starts, then folds whatever else goes on: history is late,
+# never lost. A follower within a batch of the log's end (the live case) never waits.
+DEFER_FOR_S = 30.0
+DEFER_POLL_S = 0.1
 
 MAX_LIMIT = 1000
 MAX_SEARCH_SCAN = 10_000  # jobs one page of a search looks at
@@ -1430,9 +1438,12 @@ class ReadModelRunner:
     ``run_once()`` folds in everything there is now and returns how many events it read.
     ``start()`` runs one thread per partition, each blocking in ``read_events(..., timeout_s)``
     from the model's position, so an event is queryable moments after it is committed;
-    ``stop()`` ends them (within ``poll_s``). Records that are not events go through ``decoder``
-    (reported once, passed over). A model found damaged while folding is set aside and folded
-    again from offset 0 (up to ``MAX_SET_ASIDE`` times). A thread whose read or fold fails
+    ``stop()`` ends them (within ``poll_s``). While ``defer_while()`` is true (the node's
+    partitions are still recovering), a follower more than a batch behind the log's end waits,
+    for at most ``defer_for_s`` after ``start()`` (see ``DEFER_FOR_S``). Records that are not
+    events go through ``decoder`` (reported once, passed over). A model found damaged while
+    folding is set aside and folded again from offset 0 (up to ``MAX_SET_ASIDE`` times), or
+    refilled from a history checkpoint where there is one. A thread whose read or fold fails
     otherwise says so (the first failure of a streak with its traceback), tells ``on_failed``,
     and tries again from the model's position after a backoff: it never stops following while
     the runner runs, unless the log itself is damaged (``LogCorrupted``: the log has failed and
@@ -1447,6 +1458,8 @@ class ReadModelRunner:
         poll_s: float = 0.2,
         on_failed: Callable[[int, BaseException], None] | None = None,
         decoder: EventDecoder | None = None,
+        defer_while: Callable[[], bool] | None = None,
+        defer_for_s: float = DEFER_FOR_S,
     ) -> None:
         self._log = log_
         self._model = model
@@ -1454,6 +1467,10 @@ class ReadModelRunner:
         self._poll_s = poll_s
         self._on_failed = on_failed
         self._decoder = decoder or EventDecoder("read_model")
+        self._defer_while = defer_while
+        self._defer_for_s = defer_for_s
+        self._defer_until = 0.0
+        self.deferred = threading.Event()  # set once a follower has waited (for tests)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -1477,6 +1494,7 @@ class ReadModelRunner:
         if self._threads:
             raise CronlogError("the read model runner is already running")
         self._stopping.clear()
+        self._defer_until = time.monotonic() + self._defer_for_s
         self._threads = [
             threading.Thread(target=self._follow, args=(p,), name=f"read-model:p{p}", daemon=True)
             for p in range(self._log.num_partitions)
@@ -1497,11 +1515,25 @@ class ReadModelRunner:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def _deferring(self, partition: int) -> bool:
+        """Whether this follower waits now: the node is recovering partitions, the runner
+        started less than ``defer_for_s`` ago, and the model is more than a batch behind."""
+        if self._defer_while is None or time.monotonic() >= self._defer_until:
+            return False
+        if not self._defer_while():
+            return False
+        behind = self._log.end_offset("events", partition) - self._model.position(partition)
+        return behind > self._batch_size
+
     def _follow(self, partition: int) -> None:
         model = self._model
         failures = 0
         while not self._stopping.is_set():
             try:
+                if self._deferring(partition):
+                    self.deferred.set()
+                    self._stopping.wait(DEFER_POLL_S)
+                    continue
                 generation = model.generation
                 records = self._log.read_events(
                     partition, model.position(partition), self._batch_size, self._poll_s

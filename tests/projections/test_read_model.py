@@ -7,6 +7,7 @@ always on the model (``wait_for``) or the log, never a sleep.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -442,6 +443,64 @@ def test_events_before_the_position_are_not_folded_twice(model: ReadModel) -> No
 
 
 # -- the runner and positions -----------------------------------------------------------------
+
+
+def _history(tmp_path: Path, steps: int) -> tuple[EmbeddedLog, Writers, int]:
+    sim = busy_partition(31, steps=steps, partition=0, prefix="d")
+    log = EmbeddedLog.open(tmp_path / "log", 1)
+    writers = Writers(log)
+    writers.append(0, sim.log)
+    return log, writers, len(sim.log)
+
+
+def test_a_follower_far_behind_waits_while_partitions_recover_then_folds(tmp_path: Path) -> None:
+    log, writers, total = _history(tmp_path, steps=200)
+    assert total > 50
+    recovering = threading.Event()
+    recovering.set()
+    with ReadModel.open(tmp_path / "m") as model:
+        runner = ReadModelRunner(
+            log, model, batch_size=50, defer_while=recovering.is_set, defer_for_s=60
+        )
+        runner.start()
+        try:
+            assert runner.deferred.wait(10)
+            assert model.position(0) == 0  # it waited before its first read
+            recovering.clear()
+            assert model.wait_for(0, total - 1, 10)
+        finally:
+            runner.stop()
+    writers.close()
+    log.close()
+
+
+def test_a_follower_near_the_end_folds_while_partitions_recover(tmp_path: Path) -> None:
+    log, writers, total = _history(tmp_path, steps=10)
+    with ReadModel.open(tmp_path / "m") as model:
+        runner = ReadModelRunner(log, model, batch_size=total, defer_while=lambda: True)
+        runner.start()
+        try:
+            assert model.wait_for(0, total - 1, 10)  # the live case never waits
+        finally:
+            runner.stop()
+        assert not runner.deferred.is_set()
+    writers.close()
+    log.close()
+
+
+def test_a_follower_waits_no_longer_than_its_bound(tmp_path: Path) -> None:
+    log, writers, total = _history(tmp_path, steps=200)
+    with ReadModel.open(tmp_path / "m") as model:
+        runner = ReadModelRunner(
+            log, model, batch_size=50, defer_while=lambda: True, defer_for_s=0.0
+        )
+        runner.start()
+        try:
+            assert model.wait_for(0, total - 1, 10)  # recovery never ends here; history still folds
+        finally:
+            runner.stop()
+    writers.close()
+    log.close()
 
 
 def test_reopening_resumes_from_the_recorded_positions(tmp_path: Path) -> None:
