@@ -1,16 +1,20 @@
 """The run path's scenarios, this checkout against a baseline checkout, interleaved round by round
 so a noisy minute of a shared machine falls on both alike.
 
-    python -m bench.side_by_side --baseline SRC [--rounds 3] [--herd-jobs 2000]
+    python -m bench.side_by_side --baseline SRC [--rounds 4] [--herd-jobs 2000]
         [--http-rates 1000] [--pull-rates 1000,2500] [--window-s 5]
 
 ``SRC`` is a checkout of another commit (``git worktree add --detach /tmp/base main``); its
 ``cronlog serve`` runs under this interpreter from that directory (``CRONLOG_BENCH_SOURCE``),
 measured by this checkout's benchmarks. Each round runs, in turn: the floor (a bare aiohttp
 client, :mod:`bench.floor`), the HTTP herd of ``--herd-jobs`` (:mod:`bench.herd_serve`) on the
-baseline then on this checkout, and each sustained rate (:mod:`bench.sustained`, one step of
-``--window-s``) on both. Every record is appended to ``bench/results/side_by_side.jsonl`` with
-its ``build``, and the medians are printed as a Markdown table at the end.
+baseline and on this checkout, and each sustained rate (:mod:`bench.sustained`, one step of
+``--window-s``) on both. The builds take turns going first (baseline first in odd rounds,
+this checkout first in even ones): the second of two herds in a row started its calls later
+in 8 rounds of 9 on 2026-12-01, whichever build it was, so an even number of rounds gives
+each build the same share of second places. Every record is appended to
+``bench/results/side_by_side.jsonl`` with its ``build``, and the medians are printed as a
+Markdown table at the end.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def _median(values: list[float | None], missing_is_never: bool = False) -> float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--herd-jobs", type=int, default=2000)
     parser.add_argument("--http-rates", default="1000")
     parser.add_argument("--pull-rates", default="1000,2500")
@@ -90,13 +94,16 @@ def main() -> None:
             log(f"round {n + 1} of {args.rounds}")
             floor = herd_serve.run_scenario("floor", recorder, args.herd_jobs, Path(tmp))
             note("floor", "-", floor)
-            for build, source in builds.items():
+            order = list(builds.items())
+            if n % 2:
+                order.reverse()
+            for build, source in order:
                 with _built_from(source):
                     record = herd_serve.run_scenario("http", recorder, args.herd_jobs, Path(tmp))
                 log(f"{build}: {herd_serve.describe(record)}")
                 note("herd http", build, record)
             for kind, rate in rates:
-                for build, source in builds.items():
+                for build, source in order:
                     try:
                         with _built_from(source):
                             record = sustained.step(
