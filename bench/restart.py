@@ -39,6 +39,7 @@ from bench.common import (
     find_batch_endpoint,
     loadavg,
     log,
+    own_cpu_seconds,
     register,
     rss_bytes,
     stamp,
@@ -142,6 +143,7 @@ def restart(data_dir: Path, source: Path | None = None) -> dict[str, Any]:
     serve.start()
     try:
         ready_s = serve.wait_ready(timeout_s=600, poll_s=0.02)
+        cpu_at_ready = own_cpu_seconds(serve.pid)
         at_ready, _ = rss_bytes(serve.pid)
         time.sleep(SETTLE_S)
         settled, peak = rss_bytes(serve.pid)
@@ -150,6 +152,9 @@ def restart(data_dir: Path, source: Path | None = None) -> dict[str, Any]:
     return {
         "load_at_start": load,
         "ready_s": round(ready_s, 3),
+        # The main process's user + system CPU at the first 200: the restart is one core's
+        # work under the interpreter lock, so this moves less with the machine's load.
+        "cpu_s_at_ready": None if cpu_at_ready is None else round(cpu_at_ready, 2),
         "rss_mb": round(max(at_ready, settled) / 2**20, 1),
         "rss_at_ready_mb": round(at_ready / 2**20, 1),
         "rss_settled_mb": round(settled / 2**20, 1),
@@ -207,8 +212,9 @@ def run(
 def side_by_side(records: list[dict[str, Any]]) -> str:
     """A markdown table of the restarts that ran a baseline beside this build, one row each."""
     head = (
-        "| jobs | when | load (1 min) | build | /readyz | empty node's /readyz | RSS |"
-        " RSS per job | over an empty node | peak RSS |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| jobs | when | load (1 min) | build | /readyz | CPU at /readyz | empty node's /readyz"
+        " | RSS | RSS per job | over an empty node | peak RSS |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = [head]
     for record in records:
@@ -218,11 +224,17 @@ def side_by_side(records: list[dict[str, Any]]) -> str:
         for build, f in (("before", figures["baseline"]), ("after", figures)):
             rows.append(
                 f"| {record['jobs']:,} | {record['timestamp'][11:19]} | {f['load_at_start'][0]}"
-                f" | {build} | {f['ready_s']:.1f} s | {f['empty_node']['ready_s']:.1f} s"
+                f" | {build} | {f['ready_s']:.1f} s | {_cpu(f)}"
+                f" | {f['empty_node']['ready_s']:.1f} s"
                 f" | {f['rss_mb']:.0f} MB | {f['bytes_per_job']:,} B"
                 f" | {f['bytes_per_job_over_empty']:,} B | {f['peak_rss_mb']:.0f} MB |"
             )
     return "\n".join(rows)
+
+
+def _cpu(figures: dict[str, Any]) -> str:
+    cpu = figures.get("cpu_s_at_ready")  # not recorded before
+    return "—" if cpu is None else f"{cpu:.1f} s"
 
 
 def main() -> None:

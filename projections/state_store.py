@@ -428,16 +428,33 @@ class RocksStateStore:
         return list(self._scan(checked_reads()))
 
     def _scan(self, options: Any) -> Generator[tuple[bytes, bytes], None, None]:
-        """Every key and value in key order; StoreDamaged at the end if a block failed."""
+        """Every key and value in key order; StoreDamaged at the end if a block failed.
+
+        The pairs come from rocksdict's own ``items()`` (its loop runs in Rust: a fifth of a
+        scan's time less than four Python calls a key), which ends where its iterator stops,
+        at the end of the data or at a block that failed its checksum, without saying which.
+        So an iterator placed just past the last key it gave tells: at the end of the data it
+        is not valid and has no error."""
+        last: bytes | None = None
+        pairs: Any = self._db.items(read_opt=options)
+        try:
+            for last, value in pairs:
+                yield last, value
+        finally:
+            del pairs  # a live iterator keeps the store's LOCK
         it: Any = self._db.iter(options)
         try:
-            it.seek_to_first()
-            while it.valid():
-                yield it.key(), it.value()
-                it.next()
+            if last is None:
+                it.seek_to_first()
+            else:
+                it.seek(last)
+                if it.valid() and it.key() == last:
+                    it.next()
             error = iterator_error(it)
+            if error is None and it.valid():
+                error = RuntimeError(f"the scan stopped before {it.key()!r}")
         finally:
-            del it  # a live iterator keeps the store's LOCK
+            del it
         if error is not None:
             raise StoreDamaged(
                 f"state store of partition {self._partition} ({self._path}): {error}"
