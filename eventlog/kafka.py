@@ -431,19 +431,24 @@ class KafkaLog:
         then returns what it has, or waits up to ``timeout_s`` for the first record.
 
         A read that ended at the stable end leaves its consumer assigned where it stopped
-        (:meth:`_park`), and the next read from there takes it back: a follower at the tail
-        (the read model's, one per partition) then reads what its consumer has already fetched,
-        instead of assigning a consumer, starting a fetch from the offset and unassigning it
-        again on every read. Nothing is skipped: a parked consumer is used only from the exact
+        (:meth:`_park`), and the next *waiting* read from there takes it back: a follower at
+        the tail (the read model's, one per partition) then reads what its consumer has
+        already fetched, instead of assigning a consumer, starting a fetch from the offset and
+        unassigning it again on every read. A parked consumer is used only from the exact
         offset it stopped before, and every record it returns is checked against
-        ``from_offset`` as before.
+        ``from_offset`` as before. A read that does not wait (``timeout_s`` 0: a catch-up, a
+        recovery) promises everything up to the end as it is now, which a consumer that was
+        at the end a moment ago cannot tell without fetching: it assigns a consumer at
+        ``from_offset`` and reads to the end, as before. A waiting read on a parked consumer
+        gets what its fetches (every ``READ_WAIT_MS`` at most) brought within the wait.
         """
         self._check_partition(partition)
         topic = self._topic(stream)
         deadline = time.monotonic() + timeout_s
         give_up = deadline + self._timeout_s  # a broker that never answers
         records: list[Record] = []
-        consumer, at_end = self._take_reader(topic, partition, from_offset)
+        consumer, at_end = self._take_reader(topic if timeout_s > 0 else None, partition,
+                                             from_offset)  # fmt: skip
         parked = False  # the events stream's only: its followers read every partition's tail
         try:
             if not at_end:
