@@ -155,7 +155,9 @@ class KafkaLog:
         self._producer = Producer(
             {**self._base, "enable.idempotence": True, "acks": "all", "linger.ms": 1}
         )
-        self._readers: list[Consumer] = []
+        self._readers: list[Consumer] = []  # unassigned, for any read
+        # (topic, partition) -> a consumer left assigned at the end, and the offset it is at
+        self._parked: dict[tuple[str, int], tuple[Consumer, int]] = {}
         self._readers_lock = threading.Lock()
         self._admin: AdminClient | None = None  # opened by the first trim
         self._members: list[KafkaMembership] = []
@@ -352,6 +354,8 @@ class KafkaLog:
             self._producer.close()
         with self._readers_lock:
             readers, self._readers = self._readers, []
+            readers += [consumer for consumer, _ in self._parked.values()]
+            self._parked = {}
         for consumer in readers:
             consumer.close()
 
@@ -425,15 +429,30 @@ class KafkaLog:
 
         Reads up to the partition's stable end (librdkafka reports it as ``_PARTITION_EOF``),
         then returns what it has, or waits up to ``timeout_s`` for the first record.
+
+        A read that ended at the stable end leaves its consumer assigned where it stopped
+        (:meth:`_park`), and the next *waiting* read from there takes it back: a follower at
+        the tail (the read model's, one per partition) then reads what its consumer has
+        already fetched, instead of assigning a consumer, starting a fetch from the offset and
+        unassigning it again on every read. A parked consumer is used only from the exact
+        offset it stopped before, and every record it returns is checked against
+        ``from_offset`` as before. A read that does not wait (``timeout_s`` 0: a catch-up, a
+        recovery) promises everything up to the end as it is now, which a consumer that was
+        at the end a moment ago cannot tell without fetching: it assigns a consumer at
+        ``from_offset`` and reads to the end, as before. A waiting read on a parked consumer
+        gets what its fetches (every ``READ_WAIT_MS`` at most) brought within the wait.
         """
         self._check_partition(partition)
         topic = self._topic(stream)
         deadline = time.monotonic() + timeout_s
         give_up = deadline + self._timeout_s  # a broker that never answers
         records: list[Record] = []
-        with self._reader() as consumer:
-            consumer.assign([TopicPartition(topic, partition, from_offset)])
-            at_end = False
+        consumer, at_end = self._take_reader(topic if timeout_s > 0 else None, partition,
+                                             from_offset)  # fmt: skip
+        parked = False  # the events stream's only: its followers read every partition's tail
+        try:
+            if not at_end:
+                consumer.assign([TopicPartition(topic, partition, from_offset)])
             while len(records) < max_records:
                 now = time.monotonic()
                 if at_end and not records and now >= deadline:
@@ -474,14 +493,38 @@ class KafkaLog:
                 offset = _offset(msg)
                 if offset >= from_offset and (not records or offset > records[-1].offset):
                     records.append(_record(msg))
-            consumer.unassign()
+            if at_end and len(records) < max_records and stream == "events":
+                # Every record polled was returned: the consumer stands just past the last.
+                parked = self._park(
+                    consumer, topic, partition, records[-1].offset + 1 if records else from_offset
+                )
+        finally:
+            if not parked:
+                with contextlib.suppress(KafkaException):
+                    consumer.unassign()
+                self._put_reader(consumer)
         return records
 
     @contextlib.contextmanager
     def _reader(self) -> Iterator[Consumer]:
-        """A plain assigned consumer (no group membership) from a small pool."""
+        """A plain consumer (no group membership) from a small pool, unassigned."""
+        consumer, _ = self._take_reader(None, 0, 0)
+        try:
+            yield consumer
+        finally:
+            self._put_reader(consumer)
+
+    def _take_reader(
+        self, topic: str | None, partition: int, from_offset: int
+    ) -> tuple[Consumer, bool]:
+        """A consumer for a read: the one parked at ``from_offset`` of the partition (True:
+        assigned there, at the end when it was parked), or an unassigned one (False)."""
         self._check_open()
         with self._readers_lock:
+            parked = None if topic is None else self._parked.get((topic, partition))
+            if topic is not None and parked is not None and parked[1] == from_offset:
+                del self._parked[(topic, partition)]
+                return parked[0], True
             consumer = self._readers.pop() if self._readers else None
         if consumer is None:
             consumer = Consumer(
@@ -497,11 +540,28 @@ class KafkaLog:
                     }
                 )
             )
-        try:
-            yield consumer
-        finally:
-            with self._readers_lock:
+        return consumer, False
+
+    def _park(self, consumer: Consumer, topic: str, partition: int, next_offset: int) -> bool:
+        """Keep ``consumer`` assigned at ``next_offset`` for the partition's next read: one per
+        partition, the latest (an earlier one stopped further back, where nobody reads now)."""
+        with self._readers_lock:
+            if self._closed.is_set():
+                return False
+            replaced = self._parked.get((topic, partition))
+            self._parked[(topic, partition)] = (consumer, next_offset)
+        if replaced is not None:
+            with contextlib.suppress(KafkaException):
+                replaced[0].unassign()
+            self._put_reader(replaced[0])
+        return True
+
+    def _put_reader(self, consumer: Consumer) -> None:
+        with self._readers_lock:
+            if not self._closed.is_set():
                 self._readers.append(consumer)
+                return
+        consumer.close()
 
     def _topic(self, stream: str) -> str:
         if stream not in self.topics:
