@@ -428,10 +428,11 @@ def main() -> None:
         " minutes)",
     )
     parser.add_argument(
-        "--unchecked-log",
+        "--checked-log",
         action="store_true",
-        help="--serve, embedded: the new owner is the first `cronlog serve` on the log, so its"
-        " start check reads every record (by default the previous owner's start checked it)",
+        help="--serve, embedded: check the log to its end before the rounds, so the new owner's"
+        " start check reads nothing and a round times the recovery alone (by default it reads"
+        " the whole history, as a start reads everything appended since the previous one)",
     )
     args = parser.parse_args()
     if args.hot is None:
@@ -509,7 +510,7 @@ def serve_main(args: argparse.Namespace) -> None:
                     cluster.stop()
         else:
             figures = takeover_serve.run_embedded(
-                Path(tmp), *sizes, baseline=args.baseline, unchecked_log=args.unchecked_log
+                Path(tmp), *sizes, baseline=args.baseline, checked_log=args.checked_log
             )
     record = {
         "bench": "takeover",
