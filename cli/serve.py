@@ -144,13 +144,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     serve.add_argument(
         "--skip-log-check",
         action="store_true",
-        help="start without checking the embedded log first (every read still checks what it"
-        " reads)",
+        help="no start check of the embedded log (it runs once the partitions have recovered,"
+        " and /readyz waits for it; every read still checks what it reads)",
     )
     serve.add_argument(
         "--full-log-check",
         action="store_true",
-        help="check the whole embedded log before starting, not only what was written since"
+        help="the start check reads the whole embedded log, not only what was written since"
         " the previous check (about 0.6 s per million records)",
     )
     snapshots = serve.add_argument_group(
@@ -312,6 +312,8 @@ EXIT_FAILED = 1  # could not start, or stopped on an error
 EXIT_LOG_DAMAGED = 3  # the log is damaged: the node refused to start, or stopped
 
 DAMAGED_HINT = "the node will not run on a damaged log; see docs/operations.md, 'A damaged log'"
+# The start's check of the embedded log waits for the partitions' recovery at most this long.
+LOG_CHECK_AFTER_S = 60.0
 
 
 def _processes(text: str) -> int:
@@ -425,6 +427,7 @@ def _serve(args: argparse.Namespace) -> int:
         archive = Archive(DirectoryStore(archive_dir))
         if not args.no_history_checkpoints:
             history_store = DirectoryStore(archive_dir)
+    log_checked: threading.Event | None = None  # the embedded log's start check done
     if args.kafka:
         from confluent_kafka import KafkaException
 
@@ -469,11 +472,7 @@ def _serve(args: argparse.Namespace) -> int:
             segment_ms=retention.segment_ms,
         )
         if not args.skip_log_check:
-            try:
-                _check_log(raw_log, full=args.full_log_check)
-            except BaseException:
-                raw_log.close()
-                raise
+            log_checked = threading.Event()
         if not args.no_snapshots:
             from eventlog.snapshots import FileSnapshots
 
@@ -484,6 +483,7 @@ def _serve(args: argparse.Namespace) -> int:
     node = Node(
         log_,
         data_dir / "node",
+        ready_after=log_checked,
         node_id=args.node_id,
         retention_ms=round(args.job_retention_hours * 3_600_000),
         executors=Executors(
@@ -543,6 +543,13 @@ def _serve(args: argparse.Namespace) -> int:
         ).start()
     retention_loop = _retention_loop(args, raw_log, archive, retention, node)
     node.start()
+    if log_checked is not None:
+        threading.Thread(
+            target=_check_log_after_recovery,
+            args=(raw_log, node, args.full_log_check, log_checked),
+            name="log-check",
+            daemon=True,
+        ).start()
     retention_loop.start()
     # Let allocation bursts (a midnight herd) run between collections, and once recovery has
     # loaded what lives as long as the node, keep the collector off it.
@@ -685,6 +692,31 @@ def _check_log(log_: Any, *, full: bool) -> None:
         "" if full else " written since the previous check",
         time.monotonic() - started,
     )
+
+
+def _check_log_after_recovery(
+    log_: Any, node: Node, full: bool, checked: threading.Event
+) -> None:
+    """The start's check of the embedded log, once the partitions have recovered (or after
+    ``LOG_CHECK_AFTER_S`` whatever they do): their recovery reads only the tail after a
+    snapshot and checks what it reads, so the first fires need not wait for a check whose
+    length grows with everything appended since the previous start. Readiness waits for it;
+    damage found fails the log, and ``_stop_on_damage`` stops the node (exit 3)."""
+    from core.errors import LogCorrupted
+
+    node.wait_recovered(LOG_CHECK_AFTER_S)
+    try:
+        _check_log(log_, full=full)
+    except LogCorrupted:
+        return  # the log has failed: the log watch stops the node and serve exits 3
+    except Exception:
+        if log_.closed:
+            return  # stopped meanwhile
+        logging.getLogger("cronlog").exception(
+            "the start's check of the event log failed; the node stays not ready"
+        )
+        return
+    checked.set()
 
 
 def _stop_on_damage(log_: Any, server: Any, damaged: list[BaseException]) -> None:

@@ -339,6 +339,11 @@ class EmbeddedLog(SingleProcessLog):
         """The first damage any read found (None while the log is sound)."""
         return self._known_damage()
 
+    @property
+    def closed(self) -> bool:
+        with self._signal.cond:
+            return bool(self._signal.closed)
+
     def wait_damaged(self, timeout_s: float | None = None) -> LogCorrupted | None:
         """Block until a read finds the log damaged, the log is closed, or ``timeout_s``
         passes; the damage, or None."""

@@ -144,8 +144,11 @@ class Node:
         history_checkpoint_every_s: float = history_checkpoint.DEFAULT_EVERY_S,
         history_checkpoints_kept: int = history_checkpoint.DEFAULT_KEEP,
         history_checkpoint_grace_ms: int = history_checkpoint.DEFAULT_GRACE_MS,
+        ready_after: threading.Event | None = None,
     ) -> None:
-        """``history_store``: where read-model checkpoints are kept (the archive's object
+        """``ready_after``: readiness also waits for it (``cronlog serve`` sets it once its
+        check of the embedded log is done, which runs after the partitions recover).
+        ``history_store``: where read-model checkpoints are kept (the archive's object
         store; shared by the cluster's nodes): a node without a read model restores the newest
         and folds only the tail, and the owner of partition 0 writes one every
         ``history_checkpoint_every_s``; files nothing names are collected once
@@ -170,6 +173,7 @@ class Node:
         self._poller: threading.Thread | None = None
         self._stopping = threading.Event()
         self._assigned = threading.Event()
+        self._ready_after = ready_after
         self._ownership = threading.Condition()
         self._mailbox: Mailbox | None = None
         self._mail_reader: threading.Thread | None = None
@@ -595,7 +599,10 @@ class Node:
         return earliest
 
     def ready(self) -> bool:
-        """Owns partitions and decides every one of them (recovered, not failing)."""
+        """Owns partitions and decides every one of them (recovered, not failing), and what
+        readiness also waits for (``ready_after``) is done."""
+        if self._ready_after is not None and not self._ready_after.is_set():
+            return False
         return bool(self._membership is not None and self._membership.owned()) and not (
             self.not_deciding()
         )
@@ -621,14 +628,25 @@ class Node:
             if p not in runners or not runners[p].deciding.is_set()
         ]
 
-    def wait_ready(self, timeout_s: float) -> bool:
-        """Block until this node owns partitions and every one has caught up."""
+    def wait_recovered(self, timeout_s: float) -> bool:
+        """Block until this node owns partitions and every one has caught up (deciding)."""
         deadline = time.monotonic() + timeout_s
         if not self._assigned.wait(timeout_s):
             return False
         for runner in list(self._runners.values()):
             if not runner.caught_up.wait(max(0.0, deadline - time.monotonic())):
                 return False
+        return not self._recovering()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Block until the node is recovered and what readiness also waits for is done."""
+        deadline = time.monotonic() + timeout_s
+        if not self.wait_recovered(timeout_s):
+            return False
+        if self._ready_after is not None and not self._ready_after.wait(
+            max(0.0, deadline - time.monotonic())
+        ):
+            return False
         return self.ready()
 
     def owned(self) -> list[int]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from core import events as ev
 from core.commands import AnyCommand, UpstreamSucceeded
-from core.errors import CronlogError, NotFound
+from core.errors import CronlogError, LogCorrupted, NotFound
 from eventlog.port import EventLog
 from node.handoff import Handoff
 from projections.decoding import EventDecoder
@@ -145,5 +145,10 @@ class DependencyRelay:
 
 
 def _report(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("dependency relay failed", exc_info=task.exception())
+    if task.cancelled() or task.exception() is None:
+        return
+    failure = task.exception()
+    if isinstance(failure, LogCorrupted):  # the log has failed: the node stops and says why
+        log.error("dependency relay stopped: %s", failure)
+        return
+    log.error("dependency relay failed", exc_info=failure)

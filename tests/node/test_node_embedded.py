@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,3 +291,32 @@ def test_an_answer_waits_for_the_read_model_without_a_thread_of_the_pool(
     assert asyncio.run(go()) == 8
     holder.join(10)
     assert all(node.history.job("team-a", f"j{i}") is not None for i in range(8))
+
+
+def test_readiness_waits_for_what_it_is_told_to_after_the_partitions_recover(
+    tmp_path: Path, target: Target
+) -> None:
+    # serve's start check of the embedded log runs once the partitions have recovered: they
+    # decide and fire meanwhile, and /readyz says ready only once the check is done.
+    log = EmbeddedLog.open(tmp_path / "log", 4)
+    checked = threading.Event()
+    n = Node(
+        log,
+        tmp_path / "node",
+        node_id="n1",
+        executors=Executors("n1", egress=LOOPBACK_ALLOWED),
+        ready_after=checked,
+    )
+    n.start()
+    try:
+        assert n.wait_recovered(10)
+        assert not n.ready()
+        assert not n.wait_ready(0.2)
+        asyncio.run(n.execute(PutJob(job_id="early", spec=spec(target.url, run_at=now_ms()))))
+        assert target.wait_for(1, timeout_s=10)  # deciding and firing before the check ends
+        assert not n.ready()
+        checked.set()
+        assert n.ready() and n.wait_ready(1)
+    finally:
+        n.stop()
+        log.close()
