@@ -1192,13 +1192,7 @@ class ReadModel:
                             break
                     if removed >= max_runs:
                         break
-                for key, gone in counts.items():
-                    stored = self._db.get(key)
-                    held = 0 if stored is None else _U64.unpack(stored)[0]
-                    wb.put(key, _U64.pack(max(0, held - gone)))
-                if not wb.is_empty():
-                    with self._db_lock:
-                        self._db.write(wb, self._write_options)
+                self._lower_counts_and_write(wb, counts)
             done = time.perf_counter()
         return Forgot(runs=removed, held_s=done - held_from, took_s=done - started)
 
@@ -1267,15 +1261,20 @@ class ReadModel:
                     removed += 1
                 else:
                     resume = None
-                for key, gone in counts.items():
-                    stored = self._db.get(key)
-                    held = 0 if stored is None else _U64.unpack(stored)[0]
-                    wb.put(key, _U64.pack(max(0, held - gone)))
-                if not wb.is_empty():
-                    with self._db_lock:
-                        self._db.write(wb, self._write_options)
+                self._lower_counts_and_write(wb, counts)
             done = time.perf_counter()
         return Forgot(jobs=removed, held_s=done - held_from, took_s=done - started, resume=resume)
+
+    def _lower_counts_and_write(self, wb: WriteBatch, counts: dict[bytes, int]) -> None:
+        """Lower each counter by what a forgetting pass removed (never below zero) in ``wb``,
+        then write the batch if it holds anything."""
+        for key, gone in counts.items():
+            stored = self._db.get(key)
+            held = 0 if stored is None else _U64.unpack(stored)[0]
+            wb.put(key, _U64.pack(max(0, held - gone)))
+        if not wb.is_empty():
+            with self._db_lock:
+                self._db.write(wb, self._write_options)
 
     def _holds_history_of(self, job_id: str) -> bool:
         for prefix in (f"jr/{job_id}/", f"sk/{job_id}/"):
