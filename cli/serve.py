@@ -314,6 +314,8 @@ EXIT_LOG_DAMAGED = 3  # the log is damaged: the node refused to start, or stoppe
 DAMAGED_HINT = "the node will not run on a damaged log; see docs/operations.md, 'A damaged log'"
 # The start's check of the embedded log waits for the partitions' recovery at most this long.
 LOG_CHECK_AFTER_S = 60.0
+LOG_CHECK_RETRY_S = 1.0  # a check that failed for another reason than damage runs again
+LOG_CHECK_RETRY_MAX_S = 30.0
 
 
 def _processes(text: str) -> int:
@@ -705,18 +707,27 @@ def _check_log_after_recovery(
     from core.errors import LogCorrupted
 
     node.wait_recovered(LOG_CHECK_AFTER_S)
-    try:
-        _check_log(log_, full=full)
-    except LogCorrupted:
-        return  # the log has failed: the log watch stops the node and serve exits 3
-    except Exception:
-        if log_.closed:
-            return  # stopped meanwhile
-        logging.getLogger("cronlog").exception(
-            "the start's check of the event log failed; the node stays not ready"
-        )
+    failures = 0
+    while True:
+        try:
+            _check_log(log_, full=full)
+        except LogCorrupted:
+            return  # the log has failed: the log watch stops the node and serve exits 3
+        except Exception as exc:
+            if log_.closed:
+                return  # stopped meanwhile
+            failures += 1
+            delay = min(LOG_CHECK_RETRY_MAX_S, LOG_CHECK_RETRY_S * 2.0 ** (failures - 1))
+            say = logging.getLogger("cronlog")
+            if failures == 1:
+                say.exception("the start's check of the event log failed; not ready, retrying")
+            else:
+                say.error("the start's check failed again (%d in a row): %r", failures, exc)
+            if log_.wait_damaged(delay) is not None or log_.closed:
+                return
+            continue
+        checked.set()
         return
-    checked.set()
 
 
 def _stop_on_damage(log_: Any, server: Any, damaged: list[BaseException]) -> None:
