@@ -61,7 +61,10 @@ from core.state import JobStatus, PartitionState, ended_at, evolve
 from core.timers import TimerKey, forget_timer, run_timers, slot_timer, timers_after
 from core.wheel import TimingWheel
 
-SNAPSHOT_FORMAT = 1
+# 2: a job's definition held encoded (``core.state.hold_spec``). Format 1 (the definition as a
+# map in place) is still read, and its jobs converted (``core.state.JobStateV1``).
+SNAPSHOT_FORMAT = 2
+READABLE_SNAPSHOT_FORMATS = (1, 2)
 # How long a job that ended stays known: a repeated request within it (a create, a cancel, a
 # trigger) is answered from the job; after it the job is history only (docs/architecture.md).
 DEFAULT_RETENTION_MS = 24 * 3_600_000
@@ -226,10 +229,11 @@ class Partition:
     @classmethod
     def restore(cls, data: bytes, now: Millis, **settings: int) -> Partition:
         """The partition a snapshot describes, its timers armed as of ``now``."""
-        if not data or data[0] != SNAPSHOT_FORMAT:
+        if not data or data[0] not in READABLE_SNAPSHOT_FORMATS:
             found = data[0] if data else None
             raise InvalidDefinition(
-                "snapshot", f"format {found} is not {SNAPSHOT_FORMAT}, the one this build reads"
+                "snapshot",
+                f"format {found} is not one this build reads ({READABLE_SNAPSHOT_FORMATS})",
             )
-        state = PartitionState.restore(data[1:])
+        state = PartitionState.restore(data[1:], legacy=data[0] == 1)
         return cls(state.partition, now, state, **settings)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import enum
 import heapq
-from typing import Any, TypeVar, assert_never
+import math
+from typing import Any, NamedTuple, TypeVar, assert_never
 
 import msgspec
 
@@ -53,9 +54,8 @@ from core.events import (
     Trigger,
     UpstreamRecorded,
 )
-from core.jobs import HttpTarget, JobSpec
+from core.jobs import Backoff, HttpTarget, JobSpec, KafkaTarget, PullTarget
 
-T = TypeVar("T")
 V = TypeVar("V")
 
 # A waiting run gains one priority level per minute it waits, so priority 0 never starves.
@@ -85,9 +85,14 @@ class RunStatus(enum.StrEnum):
 # :func:`compact_job`): ``live`` is a tuple (the empty one is shared), and the two maps that are
 # almost always empty share one empty dict until a job needs its own (``_own``); nothing but
 # ``evolve`` writes them. The encoding is the same as a list's and a dict's.
+#
+# The definition is held encoded (``encoded_spec``, see :func:`hold_spec`): decoding a million
+# of them was most of a restart, and most jobs' definitions are not read between one slot and
+# the next. ``spec`` decodes it when something reads it (the job fires, changes, is shown); the
+# decoded definitions of the jobs read last are kept, a bounded number (:func:`held_spec`).
 class JobState(msgspec.Struct, kw_only=True, gc=False):
     job_id: str
-    spec: JobSpec
+    encoded_spec: bytes = msgspec.field(name="spec")  # hold_spec(the definition)
     status: JobStatus = JobStatus.ACTIVE
     version: int = 1
     registered_at: Millis
@@ -99,6 +104,38 @@ class JobState(msgspec.Struct, kw_only=True, gc=False):
     last_triggered: Millis | None = None  # the slot of the last dependency-triggered run
     trigger_keys: dict[str, str] = {}  # idempotency key of a manual trigger -> run id
     ended_at: Millis | None = None  # when nothing could fire for it any more (has_ended)
+
+    @property
+    def spec(self) -> JobSpec:
+        """The job's definition, as :func:`compact_spec` gives it."""
+        return held_spec(self.encoded_spec)
+
+
+class JobStateV1(msgspec.Struct, kw_only=True, gc=False):
+    """A job's state as builds before snapshot format 2 encoded it: the definition in place (a
+    map of every field). Read from their stores and snapshots, never written
+    (:func:`upgrade_job`)."""
+
+    job_id: str
+    spec: JobSpec
+    status: JobStatus = JobStatus.ACTIVE
+    version: int = 1
+    registered_at: Millis
+    next_slot: Millis | None = None
+    anchor: Millis = 0
+    live: tuple[str, ...] = ()
+    blocked_run: str | None = None
+    upstream: dict[str, Millis] = {}
+    last_triggered: Millis | None = None
+    trigger_keys: dict[str, str] = {}
+    ended_at: Millis | None = None
+
+
+def upgrade_job(old: JobStateV1) -> JobState:
+    """The state a :class:`JobStateV1` stands for, its definition held as this build holds it."""
+    fields = msgspec.structs.asdict(old)
+    fields["encoded_spec"] = hold_spec(fields.pop("spec"))
+    return compact_job(JobState(**fields))
 
 
 class RunState(msgspec.Struct, kw_only=True, gc=False):
@@ -126,78 +163,145 @@ class _Snapshot(msgspec.Struct):
     runs: list[RunState]
 
 
+class _SnapshotV1(msgspec.Struct):
+    partition: int
+    last_token: int
+    jobs: list[JobStateV1]
+    runs: list[RunState]
+
+
 # The empty map every job without upstream successes or trigger keys shares; never written.
 _NONE: dict[str, Any] = {}
-# Values many jobs repeat (a team's name, a time zone, a schedule, a URL, default retry
-# settings) are kept once. Bounded: past it a value is simply kept per job, as before. Floats
-# have a table of their own: ``60.0 == 60`` and ``0.0 == -0.0`` are equal keys that encode
-# apart, and a zero is never shared.
 _SHARED_MAX = 65_536
-_shared: dict[Any, Any] = {}
-_floats: dict[float, float] = {}
-# Instants too (32 bytes each): jobs registered in one batch share their ``registered_at``,
-# and jobs on the same schedule their next slot.
+# Instants (32 bytes each) are kept once: jobs registered in one batch share their
+# ``registered_at``, and jobs on the same schedule their next slot. Bounded: past it an instant
+# is simply kept per job.
 _instants: dict[int, int] = {}
 
 
-def _share(value: T, key: Any = None) -> T:
-    """One object for equal values, so a million jobs on "UTC" hold one string. ``key``, when
-    given, stands for the value (it must tell apart what encodes apart)."""
-    key = value if key is None else key
-    kept = _shared.get(key)
-    if kept is not None:
-        return kept  # type: ignore[no-any-return]
-    if len(_shared) < _SHARED_MAX:
-        _shared[key] = value
-    return value
+# -- the definition, held encoded --------------------------------------------------------------
+#
+# ``hold_spec`` encodes a definition as a msgpack array of two: a map of the fields that differ
+# from their defaults (and of the target's and the backoff's, the same way), and the payload
+# document when it is an object or an array (nil otherwise: a scalar payload is a field). A
+# job on the defaults is about 150 bytes where the whole definition is 500; it decodes straight
+# into a ``JobSpec`` (missing fields take their defaults) with its payload left encoded, as
+# ``compact_spec`` gives it. A field added to ``JobSpec`` later (with a default, as the event
+# contract requires) decodes from what older builds held as that default.
+#
+# "Default" is exact: same type and equal, and for a float the same sign (``-0.0 == 0.0`` but
+# encodes apart), so the definition decoded is the one held, field for field.
 
 
-def _share_float(value: float) -> float:
-    if type(value) is not float or value == 0.0 or value != value:
-        return value
-    kept = _floats.get(value)
-    if kept is not None:
-        return kept
-    if len(_floats) < _SHARED_MAX:
-        _floats[value] = value
-    return value
+class _Layout(NamedTuple):
+    tag: tuple[str, str] | None  # (tag field, tag) of a tagged struct
+    names: tuple[str, ...]  # as encoded
+    defaults: tuple[Any, ...]  # _REQUIRED for a field without one
+
+
+_REQUIRED = object()
+_layouts: dict[type, _Layout] = {}
+
+
+def _layout(cls: type[msgspec.Struct]) -> _Layout:
+    config = cls.__struct_config__
+    tag = None if config.tag is None else (str(config.tag_field), str(config.tag))
+    names, defaults = [], []
+    for f in msgspec.structs.fields(cls):
+        names.append(f.encode_name)
+        if f.default is not msgspec.NODEFAULT:
+            defaults.append(f.default)
+        elif f.default_factory is not msgspec.NODEFAULT:
+            defaults.append(f.default_factory())
+        else:
+            defaults.append(_REQUIRED)
+    return _Layout(tag, tuple(names), tuple(defaults))
+
+
+for _cls in (JobSpec, HttpTarget, KafkaTarget, PullTarget, Backoff):
+    _layouts[_cls] = _layout(_cls)
+_SPEC = _layouts[JobSpec]
+_PAYLOAD = _SPEC.names.index("payload")
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if value is default:
+        return True
+    if type(value) is not type(default) or value != default:
+        return False
+    return type(value) is not float or math.copysign(1.0, value) == math.copysign(1.0, default)
+
+
+def _trimmed(value: msgspec.Struct, layout: _Layout) -> dict[str, Any]:
+    """The fields of ``value`` that are not their defaults, the same way inside its structs."""
+    out: dict[str, Any] = {} if layout.tag is None else {layout.tag[0]: layout.tag[1]}
+    for name, field, default in zip(
+        layout.names, msgspec.structs.astuple(value), layout.defaults, strict=True
+    ):
+        if not _is_default(field, default):
+            inner = _layouts.get(type(field))
+            out[name] = field if inner is None else _trimmed(field, inner)
+    return out
+
+
+def hold_spec(spec: JobSpec) -> bytes:
+    """``spec`` encoded as a job's state holds it (see above)."""
+    payload = spec.payload
+    if isinstance(payload, (dict, list)):
+        # Nothing in the partition reads inside a payload (the executor decodes it for each
+        # call: ``core.jobs.payload_of``), so it stays encoded even when the definition is read.
+        document: msgspec.Raw | None = msgspec.Raw(_snapshot_encoder.encode(payload))
+    elif isinstance(payload, msgspec.Raw):
+        document = payload
+    else:
+        document = None
+    fields = _trimmed(spec, _SPEC)
+    if document is not None:
+        fields.pop("payload", None)
+    return _snapshot_encoder.encode((fields, document))
+
+
+_held_decoder = msgspec.msgpack.Decoder(tuple[JobSpec, msgspec.Raw])
+_NIL = msgspec.Raw(b"\xc0")
+
+
+def _decode_held(data: bytes) -> JobSpec:
+    spec, document = _held_decoder.decode(data)
+    if document == _NIL:
+        return spec
+    return msgspec.structs.replace(spec, payload=document)
+
+
+# The definitions decoded last, by what they were decoded from: two generations of at most
+# ``SPECS_KEPT`` each, the older let go when the younger fills, so a definition read again
+# within about that many others is decoded once (a job's run reads it when it fires, starts,
+# and ends). Bounded, so that a million jobs that each fired once do not all stay decoded.
+# Reads from several threads at once may decode a definition twice, never give a wrong one.
+SPECS_KEPT = 16_384
+_young: dict[bytes, JobSpec] = {}
+_old: dict[bytes, JobSpec] = {}
+
+
+def held_spec(data: bytes) -> JobSpec:
+    """The definition ``data`` holds (:func:`hold_spec`), decoded."""
+    global _young, _old
+    spec = _young.get(data)
+    if spec is not None:
+        return spec
+    spec = _old.get(data)
+    if spec is None:
+        spec = _decode_held(data)
+    if len(_young) >= SPECS_KEPT:
+        _old, _young = _young, {}
+    _young[data] = spec
+    return spec
 
 
 def compact_spec(spec: JobSpec) -> JobSpec:
-    """``spec`` with its repeated parts shared (equal, so it is the same definition)."""
-    target = spec.target
-    if isinstance(target, HttpTarget):
-        if not target.headers:
-            key = ("http", target.url, target.max_calls_per_sec)  # None, or positive
-            kept = _shared.get(key)
-            if kept is None:  # made without the decoder's own empty dict of headers
-                kept = _share(
-                    HttpTarget(target.url, max_calls_per_sec=target.max_calls_per_sec), key
-                )
-            target = kept
-    else:
-        target = _share(target)  # a topic or a pool: hashable, strings only
-    payload = spec.payload
-    if isinstance(payload, (dict, list)):
-        # Held encoded: a decoded JSON document costs several times its bytes in objects, and
-        # nothing in the partition reads inside it (the executor decodes it for each call:
-        # ``core.jobs.payload_of``). It encodes as the document it holds, so snapshots and
-        # stores hold the same bytes.
-        payload = msgspec.Raw(_snapshot_encoder.encode(payload))
-    return msgspec.structs.replace(
-        spec,
-        payload=payload,
-        tenant=_share(spec.tenant),
-        target=target,
-        schedule=_share(spec.schedule) if spec.schedule is not None else None,
-        timezone=_share(spec.timezone),
-        # Every field of a valid backoff is positive, so equal backoffs encode alike.
-        backoff=_share(spec.backoff),
-        timeout_sec=_share_float(spec.timeout_sec),
-        lease_sec=_share_float(spec.lease_sec),
-        misfire_grace_sec=_share_float(spec.misfire_grace_sec),
-        allow_jitter_sec=_share_float(spec.allow_jitter_sec),
-    )
+    """``spec`` as a job's state holds it and gives it back: equal to the ``spec`` of a job
+    registered with it, whatever form its values came in (a payload decoded or encoded, an
+    int for a float)."""
+    return _decode_held(hold_spec(spec))
 
 
 def _share_instant(value: Millis) -> Millis:
@@ -211,7 +315,6 @@ def _share_instant(value: Millis) -> Millis:
 
 def compact_job(job: JobState) -> JobState:
     """``job`` (as decoded from a store or a snapshot) holding the least memory; returns it."""
-    job.spec = compact_spec(job.spec)
     if not job.upstream:
         job.upstream = _NONE
     if not job.trigger_keys:
@@ -231,6 +334,7 @@ def _own(mapping: dict[str, V]) -> dict[str, V]:
 
 _snapshot_encoder = msgspec.msgpack.Encoder()
 _snapshot_decoder = msgspec.msgpack.Decoder(_Snapshot)
+_snapshot_v1_decoder = msgspec.msgpack.Decoder(_SnapshotV1)
 
 
 class PartitionState:
@@ -254,7 +358,18 @@ class PartitionState:
         )
 
     @classmethod
-    def restore(cls, data: bytes) -> PartitionState:
+    def restore(cls, data: bytes, *, legacy: bool = False) -> PartitionState:
+        """The state :meth:`snapshot` encoded; ``legacy``: as builds before snapshot format 2
+        encoded it (:class:`JobStateV1`)."""
+        state: PartitionState
+        if legacy:
+            old = _snapshot_v1_decoder.decode(data)
+            state = cls(old.partition)
+            state.last_token = old.last_token
+            state.jobs = {j.job_id: upgrade_job(j) for j in old.jobs}
+            state.runs = {r.run_id: r for r in old.runs}
+            rebuild_index(state)
+            return state
         snap = _snapshot_decoder.decode(data)
         state = cls(snap.partition)
         state.last_token = snap.last_token
@@ -381,7 +496,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
         case JobRegistered():
             state.jobs[event.job_id] = JobState(
                 job_id=event.job_id,
-                spec=compact_spec(event.spec),
+                encoded_spec=hold_spec(event.spec),
                 version=event.version,
                 registered_at=event.at,
                 next_slot=event.next_slot,
@@ -391,12 +506,13 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             )
         case JobUpdated():
             job = state.jobs[event.job_id]
-            if job.spec.interval_sec != event.spec.interval_sec or (
-                job.spec.start_at != event.spec.start_at
+            old = job.spec
+            if old.interval_sec != event.spec.interval_sec or (
+                old.start_at != event.spec.start_at
             ):
                 job.anchor = event.next_slot if event.next_slot is not None else event.at
-            moved = job.spec.target != event.spec.target
-            job.spec, job.version = compact_spec(event.spec), event.version
+            moved = old.target != event.spec.target
+            job.encoded_spec, job.version = hold_spec(event.spec), event.version
             job.next_slot = event.next_slot
             if moved:  # pending runs wait where the new target says: a pool, or the executors
                 for run_id in job.live:

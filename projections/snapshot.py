@@ -21,9 +21,13 @@ Layout (format 1)::
              crc32          of the payload as stored
     payload  zlib (level 1) of msgpack [[key, value], ...] in key order
 
-``state_format`` is the version of the encoded jobs and runs inside: a build whose
-``core.partition.SNAPSHOT_FORMAT`` differs refuses the snapshot (:class:`SnapshotUnusable`)
-and recovery falls back to the log, so changing the state types means bumping that number.
+``state_format`` is the version of the encoded jobs and runs inside: a build refuses a
+snapshot of a format it does not read (``core.partition.READABLE_SNAPSHOT_FORMATS``) as
+:class:`SnapshotUnusable`, and recovery falls back to the log, so changing the state types
+means bumping that number. Format 2 holds each job's definition encoded
+(``core.state.hold_spec``); a format-1 snapshot (a node upgraded in place, or a snapshot
+another node of the previous build wrote) is still read: ``state_store.build`` converts its
+jobs (``core.state.JobStateV1``), and the store it is restored into holds them converted.
 
 zlib level 1 turns 100,000 synthetic jobs' 60 MB into under 2 MB in about 0.3 s (on another
 thread: zlib lets go of the GIL while it compresses); reading it back costs about as much.
@@ -40,7 +44,7 @@ import msgspec
 
 from core.clock import Millis
 from core.errors import CronlogError
-from core.partition import SNAPSHOT_FORMAT
+from core.partition import READABLE_SNAPSHOT_FORMATS, SNAPSHOT_FORMAT
 
 MAGIC = b"CLSN"
 FORMAT = 1
@@ -134,9 +138,9 @@ def _split(data: bytes) -> tuple[_Header, bytes]:
         header = _header_decoder.decode(data[9 : 9 + length])
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise SnapshotUnusable(f"snapshot header: {exc}") from exc
-    if header.state_format != SNAPSHOT_FORMAT:
+    if header.state_format not in READABLE_SNAPSHOT_FORMATS:
         raise SnapshotUnusable(
             f"snapshot of partition {header.partition} holds state format "
-            f"{header.state_format}, this build reads {SNAPSHOT_FORMAT}"
+            f"{header.state_format}, this build reads {READABLE_SNAPSHOT_FORMATS}"
         )
     return header, data[9 + length :]

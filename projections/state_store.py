@@ -19,6 +19,11 @@ The port, :class:`StateStore`, keeps one partition's canonical state (``jobs``, 
    (:meth:`StateStore.set_aside`: renamed, never deleted, for whoever looks into why) and
    rebuilds it from offset 0 of the log, saying so in the log. A store RocksDB refuses to open
    is set aside the same way by :meth:`RocksStateStore.open`.
+6. **Earlier formats are read, and rewritten.** A job stored by a build before snapshot format 2
+   (its definition a map in place: ``core.state.JobStateV1``) loads as the same job; ``load``
+   rewrites it as this build stores it (its definition held encoded: ``core.state.hold_spec``),
+   so an upgraded store holds what a store rebuilt from the log holds (invariant 4), and later
+   loads take the fast path. A snapshot of the earlier format is converted as it is restored.
 
 Durability: writes are not synced (``sync=False``, the WAL stays on). The log is the source of
 truth; a power loss may drop the store's newest batches, but never splits one, so the offset
@@ -26,7 +31,7 @@ drops with them and :func:`catch_up` reads those events from the log again.
 
 Layout (raw mode, one store directory per partition, ``<data>/state/p<N>``)::
 
-    j/<job_id>    -> msgpack JobState
+    j/<job_id>    -> msgpack JobState (its definition a bin: core.state.hold_spec)
     r/<run_id>    -> msgpack RunState            deleted when the run leaves the state
                                                  (j/ and oj/ too, when the job does)
     oj/<job_id>   -> u64 offset of the event that put the job in ``jobs``
@@ -54,7 +59,16 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from core.errors import StoreDamaged
 from core.events import AnyEvent, JobForgotten, JobRegistered, RunEvent, RunMaterialised
-from core.state import JobState, PartitionState, RunState, compact_job, evolve, rebuild_index
+from core.state import (
+    JobState,
+    JobStateV1,
+    PartitionState,
+    RunState,
+    compact_job,
+    evolve,
+    rebuild_index,
+    upgrade_job,
+)
 from eventlog.port import EventLog
 from eventlog.rocks import bounded, checked_reads, is_damage, iterator_error, scan_reads
 from eventlog.snapshots import SnapshotStore, StoredSnapshot
@@ -76,6 +90,7 @@ TOKEN = b"m/token"
 
 _encoder = msgspec.msgpack.Encoder()
 _job_decoder = msgspec.msgpack.Decoder(JobState)
+_job_v1_decoder = msgspec.msgpack.Decoder(JobStateV1)
 _run_decoder = msgspec.msgpack.Decoder(RunState)
 
 Changes = dict[bytes, bytes | None]  # key -> new value, None to delete
@@ -88,7 +103,8 @@ class StateStore(Protocol):
     def partition(self) -> int: ...
 
     def load(self) -> tuple[PartitionState, int]:
-        """The stored state (``ready`` rebuilt) and the next event offset (0 when fresh)."""
+        """The stored state (``ready`` rebuilt) and the next event offset (0 when fresh). Jobs
+        an earlier build stored in its format are rewritten in this build's (invariant 6)."""
 
     def save(
         self,
@@ -170,21 +186,39 @@ def changes(
     return out
 
 
-def build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
+def build(
+    partition: int,
+    items: Iterable[tuple[bytes, bytes]],
+    upgraded: list[tuple[bytes, bytes]] | None = None,
+) -> tuple[PartitionState, int]:
     """The state and next offset from a store's key/values, in key order (as a store's scan, a
     view and a snapshot give them).
 
     ``items`` may be a stream: each job and run is decoded as it comes, so no more than one
     stored value is held as bytes at a time (a recovery's peak memory is the state's, not
-    twice it). Raises StoreDamaged when the items are not what :func:`changes` writes, or not
-    in key order."""
+    twice it). A job stored as a build before snapshot format 2 stored it
+    (``core.state.JobStateV1``) is converted, and its key and value as this build writes them
+    appended to ``upgraded`` when given. Raises StoreDamaged when the items are not what
+    :func:`changes` writes (or an earlier build wrote), or not in key order."""
     try:
-        return _build(partition, items)
+        return _build(partition, items, upgraded)
     except (msgspec.DecodeError, msgspec.ValidationError, struct.error, UnicodeError) as exc:
         raise StoreDamaged(f"state store of partition {partition}: {exc}") from exc
 
 
-def _build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[PartitionState, int]:
+def _decode_job(value: bytes) -> tuple[JobState, bool]:
+    """A stored job, and whether it was stored in the earlier format (``JobStateV1``)."""
+    try:
+        return compact_job(_job_decoder.decode(value)), False
+    except msgspec.ValidationError:
+        return upgrade_job(_job_v1_decoder.decode(value)), True
+
+
+def _build(
+    partition: int,
+    items: Iterable[tuple[bytes, bytes]],
+    upgraded: list[tuple[bytes, bytes]] | None,
+) -> tuple[PartitionState, int]:
     # In key order a job's order key ("oj/<id>") comes after every job ("j/<id>"), and the
     # order keys come in the same order of ids as the jobs: the n-th order key is the n-th
     # job's. So the jobs are paired with their order by position, and nothing per job is held
@@ -202,7 +236,9 @@ def _build(partition: int, items: Iterable[tuple[bytes, bytes]]) -> tuple[Partit
     for key, value in items:
         seen = True
         if key.startswith(JOB):
-            job = compact_job(_job_decoder.decode(value))
+            job, old = _decode_job(value)
+            if old and upgraded is not None:
+                upgraded.append((key, _encoder.encode(job)))
             if job.job_id.encode() != key[len(JOB) :]:
                 raise StoreDamaged(
                     f"state store of partition {partition}: job {key!r} holds another"
@@ -302,7 +338,10 @@ class MemoryStateStore:
         return self._partition
 
     def load(self) -> tuple[PartitionState, int]:
-        return build(self._partition, sorted(self._data.items()))
+        upgraded: list[tuple[bytes, bytes]] = []
+        loaded = build(self._partition, sorted(self._data.items()), upgraded)
+        self._data.update(upgraded)
+        return loaded
 
     def save(
         self,
@@ -393,11 +432,23 @@ class RocksStateStore:
         return self._path
 
     def load(self) -> tuple[PartitionState, int]:
+        upgraded: list[tuple[bytes, bytes]] = []
         scan = self._scan(scan_reads())
         try:
-            return build(self._partition, scan)
+            loaded = build(self._partition, scan, upgraded)
         finally:
             scan.close()  # let the iterator go now: a live one keeps the store's LOCK
+        if upgraded:
+            batch = WriteBatch(raw_mode=True)
+            for key, value in upgraded:
+                batch.put(key, value)
+            self._db.write(batch, self._write)
+            log.info(
+                "state store of partition %d: %d jobs stored by an earlier build rewritten",
+                self._partition,
+                len(upgraded),
+            )
+        return loaded
 
     def durable_offset(self) -> int:
         # Saves are not synced (module docstring): sync the WAL, so what is read here
@@ -625,9 +676,10 @@ def _restore_newer(
     for _ in range(KEPT_SNAPSHOTS_TRIED):
         if stored is None or stored.offset <= local:
             return None
+        upgraded: list[tuple[bytes, bytes]] = []
         try:
             snapshot = decode(stored.data, partition)
-            state, offset = build(partition, snapshot.items)
+            state, offset = build(partition, snapshot.items, upgraded)
             if offset != snapshot.offset or offset != stored.offset:
                 raise SnapshotUnusable(
                     f"snapshot of partition {partition} stored at offset {stored.offset} holds"
@@ -645,7 +697,11 @@ def _restore_newer(
                 on_unusable(exc)
             stored = _older(snapshots, partition, stored.offset, on_unusable)
             continue
-        store.replace(snapshot.items)
+        items = snapshot.items
+        if upgraded:  # an earlier build's: its jobs as this build stores them
+            newer = dict(upgraded)
+            items = [(key, newer.get(key, value)) for key, value in items]
+        store.replace(items)
         log.info(
             "partition %d: restored the snapshot at offset %d (%d jobs, %d runs); the store"
             " was at %d",
