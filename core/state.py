@@ -507,9 +507,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
         case JobUpdated():
             job = state.jobs[event.job_id]
             old = job.spec
-            if old.interval_sec != event.spec.interval_sec or (
-                old.start_at != event.spec.start_at
-            ):
+            if old.interval_sec != event.spec.interval_sec or (old.start_at != event.spec.start_at):
                 job.anchor = event.next_slot if event.next_slot is not None else event.at
             moved = old.target != event.spec.target
             job.encoded_spec, job.version = hold_spec(event.spec), event.version

@@ -56,7 +56,9 @@ def in_place(spec: JobSpec) -> JobSpec:
     encoded."""
     spec = canonical(spec)
     if isinstance(spec.payload, (dict, list)):
-        spec = msgspec.structs.replace(spec, payload=msgspec.Raw(msgspec.msgpack.encode(spec.payload)))
+        spec = msgspec.structs.replace(
+            spec, payload=msgspec.Raw(msgspec.msgpack.encode(spec.payload))
+        )
     return spec
 
 
@@ -106,7 +108,9 @@ all_specs = st.builds(
     timezone=st.sampled_from(["UTC", "Europe/Paris"]),
     payload=documents,
     max_attempts=st.integers(1, 100),
-    backoff=st.builds(Backoff, base_sec=floats, factor=floats, cap_sec=floats, jitter=st.booleans()),
+    backoff=st.builds(
+        Backoff, base_sec=floats, factor=floats, cap_sec=floats, jitter=st.booleans()
+    ),
     timeout_sec=floats,
     lease_sec=floats,
     priority=st.integers(0, 9),
@@ -142,7 +146,10 @@ def test_an_upsert_of_the_same_definition_still_decides_nothing() -> None:
     assert sim.do(PutJob(job_id="j0", spec=spec(0))) == []
     # The same definition given with ints for floats and lists for tuples is the same.
     same = msgspec.structs.replace(
-        spec(0), lease_sec=30, tags=["a"], backoff=Backoff(base_sec=5, cap_sec=3600)  # type: ignore[arg-type]
+        spec(0),
+        lease_sec=30,
+        tags=["a"],
+        backoff=Backoff(base_sec=5, cap_sec=3600),  # type: ignore[arg-type]
     )
     sim.do(PutJob(job_id="j1", spec=msgspec.structs.replace(spec(0), tags=("a",))))
     assert sim.do(PutJob(job_id="j1", spec=same)) == []
