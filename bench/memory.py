@@ -70,12 +70,14 @@ def partition_breakdown(cores: Iterable[Any]) -> dict[str, int]:
     """Bytes per structure of the partitions, each object counted where it is first reached."""
     seen: set[int] = set()
     out = {"job_specs": 0, "jobs_other": 0, "jobs_index": 0, "runs": 0, "ready_index": 0,
-           "wheel": 0}  # fmt: skip
+           "wheel": 0, "specs_decoded": 0}  # fmt: skip
     for core in cores:
         state = core.state
-        # The specs first, so a job's own size excludes its definition.
+        # The specs first, so a job's own size excludes its definition: as the job holds it
+        # (encoded, since the held definitions; reading ``spec`` would decode it).
         for job in state.jobs.values():
-            out["job_specs"] += deep_size(job.spec, seen)
+            held = getattr(job, "encoded_spec", None)
+            out["job_specs"] += deep_size(job.spec if held is None else held, seen)
         for job in state.jobs.values():
             out["jobs_other"] += deep_size(job, seen)
         out["jobs_index"] += deep_size(state.jobs, seen)
@@ -84,6 +86,11 @@ def partition_breakdown(cores: Iterable[Any]) -> dict[str, int]:
         out["wheel"] += deep_size(core.wheel, seen)
         # The slots a recovery parked (``core.partition``): timers too, held outside the wheel.
         out["wheel"] += deep_size(getattr(core, "_parked", None), seen)
+    # The definitions decoded and kept for reading again (``core.state.held_spec``): bounded.
+    from core import state as core_state
+
+    kept = [getattr(core_state, name, None) for name in ("_young", "_old")]
+    out["specs_decoded"] += deep_size(kept, seen)
     return out
 
 

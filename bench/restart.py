@@ -17,6 +17,10 @@ An empty node's RSS, measured the same way, gives the memory per job beside the 
 ``--baseline SRC`` (a checkout of another commit, e.g. ``git archive main | tar -x -C SRC``)
 restarts that cronlog on the same directory in each round too, right after this one: before
 and after side by side, under the same load. Its figures are recorded under ``baseline``.
+``--baseline-data-dir DIR`` is for a baseline that stores its state in an earlier format: the
+baseline builds the data directory, a copy of it in ``DIR`` is the baseline's, and this build
+upgrades the original in place at its first start (that start is recorded apart, with
+``"upgrade": true``), as a node upgraded in place would.
 Appends one JSON line per restart to bench/results/restart.jsonl.
 """
 
@@ -110,8 +114,9 @@ async def _execute(node: Any, command: Any, attempts: int = 10) -> None:
                 raise
 
 
-def build(data_dir: Path, jobs: int) -> dict[str, Any]:
-    """Fill ``data_dir`` with ``jobs`` jobs; how it was done and how long it took."""
+def build(data_dir: Path, jobs: int, source: Path | None = None) -> dict[str, Any]:
+    """Fill ``data_dir`` with ``jobs`` jobs (with the cronlog of ``source``, if given); how it
+    was done and how long it took."""
     marker = data_dir / BUILT
     if marker.exists() and marker.read_text() == str(jobs):
         return {"jobs": jobs, "via": "reused"}
@@ -119,7 +124,7 @@ def build(data_dir: Path, jobs: int) -> dict[str, Any]:
         shutil.rmtree(data_dir)
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
-    with Serve(data_dir) as serve:
+    with Serve(data_dir, source=source) as serve:
         batch = find_batch_endpoint(serve.openapi())
         if batch is not None:
             for start in range(0, jobs, 100_000):
@@ -133,7 +138,10 @@ def build(data_dir: Path, jobs: int) -> dict[str, Any]:
         asyncio.run(_build_in_process(data_dir, jobs))
         via = "a node in the bench process"
     marker.write_text(str(jobs))
-    return {"jobs": jobs, "via": via, "seconds": round(time.monotonic() - began, 1)}
+    built = {"jobs": jobs, "via": via, "seconds": round(time.monotonic() - began, 1)}
+    if source is not None:
+        built["by"] = str(source)
+    return built
 
 
 def restart(data_dir: Path, source: Path | None = None) -> dict[str, Any]:
@@ -183,13 +191,27 @@ def _per_job(full: dict[str, Any], empty: dict[str, Any], jobs: int) -> dict[str
 
 
 def run(
-    data_dir: Path, jobs: int, restarts: int, tmp: Path, baseline: Path | None = None
+    data_dir: Path,
+    jobs: int,
+    restarts: int,
+    tmp: Path,
+    baseline: Path | None = None,
+    baseline_dir: Path | None = None,
 ) -> list[dict[str, Any]]:
-    built = build(data_dir, jobs)
+    built = build(data_dir, jobs, baseline if baseline_dir is not None else None)
     log(f"data directory with {jobs:,} jobs: {built}")
     empty_dir = tmp / f"empty-{secrets.token_hex(4)}"
     base_empty_dir = tmp / f"empty-base-{secrets.token_hex(4)}"
     records = []
+    if baseline_dir is not None and built["via"] != "reused":
+        if baseline_dir.exists():
+            shutil.rmtree(baseline_dir)
+        shutil.copytree(data_dir, baseline_dir, symlinks=True)
+        upgrade = restart(data_dir)  # this build's first start on the baseline's format
+        log(f"first start of this build on the baseline's directory: {upgrade['ready_s']} s")
+        figures = {**upgrade, "upgrade": True, "jobs": jobs, "built": built}
+        records.append({"timestamp": stamp(), "scenario": "restart", "jobs": jobs,
+                        "load_at_start": upgrade["load_at_start"], "figures": figures})  # fmt: skip
     for _ in range(restarts):
         empty = restart(empty_dir)
         full = restart(data_dir)
@@ -200,8 +222,9 @@ def run(
             "built": built,
         }
         if baseline is not None:
-            base = _per_job(restart(data_dir, baseline), restart(base_empty_dir, baseline), jobs)
-            figures["baseline"] = {"source": str(baseline), **base}
+            base_dir = data_dir if baseline_dir is None else baseline_dir
+            base = _per_job(restart(base_dir, baseline), restart(base_empty_dir, baseline), jobs)
+            figures["baseline"] = {"source": str(baseline), "data_dir": str(base_dir), **base}
             log(f"baseline with {jobs:,} jobs: ready in {base['ready_s']} s, {base['rss_mb']} MB")
         records.append({"timestamp": stamp(), "scenario": "restart", "jobs": jobs,
                         "load_at_start": full["load_at_start"], "figures": figures})  # fmt: skip
@@ -244,6 +267,12 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--baseline", type=Path, help="a checkout to restart side by side")
     parser.add_argument(
+        "--baseline-data-dir",
+        type=Path,
+        help="the baseline's own copy of the data directory (it builds it; this build upgrades"
+        " the original at its first start)",
+    )
+    parser.add_argument(
         "--table", action="store_true", help="print the side-by-side restarts recorded so far"
     )
     args = parser.parse_args()
@@ -253,7 +282,10 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="cronlog-restart-") as tmp:
         data_dir = args.data_dir or Path(tmp) / "data"
-        for record in run(data_dir, args.jobs, args.restarts, Path(tmp), args.baseline):
+        records = run(
+            data_dir, args.jobs, args.restarts, Path(tmp), args.baseline, args.baseline_data_dir
+        )
+        for record in records:
             append_result("restart", record)
 
 

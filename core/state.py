@@ -8,6 +8,10 @@ The canonical state is ``jobs``, ``runs`` and ``last_token``; :meth:`PartitionSt
 encodes exactly that. ``ready`` is a derived index (pull runs by pool, ordered for claiming),
 rebuilt from the canonical state on load and never compared.
 
+A job holds its definition encoded (:func:`hold_spec`) and decodes it when it is read
+(``JobState.spec``), so a recovery decodes per job only the few fields the timers and counters
+read; the decoded definitions read last are kept, a bounded number (:func:`held_spec`).
+
 Runs leave ``runs`` when they succeed or are cancelled (the read model keeps history). Dead runs
 stay, so they can be replayed. A run cancelled while running stays until its lease runs out, so
 the worker's next heartbeat learns it was cancelled.

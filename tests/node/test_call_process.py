@@ -18,7 +18,7 @@ from core import events as ev
 from core.commands import AnyCommand, CancelRun, CompleteRun, PutJob
 from core.events import Trigger
 from core.jobs import Backoff, HttpTarget, JobSpec
-from core.state import JobState, RunState, RunStatus
+from core.state import JobState, RunState, RunStatus, hold_spec
 from eventlog.embedded import EmbeddedLog
 from node.executors import Executors
 from node.node import Node
@@ -150,7 +150,9 @@ def test_a_lease_that_ran_out_before_its_call_is_reported_not_called(target: Tar
     executors.route = route
     executors.start()
     try:
-        job = JobState(job_id="j", spec=spec, version=1, registered_at=0, next_slot=None, anchor=0)
+        job = JobState(
+            job_id="j", encoded_spec=hold_spec(spec), version=1, registered_at=0, anchor=0
+        )
         runner = SimpleNamespace(state=SimpleNamespace(jobs={"j": job}))
         run = RunState(
             run_id="j.1000", job_id="j", tenant="team-a", scheduled_for=1_000,
