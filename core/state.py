@@ -225,7 +225,6 @@ def _layout(cls: type[msgspec.Struct]) -> _Layout:
 for _cls in (JobSpec, HttpTarget, KafkaTarget, PullTarget, Backoff):
     _layouts[_cls] = _layout(_cls)
 _SPEC = _layouts[JobSpec]
-_PAYLOAD = _SPEC.names.index("payload")
 
 
 def _is_default(value: Any, default: Any) -> bool:

@@ -237,3 +237,27 @@ def test_the_decoded_definitions_kept_are_bounded(monkeypatch: pytest.MonkeyPatc
     # Read again soon, a definition is the one decoded before.
     job = sim.state.jobs["j19"]
     assert job.spec is job.spec
+
+
+def test_a_recovery_decodes_no_definition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Restored and armed, a partition reads its jobs' ids, statuses and next slots only: no
+    definition is decoded until one is read."""
+    sim = Sim(T0)
+    for n in range(5):
+        sim.do(PutJob(job_id=f"j{n}", spec=spec(n)))
+    sim.do(PutJob(job_id="soon", spec=msgspec.structs.replace(spec(9), schedule="*/5 * * * *")))
+    decoded: list[bytes] = []
+    real = core_state._decode_held
+
+    def counted(data: bytes) -> JobSpec:
+        decoded.append(data)
+        return real(data)
+
+    monkeypatch.setattr(core_state, "_decode_held", counted)
+    monkeypatch.setattr(core_state, "_young", {})
+    monkeypatch.setattr(core_state, "_old", {})
+    restored = Partition.restore(sim.partition.snapshot(), sim.now)
+    assert len(restored.parked()) == 5 and restored.next_deadline() is not None
+    assert decoded == []
+    assert restored.state.jobs["j3"].spec.name == "export 3"  # decoded when read
+    assert decoded == [restored.state.jobs["j3"].encoded_spec]
