@@ -94,7 +94,10 @@ class RunStatus(enum.StrEnum):
 # of them was most of a restart, and most jobs' definitions are not read between one slot and
 # the next. ``spec`` decodes it when something reads it (the job fires, changes, is shown); the
 # decoded definitions of the jobs read last are kept, a bounded number (:func:`held_spec`).
-class JobState(msgspec.Struct, kw_only=True, gc=False):
+# Fields at their defaults are not encoded (``omit_defaults``: a job's stored value is 5 fields
+# of 13 as a rule). What is left out is decided by identity (``None``, an enum member, a small
+# int, an empty container), so equal states still encode alike.
+class JobState(msgspec.Struct, kw_only=True, gc=False, omit_defaults=True):
     job_id: str
     encoded_spec: bytes = msgspec.field(name="spec")  # hold_spec(the definition)
     status: JobStatus = JobStatus.ACTIVE
