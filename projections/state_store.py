@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 _U64 = struct.Struct(">Q")
 KEPT_SNAPSHOTS_TRIED = 8  # a store keeps a few; the bound only guards the loop
 VIEW_WAIT_S = 60.0  # how long closing a store waits for a snapshot's read of it
+REWRITE_BATCH = 10_000  # jobs of an earlier format rewritten per write at a load
 JOB = b"j/"
 RUN = b"r/"
 JOB_ORDER = b"oj/"
@@ -189,7 +190,7 @@ def changes(
 def build(
     partition: int,
     items: Iterable[tuple[bytes, bytes]],
-    upgraded: list[tuple[bytes, bytes]] | None = None,
+    upgraded: Callable[[bytes, bytes], None] | None = None,
 ) -> tuple[PartitionState, int]:
     """The state and next offset from a store's key/values, in key order (as a store's scan, a
     view and a snapshot give them).
@@ -197,8 +198,8 @@ def build(
     ``items`` may be a stream: each job and run is decoded as it comes, so no more than one
     stored value is held as bytes at a time (a recovery's peak memory is the state's, not
     twice it). A job stored as a build before snapshot format 2 stored it
-    (``core.state.JobStateV1``) is converted, and its key and value as this build writes them
-    appended to ``upgraded`` when given. Raises StoreDamaged when the items are not what
+    (``core.state.JobStateV1``) is converted, and ``upgraded``, when given, is told its key and
+    value as this build writes them. Raises StoreDamaged when the items are not what
     :func:`changes` writes (or an earlier build wrote), or not in key order."""
     try:
         return _build(partition, items, upgraded)
@@ -217,7 +218,7 @@ def _decode_job(value: bytes) -> tuple[JobState, bool]:
 def _build(
     partition: int,
     items: Iterable[tuple[bytes, bytes]],
-    upgraded: list[tuple[bytes, bytes]] | None,
+    upgraded: Callable[[bytes, bytes], None] | None,
 ) -> tuple[PartitionState, int]:
     # In key order a job's order key ("oj/<id>") comes after every job ("j/<id>"), and the
     # order keys come in the same order of ids as the jobs: the n-th order key is the n-th
@@ -238,7 +239,7 @@ def _build(
         if key.startswith(JOB):
             job, old = _decode_job(value)
             if old and upgraded is not None:
-                upgraded.append((key, _encoder.encode(job)))
+                upgraded(key, _encoder.encode(job))
             if job.job_id.encode() != key[len(JOB) :]:
                 raise StoreDamaged(
                     f"state store of partition {partition}: job {key!r} holds another"
@@ -338,10 +339,7 @@ class MemoryStateStore:
         return self._partition
 
     def load(self) -> tuple[PartitionState, int]:
-        upgraded: list[tuple[bytes, bytes]] = []
-        loaded = build(self._partition, sorted(self._data.items()), upgraded)
-        self._data.update(upgraded)
-        return loaded
+        return build(self._partition, sorted(self._data.items()), self._data.__setitem__)
 
     def save(
         self,
@@ -432,21 +430,17 @@ class RocksStateStore:
         return self._path
 
     def load(self) -> tuple[PartitionState, int]:
-        upgraded: list[tuple[bytes, bytes]] = []
+        rewriting = _Rewrite(self._db, self._write)
         scan = self._scan(scan_reads())
         try:
-            loaded = build(self._partition, scan, upgraded)
+            loaded = build(self._partition, scan, rewriting.put)
         finally:
             scan.close()  # let the iterator go now: a live one keeps the store's LOCK
-        if upgraded:
-            batch = WriteBatch(raw_mode=True)
-            for key, value in upgraded:
-                batch.put(key, value)
-            self._db.write(batch, self._write)
+        if rewriting.flush():
             log.info(
                 "state store of partition %d: %d jobs stored by an earlier build rewritten",
                 self._partition,
-                len(upgraded),
+                rewriting.count,
             )
         return loaded
 
@@ -565,6 +559,30 @@ class RocksStateStore:
         self.close()
 
 
+class _Rewrite:
+    """Jobs an earlier build stored, written again as this build stores them, a batch of
+    ``REWRITE_BATCH`` at a time (an upgrade of a million jobs holds one batch, not all). Each is
+    the same job at the same offset, so any of them written without the rest is consistent."""
+
+    def __init__(self, db: Rdict, write: WriteOptions) -> None:
+        self._db, self._write = db, write
+        self._batch = WriteBatch(raw_mode=True)
+        self.count = 0
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._batch.put(key, value)
+        self.count += 1
+        if self.count % REWRITE_BATCH == 0:
+            self.flush()
+
+    def flush(self) -> int:
+        """Write what is pending; how many were rewritten in all."""
+        if not self._batch.is_empty():
+            self._db.write(self._batch, self._write)
+            self._batch = WriteBatch(raw_mode=True)
+        return self.count
+
+
 class _RocksView:
     """A RocksDB snapshot of a state store, read once on another thread."""
 
@@ -676,10 +694,10 @@ def _restore_newer(
     for _ in range(KEPT_SNAPSHOTS_TRIED):
         if stored is None or stored.offset <= local:
             return None
-        upgraded: list[tuple[bytes, bytes]] = []
+        upgraded: dict[bytes, bytes] = {}
         try:
             snapshot = decode(stored.data, partition)
-            state, offset = build(partition, snapshot.items, upgraded)
+            state, offset = build(partition, snapshot.items, upgraded.__setitem__)
             if offset != snapshot.offset or offset != stored.offset:
                 raise SnapshotUnusable(
                     f"snapshot of partition {partition} stored at offset {stored.offset} holds"
@@ -699,8 +717,7 @@ def _restore_newer(
             continue
         items = snapshot.items
         if upgraded:  # an earlier build's: its jobs as this build stores them
-            newer = dict(upgraded)
-            items = [(key, newer.get(key, value)) for key, value in items]
+            items = [(key, upgraded.get(key, value)) for key, value in items]
         store.replace(items)
         log.info(
             "partition %d: restored the snapshot at offset %d (%d jobs, %d runs); the store"

@@ -18,7 +18,7 @@ from core.partition import Partition
 from core.state import JobStateV1, PartitionState, evolve
 from eventlog.embedded import EmbeddedLog
 from eventlog.snapshots import MemorySnapshots
-from projections import snapshot
+from projections import snapshot, state_store
 from projections.state_store import MemoryStateStore, RocksStateStore, catch_up
 from tests.projections.histories import Writers
 
@@ -67,8 +67,9 @@ def test_the_fixture_is_of_the_earlier_format(written: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("kind", ["memory", "rocks"])
 def test_a_store_of_the_earlier_format_loads_and_is_rewritten(
-    written: dict[str, Any], tmp_path: Path, kind: str
+    written: dict[str, Any], tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(state_store, "REWRITE_BATCH", 4)  # the 9 jobs in three writes
     store = MemoryStateStore(PARTITION) if kind == "memory" else RocksStateStore.open(tmp_path, 1)
     try:
         store.replace(items(written))
