@@ -320,16 +320,29 @@ def _share_instant(value: Millis) -> Millis:
 
 
 def compact_job(job: JobState) -> JobState:
-    """``job`` (as decoded from a store or a snapshot) holding the least memory; returns it."""
+    """``job`` (as decoded from a store or a snapshot) holding the least memory; returns it.
+
+    Run once per job of a recovery, a million times over: ``_share_instant`` written out."""
     if not job.upstream:
         job.upstream = _NONE
     if not job.trigger_keys:
         job.trigger_keys = _NONE
-    job.registered_at = _share_instant(job.registered_at)
-    if job.next_slot is not None:
-        job.next_slot = _share_instant(job.next_slot)
-    if job.anchor == job.next_slot:
-        job.anchor = job.next_slot
+    instants = _instants
+    at = job.registered_at
+    kept = instants.get(at)
+    if kept is not None:
+        job.registered_at = kept
+    elif len(instants) < _SHARED_MAX:
+        instants[at] = at
+    slot = job.next_slot
+    if slot is not None:
+        kept = instants.get(slot)
+        if kept is not None:
+            job.next_slot = slot = kept
+        elif len(instants) < _SHARED_MAX:
+            instants[slot] = slot
+        if job.anchor == slot:
+            job.anchor = slot
     return job
 
 
