@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import enum
 import heapq
+import itertools
 import math
+import operator
 from typing import Any, NamedTuple, TypeVar, assert_never
 
 import msgspec
@@ -204,6 +206,7 @@ class _Layout(NamedTuple):
     tag: tuple[str, str] | None  # (tag field, tag) of a tagged struct
     names: tuple[str, ...]  # as encoded
     defaults: tuple[Any, ...]  # _REQUIRED for a field without one
+    positions: range  # of the fields
 
 
 _REQUIRED = object()
@@ -222,7 +225,7 @@ def _layout(cls: type[msgspec.Struct]) -> _Layout:
             defaults.append(f.default_factory())
         else:
             defaults.append(_REQUIRED)
-    return _Layout(tag, tuple(names), tuple(defaults))
+    return _Layout(tag, tuple(names), tuple(defaults), range(len(names)))
 
 
 for _cls in (JobSpec, HttpTarget, KafkaTarget, PullTarget, Backoff):
@@ -230,23 +233,26 @@ for _cls in (JobSpec, HttpTarget, KafkaTarget, PullTarget, Backoff):
 _SPEC = _layouts[JobSpec]
 
 
-def _is_default(value: Any, default: Any) -> bool:
-    if value is default:
-        return True
-    if type(value) is not type(default) or value != default:
-        return False
-    return type(value) is not float or math.copysign(1.0, value) == math.copysign(1.0, default)
-
-
 def _trimmed(value: msgspec.Struct, layout: _Layout) -> dict[str, Any]:
-    """The fields of ``value`` that are not their defaults, the same way inside its structs."""
+    """The fields of ``value`` that are not their defaults, the same way inside its structs.
+
+    Run once per definition a partition folds in: the fields that are their default object
+    itself (``None``, an enum member, a small int, ``()``: most of them) are passed over in C
+    (``compress``), and only the others compared in Python."""
     out: dict[str, Any] = {} if layout.tag is None else {layout.tag[0]: layout.tag[1]}
-    for name, field, default in zip(
-        layout.names, msgspec.structs.astuple(value), layout.defaults, strict=True
-    ):
-        if not _is_default(field, default):
-            inner = _layouts.get(type(field))
-            out[name] = field if inner is None else _trimmed(field, inner)
+    values = msgspec.structs.astuple(value)
+    defaults = layout.defaults
+    for i in itertools.compress(layout.positions, map(operator.is_not, values, defaults)):
+        field, default = values[i], defaults[i]
+        kind = type(field)
+        if (
+            kind is type(default)
+            and field == default
+            and (kind is not float or math.copysign(1.0, field) == math.copysign(1.0, default))
+        ):
+            continue
+        inner = _layouts.get(kind)
+        out[layout.names[i]] = field if inner is None else _trimmed(field, inner)
     return out
 
 
