@@ -245,12 +245,21 @@ def side_by_side(records: list[dict[str, Any]]) -> str:
         if record.get("scenario") != "restart" or "baseline" not in figures:
             continue
         for build, f in (("before", figures["baseline"]), ("after", figures)):
+            if "empty_node" not in f:  # a first start after the build: no empty node beside it
+                build += ", first start"
+                empty, per_job, over = (
+                    "—",
+                    f"{round(f['rss_mb'] * 2**20 / record['jobs']):,} B",
+                    "—",
+                )
+            else:
+                empty = f"{f['empty_node']['ready_s']:.1f} s"
+                per_job = f"{f['bytes_per_job']:,} B"
+                over = f"{f['bytes_per_job_over_empty']:,} B"
             rows.append(
                 f"| {record['jobs']:,} | {record['timestamp'][11:19]} | {f['load_at_start'][0]}"
-                f" | {build} | {f['ready_s']:.1f} s | {_cpu(f)}"
-                f" | {f['empty_node']['ready_s']:.1f} s"
-                f" | {f['rss_mb']:.0f} MB | {f['bytes_per_job']:,} B"
-                f" | {f['bytes_per_job_over_empty']:,} B | {f['peak_rss_mb']:.0f} MB |"
+                f" | {build} | {f['ready_s']:.1f} s | {_cpu(f)} | {empty}"
+                f" | {f['rss_mb']:.0f} MB | {per_job} | {over} | {f['peak_rss_mb']:.0f} MB |"
             )
     return "\n".join(rows)
 
