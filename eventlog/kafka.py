@@ -34,9 +34,10 @@ v2", in which the broker adds the partition itself). When the transaction carrie
 command position too, ``AddOffsetsToTxn`` meets the same refusal and is asked again after
 ``retry.backoff.ms`` (100 ms, doubling). So the runner calls
 :meth:`KafkaPartitionWriter.wait_until_readable` before it takes its next batch: it returns as
-soon as the broker's stable end (its last stable offset) has passed the last event, or a
-read_committed read of the partition has seen it, and the commands that arrived meanwhile go
-into one transaction instead of waiting behind a stalled one.
+soon as a read_committed read of the partition (the read model's follower, usually) has seen
+the last event, or the broker's stable end (its last stable offset) has passed it, and the
+commands that arrived meanwhile go into one transaction instead of waiting behind a stalled
+one.
 
 The commands topic is trimmed, not only expired: :meth:`KafkaLog.trim_commands` deletes (the
 admin API's DeleteRecords) the records of ``commands[p]`` below p's committed command position,
@@ -121,12 +122,12 @@ _LEADERSHIP_SETTLING = frozenset(
 # it. An idle node pays for the shorter wait in fetches (about 0.03 of a core more, 8 partitions).
 READ_WAIT_MS = 10
 # How long a writer waits for its last transaction to be readable before it begins the next
-# (:meth:`KafkaPartitionWriter.wait_until_readable`), and how long it first listens for a reader
-# to tell before it asks the broker again (then twice as long each time). Only speed depends on
-# them: beginning earlier is safe. On one local broker the markers were written within the
-# first ListOffsets round trip after the commit returned (median 0.5-0.7 ms).
+# (:meth:`KafkaPartitionWriter.wait_until_readable`), and how long it listens for a reader to
+# tell before it asks the broker (then twice as long before asking again). Only speed depends on
+# them: beginning earlier is safe. On one local broker a read_committed reader at the tail had
+# the records 0.6 ms after the commit returned, and the markers beat a ListOffsets round trip.
 SETTLE_WAIT_S = 0.05
-PROBE_AGAIN_S = 0.001
+PROBE_AFTER_S = 0.002
 # Errors of a topic creation that pass once the cluster settles (librdkafka flags some of them
 # not retriable): the broker asked went away, the controller moved, no broker answered in time.
 _CREATE_SETTLING = frozenset(
@@ -434,14 +435,14 @@ class KafkaLog:
     def _wait_stable(self, partition: int, end: int, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` until every event of ``partition`` below ``end`` is readable.
 
-        A reader may have told already (:meth:`_saw_readable`: the node's read model follows
-        every partition's tail); if not, ask the broker for the partition's stable end (a
-        ListOffsets of a read_committed consumer answers the last stable offset), then listen
-        for a reader for ``PROBE_AGAIN_S`` and ask again, waiting twice as long each time. The
-        readers' fetches wait up to ``READ_WAIT_MS`` at the tail, so the broker usually tells
-        first. False when it was not readable in time."""
+        The node's read model follows every partition's tail, and its fetch is answered as
+        soon as the markers are written, so a reader usually tells (:meth:`_saw_readable`)
+        at no cost; when none has within ``PROBE_AFTER_S`` (no follower, or one held up),
+        ask the broker for the partition's stable end (a ListOffsets of a read_committed
+        consumer answers the last stable offset), then listen twice as long before asking
+        again. False when it was not readable in time."""
         deadline = time.monotonic() + timeout_s
-        wait_s = 0.0
+        wait_s = PROBE_AFTER_S
         while True:
             with self._stable_changed:
                 if self._stable_changed.wait_for(
@@ -456,8 +457,7 @@ class KafkaLog:
                     consumer, TopicPartition(self.topics["events"], partition), self._timeout_s
                 )
             self._saw_readable(partition, stable)
-            # markers late (a broker busy, replicas slow): ask less often
-            wait_s = PROBE_AGAIN_S if wait_s == 0.0 else 2 * wait_s
+            wait_s *= 2  # markers late (a broker busy, replicas slow): ask less often
 
     def _serve_reports(self) -> None:
         while not self._closed.is_set():
