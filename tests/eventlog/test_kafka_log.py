@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from core.errors import CronlogError, Fenced
-from eventlog.kafka import REPLY_PARTITIONS, REPLY_RETENTION_MS, KafkaLog
+from eventlog.kafka import REPLY_PARTITIONS, REPLY_RETENTION_MS, AppendAborted, KafkaLog
 from eventlog.port import Membership, partition_for
 
 pytestmark = pytest.mark.kafka
@@ -216,6 +216,42 @@ def test_a_writer_begins_its_next_transaction_once_the_last_is_readable(
         # markers and its own record of the commit); begun at once, 27 of 40 were.
         assert counted.refused <= appends // 4
         assert log.command_position(0) == commands[-1] + 1
+        member.close()
+    finally:
+        log.close()
+
+
+def test_an_append_whose_delivery_fails_is_aborted_and_nothing_of_it_is_read(
+    kafka_bootstrap: str,
+) -> None:
+    # The broker refuses a record above the topic's max.message.bytes: the commit fails as
+    # abortable, the writer aborts, and the append raises AppendAborted with nothing written.
+    log = KafkaLog.open(
+        kafka_bootstrap,
+        1,
+        prefix=f"kafkalog-{uuid.uuid4().hex[:12]}",
+        replication_factor=-1,
+        min_insync_replicas=None,
+        topic_config={"max.message.bytes": "2000"},
+        readable_appends=False,
+    )
+    try:
+        member = log.join(Recorder())
+        _poll_until([member], lambda: 0 in member.owned(), "never owned partition 0")
+        writer = member.writer(0)
+        [before] = writer.append([b"before"])
+        with pytest.raises(AppendAborted):
+            writer.append([b"small", b"x" * 5000])
+        # The writer stays usable (the abort may leave one more append to bump its epoch).
+        for _ in range(3):
+            try:
+                after = writer.append([b"after"])
+                break
+            except AppendAborted:
+                continue
+        writer.wait_until_readable()
+        got = log.read_events(0, 0, 100)
+        assert [(r.offset, r.value) for r in got] == [(before, b"before"), (after[0], b"after")]
         member.close()
     finally:
         log.close()
