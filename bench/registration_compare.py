@@ -9,8 +9,8 @@ round to round), each on a fresh data directory,
 and measures on each: ``POST /v1/jobs`` with ``wrk -t1 -c64`` (as :mod:`bench.registration`),
 then ``POST /v1/jobs:batch`` with 4 requests of 1,000 jobs at once (:mod:`bench.post_load`);
 then the bare endpoint with the same wrk. ``--kafka`` starts one local broker
-(``tools/kafka/broker.py``), warms it up with one unrecorded measurement, and runs both nodes
-on it, each on topics of its own, without the bare endpoint. Besides the rates, each record
+(``tools/kafka/broker.py``) and runs both nodes on it, each on topics of its own, without the
+bare endpoint. Besides the rates, each record
 has the serve process's CPU (user + system, its threads and children) per job (on a machine
 shared with other work the rate moves with the load, the CPU a job costs much less) and the
 node's appends in the measurement (from ``/metrics``: how many, events an append, their mean
@@ -155,14 +155,10 @@ def rounds(
     commits: dict[str, str | None],
     records: list[dict[str, Any]],
 ) -> None:
-    if kafka is not None:
-        # A fresh broker's JVM is cold: the first node on it used to be the baseline's, whose
-        # first round ran at a fraction of the rate of every later one. Warm it up unrecorded.
-        with Serve(tmp / "warm-up", kafka=kafka) as serve:
-            measure(serve, args.seconds, tmp, only)
-        log("warmed the broker up (not recorded)")
     for round_ in range(1, args.rounds + 1):
-        # Which goes first alternates, so neither always meets what the other left behind.
+        # Which goes first alternates, so neither always meets what the other left behind. On
+        # Kafka the first node of a run measured at a fraction of the later rates in every run
+        # (a warm-up measurement before it did not change that): read the medians with it.
         sides = [("base", args.base), ("this", None)]
         for who, source in sides if round_ % 2 else sides[::-1]:
             with Serve(tmp / f"{who}-{round_}", source=source, kafka=kafka) as serve:
