@@ -4,15 +4,18 @@ and of this one, in interleaved rounds, with the bare Starlette endpoint in each
     git worktree add --detach /tmp/base main
     python -m bench.registration_compare --base /tmp/base [--rounds 3] [--seconds 5] [--kafka]
 
-Each round starts the baseline's node, then this checkout's, each on a fresh data directory,
+Each round starts the baseline's node and this checkout's (which goes first alternates from
+round to round), each on a fresh data directory,
 and measures on each: ``POST /v1/jobs`` with ``wrk -t1 -c64`` (as :mod:`bench.registration`),
 then ``POST /v1/jobs:batch`` with 4 requests of 1,000 jobs at once (:mod:`bench.post_load`);
 then the bare endpoint with the same wrk. ``--kafka`` starts one local broker
 (``tools/kafka/broker.py``) and runs both nodes on it, each on topics of its own, without the
-bare endpoint. Besides the rates, each record has the serve
-process's CPU (user + system, its threads and children) per job: on a machine shared with
-other work the rate moves with the load, the CPU a job costs much less. The baseline runs
-under this checkout's interpreter, from its own directory (:class:`bench.common.Serve`).
+bare endpoint. Besides the rates, each record
+has the serve process's CPU (user + system, its threads and children) per job (on a machine
+shared with other work the rate moves with the load, the CPU a job costs much less) and the
+node's appends in the measurement (from ``/metrics``: how many, events an append, their mean
+time). The baseline runs under this checkout's interpreter, from its own directory
+(:class:`bench.common.Serve`).
 
 Appends one JSON line per measurement to bench/results/registration_compare.jsonl and
 prints the medians.
@@ -37,6 +40,7 @@ from bench.common import (
     append_result,
     cpu_seconds,
     find_batch_endpoint,
+    http_get,
     loadavg,
     log,
     stamp,
@@ -56,28 +60,63 @@ def _cpu(pid: int) -> float:
     return cpu_seconds(pid) or 0.0
 
 
+APPEND_COUNTERS = (
+    "cronlog_log_append_seconds_count",
+    "cronlog_log_append_seconds_sum",
+    "cronlog_log_appended_events_total",
+)
+
+
+def _appends(serve: Serve) -> dict[str, float]:
+    """The node's append counters: appends (a fsync or a transaction each), their seconds, and
+    the events they wrote (a create is one event)."""
+    try:
+        auth = {"Authorization": f"Bearer {serve.metrics_token}"}
+        text = http_get(f"{serve.url}/metrics", headers=auth).decode()
+    except OSError:
+        return {}
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in APPEND_COUNTERS:
+            found[name] = float(value)
+    return found
+
+
+def _append_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    if not all(name in before and name in after for name in APPEND_COUNTERS):
+        return {}
+    count, seconds, events = (after[n] - before[n] for n in APPEND_COUNTERS)
+    if count <= 0:
+        return {}
+    return {"appends": int(count), "events_per_append": round(events / count, 2),
+            "append_ms_mean": round(1000 * seconds / count, 2)}  # fmt: skip
+
+
 def measure(serve: Serve, seconds: float, tmp: Path, only: set[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if "single" in only:
-        load, before = loadavg(), _cpu(serve.pid)
+        load, before, appends = loadavg(), _cpu(serve.pid), _appends(serve)
         body = json.dumps(registration.BODY).encode()
         f = registration.wrk(f"{serve.url}/v1/jobs", body, serve.token, seconds, tmp)
         out.append({"what": "single", "load_at_start": load, "per_s": f["ok_per_s"],
                     "cpu_us_per_job": round(1e6 * (_cpu(serve.pid) - before)
                                             / max(1, f["requests"])),
                     "non_2xx": f["non_2xx"], "latency_p50": f["latency_p50"],
-                    "latency_p99": f["latency_p99"]})  # fmt: skip
+                    "latency_p99": f["latency_p99"],
+                    **_append_figures(appends, _appends(serve))})  # fmt: skip
     batch = find_batch_endpoint(serve.openapi()) if "batch" in only else None
     if batch is not None:
         body = json.dumps(batch.body([registration.BODY] * batch.max_items)).encode()
-        load, before = loadavg(), _cpu(serve.pid)
+        load, before, appends = loadavg(), _cpu(serve.pid), _appends(serve)
         f = registration.post_load(f"{serve.url}{batch.path}", body, serve.token, seconds, tmp,
                                    registration.BATCH_CONCURRENCY)  # fmt: skip
         jobs = f["requests"] * batch.max_items
         out.append({"what": "batch", "load_at_start": load,
                     "per_s": round(f["ok_per_s"] * batch.max_items),
                     "cpu_us_per_job": round(1e6 * (_cpu(serve.pid) - before) / max(1, jobs), 1),
-                    "non_2xx": f["non_2xx"]})  # fmt: skip
+                    "non_2xx": f["non_2xx"],
+                    **_append_figures(appends, _appends(serve))})  # fmt: skip
     return out
 
 
@@ -117,7 +156,11 @@ def rounds(
     records: list[dict[str, Any]],
 ) -> None:
     for round_ in range(1, args.rounds + 1):
-        for who, source in (("base", args.base), ("this", None)):
+        # Which goes first alternates, so neither always meets what the other left behind. On
+        # Kafka the first node of a run measured at a fraction of the later rates in every run
+        # (a warm-up measurement before it did not change that): read the medians with it.
+        sides = [("base", args.base), ("this", None)]
+        for who, source in sides if round_ % 2 else sides[::-1]:
             with Serve(tmp / f"{who}-{round_}", source=source, kafka=kafka) as serve:
                 for figures in measure(serve, args.seconds, tmp, only):
                     records.append({"who": who, "commit": commits[who],
@@ -144,6 +187,8 @@ def report(run_id: str, seconds: float, records: list[dict[str, Any]]) -> None:
                 print(f"{who} {what}: median {statistics.median(r['per_s'] for r in rows):,.0f}/s"
                       f" {[r['per_s'] for r in rows]}"
                       + (f", CPU {statistics.median(cpu)} us a job {cpu}" if cpu else "")
+                      + (f", events an append {[r.get('events_per_append') for r in rows]}"
+                         if who != "bare" else "")
                       + f", load {[r['load_at_start'][0] for r in rows]}")  # fmt: skip
 
 

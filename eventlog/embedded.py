@@ -247,6 +247,9 @@ class EmbeddedWriter:
         op = _Append(self._partition, self._epoch, [bytes(e) for e in events], commands_through)
         return self._log._commit(op)
 
+    def wait_until_readable(self) -> None:
+        pass  # readable when append returned
+
     def command_position(self) -> int:
         return self._log._command_position(self._partition)
 

@@ -26,6 +26,19 @@ answers a request only once its read model, which folds committed events only, h
 request's events, so the writer's own wait would only hold the partition's next transaction
 back (a reader's round trip per append, on the path every write of the partition waits on).
 
+The next transaction waits for the last one's markers too, for another reason: the transaction
+coordinator refuses to add the partition to a new transaction of the same transactional id
+until it has written the last one's markers (``CONCURRENT_TRANSACTIONS``), and librdkafka asks
+again only after a fixed 20 ms (``AddPartitionsToTxn``; it speaks no KIP-890 "transactions
+v2", in which the broker adds the partition itself). When the transaction carries a
+command position too, ``AddOffsetsToTxn`` meets the same refusal and is asked again after
+``retry.backoff.ms`` (100 ms, doubling). So the runner calls
+:meth:`KafkaPartitionWriter.wait_until_readable` before it takes its next batch: it returns as
+soon as a read_committed read of the partition (the read model's follower, usually) has seen
+the last event, or the broker's stable end (its last stable offset) has passed it, and the
+commands that arrived meanwhile go into one transaction instead of waiting behind a stalled
+one.
+
 The commands topic is trimmed, not only expired: :meth:`KafkaLog.trim_commands` deletes (the
 admin API's DeleteRecords) the records of ``commands[p]`` below p's committed command position,
 which it reads back from the broker. Nothing below it is read again: a new owner starts there,
@@ -108,6 +121,13 @@ _LEADERSHIP_SETTLING = frozenset(
 # when this ran out: at 100 ms, every write waited a tenth of a second for the read model to see
 # it. An idle node pays for the shorter wait in fetches (about 0.03 of a core more, 8 partitions).
 READ_WAIT_MS = 10
+# How long a writer waits for its last transaction to be readable before it begins the next
+# (:meth:`KafkaPartitionWriter.wait_until_readable`), and how long it listens for a reader to
+# tell before it asks the broker (then twice as long before asking again). Only speed depends on
+# them: beginning earlier is safe. On one local broker a read_committed reader at the tail had
+# the records 0.6 ms after the commit returned, and the markers beat a ListOffsets round trip.
+SETTLE_WAIT_S = 0.05
+PROBE_AFTER_S = 0.002
 # Errors of a topic creation that pass once the cluster settles (librdkafka flags some of them
 # not retriable): the broker asked went away, the controller moved, no broker answered in time.
 _CREATE_SETTLING = frozenset(
@@ -159,6 +179,10 @@ class KafkaLog:
         # (topic, partition) -> a consumer left assigned at the end, and the offset it is at
         self._parked: dict[tuple[str, int], tuple[Consumer, int]] = {}
         self._readers_lock = threading.Lock()
+        # events partition -> an offset every event below which is known readable (its
+        # transaction's markers are written), as reads and the writers' probes found it
+        self._stable: dict[int, int] = {}
+        self._stable_changed = threading.Condition()
         self._admin: AdminClient | None = None  # opened by the first trim
         self._members: list[KafkaMembership] = []
         self._mailboxes: list[KafkaMailbox] = []
@@ -401,6 +425,40 @@ class KafkaLog:
                 return
         raise CronlogError(f"event {offset} of partition {partition} not readable in time")
 
+    def _saw_readable(self, partition: int, end: int) -> None:
+        """Every event of ``partition`` below ``end`` is readable: tell the writer waiting."""
+        with self._stable_changed:
+            if end > self._stable.get(partition, 0):
+                self._stable[partition] = end
+                self._stable_changed.notify_all()
+
+    def _wait_stable(self, partition: int, end: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until every event of ``partition`` below ``end`` is readable.
+
+        The node's read model follows every partition's tail, and its fetch is answered as
+        soon as the markers are written, so a reader usually tells (:meth:`_saw_readable`)
+        at no cost; when none has within ``PROBE_AFTER_S`` (no follower, or one held up),
+        ask the broker for the partition's stable end (a ListOffsets of a read_committed
+        consumer answers the last stable offset), then listen twice as long before asking
+        again. False when it was not readable in time."""
+        deadline = time.monotonic() + timeout_s
+        wait_s = PROBE_AFTER_S
+        while True:
+            with self._stable_changed:
+                if self._stable_changed.wait_for(
+                    lambda: self._stable.get(partition, 0) >= end,
+                    max(0.0, min(wait_s, deadline - time.monotonic())),
+                ):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            with self._reader() as consumer:
+                stable = _end_offset(
+                    consumer, TopicPartition(self.topics["events"], partition), self._timeout_s
+                )
+            self._saw_readable(partition, stable)
+            wait_s *= 2  # markers late (a broker busy, replicas slow): ask less often
+
     def _serve_reports(self) -> None:
         while not self._closed.is_set():
             self._producer.poll(0.1)
@@ -450,6 +508,7 @@ class KafkaLog:
         consumer, at_end = self._take_reader(topic if timeout_s > 0 else None, partition,
                                              from_offset)  # fmt: skip
         parked = False  # the events stream's only: its followers read every partition's tail
+        stable = -1  # where the partition's stable end was found (read_committed: its LSO)
         try:
             if not at_end:
                 consumer.assign([TopicPartition(topic, partition, from_offset)])
@@ -474,6 +533,7 @@ class KafkaLog:
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         at_end = True
+                        stable = max(stable, _offset(msg))
                         continue
                     if err.code() == KafkaError._AUTO_OFFSET_RESET:
                         # Out of range: past the end (nothing there yet), or below the log's
@@ -493,6 +553,11 @@ class KafkaLog:
                 offset = _offset(msg)
                 if offset >= from_offset and (not records or offset > records[-1].offset):
                     records.append(_record(msg))
+            if stream == "events":
+                # A committed record read, or the stable end reached, proves that every
+                # transaction below it has its markers written: the partition's writer waits
+                # for that before it begins its next transaction.
+                self._saw_readable(partition, max(stable, records[-1].offset + 1 if records else 0))
             if at_end and len(records) < max_records and stream == "events":
                 # Every record polled was returned: the consumer stands just past the last.
                 parked = self._park(
@@ -792,6 +857,9 @@ class KafkaPartitionWriter:
         self._producer: Producer | None = producer
         self._group_metadata = group_metadata
         self._position = 0
+        # The end of the last append's events, until they are known readable (its markers
+        # written): the next transaction waits for that (:meth:`wait_until_readable`).
+        self._unsettled: int | None = None
         self._lock = threading.RLock()  # append holds it while a failure closes the writer
         self._transactional_id = f"{log.prefix}.p{partition}"
 
@@ -830,9 +898,32 @@ class KafkaPartitionWriter:
                 self._fail(producer, e.args[0])
             if commands_through is not None:
                 self._position = commands_through
+            self._unsettled = offsets[-1] + 1 if offsets else None
         if offsets and self._log._readable_appends:
             self._log._wait_readable(self._partition, offsets[-1])
         return offsets
+
+    def wait_until_readable(self) -> None:
+        """Return once the last append's events are readable, or after ``SETTLE_WAIT_S``.
+
+        Kafka acknowledges a commit before its markers are written, and the transaction
+        coordinator refuses the partition's next transaction until they are
+        (``CONCURRENT_TRANSACTIONS``), which librdkafka asks again only after a fixed 20 ms:
+        a transaction begun at once after the last commit paid that, and the commands that
+        arrived meanwhile waited for the next one. The runner calls this before it takes its
+        next batch, so those commands gather into it instead. Nothing but speed depends on
+        it: a transaction may begin at any time, so a wait that fails or runs out only lets
+        it begin (a transaction of only a command position leaves no marker that a reader
+        sees, and is not waited for)."""
+        with self._lock:
+            end, self._unsettled = self._unsettled, None
+        if end is None:
+            return
+        try:
+            if not self._log._wait_stable(self._partition, end, SETTLE_WAIT_S):
+                logger.debug("partition %d: events below %d not readable yet", self._partition, end)
+        except (KafkaException, CronlogError) as err:
+            logger.debug("partition %d: stable end unknown: %s", self._partition, err)
 
     def command_position(self) -> int:
         """The position read from the group when the partition was assigned, or last appended."""
@@ -870,14 +961,20 @@ class KafkaPartitionWriter:
                     position, self._group_metadata(), timeout_s
                 )
             )
-        if events:
-            # Serves the delivery reports; the commit would flush too, but serve none.
-            producer.flush(timeout_s)
-            failed = [err for err, _ in reports if err is not None]
-            if len(reports) < len(events) or failed:
-                err = failed[0] if failed else KafkaError(KafkaError._MSG_TIMED_OUT)
-                raise KafkaException(_abortable(err))
+        # The commit flushes the events first and serves their delivery reports on this thread;
+        # a delivery that failed fails the commit as abortable. A flush of its own before it
+        # served them too, but cost this thread one more wait for the GIL, which the event loop
+        # holds most of the time (up to the 5 ms switch interval each time).
         _retrying(lambda: producer.commit_transaction(timeout_s))
+        if len(reports) < len(events):  # served by the commit: not expected
+            producer.flush(timeout_s)
+        failed = [err for err, _ in reports if err is not None]
+        if len(reports) < len(events) or failed:
+            raise CronlogError(
+                f"partition {self._partition}: transaction committed, but the offsets of "
+                f"{len(events) - len(reports)} of its {len(events)} events are unknown and "
+                f"{len(failed)} reported failures ({failed[:1]}); recover from the log"
+            )
         return [offset for _, offset in reports]  # reports come back in produce order
 
     def _fail(self, producer: Producer, err: KafkaError) -> NoReturn:
@@ -908,13 +1005,6 @@ def _record(msg: Message) -> Record:
     return Record(
         -1 if partition is None else partition, _offset(msg), msg.value() or b"", msg.key()
     )
-
-
-def _abortable(err: KafkaError) -> KafkaError:
-    """A failed delivery inside a transaction: abortable unless librdkafka says it is fatal."""
-    if err.fatal():
-        return err
-    return KafkaError(err.code(), err.str(), fatal=False, retriable=False, txn_requires_abort=True)
 
 
 def _end_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float) -> int:

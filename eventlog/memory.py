@@ -217,6 +217,9 @@ class MemoryWriter:
             raise ValueError(f"commands_through {commands_through} is not an offset")
         return self._log._append(self._partition, self._epoch, events, commands_through)
 
+    def wait_until_readable(self) -> None:
+        pass  # readable when append returned
+
     def command_position(self) -> int:
         return self._log._command_position(self._partition)
 

@@ -79,6 +79,16 @@ class PartitionWriter(Protocol):
         same atomic unit. Raises ``Fenced`` once a newer writer owns the partition.
         """
 
+    def wait_until_readable(self) -> None:
+        """Return once the last append is readable by every reader, or after a short bound.
+
+        The runner calls it before it takes its next batch, so commands that arrive while the
+        last append settles join that batch. Only speed depends on it (an append may begin at
+        any time) and it never raises. Embedded and in memory an append is readable when it
+        returns; Kafka's next transaction cannot begin until the broker has written the last
+        one's commit markers, which it does after acknowledging the commit.
+        """
+
     def command_position(self) -> int:
         """The next command offset to process, as last recorded (0 when none was)."""
 

@@ -397,6 +397,9 @@ class TimedWriter:
         self._metrics.appended_events.inc(len(events))
         return offsets
 
+    def wait_until_readable(self) -> None:
+        self._writer.wait_until_readable()
+
     def command_position(self) -> int:
         return self._writer.command_position()
 

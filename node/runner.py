@@ -15,7 +15,10 @@ sees it. It then appends all the batch's events in **one** durable write (one fs
 Kafka transaction for the lot: the midnight herd costs one write per batch, not per job), saves
 the state and the offset together, and only then answers the callers and starts the runs it
 leased, and hands a point-in-time view of the store to the snapshotter when a snapshot is due
-(the view is all it waits for). A failed append means the in-memory state ran ahead of the
+(the view is all it waits for). Before it takes the next batch it lets the append settle
+(``PartitionWriter.wait_until_readable``: on Kafka, until the transaction's markers are
+written, which the next transaction must wait for anyway), so what arrives meanwhile is
+decided together. A failed append means the in-memory state ran ahead of the
 log: the runner answers every caller "unavailable" and recovers from the store and the log
 again; a fenced append means another node owns the partition now, and the runner stops.
 
@@ -364,6 +367,10 @@ class PartitionRunner:
 
     def _decide_until_stopped(self) -> None:
         while not self._stopped:
+            # The last append settles first (Kafka: its commit markers written, which the next
+            # transaction would otherwise wait for inside the log, 20 ms at a time): what
+            # arrives meanwhile joins the batch taken next, instead of waiting for another.
+            self._writer.wait_until_readable()
             batch = self._wait_for_work()
             if self._stopped:
                 break

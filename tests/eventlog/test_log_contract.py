@@ -113,6 +113,22 @@ def test_event_offsets_strictly_increase_and_read_back(log_factory: LogFactory) 
     member.close()
 
 
+def test_an_append_waited_readable_is_read_by_a_read_that_does_not_wait(
+    log_factory: LogFactory,
+) -> None:
+    log = log_factory.open(num_partitions=1)
+    member, _ = own(log)
+    writer = member.writer(0)
+    writer.wait_until_readable()  # nothing appended: returns at once
+    for i in range(3):
+        offsets = writer.append([f"e{i}".encode(), f"f{i}".encode()])
+        writer.wait_until_readable()
+        assert [r.offset for r in log.read_events(0, offsets[0])] == offsets
+    writer.append([], commands_through=None)  # appends nothing: nothing to wait for
+    writer.wait_until_readable()
+    member.close()
+
+
 def test_reopen_keeps_every_acknowledged_record(reopenable_log_factory: LogFactory) -> None:
     log_factory = reopenable_log_factory
     log = log_factory.open()

@@ -247,6 +247,9 @@ class HeldWriter:
     def release(self) -> None:
         self._release.set()
 
+    def wait_until_readable(self) -> None:
+        self._writer.wait_until_readable()
+
     def command_position(self) -> int:
         return int(self._writer.command_position())
 
@@ -284,3 +287,59 @@ def test_a_writer_closed_by_a_stop_is_not_reported_as_a_fence(
     else:  # nobody here asked: another writer took the partition
         assert said == ["partition 0: fenced, another node owns it now"]
         assert runner.fenced
+
+
+class SettlingWriter:
+    """A partition writer whose last append settles only when the test says so, as a Kafka
+    transaction's markers are written some moments after its commit returned."""
+
+    def __init__(self, writer: Any) -> None:
+        self._writer = writer
+        self.partition = writer.partition
+        self.appends: list[int] = []  # events in each append, in order
+        self.settling = threading.Event()  # the runner waits for the last append to settle
+        self._settled = threading.Event()
+
+    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+        self.appends.append(len(events))
+        return list(self._writer.append(events, commands_through=commands_through))
+
+    def wait_until_readable(self) -> None:
+        if self.appends:
+            self.settling.set()
+            assert self._settled.wait(10)
+
+    def settle(self) -> None:
+        self._settled.set()
+
+    def command_position(self) -> int:
+        return int(self._writer.command_position())
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def test_requests_that_arrive_while_the_last_append_settles_go_into_one_append() -> None:
+    # On Kafka a transaction begun before the last one's markers are written waits 20 ms in
+    # the log with nothing gathering meanwhile; the runner waits for them before it takes its
+    # next batch, so what arrived in the meantime is appended together.
+    log = MemoryLog(1)
+    member = log.join(Owner())
+    member.poll(0)
+    writer = SettlingWriter(member.writer(0))
+    runner = PartitionRunner(
+        0, log, writer, lambda: MemoryStateStore(0), FakeClock(START), NoExecutors()
+    )  # type: ignore[arg-type]
+    runner.start()
+    try:
+        first = put(runner, "first")
+        assert writer.settling.wait(10)  # appended, and waiting for it to settle
+        assert isinstance(first.result(timeout=10), Decided)  # answered before it settled
+        meanwhile = [put(runner, f"job-{i}") for i in range(5)]
+        writer.settle()
+        for answer in meanwhile:
+            assert isinstance(answer.result(timeout=10), Decided)
+        assert writer.appends == [1, 5]
+        assert log.end_offset("events", 0) == 6
+    finally:
+        runner.stop()
