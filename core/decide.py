@@ -137,7 +137,7 @@ def decide(state: PartitionState, command: AnyCommand, now: Millis) -> list[AnyE
         case UpstreamSucceeded():
             return _upstream(state, command, now)
         case SlotDue():
-            return _slot_due(state, command.job_id, now)
+            return _slot_due(state, command.job_id, now, command.through)
         case LeaseDue():
             return _lease_due(state, command.run_id, now)
         case ForgetDue():
@@ -249,7 +249,13 @@ def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
         raise Conflict(f"job {cmd.job_id} exists with another definition")
     _check_version(job, cmd.expected_version)
     slot = next_slot_after_update(job.spec, spec, job.next_slot, now)
+    events: list[AnyEvent] = []
+    if any(getattr(spec, f) != getattr(job.spec, f) for f in _WHEN_FIELDS):
+        # A run materialised ahead of a slot of the old schedule is taken back: the old
+        # schedule's slot that has not come yet does not run.
+        events += [_withdrawn(run, now, slot) for run in _ahead_runs(state, job, now)]
     return [
+        *events,
         JobUpdated(
             at=now,
             job_id=job.job_id,
@@ -267,7 +273,15 @@ def _pause(state: PartitionState, cmd: PauseJob, now: Millis) -> list[AnyEvent]:
     _check_version(job, cmd.expected_version)
     if job.status is JobStatus.PAUSED:
         return []
-    return [JobPaused(at=now, job_id=job.job_id, tenant=job.spec.tenant, version=job.version + 1)]
+    # A run materialised ahead of its slot is taken back: paused, the job's slot does not run,
+    # and its next slot goes back to that run's slot (recorded as skipped if resumed late).
+    ahead = _ahead_runs(state, job, now)
+    back = min((run.scheduled_for for run in ahead), default=None)
+    events: list[AnyEvent] = [_withdrawn(run, now, back) for run in ahead]
+    events.append(
+        JobPaused(at=now, job_id=job.job_id, tenant=job.spec.tenant, version=job.version + 1)
+    )
+    return events
 
 
 def _resume(state: PartitionState, cmd: ResumeJob, now: Millis) -> list[AnyEvent]:
@@ -319,6 +333,25 @@ def _cancel_job(state: PartitionState, cmd: CancelJob, now: Millis) -> list[AnyE
     return events
 
 
+def _ahead_runs(state: PartitionState, job: JobState, now: Millis) -> list[RunState]:
+    """The job's runs materialised ahead of a slot that has not come yet (the lead time): a
+    manual trigger cannot name a future slot and a retry or replay follows a start, so a
+    pending scheduled run of a later slot is one."""
+    runs = (state.runs[run_id] for run_id in job.live)
+    return [
+        run
+        for run in runs
+        if run.scheduled_for > now
+        and run.status is RunStatus.PENDING
+        and run.trigger is Trigger.SCHEDULE
+        and run.attempt == 1
+    ]
+
+
+def _withdrawn(run: RunState, now: Millis, next_after: Millis | None) -> RunCancelled:
+    return RunCancelled(**_ids(run, now), reason=CancelReason.WITHDRAWN, next_slot=next_after)
+
+
 def _cancelled(run: RunState, now: Millis, reason: CancelReason) -> RunCancelled:
     return RunCancelled(
         **_ids(run, now), reason=reason, was_running=run.status is RunStatus.RUNNING
@@ -354,14 +387,27 @@ def _materialised(
     )
 
 
-def _slot_due(state: PartitionState, job_id: str, now: Millis) -> list[AnyEvent]:
+def _slot_due(
+    state: PartitionState, job_id: str, now: Millis, through: Millis | None
+) -> list[AnyEvent]:
+    """The slots due at ``now`` under the misfire and overlap policies, as they stand at
+    ``now``; or, when none is due, the job's next slot if it comes by ``through`` (the lead
+    time). A slot is materialised ahead only for a job with no live run, and only the one next
+    slot: with a run live, the overlap policy decides at the slot, against what is live then.
+    The misfire rules compare a slot with ``now``, so a slot not yet come is never a misfire."""
     job = state.jobs.get(job_id)
     if job is None or job.status is not JobStatus.ACTIVE:
         return []
     first = job.next_slot
-    if first is None or first > now:
+    if first is None:
         return []  # a stale timer
     spec = job.spec
+    if first > now:
+        if through is None or first > through or job.live:
+            return []  # a stale timer, or a slot for the overlap policy to decide when it comes
+        after = next_slot(spec, first, job.anchor) if spec.recurring else None
+        ahead = _with_overlap(state, job, [first], after, now)
+        return _with_dst_skips(job, ahead, _suppressed(job, first, first), now)
     if not spec.recurring:  # a one-shot: it runs however late (the API acknowledged it)
         return _with_overlap(state, job, [first], None, now)
 

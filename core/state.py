@@ -32,6 +32,7 @@ import msgspec
 from core.clock import Millis
 from core.events import (
     AnyEvent,
+    CancelReason,
     Heartbeat,
     JobCancelled,
     JobForgotten,
@@ -490,6 +491,8 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             run = state.runs[event.run_id]
             run.status = RunStatus.CANCELLED
             _end(state, run, keep=event.was_running)
+            if event.reason is CancelReason.WITHDRAWN:  # taken back before its slot came
+                state.jobs[event.job_id].next_slot = event.next_slot
         case RunReplayed():
             run = state.runs[event.run_id]
             run.status, run.attempt, run.budget_start = (
