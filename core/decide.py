@@ -95,6 +95,7 @@ from core.state import (
     RunStatus,
     compact_spec,
     ended_at,
+    promote_due,
 )
 
 MAX_SLOTS_PER_DECISION = 1000  # a longer backlog continues on the next timer
@@ -263,7 +264,7 @@ def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
             spec=spec,
             version=job.version + 1,
             next_slot=slot,
-        )
+        ),
     ]
 
 
@@ -637,6 +638,7 @@ def _granted(job: JobState, run: RunState, token: int, worker_id: str, now: Mill
 def _claim(state: PartitionState, cmd: ClaimRuns, now: Millis) -> list[AnyEvent]:
     if not 1 <= cmd.limit <= MAX_CLAIM:
         raise InvalidDefinition("limit", f"must be between 1 and {MAX_CLAIM}")
+    promote_due(state, cmd.pool, now)
     heap = state.ready.get(cmd.pool)
     if not heap:
         return []

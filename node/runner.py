@@ -136,9 +136,11 @@ class PartitionRunner:
         snapshotter: Snapshotter | None = None,
         warm: Warm | None = None,
         retention_ms: int = DEFAULT_RETENTION_MS,
+        lead_ms: int = 0,
     ) -> None:
         self.partition = partition
         self._retention_ms = retention_ms
+        self._lead_ms = lead_ms
         self._log = log_
         self._writer = writer
         self._open_store = open_store
@@ -164,7 +166,7 @@ class PartitionRunner:
         self._stop_reason: str | None = None
         self._thread: threading.Thread | None = None
         # The partition's pure core: its state and timers (replaced by every recovery).
-        self.core = Partition(partition, clock.now_ms(), retention_ms=retention_ms)
+        self.core = Partition(partition, clock.now_ms(), retention_ms=retention_ms, lead_ms=lead_ms)
         self._granted: list[tuple[str, str]] = []  # (tenant, run id) given room by the dispatcher
         # Set while the runner decides: recovered, and not failing since. ``caught_up`` is the
         # same event under the name the node's start-up waits by.
@@ -287,7 +289,11 @@ class PartitionRunner:
         )
         self.last_recovery = Recovery(self.restored_from, replayed)
         self.core = Partition(
-            self.partition, self._clock.now_ms(), state, retention_ms=self._retention_ms
+            self.partition,
+            self._clock.now_ms(),
+            state,
+            retention_ms=self._retention_ms,
+            lead_ms=self._lead_ms,
         )
         # A recovery that replayed a long tail (or, the first time, the whole log) leaves a
         # snapshot due at once, so the next owner need not replay it again.
