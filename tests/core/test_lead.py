@@ -305,3 +305,14 @@ def test_the_horizon_comes_from_the_command() -> None:
     (run,) = decide(sim.state, SlotDue(job_id="j", through=T0 + MIN), now)
     assert isinstance(run, ev.RunMaterialised) and run.run_id == run_id_of("j", T0 + MIN)
     assert run.at == now and run.next_slot == T0 + 2 * MIN
+
+
+def test_a_critical_run_materialised_ahead_is_still_never_run_twice() -> None:
+    sim = Sim(T0 + 30 * SEC, lead_ms=LEAD)
+    put(sim, "j", critical=True, lease_sec=10)
+    sim.advance(30 * SEC)
+    (lease,) = start_ready(sim)
+    sim.advance(11 * SEC)  # the worker went silent: the outcome is unknown
+    (dead,) = sim.of_type(ev.RunDeadLettered)
+    assert isinstance(dead, ev.RunDeadLettered) and dead.reason == "outcome_unknown"
+    assert dead.run_id == lease.run_id and sim.of_type(ev.RetryScheduled) == []
