@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import secrets
 import signal
 import subprocess
@@ -338,6 +339,8 @@ def run_scenario(
         figures["settle_s"] = settle_s
     return {
         "timestamp": stamp(),
+        # which build's ``cronlog serve`` ran: a baseline's source (CRONLOG_BENCH_SOURCE)
+        "source": os.environ.get("CRONLOG_BENCH_SOURCE") or "this checkout",
         "scenario": name + ("-kafka" if kafka else ""),
         "jobs": jobs,
         "profiled": profile,
