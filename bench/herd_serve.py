@@ -11,7 +11,7 @@ Scenarios (each its own processes, started afresh; one recorder for all):
 * ``http``: ``cronlog serve --allow-targets 127.0.0.0/8`` on a fresh embedded data directory
   (``--kafka``: on the run's Kafka). N jobs with an HTTP target on the recorder, registered
   through ``POST /v1/jobs`` 64 at a time (or the batch endpoint when ``/openapi.json`` has one),
-  ending at least ``--settle-s`` (15) before the slot, longer than the node's lead time, so
+  ending at least ``--settle-s`` (35) before the slot, longer than the node's lead time, so
   the runs are materialised by the node's timers as for jobs registered long before, all due
   at one second: cron ``M H * * *`` with ``seconds`` S (``--when run_at``: one-shots). Start
   lag = the call's arrival at the recorder - the slot its ``Idempotency-Key`` names; the node's
@@ -75,10 +75,10 @@ POOL = "herd"
 LEASE_SEC = 600.0  # no lease runs out while the workers claim the herd
 MAX_CALLS = 512  # cronlog serve's --max-calls default: the floor's concurrency
 # The least time between the end of the herd's registration and its slot: more than cronlog
-# serve's default lead time (10 s), so the runs are materialised ahead of the slot by the
+# serve's default lead time (30 s), so the runs are materialised ahead of the slot by the
 # node's own timers, after registration ended, as for jobs registered long before their slot
 # (registered within the lead, they would be materialised as they are registered).
-SETTLE_S = 15.0
+SETTLE_S = 35.0
 
 # name -> aps_peer arguments: APScheduler's settings that start a herd soonest and drop none
 # (no misfire limit, coalescing; the asyncio executor on the floor's client or a pool of 20

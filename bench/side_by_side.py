@@ -3,7 +3,7 @@ so a noisy minute of a shared machine falls on both alike.
 
     python -m bench.side_by_side --baseline SRC [--rounds 4] [--herd-jobs 2000]
         [--http-rates 1000] [--pull-rates 1000,2500] [--window-s 5] [--no-pull-herd]
-        [--settle-s 15]
+        [--settle-s 35]
 
 ``SRC`` is a checkout of another commit (``git worktree add --detach /tmp/base main``); its
 ``cronlog serve`` runs under this interpreter from that directory (``CRONLOG_BENCH_SOURCE``),

@@ -79,8 +79,9 @@ DEFAULT_RETENTION_MS = 24 * 3_600_000
 DEFAULT_PARK_MS = 600_000
 # The node's lead time unless told (``cronlog serve --lead-time``); a Partition built without
 # one decides every slot at the slot. Long enough for a herd's materialisation to be done by
-# its slot, short enough that a pause or a schedule change seldom has a run to withdraw.
-DEFAULT_LEAD_MS = 10_000
+# its slot (50,000 runs took more than 10 s on a busy 2-core machine, bench/results/perfherd.md),
+# short enough that a pause or a schedule change seldom has a run to withdraw.
+DEFAULT_LEAD_MS = 30_000
 # The longest lead time: well inside a parked span, so a parked slot enters the wheel before
 # its lead time begins.
 MAX_LEAD_MS = 300_000
