@@ -74,6 +74,7 @@ from core.events import (
 )
 from core.jobs import (
     JobSpec,
+    MisfirePolicy,
     OverlapPolicy,
     canonical,
     count_slots,
@@ -585,7 +586,21 @@ def _trigger(state: PartitionState, cmd: TriggerRun, now: Millis) -> list[AnyEve
         raise InvalidDefinition("scheduled_for", "must not be in the future")
     if run_id_of(job.job_id, slot) in state.runs:
         return []  # the run of this slot exists: the identity (job, slot) makes it one run
-    return [_materialised(job, slot, now, trigger=Trigger.MANUAL, key=cmd.idempotency_key)]
+    return [
+        *_yield_to_overlap(state, job, now),
+        _materialised(job, slot, now, trigger=Trigger.MANUAL, key=cmd.idempotency_key),
+    ]
+
+
+def _yield_to_overlap(state: PartitionState, job: JobState, now: Millis) -> list[AnyEvent]:
+    """A run becoming live beside a run materialised ahead of its slot: under an overlap
+    policy other than ``allow`` the ahead run is withdrawn, its slot timer goes back to the slot,
+    and the policy decides there against what is live then, as without a lead."""
+    if job.spec.overlap_policy is OverlapPolicy.ALLOW:
+        return []
+    ahead = _ahead_runs(state, job, now)
+    back = min((run.scheduled_for for run in ahead), default=None)
+    return [_withdrawn(run, now, back) for run in ahead]
 
 
 def _upstream(state: PartitionState, cmd: UpstreamSucceeded, now: Millis) -> list[AnyEvent]:
@@ -612,6 +627,7 @@ def _upstream(state: PartitionState, cmd: UpstreamSucceeded, now: Millis) -> lis
     if all(u in done for u in job.spec.depends_on):
         slot = max(done.values())  # the logical date the upstream runs were for
         if run_id_of(job.job_id, slot) not in state.runs:
+            events += _yield_to_overlap(state, job, now)
             events.append(_materialised(job, slot, now, trigger=Trigger.DEPENDENCY))
     return events
 
@@ -643,6 +659,7 @@ def _claim(state: PartitionState, cmd: ClaimRuns, now: Millis) -> list[AnyEvent]
     if not heap:
         return []
     events: list[AnyEvent] = []
+    skipped: list[AnyEvent] = []
     set_aside = []
     granted: set[str] = set()
     while heap and len(events) < cmd.limit:
@@ -653,19 +670,56 @@ def _claim(state: PartitionState, cmd: ClaimRuns, now: Millis) -> list[AnyEvent]
         set_aside.append(entry)  # kept: the LeaseGranted makes it stale when folded
         if run.available_at > now or (cmd.tenant is not None and run.tenant != cmd.tenant):
             continue
-        token = state.last_token + len(events) + 1
-        events.append(_granted(state.jobs[run.job_id], run, token, cmd.worker_id, now))
+        job = state.jobs[run.job_id]
         granted.add(run.run_id)
+        if _misfired_ahead(job, run, now):
+            skipped += _skipped_ahead(job, run, now)
+            continue
+        token = state.last_token + len(events) + 1
+        events.append(_granted(job, run, token, cmd.worker_id, now))
     for entry in set_aside:
         heapq.heappush(heap, entry)
-    return events
+    return skipped + events
 
 
 def _start(state: PartitionState, cmd: StartRun, now: Millis) -> list[AnyEvent]:
     run = _run(state, cmd.run_id, None)
     if run.status is not RunStatus.PENDING or run.available_at > now:
         raise Conflict(f"run {run.run_id} is {run.status}, not ready")
-    return [_granted(state.jobs[run.job_id], run, state.last_token + 1, cmd.worker_id, now)]
+    job = state.jobs[run.job_id]
+    if _misfired_ahead(job, run, now):
+        return _skipped_ahead(job, run, now)
+    return [_granted(job, run, state.last_token + 1, cmd.worker_id, now)]
+
+
+def _misfired_ahead(job: JobState, run: RunState, now: Millis) -> bool:
+    """A run materialised ahead of its slot that starts more than the misfire grace after it
+    (its node died before the slot and the next owner came late): under ``skip`` it does not
+    run, as it would not have had it been materialised at its slot by that owner."""
+    if not run.ahead or run.attempt != 1 or run.trigger is not Trigger.SCHEDULE:
+        return False
+    spec = job.spec
+    if not spec.recurring or spec.misfire_policy is not MisfirePolicy.SKIP:
+        return False
+    return now - run.scheduled_for > round(spec.misfire_grace_sec * 1000)
+
+
+def _skipped_ahead(job: JobState, run: RunState, now: Millis) -> list[AnyEvent]:
+    """Withdraw a misfired run materialised ahead and record its slot as skipped, as the
+    misfire rule records a slot it wakes up too late for."""
+    return [
+        _withdrawn(run, now, job.next_slot),
+        RunSkipped(
+            at=now,
+            job_id=job.job_id,
+            tenant=run.tenant,
+            scheduled_for=run.scheduled_for,
+            last_scheduled_for=run.scheduled_for,
+            count=1,
+            reason=SkipReason.MISFIRE,
+            next_slot=job.next_slot,
+        ),
+    ]
 
 
 def _heartbeat(state: PartitionState, cmd: HeartbeatRun, now: Millis) -> list[AnyEvent]:
@@ -799,7 +853,10 @@ def _replay(state: PartitionState, cmd: ReplayRun, now: Millis) -> list[AnyEvent
     _not_cancelled(state.jobs[run.job_id])
     if run.status is not RunStatus.DEAD:
         raise Conflict(f"run {run.run_id} is {run.status}; only a dead run can be replayed")
-    return [RunReplayed(**_ids(run, now, attempt=run.attempt + 1), available_at=now)]
+    return [
+        *_yield_to_overlap(state, state.jobs[run.job_id], now),
+        RunReplayed(**_ids(run, now, attempt=run.attempt + 1), available_at=now),
+    ]
 
 
 def _forget_due(state: PartitionState, cmd: ForgetDue, now: Millis) -> list[AnyEvent]:

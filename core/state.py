@@ -119,6 +119,9 @@ class RunState(msgspec.Struct, kw_only=True, gc=False):
     lease_expires_at: Millis | None = None
     started_at: Millis | None = None
     last_error: str = ""
+    # materialised ahead of its slot (the lead time): its start applies the misfire policy
+    # that a materialisation at the slot would have (``core.decide._misfired_ahead``)
+    ahead: bool = False
 
 
 class _Snapshot(msgspec.Struct):
@@ -462,6 +465,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 attempt=event.attempt,
                 budget_start=event.attempt,
                 status=RunStatus.BLOCKED if event.blocked else RunStatus.PENDING,
+                ahead=event.at < event.scheduled_for,
             )
             state.runs[run.run_id] = run
             job.live = (*job.live, run.run_id)

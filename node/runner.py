@@ -570,6 +570,7 @@ class PartitionRunner:
         self, tenant: str, run_id: str, now: int, events: list[AnyEvent], starting: dict[str, str]
     ) -> None:
         """Decide the start of a run whose room is reserved; give the room back if it did not."""
+        before = len(events)
         try:
             self._decide(StartRun(run_id=run_id, worker_id=self._dispatcher.worker_id), now, events)
         except CronlogError as err:  # cancelled, finished or moved on since it came due
@@ -579,7 +580,10 @@ class PartitionRunner:
         except BaseException:
             self._dispatcher.release(tenant)
             raise
-        starting[run_id] = tenant
+        if any(isinstance(e, ev.LeaseGranted) for e in events[before:]):
+            starting[run_id] = tenant
+        else:  # not started after all (a misfire of a run materialised ahead): no room held
+            self._dispatcher.release(tenant)
 
     def _release(self, starting: dict[str, str]) -> None:
         for tenant in starting.values():

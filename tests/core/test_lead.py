@@ -18,6 +18,7 @@ from core.commands import (
     ResumeJob,
     SlotDue,
     StartRun,
+    TriggerRun,
 )
 from core.decide import decide, run_id_of
 from core.jobs import Backoff, HttpTarget, JobSpec, PullTarget
@@ -316,3 +317,63 @@ def test_a_critical_run_materialised_ahead_is_still_never_run_twice() -> None:
     (dead,) = sim.of_type(ev.RunDeadLettered)
     assert isinstance(dead, ev.RunDeadLettered) and dead.reason == "outcome_unknown"
     assert dead.run_id == lease.run_id and sim.of_type(ev.RetryScheduled) == []
+
+
+def test_a_new_owner_that_comes_past_the_grace_skips_a_run_materialised_ahead_under_skip() -> None:
+    # As without a lead: had the slot been decided by the late owner, it would be a misfire.
+    for target in (HTTP, PullTarget(pool="p")):
+        sim = Sim(T0 + 30 * SEC, lead_ms=LEAD)
+        put(sim, "j", target=target, misfire_policy="skip", misfire_grace_sec=10)
+        sim.advance(28 * SEC)  # materialised ahead; then the owner dies
+        (run,) = materialised(sim)
+        owner = Partition.restore(sim.partition.snapshot(), sim.now, lead_ms=LEAD)
+        late = T0 + MIN + 11 * SEC
+        owner.advance(late)
+        if target is HTTP:
+            events = owner.handle(StartRun(run_id=run.run_id, worker_id="n2"), late)
+        else:
+            events = owner.handle(ClaimRuns(tenant=None, pool="p", worker_id="w", limit=10), late)
+        assert not any(isinstance(e, ev.LeaseGranted) for e in events)
+        withdrawn, skipped = events
+        assert isinstance(withdrawn, ev.RunCancelled) and withdrawn.reason == "withdrawn"
+        assert isinstance(skipped, ev.RunSkipped) and skipped.reason == "misfire"
+        assert skipped.scheduled_for == run.scheduled_for and skipped.count == 1
+        assert owner.state.runs == {} and owner.state.jobs["j"].next_slot == T0 + 2 * MIN
+
+
+def test_a_late_start_within_the_grace_or_under_fire_once_still_runs() -> None:
+    for policy, late in (("skip", 10 * SEC), ("fire_once", 11 * SEC)):
+        sim = Sim(T0 + 30 * SEC, lead_ms=LEAD)
+        put(sim, "j", misfire_policy=policy, misfire_grace_sec=10)
+        sim.advance(28 * SEC)
+        (run,) = materialised(sim)
+        owner = Partition.restore(sim.partition.snapshot(), sim.now, lead_ms=LEAD)
+        owner.advance(T0 + MIN + late)
+        (lease,) = owner.handle(StartRun(run_id=run.run_id, worker_id="n2"), T0 + MIN + late)
+        assert isinstance(lease, ev.LeaseGranted) and lease.lateness_ms == late
+
+
+def test_a_manual_run_beside_a_run_ahead_leaves_the_slot_to_the_overlap_policy() -> None:
+    sim = Sim(T0 + 30 * SEC, lead_ms=LEAD)
+    put(sim, "j", overlap_policy="skip")
+    sim.advance(28 * SEC)  # the run of T0 + 1 min is materialised ahead
+    (ahead,) = materialised(sim)
+    withdrawn, manual = sim.do(TriggerRun(job_id="j", tenant="team-a"))
+    assert isinstance(withdrawn, ev.RunCancelled) and withdrawn.reason == "withdrawn"
+    assert withdrawn.run_id == ahead.run_id and withdrawn.next_slot == T0 + MIN
+    assert isinstance(manual, ev.RunMaterialised) and manual.trigger == "manual"
+    start_ready(sim)  # the manual run starts and is still running at the slot
+    sim.advance(T0 + MIN - sim.now)
+    (skip,) = sim.of_type(ev.RunSkipped)
+    assert isinstance(skip, ev.RunSkipped) and skip.reason == "overlap"
+    assert skip.scheduled_for == T0 + MIN and not sim.ready
+    assert replayed(sim) == sim.state.snapshot()
+
+
+def test_a_manual_run_under_allow_leaves_the_run_ahead_in_place() -> None:
+    sim = Sim(T0 + 30 * SEC, lead_ms=LEAD)
+    put(sim, "j")
+    sim.advance(28 * SEC)
+    (ahead,) = materialised(sim)
+    (manual,) = sim.do(TriggerRun(job_id="j", tenant="team-a"))
+    assert isinstance(manual, ev.RunMaterialised) and ahead.run_id in sim.state.runs
