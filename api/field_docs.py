@@ -66,7 +66,7 @@ FIELDS: dict[str, str] = {
     "from_env": "Not offered (the node's environment is shared by every team): refused with a reason.",
     # -- runs
     "run_id": "The run's id: <job id>.<slot in ms since the epoch>.",
-    "state": "blocked, pending, running, succeeded, failed, retrying, dead or cancelled.",
+    "state": "blocked, pending, running, succeeded, failed, retrying, dead or cancelled. A scheduled run is pending from up to the node's lead time (--lead-time) before its slot; one withdrawn before its slot (the job paused or rescheduled) is not listed at all.",
     "attempt": "The attempt's number, from 1.",
     "trigger": "What made the run: schedule, manual (a trigger or backfill) or dependency.",
     "scheduled_for": "The run's slot (RFC 3339, UTC).",

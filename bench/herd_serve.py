@@ -11,7 +11,9 @@ Scenarios (each its own processes, started afresh; one recorder for all):
 * ``http``: ``cronlog serve --allow-targets 127.0.0.0/8`` on a fresh embedded data directory
   (``--kafka``: on the run's Kafka). N jobs with an HTTP target on the recorder, registered
   through ``POST /v1/jobs`` 64 at a time (or the batch endpoint when ``/openapi.json`` has one),
-  all due at one second: cron ``M H * * *`` with ``seconds`` S (``--when run_at``: one-shots). Start
+  ending at least ``--settle-s`` (35) before the slot, longer than the node's lead time, so
+  the runs are materialised by the node's timers as for jobs registered long before, all due
+  at one second: cron ``M H * * *`` with ``seconds`` S (``--when run_at``: one-shots). Start
   lag = the call's arrival at the recorder - the slot its ``Idempotency-Key`` names; the node's
   CPU (user + sys of it and any processes it started, from /proc) over the window from the
   slot to the last call, in cores.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import secrets
 import signal
 import subprocess
@@ -71,6 +74,11 @@ from bench.common import (
 POOL = "herd"
 LEASE_SEC = 600.0  # no lease runs out while the workers claim the herd
 MAX_CALLS = 512  # cronlog serve's --max-calls default: the floor's concurrency
+# The least time between the end of the herd's registration and its slot: more than cronlog
+# serve's default lead time (30 s), so the runs are materialised ahead of the slot by the
+# node's own timers, after registration ended, as for jobs registered long before their slot
+# (registered within the lead, they would be materialised as they are registered).
+SETTLE_S = 35.0
 
 # name -> aps_peer arguments: APScheduler's settings that start a herd soonest and drop none
 # (no misfire limit, coalescing; the asyncio executor on the floor's client or a pool of 20
@@ -131,6 +139,10 @@ def floor(recorder: Recorder, jobs: int, concurrency: int = MAX_CALLS) -> dict[s
     }
 
 
+def _margin_s(jobs: int, settle_s: float) -> float:
+    return max(2.0 + jobs / 20_000, settle_s)  # common.place_slot's margin, or the settling
+
+
 def herd_http(
     recorder: Recorder,
     jobs: int,
@@ -140,6 +152,7 @@ def herd_http(
     when: str = "cron",
     extra: list[str] | None = None,
     profile: bool = False,
+    settle_s: float = SETTLE_S,
 ) -> dict[str, Any]:
     data = tmp / f"serve-{secrets.token_hex(4)}"
     raw = tmp / f"profile-{secrets.token_hex(4)}.txt"
@@ -149,7 +162,7 @@ def herd_http(
         def make(i: int, w: dict[str, Any]) -> dict[str, Any]:
             return http_job(i, recorder.url, **w)
 
-        slot, warm = place_slot(serve, jobs, make, batch)
+        slot, warm = place_slot(serve, jobs, make, batch, margin_s=_margin_s(jobs, settle_s))
         due = daily_at_fields(slot) if when == "cron" else {"run_at": iso_ms(slot)}
         recorder.take()
         registered = register(serve, [make(i, due) for i in range(jobs)], batch=batch)
@@ -192,6 +205,7 @@ def herd_pull(
     poll_ms: float = 50.0,
     extra: list[str] | None = None,
     profile: bool = False,
+    settle_s: float = SETTLE_S,
 ) -> dict[str, Any]:
     data = tmp / f"serve-{secrets.token_hex(4)}"
     out = tmp / f"claims-{secrets.token_hex(4)}"
@@ -205,7 +219,7 @@ def herd_pull(
         def make(i: int, w: dict[str, Any]) -> dict[str, Any]:
             return pull_job(i, POOL, LEASE_SEC, **w)
 
-        slot, warm = place_slot(serve, jobs, make, batch)
+        slot, warm = place_slot(serve, jobs, make, batch, margin_s=_margin_s(jobs, settle_s))
         registered = register(
             serve, [make(i, daily_at_fields(slot)) for i in range(jobs)], batch=batch
         )
@@ -305,6 +319,7 @@ def run_scenario(
     tmp: Path,
     kafka: str | None = None,
     profile: bool = False,
+    settle_s: float = SETTLE_S,
 ) -> dict[str, Any]:
     """One run of one scenario, as a record with its load average at the start (``profile``:
     py-spy samples cronlog's node during the herd; see :mod:`bench.profiling`)."""
@@ -313,15 +328,19 @@ def run_scenario(
     if name == "floor":
         figures = floor(recorder, jobs)
     elif name == "http":
-        figures = herd_http(recorder, jobs, tmp, kafka=kafka, profile=profile)
+        figures = herd_http(recorder, jobs, tmp, kafka=kafka, profile=profile, settle_s=settle_s)
     elif name == "pull":
-        figures = herd_pull(jobs, tmp, kafka=kafka, profile=profile)
+        figures = herd_pull(jobs, tmp, kafka=kafka, profile=profile, settle_s=settle_s)
     elif name in APS_VARIANTS:
         figures = aps(recorder, jobs, tmp, name)
     else:
         raise ValueError(f"no scenario {name!r}")
+    if name in ("http", "pull"):
+        figures["settle_s"] = settle_s
     return {
         "timestamp": stamp(),
+        # which build's ``cronlog serve`` ran: a baseline's source (CRONLOG_BENCH_SOURCE)
+        "source": os.environ.get("CRONLOG_BENCH_SOURCE") or "this checkout",
         "scenario": name + ("-kafka" if kafka else ""),
         "jobs": jobs,
         "profiled": profile,
@@ -363,6 +382,13 @@ def main() -> None:
     parser.add_argument("--aps-sqlite-jobs", type=int, default=20_000)
     parser.add_argument("--only", default="floor,http,pull,aps-memory-threads,aps-memory-defaults")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help="at least this long from the end of registration to the slot (default %(default)g:"
+        " longer than the node's lead time)",
+    )
     parser.add_argument("--kafka", action="store_true", help="the cronlog scenarios on Kafka")
     parser.add_argument(
         "--profile",
@@ -390,7 +416,9 @@ def main() -> None:
                     elif name.startswith("aps-"):
                         jobs = args.aps_jobs or args.jobs
                     kafka = bootstrap if name in ("http", "pull") else None
-                    record = run_scenario(name, recorder, jobs, Path(tmp), kafka, args.profile)
+                    record = run_scenario(
+                        name, recorder, jobs, Path(tmp), kafka, args.profile, args.settle_s
+                    )
                     append_result("herd_serve", record)
                     log(describe(record))
                     if record["figures"].get("profile"):

@@ -2,13 +2,15 @@
 so a noisy minute of a shared machine falls on both alike.
 
     python -m bench.side_by_side --baseline SRC [--rounds 4] [--herd-jobs 2000]
-        [--http-rates 1000] [--pull-rates 1000,2500] [--window-s 5]
+        [--http-rates 1000] [--pull-rates 1000,2500] [--window-s 5] [--no-pull-herd]
+        [--settle-s 35]
 
 ``SRC`` is a checkout of another commit (``git worktree add --detach /tmp/base main``); its
 ``cronlog serve`` runs under this interpreter from that directory (``CRONLOG_BENCH_SOURCE``),
 measured by this checkout's benchmarks. Each round runs, in turn: the floor (a bare aiohttp
 client, :mod:`bench.floor`), the HTTP herd of ``--herd-jobs`` (:mod:`bench.herd_serve`) on the
-baseline and on this checkout, and each sustained rate (:mod:`bench.sustained`, one step of
+baseline and on this checkout, then the pull herd of as many (lag = lease granted - slot)
+on both, and each sustained rate (:mod:`bench.sustained`, one step of
 ``--window-s``) on both. The builds take turns going first (baseline first in odd rounds,
 this checkout first in even ones): the second of two herds in a row started its calls later
 in 8 rounds of 9 on 2026-12-01, whichever build it was, so an even number of rounds gives
@@ -71,6 +73,8 @@ def main() -> None:
     parser.add_argument("--http-rates", default="1000")
     parser.add_argument("--pull-rates", default="1000,2500")
     parser.add_argument("--window-s", type=int, default=5)
+    parser.add_argument("--no-pull-herd", action="store_true", help="the HTTP herd only")
+    parser.add_argument("--settle-s", type=float, default=herd_serve.SETTLE_S)
     args = parser.parse_args()
     builds: dict[str, Path | None] = {
         f"baseline@{_commit(args.baseline)}": args.baseline.resolve(),
@@ -97,11 +101,15 @@ def main() -> None:
             order = list(builds.items())
             if n % 2:
                 order.reverse()
-            for build, source in order:
-                with _built_from(source):
-                    record = herd_serve.run_scenario("http", recorder, args.herd_jobs, Path(tmp))
-                log(f"{build}: {herd_serve.describe(record)}")
-                note("herd http", build, record)
+            herds = ["http"] if args.no_pull_herd else ["http", "pull"]
+            for herd in herds:
+                for build, source in order:
+                    with _built_from(source):
+                        record = herd_serve.run_scenario(
+                            herd, recorder, args.herd_jobs, Path(tmp), settle_s=args.settle_s
+                        )
+                    log(f"{build}: {herd_serve.describe(record)}")
+                    note(f"herd {herd}", build, record)
             for kind, rate in rates:
                 for build, source in order:
                     try:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from archive.reading import ArchivedLog
 from cli.retention_args import add_retention_arguments, duration_ms, retention_from
+from core.partition import DEFAULT_LEAD_MS, MAX_LEAD_MS
 from eventlog.retention import Retention
 from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
 from projections.history_checkpoint import DEFAULT_GRACE_MS, DEFAULT_KEEP
@@ -123,6 +124,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="the tenants' quotas and request rates: a TOML file with [defaults] and"
         " [tenants.NAME] tables (see docs/security.md); without it every tenant gets the"
         " built-in defaults",
+    )
+    serve.add_argument(
+        "--lead-time",
+        type=float,
+        default=DEFAULT_LEAD_MS / 1000,
+        metavar="SEC",
+        help="materialise each scheduled run this long before its slot, so that at the slot"
+        " only its start is left (a job with a run still live is decided at the slot);"
+        " 0 decides every slot at the slot (default %(default)g, at most 300)",
     )
     serve.add_argument(
         "--job-retention-hours",
@@ -400,6 +410,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.secrets_dir is None and not secrets_dir.exists():
         secrets_dir.mkdir()
         secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
+    if not 0 <= args.lead_time <= MAX_LEAD_MS / 1000:
+        sys.exit(f"cronlog: --lead-time must be between 0 and {MAX_LEAD_MS // 1000}")
     if args.job_retention_hours < 0:
         sys.exit("cronlog: --job-retention-hours must not be negative")
     if args.rocksdb_memory_mb < 8:
@@ -488,6 +500,7 @@ def _serve(args: argparse.Namespace) -> int:
         ready_after=log_checked,
         node_id=args.node_id,
         retention_ms=round(args.job_retention_hours * 3_600_000),
+        lead_ms=round(args.lead_time * 1000),
         executors=Executors(
             args.node_id,
             max_in_flight=args.max_calls,

@@ -115,7 +115,14 @@ class UpstreamSucceeded(Command, tag=True, frozen=True, kw_only=True):
 
 
 class SlotDue(Command, tag=True, frozen=True, kw_only=True):
+    """The job's next slot is due, or is within the lead time: a slot after ``now`` and at or
+    before ``through`` is materialised ahead of it (``core.decide`` says when). ``through``
+    comes from the timer that fired (the partition's lead time), never from a clock read in
+    the core, so the decision stays a function of the state, the command and ``now``. None,
+    or a ``through`` before ``now``: only the slots due at ``now``."""
+
     job_id: str
+    through: Millis | None = None
 
 
 class LeaseDue(Command, tag=True, frozen=True, kw_only=True):

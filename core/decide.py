@@ -74,6 +74,7 @@ from core.events import (
 )
 from core.jobs import (
     JobSpec,
+    MisfirePolicy,
     OverlapPolicy,
     canonical,
     count_slots,
@@ -95,6 +96,7 @@ from core.state import (
     RunStatus,
     compact_spec,
     ended_at,
+    promote_due,
 )
 
 MAX_SLOTS_PER_DECISION = 1000  # a longer backlog continues on the next timer
@@ -137,7 +139,7 @@ def decide(state: PartitionState, command: AnyCommand, now: Millis) -> list[AnyE
         case UpstreamSucceeded():
             return _upstream(state, command, now)
         case SlotDue():
-            return _slot_due(state, command.job_id, now)
+            return _slot_due(state, command.job_id, now, command.through)
         case LeaseDue():
             return _lease_due(state, command.run_id, now)
         case ForgetDue():
@@ -249,7 +251,13 @@ def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
         raise Conflict(f"job {cmd.job_id} exists with another definition")
     _check_version(job, cmd.expected_version)
     slot = next_slot_after_update(job.spec, spec, job.next_slot, now)
+    events: list[AnyEvent] = []
+    if any(getattr(spec, f) != getattr(job.spec, f) for f in _WHEN_FIELDS):
+        # A run materialised ahead of a slot of the old schedule is taken back: the old
+        # schedule's slot that has not come yet does not run.
+        events += [_withdrawn(run, now, slot) for run in _ahead_runs(state, job, now)]
     return [
+        *events,
         JobUpdated(
             at=now,
             job_id=job.job_id,
@@ -257,7 +265,7 @@ def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
             spec=spec,
             version=job.version + 1,
             next_slot=slot,
-        )
+        ),
     ]
 
 
@@ -267,7 +275,15 @@ def _pause(state: PartitionState, cmd: PauseJob, now: Millis) -> list[AnyEvent]:
     _check_version(job, cmd.expected_version)
     if job.status is JobStatus.PAUSED:
         return []
-    return [JobPaused(at=now, job_id=job.job_id, tenant=job.spec.tenant, version=job.version + 1)]
+    # A run materialised ahead of its slot is taken back: paused, the job's slot does not run,
+    # and its next slot goes back to that run's slot (recorded as skipped if resumed late).
+    ahead = _ahead_runs(state, job, now)
+    back = min((run.scheduled_for for run in ahead), default=None)
+    events: list[AnyEvent] = [_withdrawn(run, now, back) for run in ahead]
+    events.append(
+        JobPaused(at=now, job_id=job.job_id, tenant=job.spec.tenant, version=job.version + 1)
+    )
+    return events
 
 
 def _resume(state: PartitionState, cmd: ResumeJob, now: Millis) -> list[AnyEvent]:
@@ -319,6 +335,25 @@ def _cancel_job(state: PartitionState, cmd: CancelJob, now: Millis) -> list[AnyE
     return events
 
 
+def _ahead_runs(state: PartitionState, job: JobState, now: Millis) -> list[RunState]:
+    """The job's runs materialised ahead of a slot that has not come yet (the lead time): a
+    manual trigger cannot name a future slot and a retry or replay follows a start, so a
+    pending scheduled run of a later slot is one."""
+    runs = (state.runs[run_id] for run_id in job.live)
+    return [
+        run
+        for run in runs
+        if run.scheduled_for > now
+        and run.status is RunStatus.PENDING
+        and run.trigger is Trigger.SCHEDULE
+        and run.attempt == 1
+    ]
+
+
+def _withdrawn(run: RunState, now: Millis, next_after: Millis | None) -> RunCancelled:
+    return RunCancelled(**_ids(run, now), reason=CancelReason.WITHDRAWN, next_slot=next_after)
+
+
 def _cancelled(run: RunState, now: Millis, reason: CancelReason) -> RunCancelled:
     return RunCancelled(
         **_ids(run, now), reason=reason, was_running=run.status is RunStatus.RUNNING
@@ -354,14 +389,27 @@ def _materialised(
     )
 
 
-def _slot_due(state: PartitionState, job_id: str, now: Millis) -> list[AnyEvent]:
+def _slot_due(
+    state: PartitionState, job_id: str, now: Millis, through: Millis | None
+) -> list[AnyEvent]:
+    """The slots due at ``now`` under the misfire and overlap policies, as they stand at
+    ``now``; or, when none is due, the job's next slot if it comes by ``through`` (the lead
+    time). A slot is materialised ahead only for a job with no live run, and only the one next
+    slot: with a run live, the overlap policy decides at the slot, against what is live then.
+    The misfire rules compare a slot with ``now``, so a slot not yet come is never a misfire."""
     job = state.jobs.get(job_id)
     if job is None or job.status is not JobStatus.ACTIVE:
         return []
     first = job.next_slot
-    if first is None or first > now:
+    if first is None:
         return []  # a stale timer
     spec = job.spec
+    if first > now:
+        if through is None or first > through or job.live:
+            return []  # a stale timer, or a slot for the overlap policy to decide when it comes
+        after = next_slot(spec, first, job.anchor) if spec.recurring else None
+        ahead = _with_overlap(state, job, [first], after, now)
+        return _with_dst_skips(job, ahead, _suppressed(job, first, first), now)
     if not spec.recurring:  # a one-shot: it runs however late (the API acknowledged it)
         return _with_overlap(state, job, [first], None, now)
 
@@ -538,7 +586,21 @@ def _trigger(state: PartitionState, cmd: TriggerRun, now: Millis) -> list[AnyEve
         raise InvalidDefinition("scheduled_for", "must not be in the future")
     if run_id_of(job.job_id, slot) in state.runs:
         return []  # the run of this slot exists: the identity (job, slot) makes it one run
-    return [_materialised(job, slot, now, trigger=Trigger.MANUAL, key=cmd.idempotency_key)]
+    return [
+        *_yield_to_overlap(state, job, now),
+        _materialised(job, slot, now, trigger=Trigger.MANUAL, key=cmd.idempotency_key),
+    ]
+
+
+def _yield_to_overlap(state: PartitionState, job: JobState, now: Millis) -> list[AnyEvent]:
+    """A run becoming live beside a run materialised ahead of its slot: under an overlap
+    policy other than ``allow`` the ahead run is withdrawn, its slot timer goes back to the slot,
+    and the policy decides there against what is live then, as without a lead."""
+    if job.spec.overlap_policy is OverlapPolicy.ALLOW:
+        return []
+    ahead = _ahead_runs(state, job, now)
+    back = min((run.scheduled_for for run in ahead), default=None)
+    return [_withdrawn(run, now, back) for run in ahead]
 
 
 def _upstream(state: PartitionState, cmd: UpstreamSucceeded, now: Millis) -> list[AnyEvent]:
@@ -565,6 +627,7 @@ def _upstream(state: PartitionState, cmd: UpstreamSucceeded, now: Millis) -> lis
     if all(u in done for u in job.spec.depends_on):
         slot = max(done.values())  # the logical date the upstream runs were for
         if run_id_of(job.job_id, slot) not in state.runs:
+            events += _yield_to_overlap(state, job, now)
             events.append(_materialised(job, slot, now, trigger=Trigger.DEPENDENCY))
     return events
 
@@ -591,10 +654,12 @@ def _granted(job: JobState, run: RunState, token: int, worker_id: str, now: Mill
 def _claim(state: PartitionState, cmd: ClaimRuns, now: Millis) -> list[AnyEvent]:
     if not 1 <= cmd.limit <= MAX_CLAIM:
         raise InvalidDefinition("limit", f"must be between 1 and {MAX_CLAIM}")
+    promote_due(state, cmd.pool, now)
     heap = state.ready.get(cmd.pool)
     if not heap:
         return []
     events: list[AnyEvent] = []
+    skipped: list[AnyEvent] = []
     set_aside = []
     granted: set[str] = set()
     while heap and len(events) < cmd.limit:
@@ -605,19 +670,56 @@ def _claim(state: PartitionState, cmd: ClaimRuns, now: Millis) -> list[AnyEvent]
         set_aside.append(entry)  # kept: the LeaseGranted makes it stale when folded
         if run.available_at > now or (cmd.tenant is not None and run.tenant != cmd.tenant):
             continue
-        token = state.last_token + len(events) + 1
-        events.append(_granted(state.jobs[run.job_id], run, token, cmd.worker_id, now))
+        job = state.jobs[run.job_id]
         granted.add(run.run_id)
+        if _misfired_ahead(job, run, now):
+            skipped += _skipped_ahead(job, run, now)
+            continue
+        token = state.last_token + len(events) + 1
+        events.append(_granted(job, run, token, cmd.worker_id, now))
     for entry in set_aside:
         heapq.heappush(heap, entry)
-    return events
+    return skipped + events
 
 
 def _start(state: PartitionState, cmd: StartRun, now: Millis) -> list[AnyEvent]:
     run = _run(state, cmd.run_id, None)
     if run.status is not RunStatus.PENDING or run.available_at > now:
         raise Conflict(f"run {run.run_id} is {run.status}, not ready")
-    return [_granted(state.jobs[run.job_id], run, state.last_token + 1, cmd.worker_id, now)]
+    job = state.jobs[run.job_id]
+    if _misfired_ahead(job, run, now):
+        return _skipped_ahead(job, run, now)
+    return [_granted(job, run, state.last_token + 1, cmd.worker_id, now)]
+
+
+def _misfired_ahead(job: JobState, run: RunState, now: Millis) -> bool:
+    """A run materialised ahead of its slot that starts more than the misfire grace after it
+    (its node died before the slot and the next owner came late): under ``skip`` it does not
+    run, as it would not have had it been materialised at its slot by that owner."""
+    if not run.ahead or run.attempt != 1 or run.trigger is not Trigger.SCHEDULE:
+        return False
+    spec = job.spec
+    if not spec.recurring or spec.misfire_policy is not MisfirePolicy.SKIP:
+        return False
+    return now - run.scheduled_for > round(spec.misfire_grace_sec * 1000)
+
+
+def _skipped_ahead(job: JobState, run: RunState, now: Millis) -> list[AnyEvent]:
+    """Withdraw a misfired run materialised ahead and record its slot as skipped, as the
+    misfire rule records a slot it wakes up too late for."""
+    return [
+        _withdrawn(run, now, job.next_slot),
+        RunSkipped(
+            at=now,
+            job_id=job.job_id,
+            tenant=run.tenant,
+            scheduled_for=run.scheduled_for,
+            last_scheduled_for=run.scheduled_for,
+            count=1,
+            reason=SkipReason.MISFIRE,
+            next_slot=job.next_slot,
+        ),
+    ]
 
 
 def _heartbeat(state: PartitionState, cmd: HeartbeatRun, now: Millis) -> list[AnyEvent]:
@@ -751,7 +853,10 @@ def _replay(state: PartitionState, cmd: ReplayRun, now: Millis) -> list[AnyEvent
     _not_cancelled(state.jobs[run.job_id])
     if run.status is not RunStatus.DEAD:
         raise Conflict(f"run {run.run_id} is {run.status}; only a dead run can be replayed")
-    return [RunReplayed(**_ids(run, now, attempt=run.attempt + 1), available_at=now)]
+    return [
+        *_yield_to_overlap(state, state.jobs[run.job_id], now),
+        RunReplayed(**_ids(run, now, attempt=run.attempt + 1), available_at=now),
+    ]
 
 
 def _forget_due(state: PartitionState, cmd: ForgetDue, now: Millis) -> list[AnyEvent]:

@@ -35,6 +35,10 @@ class CancelReason(enum.StrEnum):
     USER = "user"
     JOB_CANCELLED = "job_cancelled"
     OVERLAP = "overlap"  # superseded by a newer slot under cancel_other
+    # A run materialised ahead of its slot (the lead time), taken back before the slot came:
+    # the job was paused or its schedule changed. Not a run that was cancelled: the job's next
+    # slot goes back to ``next_slot`` and the read model drops the run's record.
+    WITHDRAWN = "withdrawn"
 
 
 class Trigger(enum.StrEnum):
@@ -165,6 +169,9 @@ class RunDeadLettered(RunEvent, tag=True, frozen=True, kw_only=True):
 class RunCancelled(RunEvent, tag=True, frozen=True, kw_only=True):
     reason: CancelReason
     was_running: bool = False
+    # reason ``withdrawn`` only: the job's next slot from here on (the withdrawn run's own slot
+    # when a pause took it back, so that it is still the slot to run or to record as skipped)
+    next_slot: Millis | None = None
 
 
 class RunReplayed(RunEvent, tag=True, frozen=True, kw_only=True):

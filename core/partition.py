@@ -23,6 +23,15 @@ A job that ended (``core.state.has_ended``) is forgotten ``retention_ms`` after 
 still over. The retention is a setting, not state: it only says when that decision is taken,
 and replaying the log folds what was decided, whatever the setting is now.
 
+**Lead time.** With ``lead_ms`` set, a job with no live run has its slot timer armed
+``lead_ms`` before its next slot, and firing it decides ``SlotDue`` with ``through = now +
+lead_ms``: the run is materialised ahead of its slot, pending until its ``available_at`` (the
+slot plus jitter), and at the slot only its start is left (a lease and the dispatch). A job
+with a run live keeps its timer at the slot (the overlap policy decides then); when its last
+live run ends the timer moves back to the lead time before the next slot. Like the retention,
+the lead is a setting, not state: it says when a decision is taken, and a restored partition
+arms its timers by the lead it is given. 0 (the default) decides every slot at the slot.
+
 ``snapshot()`` gives the canonical state as bytes with a format version in front, and
 ``restore()`` takes them back (rebuilding every timer from the state): a snapshot of a state
 equals the snapshot of the state that replaying its events gives.
@@ -71,6 +80,14 @@ DEFAULT_RETENTION_MS = 24 * 3_600_000
 # The span of the parked slots' lists (module docstring): a slot at least one span and at most
 # two away is in the wheel; a farther one waits in its span's list.
 DEFAULT_PARK_MS = 600_000
+# The node's lead time unless told (``cronlog serve --lead-time``); a Partition built without
+# one decides every slot at the slot. Long enough for a herd's materialisation to be done by
+# its slot (50,000 runs took more than 10 s on a busy 2-core machine, bench/results/perfherd.md),
+# short enough that a pause or a schedule change seldom has a run to withdraw.
+DEFAULT_LEAD_MS = 30_000
+# The longest lead time: well inside a parked span, so a parked slot enters the wheel before
+# its lead time begins.
+MAX_LEAD_MS = 300_000
 _DAY_MS = 86_400_000  # the span of a slot a day or more away
 
 
@@ -85,13 +102,17 @@ class Partition:
         wheel_size: int = 512,
         retention_ms: int = DEFAULT_RETENTION_MS,
         park_ms: int = DEFAULT_PARK_MS,
+        lead_ms: int = 0,
     ) -> None:
+        if not 0 <= lead_ms <= MAX_LEAD_MS:
+            raise ValueError(f"lead_ms must be between 0 and {MAX_LEAD_MS}, got {lead_ms}")
         if retention_ms < 0:
             raise ValueError(f"retention_ms must not be negative, got {retention_ms}")
         if park_ms < 0:
             raise ValueError(f"park_ms must not be negative, got {park_ms}")
         self.number = number
         self.retention_ms = retention_ms
+        self.lead_ms = lead_ms
         self.state = state if state is not None else PartitionState(number)
         self.wheel: TimingWheel[TimerKey] = TimingWheel(now, tick_ms=tick_ms, wheel_size=wheel_size)
         self._due: deque[TimerKey] = deque()
@@ -106,12 +127,14 @@ class Partition:
 
         The same timers as ``all_timers`` gives, in its order, written out for the jobs: it
         runs once per job of a recovery, a million times over."""
-        state, retention, park = self.state, self.retention_ms, self._park_ms
+        state, retention, park, lead = self.state, self.retention_ms, self._park_ms, self.lead_ms
         parked = self._parked
         active = JobStatus.ACTIVE
         for job in state.jobs.values():
             slot = job.next_slot
             if slot is not None and job.status is active:
+                if lead and not job.live:  # as ``core.timers.slot_timer`` arms it
+                    slot -= lead
                 take = now  # not parked
                 if park:
                     take = slot - slot % (park if slot - now < _DAY_MS else _DAY_MS) - park
@@ -145,7 +168,7 @@ class Partition:
     def fold(self, event: ev.AnyEvent) -> None:
         """Fold one event in and change the timers it calls for (replay uses this too)."""
         evolve(self.state, event)
-        changes = timers_after(self.state, event)
+        changes = timers_after(self.state, event, self.lead_ms)
         changes.append(forget_timer(self.state, event.job_id, self.retention_ms))
         for key, deadline in changes:
             if deadline is None:
@@ -160,7 +183,7 @@ class Partition:
         kind, ident = key
         command: AnyCommand
         if kind == "slot":
-            command = SlotDue(job_id=ident)
+            command = SlotDue(job_id=ident, through=now + self.lead_ms if self.lead_ms else None)
         elif kind == "lease":
             command = LeaseDue(run_id=ident)
         elif kind == "forget":
@@ -191,7 +214,7 @@ class Partition:
                 key: TimerKey = ("slot", job_id)
                 if key in wheel:
                     continue  # armed by an event folded since: newer than the parked one
-                _, deadline = slot_timer(state, job_id)
+                _, deadline = slot_timer(state, job_id, self.lead_ms)
                 if deadline is not None and not wheel.add(key, deadline, arming):
                     self._due.append(key)
 

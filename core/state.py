@@ -6,7 +6,8 @@ the live owner holds. For speed it updates ``state`` in place and returns it.
 
 The canonical state is ``jobs``, ``runs`` and ``last_token``; :meth:`PartitionState.snapshot`
 encodes exactly that. ``ready`` is a derived index (pull runs by pool, ordered for claiming),
-rebuilt from the canonical state on load and never compared.
+rebuilt from the canonical state on load and never compared; ``later`` holds the pull runs not
+due yet, by ``available_at``, until a claim moves them into ``ready``.
 
 A job holds its definition encoded (:func:`hold_spec`) and decodes it when it is read
 (``JobState.spec``), so a recovery decodes per job only the few fields the timers and counters
@@ -39,6 +40,7 @@ import msgspec
 from core.clock import Millis
 from core.events import (
     AnyEvent,
+    CancelReason,
     Heartbeat,
     JobCancelled,
     JobForgotten,
@@ -163,6 +165,9 @@ class RunState(msgspec.Struct, kw_only=True, gc=False):
     lease_expires_at: Millis | None = None
     started_at: Millis | None = None
     last_error: str = ""
+    # materialised ahead of its slot (the lead time): its start applies the misfire policy
+    # that a materialisation at the slot would have (``core.decide._misfired_ahead``)
+    ahead: bool = False
 
 
 class _Snapshot(msgspec.Struct):
@@ -370,6 +375,9 @@ class PartitionState:
         self.last_token = 0
         # derived: pool -> heap of (ageing key, slot, run id, attempt); entries go stale lazily
         self.ready: dict[str, list[tuple[int, int, str, int]]] = {}
+        # derived: pool -> heap of (available_at, *ready entry) of runs not due when they were
+        # indexed; a claim moves those due into ``ready`` (``promote_due``)
+        self.later: dict[str, list[tuple[int, int, int, str, int]]] = {}
         # derived: job -> its runs in ``runs`` that are not live (dead, or cancelled while
         # running), for the few jobs that have any
         self.kept: dict[str, list[str]] = {}
@@ -428,6 +436,7 @@ def rebuild_index(state: PartitionState) -> None:
     """Rebuild the derived ``ready`` and ``kept`` indexes from ``jobs`` and ``runs`` (after a
     load)."""
     state.ready = {}
+    state.later = {}
     state.kept = {}
     for run in state.runs.values():
         if run.status is RunStatus.PENDING:
@@ -482,11 +491,33 @@ def _unkeep(state: PartitionState, run: RunState) -> None:
             del state.kept[run.job_id]
 
 
-def _index(state: PartitionState, run: RunState) -> None:
+def _index(state: PartitionState, run: RunState, at: Millis | None = None) -> None:
+    """Index a pending run of a pool for claims: in ``ready`` if it may start at ``at`` (the
+    instant of the event that made it pending), else in ``later`` by its ``available_at``, so
+    that a claim does not step over the runs that are not due yet (a herd materialised ahead
+    of its slot, retries backing off). ``at`` None (a rebuild): ``later``, whence the first
+    claim moves what is due."""
     pool = state.pool_of(run)
     if pool is not None:
-        heap = state.ready.setdefault(pool, [])
-        heapq.heappush(heap, (ageing_key(run), run.scheduled_for, run.run_id, run.attempt))
+        entry = (ageing_key(run), run.scheduled_for, run.run_id, run.attempt)
+        if at is not None and run.available_at <= at:
+            heapq.heappush(state.ready.setdefault(pool, []), entry)
+        else:
+            heapq.heappush(state.later.setdefault(pool, []), (run.available_at, *entry))
+
+
+def promote_due(state: PartitionState, pool: str, now: Millis) -> None:
+    """Move ``pool``'s runs whose ``available_at`` came by ``now`` from ``later`` to ``ready``
+    (derived indexes only: the claim order among ready runs is their ``ageing_key`` order, the
+    same whichever way they came in)."""
+    later = state.later.get(pool)
+    if not later or later[0][0] > now:
+        return
+    ready = state.ready.setdefault(pool, [])
+    while later and later[0][0] <= now:
+        heapq.heappush(ready, heapq.heappop(later)[1:])
+    if not later:
+        del state.later[pool]
 
 
 def _tidy_ready(state: PartitionState, pool: str) -> None:
@@ -494,12 +525,17 @@ def _tidy_ready(state: PartitionState, pool: str) -> None:
     forgotten job's runs must not stay in the index of a pool nobody claims from any more
     (claims tidy the rest as they pop)."""
     heap = state.ready.get(pool)
-    if heap is None:
-        return
-    while heap and not state.is_ready_entry_live(heap[0], pool):
-        heapq.heappop(heap)
-    if not heap:
-        del state.ready[pool]
+    if heap is not None:
+        while heap and not state.is_ready_entry_live(heap[0], pool):
+            heapq.heappop(heap)
+        if not heap:
+            del state.ready[pool]
+    later = state.later.get(pool)
+    if later is not None:
+        while later and not state.is_ready_entry_live(later[0][1:], pool):
+            heapq.heappop(later)
+        if not later:
+            del state.later[pool]
 
 
 def _end(state: PartitionState, run: RunState, *, keep: bool) -> None:
@@ -541,7 +577,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 for run_id in job.live:
                     run = state.runs[run_id]
                     if run.status is RunStatus.PENDING:
-                        _index(state, run)
+                        _index(state, run, event.at)
         case JobPaused():
             job = state.jobs[event.job_id]
             job.status, job.version = JobStatus.PAUSED, event.version
@@ -568,13 +604,14 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 attempt=event.attempt,
                 budget_start=event.attempt,
                 status=RunStatus.BLOCKED if event.blocked else RunStatus.PENDING,
+                ahead=event.at < event.scheduled_for,
             )
             state.runs[run.run_id] = run
             job.live = (*job.live, run.run_id)
             if event.blocked:
                 job.blocked_run = run.run_id
             else:
-                _index(state, run)
+                _index(state, run, event.at)
             if event.trigger is Trigger.SCHEDULE:
                 job.next_slot = event.next_slot
             elif event.trigger is Trigger.DEPENDENCY:
@@ -591,7 +628,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             run = state.runs[event.run_id]
             run.status, run.available_at = RunStatus.PENDING, event.available_at
             state.jobs[event.job_id].blocked_run = None
-            _index(state, run)
+            _index(state, run, event.at)
         case LeaseGranted():
             run = state.runs[event.run_id]
             run.status, run.fencing_token = RunStatus.RUNNING, event.fencing_token
@@ -619,7 +656,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 event.attempt,
                 event.available_at,
             )
-            _index(state, run)
+            _index(state, run, event.at)
         case RunDeadLettered():
             run = state.runs[event.run_id]
             run.status, run.last_error = RunStatus.DEAD, event.error
@@ -629,6 +666,8 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             run = state.runs[event.run_id]
             run.status = RunStatus.CANCELLED
             _end(state, run, keep=event.was_running)
+            if event.reason is CancelReason.WITHDRAWN:  # taken back before its slot came
+                state.jobs[event.job_id].next_slot = event.next_slot
         case RunReplayed():
             run = state.runs[event.run_id]
             run.status, run.attempt, run.budget_start = (
@@ -640,7 +679,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             job = state.jobs[event.job_id]
             job.live = (*job.live, run.run_id)
             _unkeep(state, run)
-            _index(state, run)
+            _index(state, run, event.at)
         case UpstreamRecorded():
             job = state.jobs[event.job_id]
             job.upstream = _own(job.upstream)

@@ -2,7 +2,8 @@
 
 Three kinds of timer, keyed so that re-arming replaces:
 
-``("slot", job_id)``   the job's next slot is due: decide ``SlotDue``;
+``("slot", job_id)``   the job's next slot is due, or is a lead time away (``slot_timer``):
+                       decide ``SlotDue``;
 ``("lease", run_id)``  a lease may have run out: decide ``LeaseDue``;
 ``("ready", run_id)``  a run for a push target (HTTP, Kafka topic) may start: the node's
                        executor asks to lease it (``StartRun``). Pull runs need no timer:
@@ -23,6 +24,7 @@ from typing import assert_never
 from core.clock import Millis
 from core.events import (
     AnyEvent,
+    CancelReason,
     Heartbeat,
     JobCancelled,
     JobForgotten,
@@ -51,15 +53,19 @@ TimerKey = tuple[str, str]
 TimerChange = tuple[TimerKey, Millis | None]
 
 
-def slot_timer(state: PartitionState, job_id: str) -> TimerChange:
-    """The job's slot timer as its state stands: its next slot, or None (cancel it)."""
-    return _slot_timer(state, job_id)
+def slot_timer(state: PartitionState, job_id: str, lead_ms: int = 0) -> TimerChange:
+    """The job's slot timer as its state stands: its next slot, or None (cancel it); a lead
+    time ahead of it while the job has no live run (``core.decide``: only then is a slot
+    materialised ahead)."""
+    return _slot_timer(state, job_id, lead_ms)
 
 
-def _slot_timer(state: PartitionState, job_id: str) -> TimerChange:
+def _slot_timer(state: PartitionState, job_id: str, lead_ms: int = 0) -> TimerChange:
     job = state.jobs.get(job_id)
     if job is None or job.status is not JobStatus.ACTIVE or job.next_slot is None:
         return (("slot", job_id), None)
+    if lead_ms and not job.live:
+        return (("slot", job_id), job.next_slot - lead_ms)
     return (("slot", job_id), job.next_slot)
 
 
@@ -74,39 +80,55 @@ def _ready_timer(state: PartitionState, run: RunState) -> list[TimerChange]:
     return [(("ready", run.run_id), run.available_at)]
 
 
-def timers_after(state: PartitionState, event: AnyEvent) -> list[TimerChange]:
-    """The timer changes ``event`` calls for; ``state`` has already folded it."""
+def timers_after(state: PartitionState, event: AnyEvent, lead_ms: int = 0) -> list[TimerChange]:
+    """The timer changes ``event`` calls for; ``state`` has already folded it. With a lead
+    time the slot timer also moves when the job's live runs come and go (``slot_timer``)."""
     match event:
         case JobUpdated():
             # A new target may move its pending runs between the executors and a pool.
-            changes = [_slot_timer(state, event.job_id)]
+            changes = [_slot_timer(state, event.job_id, lead_ms)]
             for run_id in state.jobs[event.job_id].live:
                 changes += _ready_timer(state, state.runs[run_id])
             return changes
         case JobRegistered() | JobResumed() | RunSkipped():
-            return [_slot_timer(state, event.job_id)]
+            return [_slot_timer(state, event.job_id, lead_ms)]
         case JobPaused() | JobCancelled():
             return [(("slot", event.job_id), None)]
         case RunMaterialised():
-            changes = [_slot_timer(state, event.job_id)]
+            changes = [_slot_timer(state, event.job_id, lead_ms)]
             run = state.runs.get(event.run_id)
             if run is not None:
                 changes += _ready_timer(state, run)
             return changes
-        case RunReleased() | RetryScheduled() | RunReplayed():
+        case RunReleased() | RetryScheduled():
             run = state.runs.get(event.run_id)
             return _ready_timer(state, run) if run is not None else []
+        case RunReplayed():
+            run = state.runs.get(event.run_id)
+            changes = _ready_timer(state, run) if run is not None else []
+            if lead_ms:  # live again: the next slot is decided at the slot
+                changes.append(_slot_timer(state, event.job_id, lead_ms))
+            return changes
         case LeaseGranted() | Heartbeat():
             return [
                 (("ready", event.run_id), None),
                 (("lease", event.run_id), event.lease_expires_at),
             ]
-        case RunCompleted() | RunDeadLettered() | LeaseExpired():
+        case RunCompleted() | RunDeadLettered():
+            changes = [(("ready", event.run_id), None), (("lease", event.run_id), None)]
+            if lead_ms:  # perhaps the last live run: the next slot may be materialised ahead
+                changes.append(_slot_timer(state, event.job_id, lead_ms))
+            return changes
+        case LeaseExpired():
             return [(("ready", event.run_id), None), (("lease", event.run_id), None)]
         case RunCancelled():
             if event.was_running:  # keep the lease timer: it clears the cancelled run
-                return [(("ready", event.run_id), None)]
-            return [(("ready", event.run_id), None), (("lease", event.run_id), None)]
+                changes = [(("ready", event.run_id), None)]
+            else:
+                changes = [(("ready", event.run_id), None), (("lease", event.run_id), None)]
+            if lead_ms or event.reason is CancelReason.WITHDRAWN:  # the next slot moved
+                changes.append(_slot_timer(state, event.job_id, lead_ms))
+            return changes
         case RunFailed():
             # The attempt ended: its lease is gone (a retry or dead letter follows as its own
             # event). Left armed, the timer would fire for a run that holds no lease.
@@ -129,11 +151,11 @@ def forget_timer(state: PartitionState, job_id: str, retention_ms: int) -> Timer
 
 
 def all_timers(
-    state: PartitionState, retention_ms: int | None = None
+    state: PartitionState, retention_ms: int | None = None, lead_ms: int = 0
 ) -> Iterator[tuple[TimerKey, Millis]]:
     """Every timer ``state`` calls for; the forget timers too when ``retention_ms`` is given."""
     for job in state.jobs.values():
-        key, deadline = _slot_timer(state, job.job_id)
+        key, deadline = _slot_timer(state, job.job_id, lead_ms)
         if deadline is not None:
             yield key, deadline
         if retention_ms is not None and (ended := ended_at(state, job)) is not None:

@@ -1,12 +1,13 @@
 """One log line per decision that matters, with the ids to find it by (a herd: one line for a
 team's runs fired together).
 
-The decisions: a run **fired** (its slot came, or someone triggered it: ``RunMaterialised``), was
-**retried** (``RetryScheduled``), **dead-lettered** (``RunDeadLettered``), slots **skipped**
-(``RunSkipped``); a partition **fenced** (another writer took it), and a partition **moved**
-(assigned to this node, or given up). Each is one record of the ``cronlog.decisions`` logger at
-INFO whose message reads on its own in the text format, and whose ``extra`` fields carry the ids
-as fields of their own in the JSON format (``cronlog serve --log-format json``, see
+The decisions: a run **fired** (its slot came or is a lead time away, or someone triggered it:
+``RunMaterialised``), was **retried** (``RetryScheduled``), **dead-lettered**
+(``RunDeadLettered``), slots **skipped** (``RunSkipped``); a partition **fenced** (another
+writer took it), and a partition **moved** (assigned to this node, or given up). Each is one
+record of the ``cronlog.decisions`` logger at INFO whose message reads on its own in the text
+format, and whose ``extra`` fields carry the ids as fields of their own in the JSON format
+(``cronlog serve --log-format json``, see
 :func:`formatter`)::
 
     {"level": "INFO", "logger": "cronlog.decisions",

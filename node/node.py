@@ -63,7 +63,7 @@ from core.commands import (
 from core.decide import job_id_of_run
 from core.errors import CronlogError, LogCorrupted, Unavailable
 from core.jobs import MAX_PRIORITY
-from core.partition import DEFAULT_RETENTION_MS
+from core.partition import DEFAULT_LEAD_MS, DEFAULT_RETENTION_MS
 from core.state import JobStatus, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
 from eventlog.snapshots import SnapshotStore
@@ -138,6 +138,7 @@ class Node:
         standby_replicas: int = 0,
         snapshot_offset: Callable[[int], int | None] | None = None,
         retention_ms: int = DEFAULT_RETENTION_MS,
+        lead_ms: int = DEFAULT_LEAD_MS,
         history_window_ms: int | None = DEFAULT_WINDOW_MS,
         archive: Archive | None = None,
         history_store: ObjectStore | None = None,
@@ -156,6 +157,7 @@ class Node:
         first event."""
         self.node_id = node_id
         self._retention_ms = retention_ms
+        self._lead_ms = lead_ms  # how long before its slot a run is materialised (core.partition)
         # The oldest snapshot a recovery may fall back to, per partition, once snapshots exist
         # (the node's own snapshot store unless given); retention keeps the log from there
         # (recovery_floor).
@@ -426,6 +428,7 @@ class Node:
             snapshotter=self.snapshotter,
             warm=self.standby.hand_over(partition),
             retention_ms=self._retention_ms,
+            lead_ms=self._lead_ms,
         )
         with self._lock:
             self._runners[partition] = runner
@@ -586,7 +589,11 @@ class Node:
         for runner in list(self._runners.values()):
             state = runner.state
             # list() copies in one step under the GIL: the runner may be mid-batch.
-            for entry in list(state.ready.get(pool, ()))[:NEXT_READY_SCAN]:
+            # Runs not due when indexed wait in ``later`` (``core.state``) until a claim
+            # moves them; both are looked at.
+            entries = list(state.ready.get(pool, ()))[:NEXT_READY_SCAN]
+            entries += [e[1:] for e in list(state.later.get(pool, ()))[:NEXT_READY_SCAN]]
+            for entry in entries:
                 run = state.runs.get(entry[2])
                 if (
                     run is not None
@@ -909,9 +916,10 @@ class Node:
         of the pool this node's read model saw become ready — again all at once, each given at
         most ``REMOTE_CLAIM_TIMEOUT_S``: a slow or lost owner costs a claim that long, once."""
         local: dict[int, int | None] = {
-            p: len(heap)  # an upper bound: stale entries are tidied by the claim itself
+            # an upper bound: stale entries are tidied by the claim itself
+            p: len(runner.state.ready.get(pool, ())) + len(runner.state.later.get(pool, ()))
             for p, runner in list(self._runners.items())
-            if (heap := runner.state.ready.get(pool))
+            if runner.state.ready.get(pool) or runner.state.later.get(pool)
         }
         granted, spent = await self._claim_rounds(tenant, pool, worker_id, limit, local, None)
         if spent < limit:

@@ -139,9 +139,11 @@ class PartitionRunner:
         snapshotter: Snapshotter | None = None,
         warm: Warm | None = None,
         retention_ms: int = DEFAULT_RETENTION_MS,
+        lead_ms: int = 0,
     ) -> None:
         self.partition = partition
         self._retention_ms = retention_ms
+        self._lead_ms = lead_ms
         self._log = log_
         self._writer = writer
         self._open_store = open_store
@@ -167,7 +169,7 @@ class PartitionRunner:
         self._stop_reason: str | None = None
         self._thread: threading.Thread | None = None
         # The partition's pure core: its state and timers (replaced by every recovery).
-        self.core = Partition(partition, clock.now_ms(), retention_ms=retention_ms)
+        self.core = Partition(partition, clock.now_ms(), retention_ms=retention_ms, lead_ms=lead_ms)
         self._granted: list[tuple[str, str]] = []  # (tenant, run id) given room by the dispatcher
         # Set while the runner decides: recovered, and not failing since. ``caught_up`` is the
         # same event under the name the node's start-up waits by.
@@ -290,7 +292,11 @@ class PartitionRunner:
         )
         self.last_recovery = Recovery(self.restored_from, replayed)
         self.core = Partition(
-            self.partition, self._clock.now_ms(), state, retention_ms=self._retention_ms
+            self.partition,
+            self._clock.now_ms(),
+            state,
+            retention_ms=self._retention_ms,
+            lead_ms=self._lead_ms,
         )
         # A recovery that replayed a long tail (or, the first time, the whole log) leaves a
         # snapshot due at once, so the next owner need not replay it again.
@@ -571,6 +577,7 @@ class PartitionRunner:
         self, tenant: str, run_id: str, now: int, events: list[AnyEvent], starting: dict[str, str]
     ) -> None:
         """Decide the start of a run whose room is reserved; give the room back if it did not."""
+        before = len(events)
         try:
             self._decide(StartRun(run_id=run_id, worker_id=self._dispatcher.worker_id), now, events)
         except CronlogError as err:  # cancelled, finished or moved on since it came due
@@ -580,7 +587,10 @@ class PartitionRunner:
         except BaseException:
             self._dispatcher.release(tenant)
             raise
-        starting[run_id] = tenant
+        if any(isinstance(e, ev.LeaseGranted) for e in events[before:]):
+            starting[run_id] = tenant
+        else:  # not started after all (a misfire of a run materialised ahead): no room held
+            self._dispatcher.release(tenant)
 
     def _release(self, starting: dict[str, str]) -> None:
         for tenant in starting.values():

@@ -35,6 +35,7 @@ import msgspec
 from core.clock import Millis
 from core.events import (
     AnyEvent,
+    CancelReason,
     Heartbeat,
     JobCancelled,
     JobForgotten,
@@ -107,7 +108,8 @@ def observe(minute: Minute, event: AnyEvent, *, first_scheduled_start: bool) -> 
         case RunDeadLettered():
             minute.dead += 1
         case RunCancelled():
-            minute.cancelled += 1
+            if event.reason is not CancelReason.WITHDRAWN:  # withdrawn: never a run to count
+                minute.cancelled += 1
         case RunSkipped():
             # A long outage of a per-second job is one skip too many to count cheaply: it is
             # at least one slot.

@@ -9,7 +9,8 @@ from (``source``: ``"hot"`` or ``"archive"``).
 
 **Where a run's events are.** A run id carries its slot (``<tenant>/<job>.<slot_ms>``) and a
 job's partition is a hash of its id, so the events to read are one partition's from about the
-slot on. A run is materialised at its slot (a timer), or later when its node was down or it
+slot on. A run is materialised at its slot (a timer; up to the lead time before it), or later
+when its node was down or it
 was backfilled; so the reader starts at the first offset whose event is at most
 :data:`BEFORE_MS` before the slot (found from the archive manifest's time ranges, then by
 bisecting the hot log) and reads on until the run asked for has ended for good, or, for a

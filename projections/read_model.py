@@ -46,6 +46,10 @@ dead run holds its job), the hot window removes the job's record and every index
 it (:meth:`ReadModel.forget_jobs`), so a model fed one-shots by the million holds only those
 of the window.
 
+A run materialised ahead of its slot (the lead time) shows as ``pending`` with its
+``scheduled_for`` until it starts; one withdrawn before its slot (``RunCancelled``,
+``reason=withdrawn``: the job was paused or its schedule changed) leaves no record.
+
 A slot materialised again (a manual trigger after its run ended, once the partition state has
 forgotten it) keeps its one record: it shows the new materialisation's state and trigger, and
 keeps the earlier attempts, the first start and its lateness, as a replay does.
@@ -99,6 +103,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from core.errors import CronlogError, InvalidDefinition, LogCorrupted, StoreDamaged, Unavailable
 from core.events import (
     AnyEvent,
+    CancelReason,
     Heartbeat,
     JobCancelled,
     JobForgotten,
@@ -764,6 +769,8 @@ class ReadModel:
                 if job is not None:
                     job.view.next_slot = event.next_slot
                     self._put_job(p, job)
+            case RunCancelled(reason=CancelReason.WITHDRAWN):
+                self._withdraw(p, event)
             case (
                 RunReleased()
                 | LeaseGranted()
@@ -828,6 +835,7 @@ class ReadModel:
         old = self._run(p, event.run_id)
         run = run_fold.materialised(event, old)
         if old is None:
+            p.raw.pop(b"r/" + run.run_id.encode(), None)  # withdrawn earlier in this batch
             p.raw[
                 b"jr/" + run.job_id.encode() + b"/" + _inv(run.scheduled_for) + run.run_id.encode()
             ] = b""
@@ -843,6 +851,26 @@ class ReadModel:
                 job.runs += 1
             if event.trigger is Trigger.SCHEDULE:
                 job.view.next_slot = event.next_slot
+            self._put_job(p, job)
+
+    def _withdraw(self, p: _Pending, event: RunCancelled) -> None:
+        """A run materialised ahead of its slot and taken back before the slot came (the job
+        was paused, or its schedule changed): it never started, and the slot is not over (a
+        pause's slot runs if resumed in time, or is recorded as skipped), so its record goes
+        rather than stay as a cancelled run the user did not cancel."""
+        run = self._run(p, event.run_id)
+        if run is not None:
+            self._unindex(p, run)
+            p.runs[run.run_id] = None
+            p.raw[b"r/" + run.run_id.encode()] = None
+            p.raw[
+                b"jr/" + run.job_id.encode() + b"/" + _inv(run.scheduled_for) + run.run_id.encode()
+            ] = None
+        job = self._job(p, event.job_id)
+        if job is not None:
+            if run is not None:
+                job.runs -= 1
+            job.view.next_slot = event.next_slot
             self._put_job(p, job)
 
     def _move(self, p: _Pending, run: RunView, state: RunStateName) -> None:

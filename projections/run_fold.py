@@ -17,6 +17,7 @@ from typing import assert_never
 
 from core.events import (
     AnyEvent,
+    CancelReason,
     LeaseExpired,
     LeaseGranted,
     RetryScheduled,
@@ -130,6 +131,8 @@ def fold(runs: dict[str, RunView], event: AnyEvent) -> None:
     records; events that are not about a run in ``runs`` (or making one) change nothing."""
     if isinstance(event, RunMaterialised):
         runs[event.run_id] = materialised(event, runs.get(event.run_id))
+    elif isinstance(event, RunCancelled) and event.reason is CancelReason.WITHDRAWN:
+        runs.pop(event.run_id, None)  # taken back before its slot: the read model drops it too
     elif isinstance(event, RunChange):
         run = runs.get(event.run_id)
         if run is not None:

@@ -542,3 +542,18 @@ def test_a_completion_past_the_lease_instant_but_before_its_expiry_is_not_stale(
     b.complete("a", slot, token, slot + 5 + LEASE_MS + 3000)
     report = check(b.history(end()))
     assert report.counts["stale_completion_accepted"] == 0, report.counts
+
+
+def test_a_run_withdrawn_before_its_slot_counts_as_never_materialised() -> None:
+    b = clean()
+    slot = T0 + 10_000
+    b.materialise("a", slot)  # ahead of its slot (the lead time), then the job was paused
+    b.emit(
+        0,
+        b._run_ev("RunCancelled", "a", slot, slot - 3000, reason="withdrawn", next_slot=slot),
+    )
+    b.fine_run("a", slot)  # resumed in time: the slot runs after all
+    b.fine_run("b", slot)
+    report = check(b.history(end(11)))
+    assert report.ok, report.as_json()["violations"]
+    assert report.figures["run_outcomes"] == {"succeeded": 22}

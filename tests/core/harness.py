@@ -17,11 +17,20 @@ from core.wheel import TimingWheel
 
 class Sim:
     def __init__(
-        self, start_ms: Millis, partition: int = 0, retention_ms: int = DEFAULT_RETENTION_MS
+        self,
+        start_ms: Millis,
+        partition: int = 0,
+        retention_ms: int = DEFAULT_RETENTION_MS,
+        lead_ms: int = 0,
     ) -> None:
         self.clock = FakeClock(start_ms)
         self.partition = Partition(
-            partition, start_ms, tick_ms=10, wheel_size=64, retention_ms=retention_ms
+            partition,
+            start_ms,
+            tick_ms=10,
+            wheel_size=64,
+            retention_ms=retention_ms,
+            lead_ms=lead_ms,
         )
         self.log: list[bytes] = []
         self.ready: deque[str] = deque()  # push-target runs whose start time came

@@ -1,7 +1,9 @@
 """Replaying the log through ``evolve`` rebuilds exactly the state the live path holds.
 
 Hypothesis drives a partition through random commands and clock moves (punctual and late),
-including stale tokens, unknown ids and refused commands. After every step the state folded
+including stale tokens, unknown ids and refused commands, with and without a lead time (runs
+materialised ahead of their slot), and slot decisions asked directly with any horizon
+(``SlotDue.through``). After every step the state folded
 from the encoded log, read back from zero, must equal the live state byte for byte, and a
 refused command must have changed nothing.
 """
@@ -26,6 +28,7 @@ from core.commands import (
     PutJob,
     ReplayRun,
     ResumeJob,
+    SlotDue,
     StartRun,
     TriggerRun,
     UpstreamSucceeded,
@@ -76,6 +79,7 @@ dependants = st.builds(
 )
 
 job_ids = st.sampled_from(JOBS)
+leads = st.sampled_from([0, 0, 5_000, 30_000])  # the partition's lead time
 tenants = st.sampled_from(["t1", "t2", None])
 steps = st.one_of(
     st.tuples(st.just("put"), job_ids, st.one_of(specs, one_shots, dependants)),
@@ -110,6 +114,7 @@ steps = st.one_of(
     st.tuples(st.just("trigger"), job_ids, st.sampled_from([None, "k1", "k2"])),
     st.tuples(st.sampled_from(["cancel_run", "replay"]), st.integers(0, 20)),
     st.tuples(st.just("upstream"), st.sampled_from(["a", "b"]), st.integers(0, 3)),
+    st.tuples(st.just("slot"), job_ids, st.one_of(st.none(), st.integers(-5_000, 120_000))),
 )
 
 
@@ -119,6 +124,12 @@ def _kept(state: PartitionState) -> dict[str, list[str]]:
 
 def _run_ids(sim: Sim) -> list[str]:
     return sorted(sim.state.runs)
+
+
+def _leases(events: list[ev.AnyEvent]) -> list[ev.LeaseGranted]:
+    """The leases a start or a claim granted (a misfire of a run materialised ahead is
+    withdrawn and skipped instead)."""
+    return [e for e in events if isinstance(e, ev.LeaseGranted)]
 
 
 def _apply(sim: Sim, step: tuple, leases: list[ev.LeaseGranted]) -> None:  # type: ignore[type-arg]
@@ -132,14 +143,14 @@ def _apply(sim: Sim, step: tuple, leases: list[ev.LeaseGranted]) -> None:  # typ
     elif kind == "start":
         for _ in range(step[1]):
             if sim.ready:
-                leases += sim.do(StartRun(run_id=sim.ready.popleft(), worker_id="node"))  # type: ignore[arg-type]
+                leases += _leases(sim.do(StartRun(run_id=sim.ready.popleft(), worker_id="node")))
     elif kind == "claim":
-        leases += sim.do(ClaimRuns(tenant=step[1], pool="p", worker_id="w", limit=step[2]))  # type: ignore[arg-type]
+        leases += _leases(sim.do(ClaimRuns(tenant=step[1], pool="p", worker_id="w", limit=step[2])))
     elif kind == "work":  # a busy worker: lease what is ready, then finish all of it
         while sim.ready:
-            leases += sim.do(StartRun(run_id=sim.ready.popleft(), worker_id="node"))  # type: ignore[arg-type]
-        got = sim.do(ClaimRuns(tenant=None, pool="p", worker_id="w", limit=10))
-        leases += got  # type: ignore[arg-type]
+            leases += _leases(sim.do(StartRun(run_id=sim.ready.popleft(), worker_id="node")))
+        got = _leases(sim.do(ClaimRuns(tenant=None, pool="p", worker_id="w", limit=10)))
+        leases += got
         for lease in got + leases[-3:]:
             with contextlib.suppress(CronlogError):
                 sim.do(
@@ -177,6 +188,9 @@ def _apply(sim: Sim, step: tuple, leases: list[ev.LeaseGranted]) -> None:  # typ
         run = sim.state.runs[runs[step[1] % len(runs)]]
         command = CancelRun if kind == "cancel_run" else ReplayRun
         sim.do(command(run_id=run.run_id, tenant=run.tenant))
+    elif kind == "slot":  # a slot decision asked directly, with any horizon
+        through = None if step[2] is None else sim.now + step[2]
+        sim.do(SlotDue(job_id=step[1], through=through))
     elif kind == "upstream":
         sim.do(
             UpstreamSucceeded(
@@ -186,12 +200,17 @@ def _apply(sim: Sim, step: tuple, leases: list[ev.LeaseGranted]) -> None:  # typ
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.tuples(specs, specs, one_shots, dependants), st.lists(steps, min_size=10, max_size=50))
+@given(
+    st.tuples(specs, specs, one_shots, dependants),
+    st.lists(steps, min_size=10, max_size=50),
+    leads,
+)
 def test_replay_rebuilds_the_live_state(
     initial: tuple[JobSpec, ...],
     program: list[tuple],  # type: ignore[type-arg]
+    lead_ms: int,
 ) -> None:
-    sim = Sim(T0, retention_ms=RETENTION_MS)
+    sim = Sim(T0, retention_ms=RETENTION_MS, lead_ms=lead_ms)
     leases: list[ev.LeaseGranted] = []
     for job_id, spec in zip(JOBS, initial, strict=True):
         sim.do(PutJob(job_id=job_id, spec=spec))

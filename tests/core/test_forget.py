@@ -114,7 +114,7 @@ def test_a_job_cancelled_while_its_run_waited_for_a_worker_leaves_the_pool_s_ind
     sim.advance(RETENTION)
     assert [e.job_id for e in _forgotten(sim)] == ["a"]
     assert not sim.state.jobs and not sim.state.runs and len(sim.wheel) == 0
-    assert sim.state.ready == {}
+    assert sim.state.ready == {} and sim.state.later == {}
 
 
 def test_a_cancelled_run_still_leased_holds_its_job_until_the_lease_runs_out() -> None:

@@ -25,6 +25,7 @@ from tests.core.test_determinism import (
     T0,
     _apply,
     dependants,
+    leads,
     one_shots,
     specs,
     steps,
@@ -35,7 +36,7 @@ def assert_timers_match_the_state(partition: Partition) -> None:
     """Every timer the state calls for is armed at its deadline (or already due), and nothing
     else is armed: the incremental ``timers_after`` agrees with ``all_timers``."""
     wheel = partition.wheel
-    expected = dict(all_timers(partition.state, partition.retention_ms))
+    expected = dict(all_timers(partition.state, partition.retention_ms, partition.lead_ms))
     parked = partition.parked()
     armed = 0
     for key, deadline in expected.items():
@@ -51,12 +52,17 @@ def assert_timers_match_the_state(partition: Partition) -> None:
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.tuples(specs, specs, one_shots, dependants), st.lists(steps, min_size=5, max_size=40))
+@given(
+    st.tuples(specs, specs, one_shots, dependants),
+    st.lists(steps, min_size=5, max_size=40),
+    leads,
+)
 def test_timers_follow_the_state_and_a_snapshot_restores_the_folded_partition(
     initial: tuple[JobSpec, ...],
     program: list[tuple],  # type: ignore[type-arg]
+    lead_ms: int,
 ) -> None:
-    sim = Sim(T0, retention_ms=RETENTION_MS)
+    sim = Sim(T0, retention_ms=RETENTION_MS, lead_ms=lead_ms)
     leases: list[ev.LeaseGranted] = []
     for job_id, spec in zip(JOBS, initial, strict=True):
         sim.do(PutJob(job_id=job_id, spec=spec))
@@ -69,7 +75,7 @@ def test_timers_follow_the_state_and_a_snapshot_restores_the_folded_partition(
         evolve(folded, ev.decode(raw))
     snapshot = sim.partition.snapshot()
     restored = Partition.restore(
-        snapshot, sim.now, tick_ms=10, wheel_size=64, retention_ms=RETENTION_MS
+        snapshot, sim.now, tick_ms=10, wheel_size=64, retention_ms=RETENTION_MS, lead_ms=lead_ms
     )
     assert restored.snapshot() == snapshot == Partition(0, sim.now, folded).snapshot()
     assert_timers_match_the_state(restored)

@@ -82,6 +82,9 @@ def start_node(tmp_path: Path, **limits: int) -> tuple[Node, EmbeddedLog]:
         tmp_path / "node",
         node_id="n1",
         executors=Executors("n1", egress=LOOPBACK_ALLOWED, **limits),
+        # Each run materialised at its slot, so that a run that exists has asked for room
+        # (``wait_pending``); with a lead time it would exist before its slot, not yet queued.
+        lead_ms=0,
     )
     node.start()
     assert node.wait_ready(10)
@@ -95,7 +98,8 @@ def register(node: Node, url: str, tenant: str, names: list[str], slot: int) -> 
 
 
 def wait_pending(node: Node, tenant: str, names: list[str], slot: int) -> None:
-    """Until the runs exist: by then their owner has asked for room and queued them."""
+    """Until the runs exist: by then their owner has asked for room and queued them (the node
+    has no lead time: a run is materialised at its slot, and asks for room in that batch)."""
 
     def materialised() -> bool:
         return all(node.history.run(tenant, f"{name}.{slot}") is not None for name in names)

@@ -343,3 +343,75 @@ def test_requests_that_arrive_while_the_last_append_settles_go_into_one_append()
         assert log.end_offset("events", 0) == 6
     finally:
         runner.stop()
+
+
+class Starting(Dispatcher):
+    """Executors with room for every run, noting each lease they are handed."""
+
+    worker_id = "n1/executor"
+
+    def __init__(self) -> None:
+        self.leases: list[ev.LeaseGranted] = []
+
+    def reserve(self, runner: PartitionRunner, run: RunState) -> bool:
+        return True
+
+    def release(self, tenant: str) -> None:
+        pass
+
+    def dispatch(self, runner: PartitionRunner, lease: ev.LeaseGranted) -> None:
+        self.leases.append(lease)
+
+
+def test_a_run_materialised_a_lead_ahead_starts_at_its_slot_also_under_a_new_owner() -> None:
+    log = MemoryLog(1)
+    clock = WallClock(START)
+    slot = START + 60_000
+
+    def runner_at(now: int, dispatcher: Dispatcher) -> PartitionRunner:
+        clock.now = now
+        member = log.join(Owner())
+        member.poll(0)  # takes the partition (fencing an earlier owner)
+        runner = PartitionRunner(
+            0, log, member.writer(0), lambda: MemoryStateStore(0), clock, dispatcher,
+            lead_ms=5_000,
+        )  # fmt: skip
+        runner.start()
+        return runner
+
+    def at(runner: PartitionRunner, now: int) -> list[ev.AnyEvent]:
+        """Set the clock and let the runner decide a batch at that time (a request is the
+        batch: no waiting on the runner's idle timeout)."""
+        clock.now = now
+        answer: Future[Decided | CronlogError] = Future()
+        far = JobSpec(
+            name="f", tenant="team-a", target=PullTarget(pool="p"), run_at=now + 3_600_000
+        )
+        runner.submit(Request(PutJob(job_id=f"far-{now}", spec=far), reply=answer.set_result))
+        assert isinstance(answer.result(timeout=10), Decided)
+        return [ev.decode(r.value) for r in log.read_events(0, 0, 1000)]
+
+    def of(events: list[ev.AnyEvent], kind: type) -> list[Any]:
+        return [e for e in events if isinstance(e, kind) and e.job_id == "j"]
+
+    first, second = Starting(), Starting()
+    runner = runner_at(START, first)
+    try:
+        job = JobSpec(name="j", tenant="team-a", target=HttpTarget(url="http://127.0.0.1:9/"),
+                      run_at=slot)  # fmt: skip
+        runner.submit(Request(PutJob(job_id="j", spec=job)))
+        (made,) = of(at(runner, slot - 5_000), ev.RunMaterialised)
+        assert made.at == slot - 5_000 and made.available_at == slot
+        assert of(at(runner, slot - 2_000), ev.LeaseGranted) == [] and first.leases == []
+    finally:
+        runner.stop()  # the owner dies between the materialisation and the slot
+    runner = runner_at(slot - 1_000, second)
+    try:
+        assert runner.deciding.wait(10)
+        assert of(at(runner, slot - 1), ev.LeaseGranted) == []
+        (lease,) = of(at(runner, slot), ev.LeaseGranted)
+        assert lease.lateness_ms == 0 and lease.run_id == made.run_id
+        assert [lease.run_id for lease in second.leases] == [made.run_id]
+        assert len(of(at(runner, slot + 1), ev.RunMaterialised)) == 1  # made once only
+    finally:
+        runner.stop()

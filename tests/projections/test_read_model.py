@@ -25,7 +25,9 @@ from core.commands import (
     ClaimRuns,
     CompleteRun,
     Outcome,
+    PauseJob,
     PutJob,
+    ResumeJob,
     TriggerRun,
 )
 from core.errors import InvalidDefinition, StoreDamaged, Unavailable
@@ -793,3 +795,40 @@ def test_history_keeps_forgotten_jobs_and_an_id_registered_again_is_listed_once(
         ]
         assert listed == ["active"]
     assert model.job_count("t1") == 2
+
+
+# -- the lead time ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("one_batch", [False, True])
+def test_a_run_materialised_ahead_is_pending_and_a_withdrawn_one_leaves_no_record(
+    tmp_path: Path, one_batch: bool
+) -> None:
+    lead = 5_000
+    sim = Sim(T0 + 30_000, lead_ms=lead)
+    sim.do(PutJob(job_id="j", spec=_spec("j", "t1", schedule="* * * * *")))
+    slot = T0 + 60_000
+    sim.advance(slot - lead - sim.now)
+    with ReadModel.open(tmp_path / "rm") as model:
+        fed = 0
+        if not one_batch:
+            feed(model, sim)
+            fed = len(sim.log)
+            ahead = model.run("t1", f"j.{slot}")
+            assert ahead is not None and ahead.state == "pending"
+            assert ahead.scheduled_for == slot and model.counts("t1")["pending"] == 1
+        sim.do(PauseJob(job_id="j", tenant="t1"))
+        if not one_batch:
+            feed(model, sim, start=fed)
+            fed = len(sim.log)
+            assert model.run("t1", f"j.{slot}") is None
+            assert model.runs_of("t1", "j").items == []
+            assert sum(model.counts("t1").values()) == 0
+            job = model.job("t1", "j")
+            assert job is not None and job.next_slot == slot and job.status == "paused"
+        sim.do(ResumeJob(job_id="j", tenant="t1"))  # in time: the slot runs after all
+        feed(model, sim, start=fed)
+        again = model.run("t1", f"j.{slot}")
+        assert again is not None and again.state == "pending"
+        assert [r.run_id for r in model.runs_of("t1", "j").items] == [f"j.{slot}"]
+        assert model.counts("t1")["pending"] == 1

@@ -79,9 +79,14 @@ def save_in_batches(
 
 def ready_entries(state: PartitionState) -> dict[str, list[tuple[int, int, str, int]]]:
     """The ready index without stale entries, in claim order."""
+    heaps: dict[str, list[tuple[int, int, str, int]]] = {}
+    for pool, heap in state.ready.items():
+        heaps.setdefault(pool, []).extend(heap)
+    for pool, later in state.later.items():  # not due when indexed: claims move them to ready
+        heaps.setdefault(pool, []).extend(e[1:] for e in later)
     return {
         pool: sorted({e for e in heap if state.is_ready_entry_live(e, pool)})
-        for pool, heap in state.ready.items()
+        for pool, heap in heaps.items()
         if any(state.is_ready_entry_live(e, pool) for e in heap)
     }
 

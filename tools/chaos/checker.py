@@ -13,7 +13,8 @@ What must hold (a violation of any is a failed run):
 2. ``slot_never_run``: every slot of every registered job in the window (a cron job's slots
    from its first to the window's end; a one-shot's instant) was materialised or skipped.
 3. ``slot_two_outcomes`` / ``run_materialised_twice``: no slot was materialised twice, or both
-   materialised and skipped.
+   materialised and skipped (a run withdrawn before its slot, ``RunCancelled`` with reason
+   ``withdrawn``, counts as never materialised).
 4. ``run_without_outcome``: after the drain every materialised run of the window has exactly
    one terminal event: ``RunCompleted``, ``RunDeadLettered`` with a reason, or ``RunCancelled``
    (``run_two_outcomes`` if more than one); a skip has its reason.
@@ -312,6 +313,11 @@ def _run_event(
         if not e.get("reason"):
             report.violate("dead_letter_without_reason", f"{where}: {run_id}")
         run.outcomes.append((kind, e.get("reason") or ""))
+    elif kind == "RunCancelled" and e.get("reason") == "withdrawn":
+        # Materialised ahead of its slot and taken back before it came (a pause, a schedule
+        # change): as if never materialised; the slot is still to run or to be skipped.
+        del f.runs[run_id]
+        job.next_slot = e.get("next_slot")
     elif kind == "RunCancelled":
         run.cancelled = True
         run.outcomes.append((kind, e.get("reason") or ""))
