@@ -604,7 +604,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 attempt=event.attempt,
                 budget_start=event.attempt,
                 status=RunStatus.BLOCKED if event.blocked else RunStatus.PENDING,
-                ahead=event.at < event.scheduled_for,
+                ahead=event.trigger is Trigger.SCHEDULE and event.at < event.scheduled_for,
             )
             state.runs[run.run_id] = run
             job.live = (*job.live, run.run_id)
