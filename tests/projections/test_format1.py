@@ -15,7 +15,7 @@ import pytest
 
 from core import events as ev
 from core.partition import Partition
-from core.state import JobStateV1, PartitionState, evolve
+from core.state import JobStateV1, PartitionState, RunState, evolve
 from eventlog.embedded import EmbeddedLog
 from eventlog.snapshots import MemorySnapshots
 from projections import snapshot, state_store
@@ -52,6 +52,19 @@ def stored_now(records: list[bytes]) -> list[tuple[bytes, bytes]]:
     return store.dump()
 
 
+def runs_decoded(dump: list[tuple[bytes, bytes]]) -> list[tuple[bytes, object]]:
+    """A store's records with its runs decoded: a run record of format 1 is read as it is (it
+    lacks ``ahead``, which reads as False: no run of format 1 was materialised ahead of its
+    slot), so only the jobs' records are compared byte for byte."""
+    return [
+        (key, _run_decoder.decode(value) if key.startswith(b"r/") else value)
+        for key, value in dump
+    ]
+
+
+_run_decoder = msgspec.msgpack.Decoder(RunState)
+
+
 def items(written: dict[str, Any]) -> list[tuple[bytes, bytes]]:
     return [(key, value) for key, value in written["store"]]
 
@@ -80,7 +93,8 @@ def test_a_store_of_the_earlier_format_loads_and_is_rewritten(
             state.jobs["t1/rich"].spec.target
             == folded(written["events"]).jobs["t1/rich"].spec.target
         )
-        assert store.dump() == stored_now(written["events"])  # as if this build had written it
+        # as if this build had written it
+        assert runs_decoded(store.dump()) == runs_decoded(stored_now(written["events"]))
         again, _ = store.load()
         assert again.snapshot() == state.snapshot()
     finally:
@@ -105,7 +119,7 @@ def test_a_snapshot_of_the_earlier_format_restores(written: dict[str, Any], tmp_
     log.close()
     assert restored == [len(written["events"])] and unusable == []
     assert state.snapshot() == folded(written["events"]).snapshot()
-    assert store.dump() == stored_now(written["events"])
+    assert runs_decoded(store.dump()) == runs_decoded(stored_now(written["events"]))
 
 
 def test_a_core_partition_snapshot_of_format_1_restores(written: dict[str, Any]) -> None:
