@@ -330,7 +330,8 @@ def run_view(call: Call, run_id: str) -> RunView:
 
 def job_response(call: Call, job_id: str, status: int = 200) -> Response:
     newest = call.scheduler.history.latest_run(call.tenant, job_id)
-    return json_response(job_out(job_view(call, job_id), newest), status)
+    now = call.scheduler.now_ms()
+    return json_response(job_out(job_view(call, job_id), now, newest), status)
 
 
 def sourced_run(call: Call, run_id: str) -> SourcedRun:

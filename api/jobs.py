@@ -32,6 +32,7 @@ from api.translate import (
     check_five_fields,
     job_id_for_key,
     job_out,
+    next_run,
     random_job_id,
     run_out,
     spec_of,
@@ -223,7 +224,8 @@ async def list_jobs(request: Request) -> Response:
         search=query_text(request, "q", MAX_SEARCH_CHARS),
         tag=query_tag(request),
     )
-    jobs = [job_out(v, history.latest_run(call.tenant, v.job_id)) for v in page.items]
+    now = call.scheduler.now_ms()
+    jobs = [job_out(v, now, history.latest_run(call.tenant, v.job_id)) for v in page.items]
     return json_response(JobPage(jobs=jobs, next_cursor=page.next_cursor))
 
 
@@ -316,7 +318,8 @@ def fire_times(view: JobView, after: int, n: int) -> list[int]:
             fires.append(slot)
             slot = next_slot(spec, slot, anchor)
         return fires
-    return [view.next_slot] if view.next_slot is not None else []
+    upcoming = next_run(view, after)  # a one-shot's run materialised ahead is still to come
+    return [upcoming] if upcoming is not None else []
 
 
 def _anchor(view: JobView) -> int:

@@ -235,24 +235,35 @@ def _instant(ms: int | None) -> str | None:
     return None if ms is None else to_rfc3339(ms)
 
 
-def _fire(view: JobView) -> int | None:
-    if view.next_slot is None:
+def next_run(view: JobView, now: int) -> int | None:
+    """The job's next slot as a user means it: a run materialised ahead of its slot (the lead
+    time) is the next run until its slot comes, as it would be without a lead."""
+    ahead = view.ahead_slot
+    if ahead is not None and ahead > now and view.status == "active":
+        return ahead
+    return view.next_slot
+
+
+def _fire(view: JobView, slot: int | None) -> int | None:
+    if slot is None:
         return None
-    return view.next_slot + jitter_ms(view.job_id, view.next_slot, view.spec.allow_jitter_sec)
+    return slot + jitter_ms(view.job_id, slot, view.spec.allow_jitter_sec)
 
 
-def job_out(view: JobView, last_run: RunView | None = None) -> JobOut:
-    """``view`` as the API shows it; ``last_run``: the run of its newest slot, if asked."""
+def job_out(view: JobView, now: int, last_run: RunView | None = None) -> JobOut:
+    """``view`` as the API shows it at ``now``; ``last_run``: the run of its newest slot, if
+    asked."""
     spec = view.spec
     schedule, seconds = (None, None) if spec.schedule is None else split_seconds(spec.schedule)
+    upcoming = next_run(view, now)
     return JobOut(
         job_id=team_id(view.job_id),
         tenant=view.tenant,
         name=view.name,
         status=view.status,
         version=view.version,
-        next_run_at=_instant(view.next_slot),
-        next_fire_at=_instant(_fire(view)),
+        next_run_at=_instant(upcoming),
+        next_fire_at=_instant(_fire(view, upcoming)),
         created_at=to_rfc3339(view.created_at),
         updated_at=to_rfc3339(view.updated_at),
         schedule=schedule,

@@ -849,12 +849,15 @@ class Node:
         if isinstance(result, CronlogError):
             raise result
         if visible:
-            await self._visible(partition, result.offsets)
+            await self._visible(partition, result.offsets, result.events)
         return result.events
 
-    async def _visible(self, partition: int, offsets: list[int]) -> None:
+    async def _visible(
+        self, partition: int, offsets: list[int], events: Sequence[ev.AnyEvent] = ()
+    ) -> None:
         """Wait until the read model holds the events at ``offsets``, so the caller reads its
-        own writes."""
+        own writes; :class:`NotYetReadable` (with the decided ``events``) when it does not in
+        time."""
         if offsets and self._history.position(partition) <= offsets[-1]:
             caught_up = await self._wakeups.folded_past(
                 partition, offsets[-1], self._history.position, READ_YOUR_WRITES_S
@@ -862,8 +865,8 @@ class Node:
             if not caught_up:
                 # The write is durable, but an answer read from the read model now would not
                 # show it (a create would say "not found"): the caller must try again.
-                raise Unavailable(
-                    f"partition {partition}: decided, but not yet readable; try again"
+                raise NotYetReadable(
+                    f"partition {partition}: decided, but not yet readable; try again", events
                 )
 
     async def _forward(
@@ -903,7 +906,7 @@ class Node:
         if err is not None:
             raise err
         if visible:
-            await self._visible(partition, reply.offsets)
+            await self._visible(partition, reply.offsets, reply.events)
         return reply.events
 
     async def claim(
@@ -984,9 +987,24 @@ class Node:
         command = ClaimRuns(tenant=tenant, pool=pool, worker_id=worker_id, limit=limit)
         try:
             events = await self._execute_on(partition, command, timeout_s=timeout_s)
+        except NotYetReadable as late:
+            # The leases are granted and durable: handed to nobody, they would hold their runs
+            # until they ran out. The worker gets them; the read model shows them when it has
+            # caught up (a completion waits for its own events, which come after them).
+            log.warning("partition %d: %s; leases handed out all the same", partition, late)
+            events = late.events
         except Unavailable:
             return None
         return [e for e in events if isinstance(e, ev.LeaseGranted)]
+
+
+class NotYetReadable(Unavailable):
+    """Decided and durable, but the read model did not show it in time: ``events`` are what
+    was decided (a caller that must not drop them, a claim's leases, takes them from here)."""
+
+    def __init__(self, message: str, events: Sequence[ev.AnyEvent]) -> None:
+        super().__init__(message)
+        self.events = list(events)
 
 
 class _Gathering:

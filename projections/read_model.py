@@ -746,6 +746,7 @@ class ReadModel:
                         job.base, job.view.next_slot = "active", event.next_slot
                     else:
                         job.base, job.view.next_slot = "cancelled", None
+                        job.view.ahead_slot = None
                         view = job.view
                         _depend(p, view.tenant, view.job_id, view.spec.depends_on, None)
                         # Deleted: out of the listings by id and tag; still readable by id.
@@ -851,6 +852,8 @@ class ReadModel:
                 job.runs += 1
             if event.trigger is Trigger.SCHEDULE:
                 job.view.next_slot = event.next_slot
+                ahead = event.scheduled_for if event.at < event.scheduled_for else None
+                job.view.ahead_slot = ahead
             self._put_job(p, job)
 
     def _withdraw(self, p: _Pending, event: RunCancelled) -> None:
@@ -870,7 +873,7 @@ class ReadModel:
         if job is not None:
             if run is not None:
                 job.runs -= 1
-            job.view.next_slot = event.next_slot
+            job.view.next_slot, job.view.ahead_slot = event.next_slot, None
             self._put_job(p, job)
 
     def _move(self, p: _Pending, run: RunView, state: RunStateName) -> None:

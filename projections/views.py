@@ -50,6 +50,9 @@ class JobView(msgspec.Struct, kw_only=True, gc=False):
     created_at: Millis
     updated_at: Millis
     partition: int
+    # the slot of a run materialised ahead of it (the lead time): ``next_slot`` has moved past
+    # it already, and until it comes it is the job's next run (``api.translate.next_run``)
+    ahead_slot: Millis | None = None
 
 
 class AttemptView(msgspec.Struct, kw_only=True, gc=False):

@@ -14,7 +14,7 @@ import pytest
 
 from core.commands import CancelRun, PauseJob, PutJob, ReplayRun, ResumeJob
 from core.errors import Unavailable
-from core.jobs import Backoff, HttpTarget, JobSpec
+from core.jobs import Backoff, HttpTarget, JobSpec, PullTarget
 from eventlog.embedded import EmbeddedLog
 from node import node as node_module
 from node.executors import Executors
@@ -243,6 +243,28 @@ def test_a_write_the_read_model_has_not_caught_up_with_is_unavailable_not_missin
         asyncio.run(node.execute(PutJob(job_id="behind", spec=spec(target.url, run_at=now_ms()))))
     assert node.history.job("team-a", "behind") is None  # it is behind...
     assert any("behind" in r.state.jobs for r in node._runners.values())  # ...the log is not
+
+
+def test_a_claim_whose_leases_the_read_model_has_not_caught_up_with_still_hands_them_out(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under a herd the read model's fold lagged the claims by more than the read-your-writes
+    # wait: the leases were granted and durable, the claim gave up on them, and their runs
+    # waited until the leases ran out with nobody working on them.
+    slot = now_ms()
+    pull = spec("http://unused", target=PullTarget(pool="lagging"), run_at=slot)
+    asyncio.run(node.execute(PutJob(job_id="lag", spec=pull)))
+    deadline = time.monotonic() + 10
+    while state_of(node, f"lag.{slot}") != "pending":  # materialised and folded
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    monkeypatch.setattr(node_module, "READ_YOUR_WRITES_S", 0.2)
+    node._history_runner.stop()  # the read model stops following the log
+    (lease,) = asyncio.run(node.claim("team-a", "lagging", "w-1", 10))
+    assert lease.run_id == f"lag.{slot}" and lease.worker_id == "w-1"
+    assert state_of(node, lease.run_id) == "pending"  # the read model is behind
+    owner = next(r for r in node._runners.values() if lease.run_id in r.state.runs)
+    assert owner.state.runs[lease.run_id].worker_id == "w-1"  # the lease is the worker's
 
 
 def test_an_answer_waits_for_the_read_model_without_a_thread_of_the_pool(

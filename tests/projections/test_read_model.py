@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rocksdict import Options, Rdict
 
+from api.translate import next_run
 from core import events as ev
 from core.commands import (
     CancelJob,
@@ -832,3 +833,28 @@ def test_a_run_materialised_ahead_is_pending_and_a_withdrawn_one_leaves_no_recor
         assert again is not None and again.state == "pending"
         assert [r.run_id for r in model.runs_of("t1", "j").items] == [f"j.{slot}"]
         assert model.counts("t1")["pending"] == 1
+
+
+def test_a_run_materialised_ahead_is_the_jobs_next_run_until_its_slot(tmp_path: Path) -> None:
+    # The job's next slot moves past a run materialised ahead; the API still names that run's
+    # slot as the next run until it comes, as it did without a lead.
+    lead = 5_000
+    sim = Sim(T0 + 30_000, lead_ms=lead)
+    sim.do(PutJob(job_id="j", spec=_spec("j", "t1", schedule="* * * * *")))
+    slot = T0 + 60_000
+    with ReadModel.open(tmp_path / "rm") as model:
+        feed(model, sim)
+        fed = len(sim.log)
+        job = model.job("t1", "j")
+        assert job is not None and next_run(job, sim.now) == slot  # not materialised yet
+        sim.advance(slot - lead - sim.now)
+        feed(model, sim, start=fed)
+        fed = len(sim.log)
+        job = model.job("t1", "j")
+        assert job is not None and job.next_slot == slot + 60_000 and job.ahead_slot == slot
+        assert next_run(job, slot - 1) == slot
+        assert next_run(job, slot) == slot + 60_000  # its slot came: the next one is next
+        sim.do(PauseJob(job_id="j", tenant="t1"))  # withdrawn: the slot is the next again
+        feed(model, sim, start=fed)
+        job = model.job("t1", "j")
+        assert job is not None and job.ahead_slot is None and job.next_slot == slot
