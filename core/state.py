@@ -394,19 +394,13 @@ class PartitionState:
     def restore(cls, data: bytes, *, legacy: bool = False) -> PartitionState:
         """The state :meth:`snapshot` encoded; ``legacy``: as builds before snapshot format 2
         encoded it (:class:`JobStateV1`)."""
-        state: PartitionState
-        if legacy:
-            old = _snapshot_v1_decoder.decode(data)
-            state = cls(old.partition)
-            state.last_token = old.last_token
-            state.jobs = {j.job_id: upgrade_job(j) for j in old.jobs}
-            state.runs = {r.run_id: r for r in old.runs}
-            rebuild_index(state)
-            return state
-        snap = _snapshot_decoder.decode(data)
+        snap = (_snapshot_v1_decoder if legacy else _snapshot_decoder).decode(data)
         state = cls(snap.partition)
         state.last_token = snap.last_token
-        state.jobs = {j.job_id: compact_job(j) for j in snap.jobs}
+        if isinstance(snap, _SnapshotV1):
+            state.jobs = {j.job_id: upgrade_job(j) for j in snap.jobs}
+        else:
+            state.jobs = {j.job_id: compact_job(j) for j in snap.jobs}
         state.runs = {r.run_id: r for r in snap.runs}
         rebuild_index(state)
         return state
