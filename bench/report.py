@@ -250,34 +250,34 @@ def goal_rows(
 # by hand beside the figures of the latest side-by-side run (bench/results/perfherd.md has the
 # profiles and the measurements behind it).
 RUN_PATH_NOTES = """\
-Against the goals (short form, this shared machine): the HTTP herd of 2,000 started every call
-after 0.96 s against a floor of 0.44 s in the same minutes (2.2 x; `main` 0.90 s, 2.0 x; goal
-1.5 x): one executor process lowers the main process's CPU a run by a third but does not make
-the herd start sooner on two cores the recorder shares. Sustained HTTP at 1,000 a second now
-holds p99 ≤ 100 ms here (68 ms against `main`'s 101 ms); 2,000 HTTP and 2,500 pull a second
-held for neither build (earlier side-by-side runs at load 6-15: bench/results/perfherd.md),
-and at 1,000 pull a second this branch's p99 was 116-118 ms against `main`'s 749-1,147 ms.
+Against the goals, at their own size (50,000 jobs due in one second, 2 rounds, builds taking
+turns going first, load 0.5-1.6; the baseline is the commit before runs were materialised a
+lead time ahead, 9bb7e51): the HTTP herd started every call after 21.3 s against a floor of
+9.1 s in the same minutes (2.3 x; the baseline 20.6 s; goal 1.5 x), though its median call
+started 2.6 s sooner (10.5 s against 13.1 s); the pull herd's p99 lease lag was 10.9 s against
+12.2 s (goal 1 s), its median 5.7 s against 8.0 s, with 16 % less main-process CPU (12.4 s
+against 14.9 s). The short form's 2,000-job herd (0.44 s p99 for pull) hides this: the
+herd's cost grows with its size, one Python process pays all of it, and 50,000 runs in a
+second would need about 20 µs of main-process CPU a run where it spends 0.25-0.4 ms.
 
-Where the time goes (py-spy over `cronlog serve`; bench/results/perfherd.md): with the calls in
-an executor process (the default on more than one core), the node's main process spends
-0.27-0.38 ms of CPU a run under a herd, against 0.43-0.54 ms with the calls in it; the
-executor process about 0.25 ms a call, so the two together spend more than one did (the
-hand-off costs a message each way). Of the main process under the herd: the read model's
-fold 43 % (`ReadModel._commit`, `_job`, `_index`, `_apply`), the log's group commit 6 %, the
-state store's save 6 %, the executors' bookkeeping 5 %, the runners 4 %, encoding and
-deciding 6 %, metrics 1 %, and the decision log's lines 7 % before a team's herd shared one
-line (about 1 % after). Under 2,500 pull runs a second with batched completions: the read
-model 42 %, the state store 12 %, the log 9 %, the decision log 6 % (one line a run: at that
-rate each batch holds few), the API 5 %.
+Where the time goes (py-spy over `cronlog serve` with 50,000 jobs, session of 2026-12-01/02;
+bench/results/perfherd.md): on the pull herd, the read model's fold is 48 % of the node's
+samples (`ReadModel._commit`, `_run`, `_job`), the state store 9 %, the log 7 %, deciding 5 %;
+on the HTTP herd, the executor process's HTTP client about half (the same aiohttp client the
+floor uses, at about the floor's cost a call) and the fold 21 %. With runs materialised a lead
+time ahead (`--lead-time`, default 30 s), what is left at the slot is the lease, the call or
+the claim, the completion, and the fold of those. A cheaper fold (every key written once a
+batch) measured level with the current one at 50,000 jobs: a herd writes more records between
+a run's materialisation and its lease than any bounded cache holds.
 
-What would close the goals still missed: every run is decided, appended, saved and folded by
-one Python process under one interpreter lock, and the read model's fold is the largest
-share. The next levers: (1) the read model folding in a process of its own, from the log, as a
-follower already does; (2) partition workers, each a process owning a set of partitions with
-its runners and state store, so deciding spreads over the cores; (3) runs prepared a lead time
-ahead of their slot, so the slot's second is only dispatch. On two cores shared with the
-benchmark's own target (the recorder) and with other work, an executor process competes for
-the second core; whether the herd then starts sooner is for a quiet run to show."""
+What would close the goals still missed: (1) the read model folding in a process of its own,
+from the log, as a follower already does (RocksDB's reads and writes through rocksdict hold the
+interpreter lock, so the fold takes it from the runners, the API and the claims); (2) partition
+workers, each a process owning a set of partitions with its runners and state store, so deciding
+spreads over the cores; (3) for pull work, leases granted ahead of the slot with the start time
+in the claim's answer, so the slot itself costs the node nothing. On two cores shared with the
+benchmark's own target (the recorder), none of these can reach the floor's 1.5 x for HTTP
+without the node's main process spending less per run than today."""
 
 
 def run_path_section() -> list[str]:
