@@ -277,9 +277,7 @@ def _pause(state: PartitionState, cmd: PauseJob, now: Millis) -> list[AnyEvent]:
         return []
     # A run materialised ahead of its slot is taken back: paused, the job's slot does not run,
     # and its next slot goes back to that run's slot (recorded as skipped if resumed late).
-    ahead = _ahead_runs(state, job, now)
-    back = min((run.scheduled_for for run in ahead), default=None)
-    events: list[AnyEvent] = [_withdrawn(run, now, back) for run in ahead]
+    events = _withdraw_ahead(state, job, now)
     events.append(
         JobPaused(at=now, job_id=job.job_id, tenant=job.spec.tenant, version=job.version + 1)
     )
@@ -348,6 +346,14 @@ def _ahead_runs(state: PartitionState, job: JobState, now: Millis) -> list[RunSt
         and run.trigger is Trigger.SCHEDULE
         and run.attempt == 1
     ]
+
+
+def _withdraw_ahead(state: PartitionState, job: JobState, now: Millis) -> list[AnyEvent]:
+    """Withdraw the job's runs waiting ahead of their slot, its next slot set back to theirs
+    (the slot is still to run, or to be recorded as skipped)."""
+    ahead = _ahead_runs(state, job, now)
+    back = min((run.scheduled_for for run in ahead), default=None)
+    return [_withdrawn(run, now, back) for run in ahead]
 
 
 def _withdrawn(run: RunState, now: Millis, next_after: Millis | None) -> RunCancelled:
@@ -598,9 +604,7 @@ def _yield_to_overlap(state: PartitionState, job: JobState, now: Millis) -> list
     and the policy decides there against what is live then, as without a lead."""
     if job.spec.overlap_policy is OverlapPolicy.ALLOW:
         return []
-    ahead = _ahead_runs(state, job, now)
-    back = min((run.scheduled_for for run in ahead), default=None)
-    return [_withdrawn(run, now, back) for run in ahead]
+    return _withdraw_ahead(state, job, now)
 
 
 def _upstream(state: PartitionState, cmd: UpstreamSucceeded, now: Millis) -> list[AnyEvent]:
