@@ -57,13 +57,25 @@ def read_tokens_file(path: Path) -> dict[str, str]:
     )
 
 
+def new_token() -> str:
+    """A fresh random token (256 bits, URL-safe) that never begins with ``-``.
+
+    One ``token_urlsafe`` draw in 64 begins with ``-``; given after ``--token`` on a command line,
+    argparse takes such a value for an option and refuses it. Drawing again costs nothing.
+    """
+    while True:
+        token = secrets.token_urlsafe(32)
+        if not token.startswith("-"):
+            return token
+
+
 def create_default_token(path: Path) -> str:
     """Create ``path`` (mode 0600, never overwriting) holding a new token for ``default``.
 
     Returns the token. Raises ``FileExistsError`` if ``path`` exists: a second call must not
     silently lock out clients configured with the first token.
     """
-    token = secrets.token_urlsafe(32)
+    token = new_token()
     header = "# cronlog API tokens: tenant=token, one a line\n"
     _create_private(path, f"{header}{DEFAULT_TENANT}={token}\n")
     return token
@@ -72,7 +84,7 @@ def create_default_token(path: Path) -> str:
 def create_token_file(path: Path) -> str:
     """Create ``path`` (mode 0600, never overwriting) holding one new bare token, as the
     metrics endpoint's token is kept. Raises ``FileExistsError`` if ``path`` exists."""
-    token = secrets.token_urlsafe(32)
+    token = new_token()
     _create_private(path, f"{token}\n")
     return token
 

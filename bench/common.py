@@ -32,6 +32,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TypeVar
 
+from api.auth import new_token
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).parent / "results"
 PYTHON = sys.executable
@@ -473,8 +475,8 @@ class Serve:
         self.source = source
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.token = secrets.token_urlsafe(24)
-        self.metrics_token = secrets.token_urlsafe(24)
+        self.token = new_token()
+        self.metrics_token = new_token()
         self.kafka = kafka
         limits = data_dir.parent / f"{data_dir.name}.limits.toml"
         limits.write_text(LIMITS)

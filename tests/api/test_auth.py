@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import stat
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from api.auth import (
     Tokens,
     create_default_token,
     create_token_file,
+    new_token,
     parse_tokens,
     read_tokens_file,
 )
@@ -68,3 +70,15 @@ def test_tenant_of_a_bearer_header() -> None:
     assert tokens.tenant_of("bearer token-a") == "team-a"
     for header in (None, "", "Bearer", "Bearer ", "Bearer token-c", "Basic token-a", "token-a"):
         assert tokens.tenant_of(header) is None
+
+
+def test_a_new_token_can_follow_an_option_on_a_command_line() -> None:
+    # one draw of token_urlsafe in 64 begins with "-", which argparse reads as an option
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--token")
+    parser.add_argument("pool")
+    for _ in range(2_000):
+        token = new_token()
+        assert len(token) >= 40
+        assert parser.parse_args(["--token", token, "p"]).token == token
+        assert parser.parse_args([token, "--token", token]).pool == token
