@@ -37,7 +37,7 @@ from api.errors import ApiError, ErrorBody, from_exception
 from api.translate import complete_run
 from api.wire import MAX_RETRY_AFTER_SEC, FencingToken
 from core.commands import CompleteRun
-from core.errors import CronlogError, LeaseLost, NotFound
+from core.errors import CronlogError, LeaseLost, NotFound, NotYetReadable
 from core.ids import team_id
 
 MAX_BATCH_RUNS = 1000
@@ -97,9 +97,13 @@ def _refused(index: int, err: Exception, run_id: str | None = None) -> Completio
 
 
 def _lease_lost(call: Call, index: int, run_id: str, err: LeaseLost) -> CompletionResult:
-    """As a single completion says it: whether the run was cancelled (stop) or reclaimed."""
+    """As a single completion says it: whether the run was cancelled (stop) or reclaimed; a
+    run the team does not have (another team's, or none) is a 404, never a lease error that
+    would say it exists."""
     now = call.scheduler.history.run(call.tenant, run_id)
-    cancelled = now is not None and now.state == "cancelled"
+    if now is None:
+        return _refused(index, NotFound(f"run {team_id(run_id)} not found"), team_id(run_id))
+    cancelled = now.state == "cancelled"
     return CompletionResult(
         index=index,
         status=409,
@@ -133,16 +137,16 @@ async def complete_runs(request: Request) -> Response:
         except msgspec.ValidationError as err:
             results[i] = _refused(i, err)
             continue
-        run_id = call.run_id(body.run_id)
-        if call.scheduler.history.run(call.tenant, run_id) is None:
-            # another team's run, or none: 404, never a lease error that would say it exists
-            results[i] = _refused(i, NotFound(f"run {body.run_id} not found"), body.run_id)
-            continue
-        sent.append((i, complete_run(run_id, body, call.tenant)))
+        sent.append((i, complete_run(call.run_id(body.run_id), body, call.tenant)))
+    # As a single completion: the partition decides first (it checks the run is the team's),
+    # the read model is asked only about a refusal, which may not have folded the run yet.
     answers = await call.scheduler.execute_many([command for _, command in sent])
     for (i, command), answer in zip(sent, answers, strict=True):
         if isinstance(answer, LeaseLost):
             results[i] = _lease_lost(call, i, command.run_id, answer)
+        elif isinstance(answer, NotYetReadable):
+            # durable, only not yet in the read model, which this answer does not read
+            results[i] = CompletionResult(index=i, status=200, run_id=team_id(command.run_id))
         elif isinstance(answer, CronlogError):
             results[i] = _refused(i, answer, team_id(command.run_id))
         else:

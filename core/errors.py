@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from core.events import AnyEvent
+
 
 class CronlogError(Exception):
     """Base of every error cronlog raises on purpose."""
@@ -35,6 +41,16 @@ class Fenced(CronlogError):
 class Unavailable(CronlogError):
     """The owning partition cannot decide right now (failover, catching up, a failed write):
     nothing was decided; try again."""
+
+
+class NotYetReadable(Unavailable):
+    """Decided and durable, but the read model did not show it in time: ``events`` are what
+    was decided (a caller that must not drop them, a claim's leases, takes them from here;
+    one whose answer does not read the read model may answer with them)."""
+
+    def __init__(self, message: str, events: Sequence[AnyEvent]) -> None:
+        super().__init__(message)
+        self.events = list(events)
 
 
 class LogCorrupted(CronlogError):

@@ -61,7 +61,7 @@ from core.commands import (
     UpstreamSucceeded,
 )
 from core.decide import job_id_of_run
-from core.errors import CronlogError, LogCorrupted, Unavailable
+from core.errors import CronlogError, LogCorrupted, NotYetReadable, Unavailable
 from core.jobs import MAX_PRIORITY
 from core.partition import DEFAULT_LEAD_MS, DEFAULT_RETENTION_MS
 from core.state import JobStatus, RunStatus
@@ -785,8 +785,10 @@ class Node:
                 await self._visible(p, [last])
             except Unavailable as err:
                 for i in by_partition[p]:
-                    if not isinstance(results[i], CronlogError):
-                        results[i] = err
+                    decided = results[i]
+                    if not isinstance(decided, CronlogError):
+                        # each its own, with what it decided: durable, only not yet readable
+                        results[i] = NotYetReadable(str(err), decided or ())
         return [
             Unavailable("no answer in time") if result is None else result for result in results
         ]
@@ -996,15 +998,6 @@ class Node:
         except Unavailable:
             return None
         return [e for e in events if isinstance(e, ev.LeaseGranted)]
-
-
-class NotYetReadable(Unavailable):
-    """Decided and durable, but the read model did not show it in time: ``events`` are what
-    was decided (a caller that must not drop them, a claim's leases, takes them from here)."""
-
-    def __init__(self, message: str, events: Sequence[ev.AnyEvent]) -> None:
-        super().__init__(message)
-        self.events = list(events)
 
 
 class _Gathering:

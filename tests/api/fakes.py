@@ -64,6 +64,8 @@ class FakeScheduler:
         self.offsets = [0] * PARTITIONS
         self.available = True  # False: every command raises Unavailable
         self.is_ready = True
+        self.folding = True  # False: decided events wait in `unfolded` (a read model that lags)
+        self.unfolded: list[tuple[AnyEvent, int, int]] = []
         self._history = history
         self.records: list[list[Record]] = [[] for _ in range(PARTITIONS)]  # the events stream
         self._wakeups = Wakeups(clock.now_ms)
@@ -184,6 +186,12 @@ class FakeScheduler:
             if key[0] != "ready":  # no push executors here
                 self._record(p, partition.fire(key, self.clock.now_ms()))
 
+    def fold(self) -> None:
+        """Fold what waits into the read model (at once unless a test set ``folding`` False)."""
+        for event, p, offset in self.unfolded:
+            self._history.process(event, p, offset)
+        self.unfolded.clear()
+
     def _check_available(self) -> None:
         if not self.available:
             raise Unavailable("no owner for the partition (a test said so)")
@@ -198,6 +206,8 @@ class FakeScheduler:
             data = encode(event)
             event = decode(data)  # as the log stores and replays it
             self.records[p].append(Record(p, self.offsets[p], data))
-            self._history.process(event, p, self.offsets[p])
+            self.unfolded.append((event, p, self.offsets[p]))
+            if self.folding:
+                self.fold()
             self.offsets[p] += 1
             self.events.append(event)

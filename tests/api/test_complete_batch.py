@@ -116,3 +116,30 @@ async def test_what_is_not_a_batch_is_a_400_naming_the_field(
     r = await api.a.post("/v1/runs:complete", json=body)
     assert (r.status_code, r.json()["field"]) == (400, field)
     assert api.everything() == before
+
+
+async def test_an_outcome_the_read_model_has_not_folded_yet_is_recorded(api: Api) -> None:
+    # Under a herd the read model lags the partitions: a worker can finish a run before the
+    # history knows of it. The partition holds the lease and says whose run it is.
+    for i in range(2):
+        assert (await api.a.put(f"/v1/jobs/export-{i}", json=JOB)).status_code == 201
+    api.fake.folding = False
+    api.fake.advance(1)
+    runs = (await api.a.post("/v1/workers/claim", json=CLAIM)).json()["runs"]
+    assert len(runs) == 2
+    assert (await api.a.get(f"/v1/runs/{runs[0]['run_id']}")).status_code == 404  # not yet
+    beat = await api.a.post(
+        f"/v1/runs/{runs[1]['run_id']}/heartbeat", json={"fencing_token": runs[1]["fencing_token"]}
+    )
+    assert beat.status_code == 200
+    stranger = await api.b.post(
+        "/v1/runs:complete", json={"runs": [_done(runs[0], status="succeeded")]}
+    )
+    assert stranger.json()["results"][0]["status"] == 404  # still no way into team-a's runs
+    r = await api.a.post(
+        "/v1/runs:complete", json={"runs": [_done(run, status="succeeded") for run in runs]}
+    )
+    assert r.json()["completed"] == 2, r.json()
+    api.fake.fold()
+    states = [(await api.a.get(f"/v1/runs/{run['run_id']}")).json()["state"] for run in runs]
+    assert states == ["succeeded", "succeeded"]

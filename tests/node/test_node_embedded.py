@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from core.commands import CancelRun, PauseJob, PutJob, ReplayRun, ResumeJob
-from core.errors import Unavailable
+from core.commands import CancelRun, CompleteRun, Outcome, PauseJob, PutJob, ReplayRun, ResumeJob
+from core.errors import NotYetReadable, Unavailable
+from core.events import RunCompleted
 from core.jobs import Backoff, HttpTarget, JobSpec, PullTarget
 from eventlog.embedded import EmbeddedLog
 from node import node as node_module
@@ -265,6 +266,34 @@ def test_a_claim_whose_leases_the_read_model_has_not_caught_up_with_still_hands_
     assert state_of(node, lease.run_id) == "pending"  # the read model is behind
     owner = next(r for r in node._runners.values() if lease.run_id in r.state.runs)
     assert owner.state.runs[lease.run_id].worker_id == "w-1"  # the lease is the worker's
+
+
+def test_a_batch_the_read_model_has_not_caught_up_with_answers_each_with_what_it_decided(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch of outcomes is durable once decided; an item whose answer does not read the
+    # read model (POST /v1/runs:complete) takes what it decided from its refusal.
+    slot = now_ms()
+    pull = spec("http://unused", target=PullTarget(pool="lagging"), run_at=slot)
+    asyncio.run(node.execute(PutJob(job_id="done", spec=pull)))
+    deadline = time.monotonic() + 10
+    while state_of(node, f"done.{slot}") != "pending":  # materialised and folded
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    (lease,) = asyncio.run(node.claim("team-a", "lagging", "w-1", 10))
+    monkeypatch.setattr(node_module, "READ_YOUR_WRITES_S", 0.2)
+    node._history_runner.stop()  # the read model stops following the log
+    outcome = CompleteRun(
+        run_id=lease.run_id,
+        fencing_token=lease.fencing_token,
+        outcome=Outcome.SUCCEEDED,
+        tenant="team-a",
+    )
+    (answer,) = asyncio.run(node.execute_many([outcome]))
+    assert isinstance(answer, NotYetReadable)
+    assert [type(e) for e in answer.events] == [RunCompleted]
+    # finished: it has left the partition's state
+    assert all(lease.run_id not in r.state.runs for r in node._runners.values())
 
 
 def test_an_answer_waits_for_the_read_model_without_a_thread_of_the_pool(
