@@ -1038,7 +1038,21 @@ def _warn_if_commands_were_deleted(
     except KafkaException as e:
         logger.warning("start of %s[%d] unknown: %s", partition.topic, partition.partition, e)
         return
-    if position < start:
+    if position < start and partition.offset < 0:
+        # Nothing committed, yet records were trimmed or expired: an owner did commit once,
+        # and the broker has since dropped the group's offsets (offsets.retention.minutes).
+        logger.error(
+            "%s[%d]: the scheduler group holds no command position, yet the topic starts at "
+            "%d: the broker expired the group's committed offsets (offsets.retention.minutes) "
+            "or retention deleted commands no owner decided. Deciding from %d: commands "
+            "decided since the last trim are decided again (raise offsets.retention.minutes "
+            "above --command-retention; see docs/operations.md)",
+            partition.topic,
+            partition.partition,
+            start,
+            start,
+        )
+    elif position < start:
         logger.error(
             "%s[%d]: commands %d..%d were deleted by the topic's retention before any owner "
             "decided them; they are lost (raise --command-retention)",
