@@ -786,9 +786,9 @@ class Node:
             except Unavailable as err:
                 for i in by_partition[p]:
                     decided = results[i]
-                    if not isinstance(decided, CronlogError):
+                    if isinstance(decided, list):
                         # each its own, with what it decided: durable, only not yet readable
-                        results[i] = NotYetReadable(str(err), decided or ())
+                        results[i] = NotYetReadable(str(err), decided)
         return [
             Unavailable("no answer in time") if result is None else result for result in results
         ]
