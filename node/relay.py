@@ -9,8 +9,8 @@ Delivery is at least once, and a success is never dropped without a word. Each r
 success to one dependant) is tried until it is delivered or the dependant is gone
 (``NotFound``), with a backoff of 0.5 s doubling to 30 s between attempts; whatever fails is
 retried, an unexpected exception as much as a ``CronlogError`` (its traceback logged the first
-time), except a damaged log (``LogCorrupted``), which stops the relay as it stops the node. A
-relay stops retrying in two cases only, each logged and counted
+time), except a damaged log (``LogCorrupted``), which stops the relay as it stops the node.
+Short of those, a relay is given up in two cases only, each logged and counted
 (``cronlog_relay_abandoned_total{reason}``):
 
 - ``moved``: the upstream's partition is no longer owned by this node. Its new owner, once it
@@ -26,10 +26,9 @@ with a million jobs, the recent events are mostly registrations) and passes over
 are not events, reporting each once (``projections.decoding``).
 
 Worked example: the dependant's partition is unreachable for five minutes. The relay's attempts
-at 0, 0.5, 1.5, 3.5, 7.5, 15.5 and 31.5 s fail, then one every 30 s from 61.5 s on (its 8th
-failure, there, is a warning: relays used to give up at that point); the 16th attempt, at
-301.5 s, delivers it. Meanwhile ``cronlog_relay_retrying`` is 1, and
-``cronlog_relay_failures_total`` counts 15.
+at 0, 0.5, 1.5, 3.5, 7.5, 15.5 and 31.5 s fail, then one every 30 s from 61.5 s on (each
+failure is an info line; the 8th, there, a warning); the 16th attempt, at 301.5 s, delivers
+it. Meanwhile ``cronlog_relay_retrying`` is 1, and ``cronlog_relay_failures_total`` counts 15.
 """
 
 from __future__ import annotations

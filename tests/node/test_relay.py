@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from core import events as ev
 from core.commands import AnyCommand, UpstreamSucceeded
-from core.errors import LogCorrupted, Unavailable
+from core.errors import LogCorrupted, Pruned, Unavailable
 from eventlog.memory import MemoryLog
 from eventlog.port import EventLog
 from node.relay import DependencyRelay, RelayMetrics
@@ -220,16 +220,18 @@ def test_a_relay_retrying_when_the_node_stops_is_counted_as_given_up() -> None:
 
 
 class FlakyLog:
-    """A log whose first read of events fails, as a broker that is briefly away does."""
+    """A log whose first read of events fails with ``failure``: by default as a broker that is
+    briefly away does."""
 
-    def __init__(self, log: MemoryLog) -> None:
+    def __init__(self, log: MemoryLog, failure: Exception | None = None) -> None:
         self._log = log
+        self._failure = failure or Unavailable("the log's partition 0 is not answering")
         self.reads = 0
 
     def read_events(self, partition: int, from_offset: int, max_records: int = 1000) -> object:
         self.reads += 1
         if self.reads == 1:
-            raise Unavailable("the log's partition 0 is not answering")
+            raise self._failure
         return self._log.read_events(partition, from_offset, max_records)
 
     def __getattr__(self, name: str) -> object:
@@ -268,6 +270,29 @@ def test_a_reread_whose_first_read_fails_still_relays_the_recent_successes() -> 
     assert backoff.waits == [0.5]
     assert flaky.reads >= 2
     assert sample(registry, "cronlog_relay_failures_total") == 1
+    writers.close()
+    log.close()
+
+
+def test_a_reread_goes_on_past_events_pruned_under_it(caplog: pytest.LogCaptureFixture) -> None:
+    log = MemoryLog(1)
+    writers = Writers(log)
+    writers.append(0, [completed("a", 1000)])
+    [b] = writers.append(0, [completed("b", 2000)])
+    registry = CollectorRegistry()
+    execute = FlakyExecute()
+    pruned = Pruned("events of partition 0 start at b", stream="events", partition=0, start=b)
+    relay = relay_of(execute, registry, log=FlakyLog(log, pruned))  # type: ignore[arg-type]
+    try:
+        relay.recovered(0)
+        assert execute.delivered.wait(10)
+    finally:
+        relay.stop()
+    assert execute.calls == [
+        UpstreamSucceeded(job_id="after-b", upstream_job_id="b", scheduled_for=2000)
+    ]
+    assert f"events 0 to {b - 1} were pruned" in caplog.text
+    assert sample(registry, "cronlog_relay_failures_total") == 0
     writers.close()
     log.close()
 
