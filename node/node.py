@@ -79,7 +79,7 @@ from node.hot_window import (
     HotWindowMetrics,
 )
 from node.metrics import Gauges, NodeMetrics, TimedWriter
-from node.relay import DependencyRelay
+from node.relay import DependencyRelay, RelayMetrics
 from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
 from node.snapshotter import SnapshotPolicy, Snapshotter
@@ -205,7 +205,14 @@ class Node:
             defer_while=self._recovering,
         )
         self._relay = DependencyRelay(
-            log_, self._history, self.execute, EventDecoder("relay", self.metrics.foreign)
+            log_,
+            self._history,
+            self.execute,
+            EventDecoder("relay", self.metrics.foreign),
+            # A relay stops retrying once its partition is owned elsewhere: the new owner
+            # relays the partition's recent successes again when it has recovered it.
+            owns=lambda p: p in self._owned_now(),
+            metrics=RelayMetrics(self.metrics.registry),
         )
         self.metrics.watch(self.gauges)
         # Finished runs older than the window leave the read model; past it, the archive

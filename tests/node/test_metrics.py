@@ -94,6 +94,9 @@ def test_a_node_shows_its_ready_queue_its_appends_and_its_dead_letters(
     assert got["cronlog_partitions_owned", ()] == 4
     assert got["cronlog_runs_ready", (("priority", "7"),)] == 0
     assert got["cronlog_runs_waiting_to_start", (("waiting_for", "rate"),)] == 0
+    assert got["cronlog_relay_retrying", ()] == 0
+    assert got["cronlog_relay_failures_total", ()] == 0
+    assert got["cronlog_relay_abandoned_total", (("reason", "moved"),)] == 0
 
     # A pull job's run waits in the ready queue until a worker claims it.
     slot = now_ms()
