@@ -9,6 +9,7 @@ cronlog serve --limits FILE                             # tenants' quotas and ra
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import logging
 import os
@@ -364,6 +365,9 @@ def serve_command(args: argparse.Namespace) -> int:
     from core.errors import CronlogError, LogCorrupted
 
     log = logging.getLogger("cronlog")
+    # A crash in native code (RocksDB, librdkafka) kills the process with a signal and says
+    # nothing; with the fault handler it leaves every thread's Python stack on stderr first.
+    faulthandler.enable()
     try:
         return _serve(args)
     except LogCorrupted as e:

@@ -148,6 +148,18 @@ def test_an_acknowledged_job_runs_after_kill_9(data_dir: Path, target: Target) -
         assert node.stop() == 0  # SIGTERM: a graceful exit
 
 
+def test_a_crash_in_native_code_leaves_every_thread_s_stack_on_stderr(data_dir: Path) -> None:
+    # A segfault in RocksDB or librdkafka used to end the node with signal 11 and not a word.
+    node = Serve(data_dir).start()
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGSEGV)  # as a crash in native code raises it
+    assert node.proc.wait(20) == -signal.SIGSEGV
+    said = (data_dir / "serve.log").read_text()
+    assert "Fatal Python error: Segmentation fault" in said
+    assert said.count("Thread 0x") >= 2  # the node's threads, each with its stack
+    assert 'File "' in said
+
+
 def test_pull_workers_over_http_and_a_late_completion_is_refused(data_dir: Path) -> None:
     node = Serve(data_dir).start()
     try:
