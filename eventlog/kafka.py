@@ -77,7 +77,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
-    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Message,
@@ -184,6 +183,9 @@ class KafkaLog:
         self._stable: dict[int, int] = {}
         self._stable_changed = threading.Condition()
         self._admin: AdminClient | None = None  # opened by the first trim
+        # reads the scheduler group's committed offsets (command_position); opened by the first
+        self._positions: Consumer | None = None
+        self._positions_lock = threading.Lock()
         self._members: list[KafkaMembership] = []
         self._mailboxes: list[KafkaMailbox] = []
         self._closed = threading.Event()
@@ -307,18 +309,32 @@ class KafkaLog:
     def command_position(self, partition: int) -> int:
         """The partition's command position as the broker holds it: the scheduler group's
         committed offset of ``commands[partition]``, committed in the transaction of the events
-        that decided the commands below it, and where a new owner starts (0 when none is)."""
+        that decided the commands below it, and where a new owner starts (0 when none is).
+
+        Asked as an owner asks it, through a consumer of the group's id that never joins the
+        group (``committed()``), not through the admin API's ListConsumerGroupOffsets: in
+        librdkafka (2.4 to at least 2.16) an admin client that meets ``NOT_COORDINATOR`` in
+        that answer, as after the group's coordinator moved with a broker restart, hands a
+        coordinator query to a consumer group it does not have and crashes the process in its
+        own thread (librdkafka issue 5040; seen here by the chaos runs)."""
         self._check_partition(partition)
         tp = TopicPartition(self.topics["commands"], partition)
-        request = ConsumerGroupTopicPartitions(f"{self.prefix}.scheduler", [tp])
-        futures = self._admin_client().list_consumer_group_offsets(
-            [request], request_timeout=self._timeout_s
-        )
-        [answer] = [f.result() for f in futures.values()]
-        [committed] = answer.topic_partitions
+        with self._positions_lock:
+            self._check_open()
+            if self._positions is None:
+                self._positions = Consumer(
+                    self._client_config(
+                        **{
+                            "group.id": f"{self.prefix}.scheduler",  # read, never joined
+                            "enable.auto.commit": False,
+                            "enable.auto.offset.store": False,
+                        }
+                    )
+                )
+            [committed] = self._positions.committed([tp], timeout=self._timeout_s)
         if committed.error is not None:
             raise CronlogError(f"committed offset of {tp.topic}[{partition}]: {committed.error}")
-        return max(int(committed.offset), 0)  # -1: nothing committed yet
+        return max(int(committed.offset), 0)  # OFFSET_INVALID (-1001): nothing committed yet
 
     def trim_commands(self, partition: int) -> tuple[int, int] | None:
         """Delete the commands of ``partition`` that every owner, present or future, is done
@@ -382,6 +398,10 @@ class KafkaLog:
             self._parked = {}
         for consumer in readers:
             consumer.close()
+        with self._positions_lock:
+            positions, self._positions = self._positions, None
+        if positions is not None:
+            positions.close()
 
     def __enter__(self) -> KafkaLog:
         return self
@@ -1039,17 +1059,19 @@ def _warn_if_commands_were_deleted(
         logger.warning("start of %s[%d] unknown: %s", partition.topic, partition.partition, e)
         return
     if position < start and partition.offset < 0:
-        # Nothing committed, yet records were trimmed or expired: an owner did commit once,
-        # and the broker has since dropped the group's offsets (offsets.retention.minutes).
+        # Nothing committed, yet the topic no longer starts at 0: either no owner ever decided
+        # these commands, or the broker dropped the group's offsets (offsets.retention.minutes)
+        # after owners had; the log cannot tell which.
         logger.error(
-            "%s[%d]: the scheduler group holds no command position, yet the topic starts at "
-            "%d: the broker expired the group's committed offsets (offsets.retention.minutes) "
-            "or retention deleted commands no owner decided. Deciding from %d: commands "
-            "decided since the last trim are decided again (raise offsets.retention.minutes "
+            "%s[%d]: commands 0..%d were deleted and the scheduler group holds no command "
+            "position: either the topic's retention deleted them before any owner decided "
+            "them (they are lost: raise --command-retention), or the broker expired the "
+            "group's committed offsets (offsets.retention.minutes) and the commands decided "
+            "since the last trim are decided again from %d (raise offsets.retention.minutes "
             "above --command-retention; see docs/operations.md)",
             partition.topic,
             partition.partition,
-            start,
+            start - 1,
             start,
         )
     elif position < start:
@@ -1108,7 +1130,9 @@ def topic_configs(admin: AdminClient, name: str, timeout_s: float) -> dict[str, 
 
 def _align_configs(admin: AdminClient, name: str, wanted: dict[str, str], timeout_s: float) -> None:
     """Set the configs of ``wanted`` that the existing topic ``name`` has otherwise. Asked
-    again while the error passes (a controller moving), as topic creation is."""
+    again while the error passes (a controller moving), as topic creation is, and while the
+    broker asked does not know the topic yet: another node has just created it, and not every
+    broker has its metadata (a node once exited here with UNKNOWN_TOPIC_OR_PART)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -1116,7 +1140,11 @@ def _align_configs(admin: AdminClient, name: str, wanted: dict[str, str], timeou
             return
         except KafkaException as e:
             err = e.args[0]
-            passing = err.retriable() or err.code() in _CREATE_SETTLING
+            passing = (
+                err.retriable()
+                or err.code() in _CREATE_SETTLING
+                or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            )
             if not passing or time.monotonic() >= deadline:
                 raise CronlogError(f"cannot set the retention of topic {name}: {err}") from e
             logger.warning("setting the retention of topic %s: %s; asking again", name, err)

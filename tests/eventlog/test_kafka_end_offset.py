@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from core.errors import CronlogError
-from eventlog.kafka import _end_offset, _ensure_topics
+from eventlog.kafka import _align_configs, _end_offset, _ensure_topics
 
 
 class Settling:
@@ -111,3 +111,50 @@ def test_a_topic_creation_refused_for_good_fails_at_once() -> None:
     with pytest.raises(CronlogError, match=r"cannot create topic P\.events"):
         _ensure_topics(admin, ["P.events"], 3, 3, {}, timeout_s=10)
     assert len(admin.asked) == 1
+
+
+class Configs:
+    """An admin client whose first config reads fail with the given errors."""
+
+    def __init__(self, *errors: int) -> None:
+        self.errors = list(errors)
+        self.current = {"retention.ms": "604800000"}
+        self.reads = 0
+
+    def describe_configs(self, resources: list[Any], **_: Any) -> dict[Any, Any]:
+        self.reads += 1
+        error = self.errors.pop(0) if self.errors else None
+        current = self.current
+
+        class Entry:
+            def __init__(self, value: str) -> None:
+                self.value = value
+
+        class Answer:
+            def result(self) -> dict[str, Entry]:
+                if error is not None:
+                    raise KafkaException(KafkaError(error))
+                return {k: Entry(v) for k, v in current.items()}
+
+        return {resources[0]: Answer()}
+
+    def incremental_alter_configs(self, resources: list[Any], **_: Any) -> dict[Any, Any]:
+        for entry in resources[0].incremental_configs:
+            self.current[entry.name] = entry.value
+        return {resources[0]: Future(None)}
+
+
+def test_a_topic_another_node_just_created_is_configured_once_the_broker_knows_it() -> None:
+    # Three nodes starting together: one created the topic, another asked a broker that had
+    # not its metadata yet for its configs, and exited with UNKNOWN_TOPIC_OR_PART.
+    admin: Any = Configs(KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.UNKNOWN_TOPIC_OR_PART)
+    _align_configs(admin, "P.events", {"retention.ms": "2592000000"}, timeout_s=10)
+    assert admin.reads == 3
+    assert admin.current == {"retention.ms": "2592000000"}
+
+
+def test_a_config_refused_for_good_fails_at_once() -> None:
+    admin: Any = Configs(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with pytest.raises(CronlogError, match=r"cannot set the retention of topic P\.events"):
+        _align_configs(admin, "P.events", {"retention.ms": "1"}, timeout_s=10)
+    assert admin.reads == 1

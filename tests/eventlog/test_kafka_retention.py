@@ -147,6 +147,7 @@ def test_commands_deleted_before_any_owner_decided_them_are_reported(
         with caplog.at_level("ERROR", logger="eventlog.kafka"):
             Writers(log).close()  # an owner takes the partition over from position 0
         assert f"{prefix}.commands[1]: commands 0..1 were deleted" in caplog.text
+        assert "before any owner decided them (they are lost" in caplog.text
     finally:
         log.close()
 
@@ -233,5 +234,31 @@ def test_commands_below_the_committed_position_are_trimmed_and_a_takeover_decide
         KafkaRetention(log, second.owned, metrics, archiver=None, retention_ms=None).run_once(0)
         assert log.start_offset("commands", 0) == log.end_offset("commands", 0)
         second.close()
+    finally:
+        log.close()
+
+
+def test_the_command_position_is_read_without_the_admin_api_that_crashes_the_process(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # librdkafka's admin ListConsumerGroupOffsets crashed every node of a chaos run once a
+    # broker restart moved the group's coordinator (NOT_COORDINATOR handed to a consumer group
+    # an admin client does not have: librdkafka issue 5040). The position is read as an owner
+    # reads it, through a consumer of the group's id.
+    def crashes(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ListConsumerGroupOffsets: segfaults on NOT_COORDINATOR")
+
+    monkeypatch.setattr(AdminClient, "list_consumer_group_offsets", crashes)
+    prefix = f"retention-{uuid.uuid4().hex[:12]}"
+    log = _open(kafka_bootstrap, prefix, Retention())
+    try:
+        values = [b"command %02d" % i for i in range(6)]
+        for value in values:
+            log.submit(0, value)
+        assert log.command_position(0) == 0  # nothing committed yet
+        member, consumed = _owner(log, wanted=len(values))
+        _decide(member, consumed[:4])
+        _eventually(lambda: log.command_position(0) == consumed[3].offset + 1, "not committed")
+        member.close()
     finally:
         log.close()
