@@ -367,7 +367,9 @@ def serve_command(args: argparse.Namespace) -> int:
     log = logging.getLogger("cronlog")
     # A crash in native code (RocksDB, librdkafka) kills the process with a signal and says
     # nothing; with the fault handler it leaves every thread's Python stack on stderr first.
+    # SIGUSR1 prints them too, and the node goes on: where a stuck node is stuck.
     faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return _serve(args)
     except LogCorrupted as e:

@@ -160,6 +160,20 @@ def test_a_crash_in_native_code_leaves_every_thread_s_stack_on_stderr(data_dir: 
     assert 'File "' in said
 
 
+def test_sigusr1_prints_every_thread_s_stack_and_the_node_goes_on(data_dir: Path) -> None:
+    node = Serve(data_dir).start()
+    try:
+        assert node.proc is not None
+        node.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while "Thread 0x" not in (data_dir / "serve.log").read_text():  # another process
+            assert time.monotonic() < deadline, "no stacks printed"
+            time.sleep(0.05)
+        assert httpx.get(f"{node.url}/readyz", timeout=5).status_code == 200
+    finally:
+        assert node.stop() == 0
+
+
 def test_pull_workers_over_http_and_a_late_completion_is_refused(data_dir: Path) -> None:
     node = Serve(data_dir).start()
     try:

@@ -200,6 +200,21 @@ class NodeProcess:
         assert self.process is not None
         self.process.send_signal(signal.SIGCONT)
 
+    def dump_stacks(self, timeout_s: float = 5.0) -> None:
+        """SIGUSR1: the node prints every thread's Python stack into its log and goes on;
+        returns once they are there (or after ``timeout_s``)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        before = self.log_path.stat().st_size
+        self.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:  # another process: its log is what it tells
+            with self.log_path.open("rb") as log:
+                log.seek(before)
+                if b"(most recent call first)" in log.read():
+                    return
+            time.sleep(0.05)
+
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM, as a rolling restart sends it; SIGKILL if the node has not left in time.
         The node stays down until started again."""

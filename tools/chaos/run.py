@@ -478,6 +478,8 @@ class Run:
         )
         for node in self.cluster.nodes.values():
             history.health[node.node_id] = _settled_health(node.url, self.s.partitions)
+            if not history.health[node.node_id].ready:
+                node.dump_stacks()  # where it is stuck, into its log, before it is stopped
             try:
                 history.api_runs[node.node_id] = gather.api_runs(node.url, TOKEN, job_ids)
             except httpx.HTTPError as e:
