@@ -246,19 +246,26 @@ def test_a_write_the_read_model_has_not_caught_up_with_is_unavailable_not_missin
     assert any("behind" in r.state.jobs for r in node._runners.values())  # ...the log is not
 
 
+def _a_pending_pull_run(node: Node, job_id: str) -> int:
+    """A one-shot of pool ``lagging`` due now, once its run is materialised and folded; its
+    slot."""
+    slot = now_ms()
+    pull = spec("http://unused", target=PullTarget(pool="lagging"), run_at=slot)
+    asyncio.run(node.execute(PutJob(job_id=job_id, spec=pull)))
+    deadline = time.monotonic() + 10
+    while state_of(node, f"{job_id}.{slot}") != "pending":  # another thread folds it
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return slot
+
+
 def test_a_claim_whose_leases_the_read_model_has_not_caught_up_with_still_hands_them_out(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Under a herd the read model's fold lagged the claims by more than the read-your-writes
     # wait: the leases were granted and durable, the claim gave up on them, and their runs
     # waited until the leases ran out with nobody working on them.
-    slot = now_ms()
-    pull = spec("http://unused", target=PullTarget(pool="lagging"), run_at=slot)
-    asyncio.run(node.execute(PutJob(job_id="lag", spec=pull)))
-    deadline = time.monotonic() + 10
-    while state_of(node, f"lag.{slot}") != "pending":  # materialised and folded
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    slot = _a_pending_pull_run(node, "lag")
     monkeypatch.setattr(node_module, "READ_YOUR_WRITES_S", 0.2)
     node._history_runner.stop()  # the read model stops following the log
     (lease,) = asyncio.run(node.claim("team-a", "lagging", "w-1", 10))
@@ -273,13 +280,7 @@ def test_a_batch_the_read_model_has_not_caught_up_with_answers_each_with_what_it
 ) -> None:
     # A batch of outcomes is durable once decided; an item whose answer does not read the
     # read model (POST /v1/runs:complete) takes what it decided from its refusal.
-    slot = now_ms()
-    pull = spec("http://unused", target=PullTarget(pool="lagging"), run_at=slot)
-    asyncio.run(node.execute(PutJob(job_id="done", spec=pull)))
-    deadline = time.monotonic() + 10
-    while state_of(node, f"done.{slot}") != "pending":  # materialised and folded
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    _a_pending_pull_run(node, "done")
     (lease,) = asyncio.run(node.claim("team-a", "lagging", "w-1", 10))
     monkeypatch.setattr(node_module, "READ_YOUR_WRITES_S", 0.2)
     node._history_runner.stop()  # the read model stops following the log

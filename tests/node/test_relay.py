@@ -42,6 +42,22 @@ def completed(job_id: str, slot: int, fencing_token: int = 0) -> bytes:
     )
 
 
+def _recording(
+    count: int,
+) -> tuple[list[AnyCommand], threading.Event, Callable[[AnyCommand], Awaitable[list[ev.AnyEvent]]]]:
+    """An ``execute`` that keeps what it is sent, and an event set once it has ``count``."""
+    sent: list[AnyCommand] = []
+    done = threading.Event()
+
+    async def execute(command: AnyCommand) -> list[ev.AnyEvent]:
+        sent.append(command)
+        if len(sent) == count:
+            done.set()
+        return []
+
+    return sent, done, execute
+
+
 def test_recovery_relays_past_a_foreign_record_and_reports_it() -> None:
     """A record that was not an event killed the relay's reread on every restart, so the
     successes after it never reached their dependants."""
@@ -50,14 +66,7 @@ def test_recovery_relays_past_a_foreign_record_and_reports_it() -> None:
     writers.append(0, [completed("a", 1000)])
     [foreign] = writers.append(0, [b'{"job_id": "a", "payload": null}'])
     writers.append(0, [completed("b", 2000)])
-    sent: list[AnyCommand] = []
-    both = threading.Event()
-
-    async def execute(command: AnyCommand) -> list[ev.AnyEvent]:
-        sent.append(command)
-        if len(sent) == 2:
-            both.set()
-        return []
+    sent, both, execute = _recording(2)
 
     seen: list[ForeignRecord] = []
     relay = DependencyRelay(
@@ -247,14 +256,7 @@ def test_a_reread_whose_first_read_fails_still_relays_the_recent_successes() -> 
     writers.append(0, [completed("b", 2000)])
     registry = CollectorRegistry()
     backoff = Backoff()
-    sent: list[AnyCommand] = []
-    both = threading.Event()
-
-    async def execute(command: AnyCommand) -> list[ev.AnyEvent]:
-        sent.append(command)
-        if len(sent) == 2:
-            both.set()
-        return []
+    sent, both, execute = _recording(2)
 
     flaky = FlakyLog(log)
     relay = relay_of(execute, registry, log=flaky, sleep=backoff)  # type: ignore[arg-type]
