@@ -120,6 +120,9 @@ class DependencyRelay:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="relay", daemon=True)
         self._handoff = Handoff(self._loop)
+        # The loop holds its tasks only weakly: a relay waiting on a future nothing else holds
+        # would be collected mid-retry, never to finish or be counted. Held here until done.
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._thread.start()
@@ -171,6 +174,7 @@ class DependencyRelay:
         away or the node stops; should it fail otherwise, say so at once rather than when the
         task is collected."""
         task = self._loop.create_task(self._unless_moved(partition, what, work), name=what)
+        self._tasks.add(task)
         task.add_done_callback(self._ended)
 
     async def _unless_moved(
@@ -188,6 +192,7 @@ class DependencyRelay:
             )
 
     def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
         if task.cancelled():  # the node stops (counted here: a task may end before it began)
             self.metrics.abandoned.labels("stopped").inc()
             return
