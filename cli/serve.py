@@ -365,9 +365,11 @@ def serve_command(args: argparse.Namespace) -> int:
     from core.errors import CronlogError, LogCorrupted
 
     log = logging.getLogger("cronlog")
-    # A crash in native code (RocksDB, librdkafka) kills the process with a signal and says
-    # nothing; with the fault handler it leaves every thread's Python stack on stderr first.
-    # SIGUSR1 prints them too, and the node goes on: where a stuck node is stuck.
+    # A crash in native code called from Python (RocksDB, a librdkafka call) kills the process
+    # with a signal and says nothing; with the fault handler it leaves every thread's Python
+    # stack on stderr first. (librdkafka's own threads block signals: a crash in one of them
+    # still ends the process without a word.) SIGUSR1 prints the stacks too, and the node goes
+    # on: where a stuck node is stuck.
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
