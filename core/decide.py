@@ -713,16 +713,7 @@ def _skipped_ahead(job: JobState, run: RunState, now: Millis) -> list[AnyEvent]:
     misfire rule records a slot it wakes up too late for."""
     return [
         _withdrawn(run, now, job.next_slot),
-        RunSkipped(
-            at=now,
-            job_id=job.job_id,
-            tenant=run.tenant,
-            scheduled_for=run.scheduled_for,
-            last_scheduled_for=run.scheduled_for,
-            count=1,
-            reason=SkipReason.MISFIRE,
-            next_slot=job.next_slot,
-        ),
+        _skipped(job, run.scheduled_for, SkipReason.MISFIRE, job.next_slot, now),
     ]
 
 
