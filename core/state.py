@@ -518,18 +518,15 @@ def _tidy_ready(state: PartitionState, pool: str) -> None:
     """Drop the stale entries at the top of ``pool``'s ready heap, and the heap once empty: a
     forgotten job's runs must not stay in the index of a pool nobody claims from any more
     (claims tidy the rest as they pop)."""
-    heap = state.ready.get(pool)
-    if heap is not None:
-        while heap and not state.is_ready_entry_live(heap[0], pool):
+    # ``later``'s entries are ``ready``'s with their ``available_at`` in front
+    for heaps, skip in ((state.ready, 0), (state.later, 1)):
+        heap: list[Any] | None = heaps.get(pool)
+        if heap is None:
+            continue
+        while heap and not state.is_ready_entry_live(heap[0][skip:], pool):
             heapq.heappop(heap)
         if not heap:
-            del state.ready[pool]
-    later = state.later.get(pool)
-    if later is not None:
-        while later and not state.is_ready_entry_live(later[0][1:], pool):
-            heapq.heappop(later)
-        if not later:
-            del state.later[pool]
+            del heaps[pool]
 
 
 def _end(state: PartitionState, run: RunState, *, keep: bool) -> None:
