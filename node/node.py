@@ -595,11 +595,12 @@ class Node:
         earliest: int | None = None
         for runner in list(self._runners.values()):
             state = runner.state
-            # list() copies in one step under the GIL: the runner may be mid-batch.
+            # A slice copies in one step under the GIL (the runner may be mid-batch), and only
+            # what is looked at: a herd's heaps hold tens of thousands of entries.
             # Runs not due when indexed wait in ``later`` (``core.state``) until a claim
             # moves them; both are looked at.
-            entries = list(state.ready.get(pool, ()))[:NEXT_READY_SCAN]
-            entries += [e[1:] for e in list(state.later.get(pool, ()))[:NEXT_READY_SCAN]]
+            entries = list(state.ready.get(pool, ())[:NEXT_READY_SCAN])
+            entries += [e[1:] for e in state.later.get(pool, ())[:NEXT_READY_SCAN]]
             for entry in entries:
                 run = state.runs.get(entry[2])
                 if (
