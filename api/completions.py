@@ -32,12 +32,20 @@ from msgspec import Meta
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.edge import Call, as_type, authenticate, json_response, over_rate, read_json, take_items
+from api.edge import (
+    as_type,
+    authenticate,
+    json_response,
+    lease_refused,
+    over_rate,
+    read_json,
+    take_items,
+)
 from api.errors import ApiError, ErrorBody, from_exception
 from api.translate import complete_run
 from api.wire import MAX_RETRY_AFTER_SEC, FencingToken
 from core.commands import CompleteRun
-from core.errors import CronlogError, LeaseLost, NotFound, NotYetReadable
+from core.errors import CronlogError, LeaseLost, NotYetReadable
 from core.ids import team_id
 
 MAX_BATCH_RUNS = 1000
@@ -96,22 +104,6 @@ def _refused(index: int, err: Exception, run_id: str | None = None) -> Completio
     )
 
 
-def _lease_lost(call: Call, index: int, run_id: str, err: LeaseLost) -> CompletionResult:
-    """As a single completion says it: whether the run was cancelled (stop) or reclaimed; a
-    run the team does not have (another team's, or none) is a 404, never a lease error that
-    would say it exists."""
-    now = call.scheduler.history.run(call.tenant, run_id)
-    if now is None:
-        return _refused(index, NotFound(f"run {team_id(run_id)} not found"), team_id(run_id))
-    cancelled = now.state == "cancelled"
-    return CompletionResult(
-        index=index,
-        status=409,
-        run_id=team_id(run_id),
-        error=ErrorBody(error="lease_lost", message=str(err), cancelled=cancelled),
-    )
-
-
 async def complete_runs(request: Request) -> Response:
     call = authenticate(request)
     raw = await read_json(request, MAX_BATCH_BODY_BYTES, deep="runs")
@@ -143,7 +135,10 @@ async def complete_runs(request: Request) -> Response:
     answers = await call.scheduler.execute_many([command for _, command in sent])
     for (i, command), answer in zip(sent, answers, strict=True):
         if isinstance(answer, LeaseLost):
-            results[i] = _lease_lost(call, i, command.run_id, answer)
+            refusal = lease_refused(call, command.run_id, answer)
+            results[i] = CompletionResult(
+                index=i, status=refusal.status, run_id=team_id(command.run_id), error=refusal.body
+            )
         elif isinstance(answer, NotYetReadable):
             # durable, only not yet in the read model, which this answer does not read
             results[i] = CompletionResult(index=i, status=200, run_id=team_id(command.run_id))

@@ -30,7 +30,7 @@ from api.rate import RequestRates
 from api.scheduler import Scheduler
 from api.translate import job_out, run_out
 from core.commands import AnyCommand
-from core.errors import Conflict, InvalidDefinition, NotFound
+from core.errors import Conflict, InvalidDefinition, LeaseLost, NotFound
 from core.events import AnyEvent
 from core.ids import log_job_id, team_id
 from projections.history import SourcedRun
@@ -326,6 +326,18 @@ def run_view(call: Call, run_id: str) -> RunView:
     if view is None:
         raise NotFound(f"run {team_id(run_id)} not found")
     return view
+
+
+def lease_refused(call: Call, run_id: str, err: LeaseLost) -> ApiError:
+    """What a refused command of a run's lease (a heartbeat, an outcome) answers. The partition
+    decides first (it holds the lease and knows whose run it is); only a refusal asks the read
+    model, which may not have folded the run yet: a run the team does not have (another
+    team's, or none) is a 404, never a lease error that would say it exists; else a 409 that
+    says whether the run was cancelled (stop) or reclaimed (someone else has it)."""
+    now = call.scheduler.history.run(call.tenant, run_id)
+    if now is None:
+        return ApiError(404, "not_found", f"run {team_id(run_id)} not found")
+    return ApiError(409, "lease_lost", str(err), cancelled=now.state == "cancelled")
 
 
 def job_response(call: Call, job_id: str, status: int = 200) -> Response:

@@ -15,13 +15,14 @@ from api.edge import (
     authenticate,
     decode,
     json_response,
+    lease_refused,
     on_job,
     page_size,
     query_choice,
     run_response,
     sourced_run,
 )
-from api.errors import ApiError, bad_request
+from api.errors import bad_request
 from api.held import Held
 from api.instants import parse_rfc3339, to_rfc3339
 from api.scheduler import Unavailable
@@ -38,7 +39,7 @@ from api.wire import (
 from core.clock import Millis
 from core.commands import CancelRun, CompleteRun, HeartbeatRun, ReplayRun, TriggerRun
 from core.decide import run_id_of
-from core.errors import Conflict, LeaseLost, NotFound
+from core.errors import Conflict, LeaseLost
 from core.events import Heartbeat, LeaseGranted, RunMaterialised
 from core.ids import team_id
 from projections.views import RUN_STATES, RunView
@@ -212,21 +213,12 @@ async def _claim_waiting(
 
 
 async def _fenced(call: Call, run_id: str, command: HeartbeatRun | CompleteRun) -> list[Any]:
-    """Send a command only the live lease may send; a lost lease is a 409 that says whether
-    the run was cancelled (stop) or reclaimed (someone else has it).
-
-    The command goes to the partition before the read model is asked: the partition holds the
-    live lease and checks the run is the caller's team's, while the read model may not have
-    folded the run yet (under a herd it lags), and a refusal there would throw a real outcome
-    away. Only a refused command looks the run up: another team's run, or none, is a 404."""
+    """Send a command only the live lease may send (:func:`api.edge.lease_refused` says what
+    a refusal answers)."""
     try:
         return await call.scheduler.execute(command)
     except LeaseLost as e:
-        now = call.scheduler.history.run(call.tenant, run_id)
-        if now is None:
-            raise NotFound(f"run {team_id(run_id)} not found") from None
-        cancelled = now.state == "cancelled"
-        raise ApiError(409, "lease_lost", str(e), cancelled=cancelled) from None
+        raise lease_refused(call, run_id, e) from None
 
 
 async def heartbeat(request: Request) -> Response:
