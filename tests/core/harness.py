@@ -9,10 +9,25 @@ from collections import deque
 from core import events as ev
 from core.clock import FakeClock, Millis
 from core.commands import AnyCommand
+from core.jobs import Backoff, HttpTarget, JobSpec
 from core.partition import DEFAULT_RETENTION_MS, Partition
-from core.state import PartitionState
+from core.state import PartitionState, evolve
 from core.timers import TimerKey
 from core.wheel import TimingWheel
+
+
+def spec(**kw: object) -> JobSpec:
+    """A job of team-a every minute, calling a loopback target, with a jitter-free backoff;
+    ``kw`` changes any field."""
+    base: dict[str, object] = dict(
+        name="job",
+        tenant="team-a",
+        target=HttpTarget(url="http://127.0.0.1:9/hook"),
+        schedule="* * * * *",
+        backoff=Backoff(base_sec=10, factor=2, cap_sec=600, jitter=False),
+    )
+    base.update(kw)
+    return JobSpec(**base)  # type: ignore[arg-type]
 
 
 class Sim:
@@ -90,3 +105,11 @@ class Sim:
 
     def of_type(self, kind: type) -> list[ev.AnyEvent]:
         return [e for e in self.events() if isinstance(e, kind)]
+
+    def replayed(self) -> bytes:
+        """The snapshot of a state rebuilt by folding the log alone (no timers, no decisions):
+        equal to the live state's when every decision was recorded in its events."""
+        state = PartitionState(self.state.partition)
+        for raw in self.log:
+            evolve(state, ev.decode(raw))
+        return state.snapshot()

@@ -24,26 +24,14 @@ from core.commands import (
 )
 from core.decide import decide, run_id_of
 from core.errors import Conflict, InvalidDefinition, LeaseLost, NotFound
-from core.jobs import Backoff, HttpTarget, JobSpec, PullTarget
+from core.jobs import HttpTarget, PullTarget
 from core.state import RunStatus
-from tests.core.harness import Sim
+from tests.core.harness import Sim, spec
 
 T0 = int(datetime(2026, 3, 2, tzinfo=UTC).timestamp() * 1000)  # a Monday, 00:00 UTC
 SEC = 1000
 MIN = 60 * SEC
 HTTP = HttpTarget(url="http://127.0.0.1:9/hook")
-
-
-def spec(**kw: object) -> JobSpec:
-    base: dict[str, object] = dict(
-        name="job",
-        tenant="team-a",
-        target=HTTP,
-        schedule="* * * * *",
-        backoff=Backoff(base_sec=10, factor=2, cap_sec=600, jitter=False),
-    )
-    base.update(kw)
-    return JobSpec(**base)  # type: ignore[arg-type]
 
 
 def put(sim: Sim, job_id: str, **kw: object) -> None:

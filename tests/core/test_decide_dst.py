@@ -17,7 +17,6 @@ from core.commands import PauseJob, PutJob, ResumeJob
 from core.cron import CronSchedule
 from core.errors import CronlogError
 from core.jobs import Backoff, HttpTarget, JobSpec, PullTarget
-from core.state import PartitionState, evolve
 from tests.core.harness import Sim
 
 SEC = 1000
@@ -56,13 +55,6 @@ def dst_skips(sim: Sim) -> list[ev.RunSkipped]:
     ]
 
 
-def replayed(sim: Sim) -> bytes:
-    state = PartitionState(sim.state.partition)
-    for raw in sim.log:
-        evolve(state, ev.decode(raw))
-    return state.snapshot()
-
-
 def test_new_york_repeated_slot_runs_once_and_its_repeat_is_recorded() -> None:
     sim = Sim(utc("2024-11-02T20:00"))  # 16:00 EDT the day before the fall-back
     sim.do(PutJob(job_id="j", spec=spec()))
@@ -83,7 +75,7 @@ def test_new_york_repeated_slot_runs_once_and_its_repeat_is_recorded() -> None:
     at = kinds.index(("RunSkipped", utc("2024-11-03T06:30")))
     assert kinds[at + 1] == ("RunMaterialised", utc("2024-11-04T06:30"))
     assert sim.state.jobs["j"].next_slot == utc("2024-11-05T06:30")
-    assert replayed(sim) == sim.state.snapshot()
+    assert sim.replayed() == sim.state.snapshot()
 
 
 def test_nothing_is_recorded_before_the_next_slot_is_handled() -> None:
@@ -105,7 +97,7 @@ def test_lord_howe_half_hour_fall_back() -> None:
     (skip,) = dst_skips(sim)
     assert skip.scheduled_for == utc("2024-04-06T15:15")
     assert skip.next_slot == utc("2024-04-07T15:15")
-    assert replayed(sim) == sim.state.snapshot()
+    assert sim.replayed() == sim.state.snapshot()
 
 
 def test_every_repeated_slot_is_recorded_once_in_time_order() -> None:
@@ -116,7 +108,7 @@ def test_every_repeated_slot_is_recorded_once_in_time_order() -> None:
     assert [s.scheduled_for for s in dst_skips(sim)] == suppressed
     assert not set(suppressed) & set(materialised(sim))
     assert all(s.next_slot == utc("2024-11-04T06:00") for s in dst_skips(sim))
-    assert replayed(sim) == sim.state.snapshot()
+    assert sim.replayed() == sim.state.snapshot()
 
 
 def test_hourly_job_fires_every_real_hour_and_records_no_dst_skip() -> None:
@@ -151,7 +143,7 @@ def test_an_outage_across_the_fall_back_records_the_repeat_once() -> None:
         # Time order: the misfire range starts at 01:00 EDT, before the suppressed instants.
         assert [s.scheduled_for for s in skips] == sorted(s.scheduled_for for s in skips)
         assert sim.state.jobs["j"].next_slot == utc("2024-11-06T06:00"), policy
-        assert replayed(sim) == sim.state.snapshot()
+        assert sim.replayed() == sim.state.snapshot()
         sim.advance(utc("2024-11-07T12:00") - sim.now)
         assert len(dst_skips(sim)) == 2
 
@@ -214,7 +206,7 @@ def test_replay_rebuilds_state_and_each_repeat_is_recorded_once(
             else:
                 command = PauseJob if step[0] == "pause" else ResumeJob
                 sim.do(command(job_id=step[1], tenant="team-a"))
-        assert replayed(sim) == sim.state.snapshot()
+        assert sim.replayed() == sim.state.snapshot()
     recorded = Counter((s.job_id, s.scheduled_for) for s in dst_skips(sim))
     assert all(n == 1 for n in recorded.values())
     runs = {(e.job_id, e.scheduled_for) for e in sim.of_type(ev.RunMaterialised)}

@@ -21,28 +21,15 @@ from core.commands import (
     TriggerRun,
 )
 from core.decide import decide, run_id_of
-from core.jobs import Backoff, HttpTarget, JobSpec, PullTarget
+from core.jobs import HttpTarget, PullTarget
 from core.partition import Partition
-from core.state import PartitionState, evolve
-from tests.core.harness import Sim
+from tests.core.harness import Sim, spec
 
 T0 = int(dt.datetime(2026, 3, 2, tzinfo=dt.UTC).timestamp() * 1000)  # a Monday, 00:00 UTC
 SEC = 1000
 MIN = 60 * SEC
 LEAD = 5 * SEC
 HTTP = HttpTarget(url="http://127.0.0.1:9/hook")
-
-
-def spec(**kw: object) -> JobSpec:
-    base: dict[str, object] = dict(
-        name="job",
-        tenant="team-a",
-        target=HTTP,
-        schedule="* * * * *",
-        backoff=Backoff(base_sec=10, factor=2, cap_sec=600, jitter=False),
-    )
-    base.update(kw)
-    return JobSpec(**base)  # type: ignore[arg-type]
 
 
 def put(sim: Sim, job_id: str, **kw: object) -> list[ev.AnyEvent]:
@@ -91,13 +78,6 @@ def materialised(sim: Sim) -> list[ev.RunMaterialised]:
     return [e for e in sim.events() if isinstance(e, ev.RunMaterialised)]
 
 
-def replayed(sim: Sim) -> bytes:
-    state = PartitionState(sim.state.partition)
-    for raw in sim.log:
-        evolve(state, ev.decode(raw))
-    return state.snapshot()
-
-
 def test_a_run_is_materialised_a_lead_ahead_and_starts_at_its_slot() -> None:
     sim = Sim(T0 + 30 * SEC, lead_ms=LEAD)
     put(sim, "j")
@@ -121,7 +101,7 @@ def test_every_slot_of_a_recurring_job_is_materialised_ahead() -> None:
     leases = punctual(sim, T0 + 5 * MIN)
     assert [(e.scheduled_for - e.at) for e in materialised(sim)] == [LEAD] * 5
     assert [lease.lateness_ms for lease in leases] == [0] * 5
-    assert replayed(sim) == sim.state.snapshot()
+    assert sim.replayed() == sim.state.snapshot()
 
 
 def test_without_a_lead_the_slot_is_decided_at_the_slot() -> None:
@@ -159,7 +139,7 @@ def test_a_pause_before_the_slot_withdraws_the_run_and_the_slot_is_skipped_on_re
     skipped, _ = sim.do(ResumeJob(job_id="j", tenant="team-a"))
     assert isinstance(skipped, ev.RunSkipped) and skipped.reason == "paused"
     assert skipped.scheduled_for == run.scheduled_for == T0 + MIN and skipped.count == 3
-    assert replayed(sim) == sim.state.snapshot()
+    assert sim.replayed() == sim.state.snapshot()
 
 
 def test_a_pause_and_resume_before_the_slot_runs_the_slot_on_time() -> None:
@@ -186,7 +166,7 @@ def test_a_schedule_change_before_the_slot_does_not_run_the_old_slot() -> None:
     leases = punctual(sim, T0 + 5 * MIN)
     assert old.run_id not in {lease.run_id for lease in leases}
     assert [lease.scheduled_for for lease in leases] == [T0 + 2 * MIN, T0 + 4 * MIN]
-    assert replayed(sim) == sim.state.snapshot()
+    assert sim.replayed() == sim.state.snapshot()
 
 
 def test_another_change_keeps_the_run_materialised_ahead() -> None:
@@ -367,7 +347,7 @@ def test_a_manual_run_beside_a_run_ahead_leaves_the_slot_to_the_overlap_policy()
     (skip,) = sim.of_type(ev.RunSkipped)
     assert isinstance(skip, ev.RunSkipped) and skip.reason == "overlap"
     assert skip.scheduled_for == T0 + MIN and not sim.ready
-    assert replayed(sim) == sim.state.snapshot()
+    assert sim.replayed() == sim.state.snapshot()
 
 
 def test_a_manual_run_under_allow_leaves_the_run_ahead_in_place() -> None:
