@@ -50,7 +50,12 @@ stays, as the backstop for commands no owner ever decided.
 Errors from a transaction follow librdkafka's flags: ``fatal()`` (``_FENCED`` among them) and
 unflagged errors close the writer and raise :class:`core.errors.Fenced`;
 ``txn_requires_abort()`` aborts and raises :class:`AppendAborted` (nothing of the append will
-be read; retry it); ``retriable()`` retries the same call.
+be read; retry it); ``retriable()`` retries the same call while the append's deadline allows.
+An append has the log's timeout in all, every call and retry of its transaction included: past
+it the writer closes and raises ``Fenced``, and its runner recovers from the log with a new
+writer. Closing never waits for a transaction in flight (the rebalance callback closes the
+writers it gives up, and the group waits for that callback); the append closes the producer
+itself when its call returns.
 
 Replies (invariant 7) are plain idempotent ``acks=all`` records, outside any transaction:
 ``send_reply`` produces to the partition ``partition_for(node_id, 4)`` and does not wait for the
@@ -139,6 +144,13 @@ _CREATE_SETTLING = frozenset(
         KafkaError.BROKER_NOT_AVAILABLE,
     }
 )
+# A transactional call that failed retriably is asked again after this, doubling up to the
+# maximum, while its deadline allows; each attempt is given the time left, never less than the
+# minimum. An abort after a failed append is given ABORT_MIN_S even past the append's deadline.
+RETRY_BACKOFF_S = 0.05
+MAX_RETRY_BACKOFF_S = 1.0
+MIN_CALL_S = 0.1
+ABORT_MIN_S = 5.0
 REPLY_RETENTION_MS = 3_600_000  # replies are ephemeral: a node reads them within seconds
 T = TypeVar("T")
 
@@ -880,7 +892,12 @@ class KafkaPartitionWriter:
         # The end of the last append's events, until they are known readable (its markers
         # written): the next transaction waits for that (:meth:`wait_until_readable`).
         self._unsettled: int | None = None
-        self._lock = threading.RLock()  # append holds it while a failure closes the writer
+        # ``_lock`` guards the fields, never held across a call to the broker; ``_appending``
+        # lets one transaction run at a time. ``close`` takes only the first, so giving the
+        # partition up never waits for a transaction in flight.
+        self._lock = threading.Lock()
+        self._appending = threading.Lock()
+        self._in_flight = False  # a transaction is running: its append closes the producer
         self._transactional_id = f"{log.prefix}.p{partition}"
 
     @classmethod
@@ -898,7 +915,7 @@ class KafkaPartitionWriter:
                 }
             )
         )
-        _retrying(lambda: producer.init_transactions(log._timeout_s))
+        _retrying(producer.init_transactions, time.monotonic() + log._timeout_s)
         return cls(log, partition, producer, group_metadata)
 
     @property
@@ -906,19 +923,35 @@ class KafkaPartitionWriter:
         return self._partition
 
     def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
-        with self._lock:
-            producer = self._producer
-            if producer is None:
-                raise Fenced(f"writer {self._transactional_id} is closed")
-            if not events and commands_through is None:
-                return []
+        """One transaction, within the log's timeout in all (every retry of every call to the
+        broker included): past it the writer closes and raises ``Fenced``, and the runner
+        recovers from the log with a new writer, rather than hold its partition while a broker
+        that stopped answering is asked again and again."""
+        with self._appending:
+            with self._lock:
+                producer = self._producer
+                if producer is None:
+                    raise Fenced(f"writer {self._transactional_id} is closed")
+                if not events and commands_through is None:
+                    return []
+                self._in_flight = True
+            deadline = time.monotonic() + self._log._timeout_s
             try:
-                offsets = self._transaction(producer, events, commands_through)
+                offsets = self._transaction(producer, events, commands_through, deadline)
             except KafkaException as e:
-                self._fail(producer, e.args[0])
-            if commands_through is not None:
-                self._position = commands_through
-            self._unsettled = offsets[-1] + 1 if offsets else None
+                if self._closed():  # given up meanwhile: whatever it did, the next owner reads
+                    raise Fenced(f"writer {self._transactional_id} closed: {e.args[0]}") from e
+                self._fail(producer, e.args[0], deadline)
+            finally:
+                with self._lock:
+                    self._in_flight = False
+                    closed = self._producer is None
+                if closed:  # closed while the transaction ran (or by its failure): now
+                    _close_producer(producer)
+            with self._lock:
+                if commands_through is not None:
+                    self._position = commands_through
+                self._unsettled = offsets[-1] + 1 if offsets else None
         if offsets and self._log._readable_appends:
             self._log._wait_readable(self._partition, offsets[-1])
         return offsets
@@ -951,18 +984,28 @@ class KafkaPartitionWriter:
             return self._position
 
     def close(self) -> None:
+        """Give the partition up, at once. The rebalance callback calls this, and the group's
+        rebalance waits for it, so it never waits for a transaction in flight: that append
+        closes the producer when its call returns, and raises ``Fenced`` unless it committed
+        (its events are then in the log, and the next owner reads them)."""
         with self._lock:
             producer, self._producer = self._producer, None
+            if self._in_flight:
+                return
         if producer is not None:
-            # A fenced producer reports its fence again on close; nothing is left to undo.
-            with contextlib.suppress(KafkaException):
-                producer.purge()
-                producer.close()
+            _close_producer(producer)
+
+    def _closed(self) -> bool:
+        with self._lock:
+            return self._producer is None
 
     def _transaction(
-        self, producer: Producer, events: Sequence[bytes], commands_through: int | None
+        self,
+        producer: Producer,
+        events: Sequence[bytes],
+        commands_through: int | None,
+        deadline: float,
     ) -> list[int]:
-        timeout_s = self._log._timeout_s
         reports: list[tuple[KafkaError | None, int]] = []
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
@@ -977,17 +1020,18 @@ class KafkaPartitionWriter:
                 TopicPartition(self._log.topics["commands"], self._partition, commands_through)
             ]
             _retrying(
-                lambda: producer.send_offsets_to_transaction(
-                    position, self._group_metadata(), timeout_s
-                )
+                lambda left: producer.send_offsets_to_transaction(
+                    position, self._group_metadata(), left
+                ),
+                deadline,
             )
         # The commit flushes the events first and serves their delivery reports on this thread;
         # a delivery that failed fails the commit as abortable. A flush of its own before it
         # served them too, but cost this thread one more wait for the GIL, which the event loop
         # holds most of the time (up to the 5 ms switch interval each time).
-        _retrying(lambda: producer.commit_transaction(timeout_s))
+        _retrying(producer.commit_transaction, deadline)
         if len(reports) < len(events):  # served by the commit: not expected
-            producer.flush(timeout_s)
+            producer.flush(max(deadline - time.monotonic(), 0.0))
         failed = [err for err, _ in reports if err is not None]
         if len(reports) < len(events) or failed:
             raise CronlogError(
@@ -997,10 +1041,14 @@ class KafkaPartitionWriter:
             )
         return [offset for _, offset in reports]  # reports come back in produce order
 
-    def _fail(self, producer: Producer, err: KafkaError) -> NoReturn:
+    def _fail(self, producer: Producer, err: KafkaError, deadline: float) -> NoReturn:
         if not err.fatal() and err.txn_requires_abort():
             try:
-                _retrying(lambda: producer.abort_transaction(self._log._timeout_s))
+                # Within the append's deadline, but given a moment even past it: an abort that
+                # fails too closes the writer, and a new one is opened.
+                _retrying(
+                    producer.abort_transaction, max(deadline, time.monotonic() + ABORT_MIN_S)
+                )
             except KafkaException as abort_failed:
                 err = abort_failed.args[0]
             else:
@@ -1090,17 +1138,28 @@ def _start_offset(consumer: Consumer, partition: TopicPartition, timeout_s: floa
     return int(low)
 
 
-def _retrying(call: Callable[[], T], attempts: int = 5) -> T:
-    """Run a transactional call, repeating it while librdkafka flags its error retriable."""
-    for attempt in range(attempts):
+def _retrying(call: Callable[[float], T], deadline: float) -> T:
+    """Run a transactional call, given the time left before ``deadline`` (``time.monotonic``),
+    and repeat it while librdkafka flags its error retriable and time is left: a broker that
+    stops answering fails the call at the deadline, not after a full timeout per attempt."""
+    backoff = RETRY_BACKOFF_S
+    while True:
         try:
-            return call()
+            return call(max(deadline - time.monotonic(), MIN_CALL_S))
         except KafkaException as e:
             err = e.args[0]
             plain_retry = err.retriable() and not (err.fatal() or err.txn_requires_abort())
-            if not plain_retry or attempt == attempts - 1:
+            if not plain_retry or time.monotonic() + backoff >= deadline:
                 raise
-    raise AssertionError("unreachable")
+        time.sleep(backoff)  # an error that came back at once is not asked again at once
+        backoff = min(backoff * 2, MAX_RETRY_BACKOFF_S)
+
+
+def _close_producer(producer: Producer) -> None:
+    # A fenced producer reports its fence again on close; nothing is left to undo.
+    with contextlib.suppress(KafkaException):
+        producer.purge()
+        producer.close()
 
 
 def retention_configs(retention: Retention) -> dict[str, dict[str, str]]:

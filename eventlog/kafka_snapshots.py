@@ -154,7 +154,7 @@ class KafkaSnapshots:
                 partition=partition,
             )
             # The commit flushes, and fails if the record was not delivered (or was fenced).
-            _retrying(lambda: producer.commit_transaction(self._timeout_s))
+            _retrying(producer.commit_transaction, time.monotonic() + self._timeout_s)
         except KafkaException as e:
             err = e.args[0]
             self._drop_producer(partition, producer)
@@ -233,7 +233,7 @@ class KafkaSnapshots:
                 "transaction.timeout.ms": max(60000, int(self._timeout_s * 2000)),
             }
         )
-        _retrying(lambda: producer.init_transactions(self._timeout_s))
+        _retrying(producer.init_transactions, time.monotonic() + self._timeout_s)
         with self._lock:
             self._producers[partition] = producer
             self._newest.pop(partition, None)  # read again: a predecessor may have written since

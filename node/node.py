@@ -106,6 +106,10 @@ LOCAL_TIMEOUT_S = 60.0
 # A runner fenced while its partition is still assigned here waits this long for the group's
 # revocation before the node takes it for a failed writer and opens a new one.
 FENCE_GRACE_S = 5.0
+# How long giving partitions up waits, in all, for their runners to end (see _stop_runners):
+# when the group revokes them, and when the node stops (no group waits then).
+STOP_WAIT_S = 3.0
+NODE_STOP_WAIT_S = 10.0
 NEXT_READY_SCAN = 10_000  # ready entries of a pool a waiting claim looks at, per partition
 RETRY_BACKOFF_S = 0.2  # a thread of the node that failed tries again after this, doubling
 MAX_RETRY_BACKOFF_S = 10.0
@@ -133,6 +137,7 @@ class Node:
         clock: Clock | None = None,
         executors: Executors | None = None,
         fence_grace_s: float = FENCE_GRACE_S,
+        stop_wait_s: float = STOP_WAIT_S,
         snapshots: SnapshotStore | None = None,
         snapshot_policy: SnapshotPolicy | None = None,
         standby_replicas: int = 0,
@@ -165,6 +170,7 @@ class Node:
             self._snapshot_floor if snapshots is not None else _no_snapshot
         )
         self._fence_grace_s = fence_grace_s
+        self._stop_wait_s = stop_wait_s
         self._log = log_
         self._data_dir = Path(data_dir)
         self._clock = clock or SystemClock()
@@ -313,7 +319,7 @@ class Node:
         # Stop deciding before leaving the group: leaving closes every partition's writer, and
         # a runner still deciding would find its writer closed under it and take that for a
         # fence by another node.
-        self._stop_runners(list(self._runners), "the node is stopping")
+        self._stop_runners(list(self._runners), "the node is stopping", NODE_STOP_WAIT_S)
         if self._membership is not None:
             self._membership.close()  # revokes what is left (nothing: every runner stopped)
         if self.snapshotter is not None:
@@ -537,19 +543,34 @@ class Node:
 
     def revoked(self, partitions: list[int]) -> None:
         reason = "the node is stopping" if self._stopping.is_set() else "the partition was revoked"
-        self._stop_runners(partitions, reason)
+        self._stop_runners(partitions, reason, self._stop_wait_s)
         if self.snapshotter is not None:
             for p in partitions:  # its snapshot writer (Kafka: a producer) is not needed here
                 self.snapshotter.release(p)
 
-    def _stop_runners(self, partitions: list[int], reason: str) -> None:
-        stopped = []
+    def _stop_runners(self, partitions: list[int], reason: str, wait_s: float) -> None:
+        """Stop the runners of ``partitions``: all at once, then wait for them within
+        ``wait_s`` in all. The rebalance callback calls this, and the group waits for its
+        members' callbacks (up to ``max.poll.interval.ms``), so one runner held by an append to
+        a broker that stopped answering must not hold the others, nor the group."""
+        runners = []
         for p in partitions:
             with self._lock:
                 runner = self._runners.pop(p, None)
             if runner is not None:
-                runner.stop(reason=reason)
-                stopped.append(p)
+                runner.request_stop(reason)
+                runners.append(runner)
+        deadline = time.monotonic() + wait_s
+        stopped = []
+        for runner in runners:
+            runner.stop(max(0.0, deadline - time.monotonic()), reason)
+            if not runner.ended.is_set():
+                log.warning(
+                    "partition %d: its runner has not ended yet; it ends once the call in hand"
+                    " returns (an append is bounded by the log's timeout)",
+                    runner.partition,
+                )
+            stopped.append(runner.partition)
         decisions.moved(self.node_id, stopped, sorted(self._runners), assigned=False, reason=reason)
         with self._ownership:
             self._ownership.notify_all()

@@ -190,16 +190,22 @@ class PartitionRunner:
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0, reason: str = "the partition was revoked") -> None:
-        """Stop deciding at once; requests still waiting are answered "unavailable". ``reason``
-        is what the log says the partition stopped for."""
+        """Stop deciding at once, and wait up to ``timeout_s`` for the loop to end; requests
+        still waiting are answered "unavailable". ``reason`` is what the log says the
+        partition stopped for."""
+        self.request_stop(reason)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        self._fail_waiting()
+
+    def request_stop(self, reason: str = "the partition was revoked") -> None:
+        """Stop deciding, without waiting: the loop ends after the batch in hand (whose append
+        is bounded by the log's timeout)."""
         with self._cv:
             if self._stop_reason is None and not self._stopped:
                 self._stop_reason = reason
             self._stopped = True
             self._cv.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
-        self._fail_waiting()
 
     @property
     def stopped(self) -> bool:
