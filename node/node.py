@@ -64,7 +64,7 @@ from core.decide import job_id_of_run
 from core.errors import CronlogError, LogCorrupted, NotYetReadable, Unavailable
 from core.jobs import MAX_PRIORITY
 from core.partition import DEFAULT_LEAD_MS, DEFAULT_RETENTION_MS
-from core.state import JobStatus, RunStatus
+from core.state import JobStatus, PartitionState, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
 from eventlog.snapshots import SnapshotStore
 from node import decisions, wire
@@ -621,17 +621,19 @@ class Node:
             # Runs not due when indexed wait in ``later`` (``core.state``) until a claim
             # moves them; both are looked at.
             entries = list(state.ready.get(pool, ())[:NEXT_READY_SCAN])
-            entries += [e[1:] for e in state.later.get(pool, ())[:NEXT_READY_SCAN]]
+            later = state.later.get(pool, ())
+            # ``later`` is a heap by ``available_at``: a live entry at its root is the earliest
+            # of them all, and the rest need not be looked at (runs materialised a lead time
+            # ahead wait there, tens of thousands under a herd).
+            root = [e[1:] for e in later[:1]]
+            if root and _not_yet_ready(state, root[0], pool, tenant, now) is not None:
+                entries += root
+            else:
+                entries += [e[1:] for e in later[:NEXT_READY_SCAN]]
             for entry in entries:
-                run = state.runs.get(entry[2])
-                if (
-                    run is not None
-                    and run.tenant == tenant
-                    and run.available_at > now
-                    and state.is_ready_entry_live(entry, pool)
-                    and (earliest is None or run.available_at < earliest)
-                ):
-                    earliest = run.available_at
+                at = _not_yet_ready(state, entry, pool, tenant, now)
+                if at is not None and (earliest is None or at < earliest):
+                    earliest = at
         return earliest
 
     def ready(self) -> bool:
@@ -949,11 +951,12 @@ class Node:
         only if they cannot fill the claim are other nodes' partitions asked — those whose runs
         of the pool this node's read model saw become ready — again all at once, each given at
         most ``REMOTE_CLAIM_TIMEOUT_S``: a slow or lost owner costs a claim that long, once."""
+        now = self._clock.now_ms()
         local: dict[int, int | None] = {
             # an upper bound: stale entries are tidied by the claim itself
             p: len(runner.state.ready.get(pool, ())) + len(runner.state.later.get(pool, ()))
             for p, runner in list(self._runners.items())
-            if runner.state.ready.get(pool) or runner.state.later.get(pool)
+            if _may_hold_ready(runner.state, pool, now)
         }
         granted, spent = await self._claim_rounds(tenant, pool, worker_id, limit, local, None)
         if spent < limit:
@@ -1071,6 +1074,34 @@ def _gathering(loop: asyncio.AbstractEventLoop) -> _Gathering:
         if gathering is None:
             gathering = _gatherings[loop] = _Gathering(loop)
         return gathering
+
+
+def _may_hold_ready(state: PartitionState, pool: str, now: int) -> bool:
+    """Whether a claim of ``pool`` at ``now`` may get a run from this partition: it holds ready
+    runs of the pool, or the earliest of its later ones (the root of their heap) is due. Runs
+    materialised a lead time ahead wait in ``later`` until their slot, and a claim before it
+    need not ask their runner. Read off the runner's thread: a slice is one step."""
+    if state.ready.get(pool):
+        return True
+    later = state.later.get(pool)
+    root = later[:1] if later else []
+    return bool(root) and root[0][0] <= now
+
+
+def _not_yet_ready(
+    state: PartitionState, entry: tuple[int, int, str, int], pool: str, tenant: str, now: int
+) -> int | None:
+    """When the run of a ready entry (of ``state.ready``'s shape) becomes ready, if it is the
+    team's, still indexed there, and not ready by ``now``."""
+    run = state.runs.get(entry[2])
+    if (
+        run is not None
+        and run.tenant == tenant
+        and run.available_at > now
+        and state.is_ready_entry_live(entry, pool)
+    ):
+        return run.available_at
+    return None
 
 
 def _no_snapshot(partition: int) -> int | None:

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 import node.node as node_module
 from core import events as ev
+from core.clock import FakeClock
 from core.commands import ClaimRuns, PutJob, TriggerRun
 from core.jobs import JobSpec, PullTarget
 from eventlog.memory import MemoryLog
@@ -239,6 +241,46 @@ def test_a_partition_that_held_less_than_its_index_said_leaves_the_rest_to_the_o
         make_ready(node, {1: 3})
         leases = asyncio.run(node.claim(TENANT, POOL, "w", 5))
         assert sorted(partition_for(lease.job_id, PARTITIONS) for lease in leases) == [1, 1, 1]
+    finally:
+        node.stop()
+        log.close()
+
+
+def test_a_claim_before_the_slot_leaves_alone_the_partition_holding_the_run_made_ahead(
+    tmp_path: Path,
+) -> None:
+    """A run materialised a lead time ahead waits in its partition's ``later`` heap until its
+    slot: a claim before then does not ask that partition's runner (with lead time, every
+    partition of a busy pool holds such runs, and every claim asked every runner); once the
+    slot has come, the claim asks it and gets the run."""
+    start = 1_800_000_000_000
+    clock = FakeClock(start)
+    log = MemoryLog(PARTITIONS, gaps=True)
+    node = Node(log, tmp_path / "node", node_id="only", clock=clock)
+    node.start()
+    asked: list[int] = []
+    claim_one = node._claim_one
+
+    async def counted(partition: int, *args: Any) -> list[ev.LeaseGranted] | None:
+        asked.append(partition)
+        return await claim_one(partition, *args)
+
+    node._claim_one = counted  # type: ignore[method-assign]
+    try:
+        assert node.wait_ready(10)
+        job_id = job_in(2, 0)
+        spec = JobSpec(name="j", tenant=TENANT, target=PullTarget(pool=POOL), run_at=start + 10_000)
+        asyncio.run(node.execute(PutJob(job_id=job_id, spec=spec)))
+        assert node._runners[2].state.later.get(POOL)  # made ahead, waiting for its slot
+        assert node.next_ready(TENANT, POOL) == start + 10_000
+
+        assert asyncio.run(node.claim(TENANT, POOL, "w", 10)) == []
+        assert asked == []
+
+        clock.advance(10_000)
+        [lease] = asyncio.run(node.claim(TENANT, POOL, "w", 10))
+        assert lease.job_id == job_id
+        assert asked == [2]
     finally:
         node.stop()
         log.close()
