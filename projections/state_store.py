@@ -261,12 +261,12 @@ def _build(
             raise StoreDamaged(f"state store of partition {partition}: job {key!r} holds another")
         add_job(job)
     while pending is not None:
-        key, value = pending
-        pending = None
+        first, pending = pending, None
+        key, value = first
         if key.startswith(JOB_ORDER):
             n = len(job_order)
             count = len(jobs)
-            for key, value in itertools.chain(((key, value),), pairs):
+            for key, value in itertools.chain((first,), pairs):
                 if not key.startswith(JOB_ORDER):
                     pending = key, value
                     break
