@@ -815,7 +815,7 @@ def target_producer_config(path: Path | None, cluster: dict[str, str]) -> dict[s
 def load_egress(args: argparse.Namespace) -> tuple[EgressPolicy, int | None]:
     """The node's egress policy from ``--egress-config`` and the command line, and the error
     excerpt size if one was set; a bad entry ends the command with a message naming it."""
-    from node.egress import policy_from, read_config
+    from node.egress_config import policy_from, read_config
     from node.executors import MAX_ERROR_EXCERPT
 
     try:

@@ -42,7 +42,7 @@ import msgspec
 from core import events as ev
 from core.commands import Outcome
 from core.jobs import JobSpec
-from node.caller import NOT_CALLED, Caller, CallerConfig, Result
+from node.calls import NOT_CALLED, CallerConfig, Result
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +236,8 @@ async def _serve(fd: int) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s[executor]: %(message)s"
     )
+    from node.caller import Caller  # the HTTP client: this process's, not the node's
+
     caller = Caller(config)
     await caller.open()
     calls: dict[int, asyncio.Task[None]] = {}

@@ -29,10 +29,8 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-from aiohttp.abc import AbstractResolver
 
 from core import events as ev
 from core.commands import AnyCommand, CompleteRun, HeartbeatRun, Outcome
@@ -42,11 +40,10 @@ from core.jobs import HttpTarget, JobSpec
 from core.state import RunState, ageing_key
 from node.admission import Admission, RateLimit, Ticket
 from node.call_process import CallerProcesses
-from node.caller import (
+from node.calls import (
     DEFAULT_ERROR_EXCERPT,
     MAX_ERROR_EXCERPT,
     NOT_CALLED,
-    Caller,
     CallerConfig,
     Result,
     classify,
@@ -55,6 +52,11 @@ from node.caller import (
 from node.handoff import Handoff
 from node.runner import Dispatcher, PartitionRunner
 from node.secrets import Secrets
+
+if TYPE_CHECKING:
+    from aiohttp.abc import AbstractResolver
+
+    from node.caller import Caller
 
 __all__ = [
     "DEFAULT_ERROR_EXCERPT",
@@ -111,7 +113,13 @@ class Executors(Dispatcher):
             resolver=resolver,
         )
         self.egress = self.config.egress
-        self._caller = Caller(self.config, producer_factory)
+        # The calls are made here only without executor processes: the HTTP client (aiohttp,
+        # a tenth of a second to import) is then imported, and not otherwise.
+        self._caller: Caller | None = None
+        if not processes:
+            from node.caller import Caller
+
+            self._caller = Caller(self.config, producer_factory)
         self._processes = (
             CallerProcesses(self.config, processes, on_failed=self._process_failed)
             if processes
@@ -139,7 +147,7 @@ class Executors(Dispatcher):
     async def _open(self) -> None:
         if self._processes is not None:
             await self._processes.start()
-        else:
+        elif self._caller is not None:
             await self._caller.open()
 
     def _process_failed(self) -> None:
@@ -162,7 +170,7 @@ class Executors(Dispatcher):
             await asyncio.wait(self._tasks, timeout=5)
         if self._processes is not None:
             await self._processes.stop()
-        else:
+        elif self._caller is not None:
             await self._caller.close()
 
     def reserve(self, runner: PartitionRunner, run: RunState) -> bool:
@@ -296,6 +304,7 @@ class Executors(Dispatcher):
         """The call under way: in an executor process when there are some, else here."""
         if self._processes is not None:
             return self._processes.submit(lease, spec)
+        assert self._caller is not None  # there is one exactly when there are no processes
         return asyncio.ensure_future(self._caller.call(lease, spec))
 
     async def _ask(self, command: AnyCommand) -> CronlogError | None:

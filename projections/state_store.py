@@ -46,9 +46,12 @@ fact of the history, not of how it was batched, which keeps invariant 4.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import struct
 import threading
+import traceback
 from array import array
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
@@ -201,6 +204,16 @@ def build(
     (``core.state.JobStateV1``) is converted, and ``upgraded``, when given, is told its key and
     value as this build writes them. Raises StoreDamaged when the items are not what
     :func:`changes` writes (or an earlier build wrote), or not in key order."""
+    state, offset, _ = _built(partition, items, upgraded)
+    return state, offset
+
+
+def _built(
+    partition: int,
+    items: Iterable[tuple[bytes, bytes]],
+    upgraded: Callable[[bytes, bytes], None] | None,
+) -> tuple[PartitionState, int, bytes | None]:
+    """:func:`build`'s state and offset, and the last key of ``items`` (None if none)."""
     try:
         return _build(partition, items, upgraded)
     except (msgspec.DecodeError, msgspec.ValidationError, struct.error, UnicodeError) as exc:
@@ -211,13 +224,19 @@ def _build(
     partition: int,
     items: Iterable[tuple[bytes, bytes]],
     upgraded: Callable[[bytes, bytes], None] | None,
-) -> tuple[PartitionState, int]:
+) -> tuple[PartitionState, int, bytes | None]:
     # In key order a job's order key ("oj/<id>") comes after every job ("j/<id>"), and the
     # order keys come in the same order of ids as the jobs: the n-th order key is the n-th
     # job's. So the jobs are paired with their order by position, and nothing per job is held
     # beside the jobs themselves until they are sorted (a million keys and offsets held to the
     # end would be allocated between the jobs' own objects, and keep their memory from being
     # given back). Runs ("or/" before "r/") are few: paired by id.
+    #
+    # Run once per key of a recovery, two million times for a million jobs: the jobs (the
+    # first keys) and their order keys (after the two meta keys) each have a loop of their own
+    # that asks one question a key, the decoders and methods are locals, and the loops' own
+    # variable ``key`` is the last key read when they end (a store's scan checks it stopped at
+    # the end of its data, not at a damaged block: :meth:`RocksStateStore.load`).
     state = PartitionState(partition)
     has_offset = False
     offset = 0
@@ -225,36 +244,54 @@ def _build(
     job_order = array("q")
     run_order: dict[bytes, int] = {}
     runs: dict[bytes, RunState] = {}
-    seen = False
-    # Run once per key of a recovery, two million times for a million jobs: the decoders and
-    # methods are locals, and the job keys and their order keys (most of the keys) come first.
+    key: bytes | None = None
     decode_job, unpack, add_job = _job_decoder.decode, _U64.unpack, jobs.append
-    for key, value in items:
-        seen = True
+    add_order = job_order.append
+    pairs = iter(items)
+    pending: tuple[bytes, bytes] | None = None
+    for key, value in pairs:
+        if not key.startswith(JOB):
+            pending = key, value
+            break
+        try:
+            job = compact_job(decode_job(value))
+        except msgspec.ValidationError:  # stored by an earlier build, or damaged
+            job = _upgraded(key, value, upgraded)
+        if job.job_id.encode() != key[2:]:  # len(JOB)
+            raise StoreDamaged(f"state store of partition {partition}: job {key!r} holds another")
+        add_job(job)
+    while pending is not None:
+        first, pending = pending, None
+        key, value = first
+        if key.startswith(JOB_ORDER):
+            n = len(job_order)
+            count = len(jobs)
+            for key, value in itertools.chain((first,), pairs):
+                if not key.startswith(JOB_ORDER):
+                    pending = key, value
+                    break
+                if n == count or jobs[n].job_id.encode() != key[3:]:  # len(JOB_ORDER)
+                    raise StoreDamaged(
+                        f"state store of partition {partition}: jobs without their value or"
+                        f" order key (order key {key!r} is not the next job's)"
+                    )
+                add_order(unpack(value)[0])
+                n += 1
+            continue
         if key.startswith(JOB):
-            try:
-                job = compact_job(decode_job(value))
-            except msgspec.ValidationError:  # stored by an earlier build, or damaged
-                job = upgrade_job(_job_v1_decoder.decode(value))
-                if upgraded is not None:
-                    upgraded(key, _encoder.encode(job))
-            if job.job_id.encode() != key[len(JOB) :]:
-                raise StoreDamaged(
-                    f"state store of partition {partition}: job {key!r} holds another"
-                )
             if job_order:
                 raise StoreDamaged(
                     f"state store of partition {partition}: job {key!r} after the order keys"
                 )
-            add_job(job)
-        elif key.startswith(JOB_ORDER):
-            n = len(job_order)
-            if n == len(jobs) or jobs[n].job_id.encode() != key[len(JOB_ORDER) :]:
+            try:
+                job = compact_job(decode_job(value))
+            except msgspec.ValidationError:
+                job = _upgraded(key, value, upgraded)
+            if job.job_id.encode() != key[len(JOB) :]:
                 raise StoreDamaged(
-                    f"state store of partition {partition}: jobs without their value or order"
-                    f" key (order key {key!r} is not the next job's)"
+                    f"state store of partition {partition}: job {key!r} holds another"
                 )
-            job_order.append(unpack(value)[0])
+            add_job(job)
         elif key.startswith(RUN):
             run = _run_decoder.decode(value)
             if run.run_id.encode() != key[len(RUN) :]:
@@ -270,23 +307,43 @@ def _build(
             state.last_token = unpack(value)[0]
         else:
             raise StoreDamaged(f"state store of partition {partition}: unknown key {key!r}")
+        pending = next(pairs, None)
     if len(job_order) != len(jobs):
         raise StoreDamaged(
             f"state store of partition {partition}: {len(jobs) - len(job_order)} jobs without"
             f" their value or order key (first {jobs[len(job_order)].job_id!r})"
         )
     _check_paired(partition, "run", runs, run_order)
-    if seen and not has_offset:
+    if key is not None and not has_offset:
         raise StoreDamaged(f"state store of partition {partition}: no offset among its keys")
-    for n in sorted(range(len(jobs)), key=job_order.__getitem__):
-        job = jobs[n]
-        state.jobs[job.job_id] = job
+    state.jobs = {job.job_id: job for job in map(jobs.__getitem__, _order(job_order))}
     del jobs, job_order
-    for key in sorted(runs, key=run_order.__getitem__):
-        run = runs[key]
+    for run_key in sorted(runs, key=run_order.__getitem__):
+        run = runs[run_key]
         state.runs[run.run_id] = run
     rebuild_index(state)
-    return state, offset
+    return state, offset, key
+
+
+def _upgraded(
+    key: bytes, value: bytes, upgraded: Callable[[bytes, bytes], None] | None
+) -> JobState:
+    """A job an earlier build stored (``core.state.JobStateV1``), as this build holds it;
+    ``upgraded`` is told its key and value as this build writes them."""
+    job = upgrade_job(_job_v1_decoder.decode(value))
+    if upgraded is not None:
+        upgraded(key, _encoder.encode(job))
+    return job
+
+
+def _order(offsets: array[int]) -> Iterable[int]:
+    """The positions of ``offsets`` in the order of their values: the order the jobs were
+    added to the partition in. Most often it is their key order already (ids registered in
+    order), which is checked in C and costs no sort."""
+    n = len(offsets)
+    if n < 2 or all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
+        return range(n)
+    return sorted(range(n), key=offsets.__getitem__)
 
 
 def _check_paired(
@@ -429,18 +486,29 @@ class RocksStateStore:
 
     def load(self) -> tuple[PartitionState, int]:
         rewriting = _Rewrite(self._db, self._write)
-        scan = self._scan(scan_reads())
+        # rocksdict's own pairs, read straight by the build (no generator between: a tenth of
+        # a recovery), and checked after it as :meth:`_scan` checks them.
+        pairs: Any = self._db.items(read_opt=scan_reads())
         try:
-            loaded = build(self._partition, scan, rewriting.put)
-        finally:
-            scan.close()  # let the iterator go now: a live one keeps the store's LOCK
+            state, offset, last = _built(self._partition, pairs, rewriting.put)
+        except BaseException as exc:
+            # A live iterator keeps the store's LOCK (set aside next), and the failed build's
+            # frames hold this one: let them go.
+            pairs = None
+            _clear_frames(exc)
+            if isinstance(exc, StoreDamaged):
+                for _ in self._scan(scan_reads()):  # a damaged block says so first
+                    pass
+            raise
+        pairs = None
+        self._check_scan_ended(last)
         if rewriting.flush():
             log.info(
                 "state store of partition %d: %d jobs stored by an earlier build rewritten",
                 self._partition,
                 rewriting.count,
             )
-        return loaded
+        return state, offset
 
     def durable_offset(self) -> int:
         # Saves are not synced (module docstring): sync the WAL, so what is read here
@@ -485,7 +553,12 @@ class RocksStateStore:
                 yield last, value
         finally:
             del pairs  # a live iterator keeps the store's LOCK
-        it: Any = self._db.iter(options)
+        self._check_scan_ended(last, options)
+
+    def _check_scan_ended(self, last: bytes | None, options: Any = None) -> None:
+        """StoreDamaged unless a scan that gave ``last`` as its last key (None: no key) ended at
+        the end of the data, rather than at a block that failed its checksum."""
+        it: Any = self._db.iter(options if options is not None else scan_reads())
         try:
             if last is None:
                 it.seek_to_first()
@@ -555,6 +628,13 @@ class RocksStateStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _clear_frames(exc: BaseException | None) -> None:
+    """Let the finished frames of ``exc``'s traceback, and of its causes', drop their locals."""
+    while exc is not None:
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
 
 
 class _Rewrite:

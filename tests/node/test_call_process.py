@@ -178,7 +178,7 @@ def test_a_call_handed_to_a_process_after_its_lease_ran_out_is_not_made(target: 
     # The node checked the lease when it handed the call over; a process that takes the call
     # up later (a backlog, a pause) checks again: another node may own the run by then.
     from node.call_process import CallerProcesses
-    from node.caller import NOT_CALLED, CallerConfig
+    from node.calls import NOT_CALLED, CallerConfig
 
     lease = ev.LeaseGranted(
         at=1_000, job_id="j", tenant="team-a", run_id="j.1000", scheduled_for=1_000,
@@ -203,3 +203,34 @@ def test_a_call_handed_to_a_process_after_its_lease_ran_out_is_not_made(target: 
 
     asyncio.run(scenario())
     assert target.calls == []
+
+
+_HTTP_CLIENT_IMPORTED = """
+import sys
+from cli.main import build_parser
+from cli import serve
+from node.executors import Executors
+from node.node import Node
+
+args = build_parser().parse_args(["serve", "--allow-targets", "127.0.0.0/8"])
+serve.load_egress(args)
+Executors("n1", processes={processes})
+print(sorted(name for name in sys.modules if name.split(".")[0] == "aiohttp")[:3])
+"""
+
+
+@pytest.mark.parametrize(("processes", "imported"), [(1, False), (0, True)])
+def test_a_node_whose_calls_are_made_in_processes_does_not_import_the_http_client(
+    processes: int, imported: bool
+) -> None:
+    """aiohttp is a tenth of a second of a node's start (a restart's, before it recovers): the
+    executor processes import it, the node's own process only when it makes calls itself."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    code = _HTTP_CLIENT_IMPORTED.format(processes=processes)
+    found = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert (found != "[]") is imported, found

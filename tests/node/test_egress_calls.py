@@ -22,7 +22,8 @@ from core.commands import Outcome, PutJob
 from core.egress import EgressPolicy
 from core.jobs import Backoff, HttpTarget, JobSpec, KafkaTarget, SecretRef
 from eventlog.embedded import EmbeddedLog
-from node.egress import EgressRefused, PolicyResolver, is_local_address
+from node.egress import EgressRefused, PolicyResolver
+from node.egress_config import is_local_address
 from node.executors import Executors, Result
 from node.node import Node
 from node.secrets import Secrets

@@ -357,6 +357,42 @@ def test_a_flipped_block_in_a_state_store_is_found_set_aside_and_rebuilt(
     assert "rebuilding it from the log" in line
 
 
+class _ScanStoppingAt:
+    """A store's database whose pairs (``items``) stop before the first key with ``prefix``,
+    as rocksdict's stop, without a word, at a block that fails its checksum."""
+
+    def __init__(self, db: Rdict, prefix: bytes) -> None:
+        self._db, self._prefix = db, prefix
+
+    def items(self, **options: object) -> Iterator[tuple[bytes, bytes]]:
+        for key, value in self._db.items(**options):
+            if key.startswith(self._prefix):
+                return
+            yield key, value
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._db, name)
+
+
+def test_a_scan_that_stopped_early_is_damage_even_where_what_it_read_holds_together(
+    tmp_path: Path,
+) -> None:
+    """The runs' keys ("or/", "r/") come last: a scan stopped before them reads a consistent
+    state without its runs. The load reads rocksdict's pairs straight; it checks after that
+    they ended at the end of the data."""
+    _, expected = _store_on_disk(tmp_path)
+    assert expected.runs
+    with RocksStateStore.open(tmp_path / "node", 0) as store:
+        db = store._db
+        store._db = _ScanStoppingAt(db, b"or/")  # type: ignore[assignment]
+        try:
+            with pytest.raises(StoreDamaged, match="the scan stopped before b'or/"):
+                store.load()
+        finally:
+            store._db = db
+        assert store.load()[0].snapshot() == expected.snapshot()
+
+
 @pytest.mark.parametrize(
     "tamper",
     [
