@@ -454,7 +454,9 @@ def write(run_id: str | None = None) -> Path:
             "",
             f"Built once ({f0['built'].get('via')}); each round starts `cronlog serve` on it and "
             "times from the process start to the first 200 from `/readyz`; RSS is the node's "
-            "(with its children) at ready or 5 s later, whichever is larger.",
+            "(with its children) at ready or 5 s later, whichever is larger. The goal's own size,"
+            " 1,000,000 jobs, takes minutes to build: its side-by-side rounds and profiles are in"
+            " [results/memory.md](results/memory.md) (`python -m bench.restart --jobs 1000000`).",
             "",
             "| /readyz after | RSS | per job | per job over an empty node | empty node: ready, RSS"
             " | data on disk | load at start, per round |",
