@@ -182,8 +182,10 @@ def close_in_thread(writer: KafkaPartitionWriter) -> threading.Thread:
     return thread
 
 
-def test_closing_returns_at_once_while_an_append_is_in_flight_and_its_commit_still_counts() -> None:
-    commit = BlockedCommit()
+def closed_during_commit(
+    commit: BlockedCommit,
+) -> tuple[ScriptedProducer, KafkaPartitionWriter, list[object]]:
+    """Close the writer while an append's commit is blocked; return once the append ended."""
     producer = ScriptedProducer(commit)
     writer = writer_of(producer)
     appending, outcome = append_in_thread(writer)
@@ -196,6 +198,13 @@ def test_closing_returns_at_once_while_an_append_is_in_flight_and_its_commit_sti
 
     commit.release.set()
     appending.join(10)
+    assert not appending.is_alive()
+    return producer, writer, outcome
+
+
+def test_closing_returns_at_once_while_an_append_is_in_flight_and_its_commit_still_counts() -> None:
+    producer, writer, outcome = closed_during_commit(BlockedCommit())
+
     assert outcome == [[0]]  # it committed: its events are in the log, and its caller hears so
     assert producer.closed == 1
     with pytest.raises(Fenced):
@@ -207,16 +216,7 @@ def test_an_append_that_fails_after_its_writer_was_closed_raises_fenced() -> Non
     commit.error = KafkaException(
         KafkaError(KafkaError._FENCED, "fenced by the next owner", fatal=True)
     )
-    producer = ScriptedProducer(commit)
-    writer = writer_of(producer)
-    appending, outcome = append_in_thread(writer)
-    assert commit.entered.wait(10)
-
-    closing = close_in_thread(writer)
-    closing.join(5)
-    assert not closing.is_alive()
-    commit.release.set()
-    appending.join(10)
+    producer, _, outcome = closed_during_commit(commit)
 
     [error] = outcome
     assert isinstance(error, Fenced)
