@@ -278,21 +278,11 @@ def _build(
                 add_order(unpack(value)[0])
                 n += 1
             continue
-        if key.startswith(JOB):
-            if job_order:
-                raise StoreDamaged(
-                    f"state store of partition {partition}: job {key!r} after the order keys"
-                )
-            try:
-                job = compact_job(decode_job(value))
-            except msgspec.ValidationError:
-                job = _upgraded(key, value, upgraded)
-            if job.job_id.encode() != key[len(JOB) :]:
-                raise StoreDamaged(
-                    f"state store of partition {partition}: job {key!r} holds another"
-                )
-            add_job(job)
-        elif key.startswith(RUN):
+        if key.startswith(JOB):  # the jobs' keys sort first: the first loop read them all
+            raise StoreDamaged(
+                f"state store of partition {partition}: job {key!r} out of key order"
+            )
+        if key.startswith(RUN):
             run = _run_decoder.decode(value)
             if run.run_id.encode() != key[len(RUN) :]:
                 raise StoreDamaged(

@@ -443,3 +443,9 @@ def test_key_values_out_of_key_order_are_refused_never_misread(tmp_path: Path) -
     assert build(0, items)[0].snapshot() == expected.snapshot()
     with pytest.raises(StoreDamaged, match="state store of partition 0"):
         build(0, list(reversed(items)))
+    # one job moved after the meta keys, before the order keys: still out of key order
+    job = next(i for i, (k, _) in enumerate(items) if k.startswith(b"j/"))
+    meta = max(i for i, (k, _) in enumerate(items) if k.startswith(b"m/"))
+    moved = [*items[:job], *items[job + 1 : meta + 1], items[job], *items[meta + 1 :]]
+    with pytest.raises(StoreDamaged, match="out of key order"):
+        build(0, moved)
