@@ -151,6 +151,9 @@ RETRY_BACKOFF_S = 0.05
 MAX_RETRY_BACKOFF_S = 1.0
 MIN_CALL_S = 0.1
 ABORT_MIN_S = 5.0
+# A topic's configs are set once it exists: its creation's settling errors, and the topic
+# unknown to the broker asked while another node has just created it.
+_CONFIGS_SETTLING = _CREATE_SETTLING | {KafkaError.UNKNOWN_TOPIC_OR_PART}
 REPLY_RETENTION_MS = 3_600_000  # replies are ephemeral: a node reads them within seconds
 T = TypeVar("T")
 
@@ -1199,11 +1202,7 @@ def _align_configs(admin: AdminClient, name: str, wanted: dict[str, str], timeou
             return
         except KafkaException as e:
             err = e.args[0]
-            passing = (
-                err.retriable()
-                or err.code() in _CREATE_SETTLING
-                or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-            )
+            passing = err.retriable() or err.code() in _CONFIGS_SETTLING
             if not passing or time.monotonic() >= deadline:
                 raise CronlogError(f"cannot set the retention of topic {name}: {err}") from e
             logger.warning("setting the retention of topic %s: %s; asking again", name, err)
