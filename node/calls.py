@@ -50,7 +50,7 @@ class Result(msgspec.Struct, frozen=True):
 
 
 def classify(status: int, retry_after: str | None = None, text: str = "") -> Result:
-    """An HTTP answer as an attempt's outcome (the table in the module docstring)."""
+    """An HTTP answer as an attempt's outcome (the table in :mod:`node.caller`'s docstring)."""
     if 200 <= status < 300:
         return Result(Outcome.SUCCEEDED)
     error = (f"HTTP {status}: {text}" if text else f"HTTP {status}")[:MAX_ERROR].strip()

@@ -561,7 +561,6 @@ class Node:
                 runner.request_stop(reason)
                 runners.append(runner)
         deadline = time.monotonic() + wait_s
-        stopped = []
         for runner in runners:
             runner.stop(max(0.0, deadline - time.monotonic()), reason)
             if not runner.ended.is_set():
@@ -570,7 +569,7 @@ class Node:
                     " returns (an append is bounded by the log's timeout)",
                     runner.partition,
                 )
-            stopped.append(runner.partition)
+        stopped = [runner.partition for runner in runners]
         decisions.moved(self.node_id, stopped, sorted(self._runners), assigned=False, reason=reason)
         with self._ownership:
             self._ownership.notify_all()
