@@ -533,7 +533,7 @@ def write(run_id: str | None = None) -> Path:
         "```sh",
         ".venv/bin/pip install -e '.[test,bench]'       # APScheduler and SQLAlchemy for the peer",
         ".venv/bin/python -m bench.run_all --short      # about 10 minutes here; any load",
-        ".venv/bin/python -m bench.run_all              # the full form: refuses above load 2",
+        ".venv/bin/python -m bench.run_all              # full form: 50 min here; not above load 2",
         "```",
         "",
         f"This run: `{run['command']}`. Each part alone (each appends to `bench/results/`):",
