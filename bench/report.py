@@ -377,23 +377,23 @@ def write(run_id: str | None = None) -> Path:
         "turn, so a noisy minute fell on all of them alike.",
         "",
     ]
-    if worst > QUIET_LOAD and run["load_at_start"][0] <= QUIET_LOAD:
+    began = run["load_at_start"][0]
+    if worst > QUIET_LOAD:
+        # A run is judged by the load it began at (the full form refuses to begin above
+        # QUIET_LOAD): past that, the 1-minute average also counts the run's own last minute.
+        verdict = (
+            f"It began on a quiet machine ({began:g}; the full form refuses to begin above "
+            f"{QUIET_LOAD:g}): the average trails by a minute and counts the run's own work just "
+            f"done, a sustained step keeping both cores busy for {plan['window_s']} s."
+            if began <= QUIET_LOAD
+            else f"It began at {began:g}, on a machine shared with other work: these figures "
+            "show that the instrument works and roughly where cronlog stands; judge the goals "
+            f"only by a run that begins below {QUIET_LOAD:g}."
+        )
         out += [
-            f"> **Load:** the run began on a quiet machine (1-minute load average "
-            f"{run['load_at_start'][0]:g}, the full form refuses to start above {QUIET_LOAD:g}); "
-            f"at the start of a scenario run it reached {worst:g}. The 1-minute average trails "
-            "by a minute and counts the run's own work just done (a sustained step keeps both "
-            f"cores busy for {plan['window_s']} s), so a figure above {QUIET_LOAD:g} there can be "
-            "the run itself as well as other work; each scenario's loads are listed at the end.",
-            "",
-        ]
-    elif worst > QUIET_LOAD:
-        out += [
-            f"> **Noisy:** the 1-minute load average reached {worst:g} at the start of a scenario"
-            f" run (it was {run['load_at_start'][0]:g} when the run began) on a "
-            f"{m['cores']}-core machine shared with other work. These figures show that the "
-            "instrument works and roughly where cronlog stands; judge the goals only by a run "
-            f"whose loads all stay below {QUIET_LOAD:g}.",
+            f"> **Load:** the 1-minute load average reached {worst:g} at the start of a scenario"
+            f" run on this {m['cores']}-core machine. {verdict} Each scenario's loads are listed"
+            " at the end.",
             "",
         ]
     if plan["form"] != "full":
