@@ -16,7 +16,7 @@ import operator
 import re
 import statistics
 from collections.abc import Callable, Iterable
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +70,16 @@ def slug(heading: str) -> str:
     return kept.replace(" ", "-")
 
 
+@cache
+def _headings(file: str) -> frozenset[str]:
+    lines = (RESULTS_DIR / file).read_text().splitlines()
+    return frozenset(line.lstrip("#").strip() for line in lines if line.startswith("#"))
+
+
 def anchor(file: str, heading: str) -> str:
     """A link to ``heading`` of ``bench/results/<file>``; a heading that is not there (renamed,
     moved) is an error, not a dead link."""
-    lines = (RESULTS_DIR / file).read_text().splitlines()
-    if not any(line.lstrip("#").strip() == heading for line in lines if line.startswith("#")):
+    if heading not in _headings(file):
         raise ValueError(f"bench/results/{file} has no heading {heading!r}")
     short = re.sub(r" \(.*\)$", "", heading.split(": ")[0])  # no date, no subtitle
     return f"[{file} § {short}](results/{file}#{slug(heading)})"
