@@ -316,7 +316,7 @@ the pull herd's p99 8.6 s.
 Where the time goes now, from profiles taken right after that run, and what would close each
 goal still missed: {now}.
 In short: one Python process (the node's main process) pays for every run's lease,
-completion and fold, about 0.24 ms a run in a herd and about 1 ms a run at a steady 1,000 a
+completion and fold, 0.2-0.3 ms a run in a herd and about 1 ms a run at a steady 1,000 a
 second, where a partition's batch holds one or two runs; the executor process pays for the
 HTTP calls about what the floor's client does. The levers, in the order they would pay here:
 leases granted ahead of the slot (so the slot costs the node almost nothing, as the lead time
