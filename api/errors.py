@@ -36,7 +36,7 @@ import re
 
 import msgspec
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from api.instants import RFC3339
@@ -159,7 +159,14 @@ async def handle(request: Request, exc: Exception) -> Response:
     return error_response(from_exception(exc))
 
 
+async def client_gone(request: Request, exc: Exception) -> Response:
+    """The client hung up before its request was read: nobody reads an answer, and nothing was
+    decided. Handled here, not by the catch-all, which logs a traceback for a bug."""
+    return Response(status_code=499)  # nginx's "client closed request"; never delivered
+
+
 EXCEPTION_HANDLERS = {
+    ClientDisconnect: client_gone,
     ApiError: handle,
     msgspec.DecodeError: handle,
     CronlogError: handle,

@@ -27,6 +27,7 @@ from cli.retention_args import add_retention_arguments, duration_ms, retention_f
 from core.partition import DEFAULT_LEAD_MS, MAX_LEAD_MS
 from eventlog.retention import Retention
 from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
+from node.admission import DEFAULT_ROOM, default_reserve
 from projections.history_checkpoint import DEFAULT_GRACE_MS, DEFAULT_KEEP
 
 if TYPE_CHECKING:
@@ -90,16 +91,25 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-calls",
         type=int,
-        default=512,
+        default=DEFAULT_ROOM,
         metavar="N",
-        help="calls to HTTP and Kafka targets this node makes at once (default 512)",
+        help="calls to HTTP and Kafka targets this node makes at once (default %(default)s; the"
+        " open-files limit is raised to allow them, docs/operations.md 'Calls in flight')",
     )
     serve.add_argument(
         "--max-calls-per-team",
         type=int,
         metavar="N",
-        help="of those, the most one team's runs may hold (default: no limit beyond --max-calls;"
-        " when room is short, teams take turns either way)",
+        help="of those, the most one team's runs may hold (default: no limit beyond --max-calls"
+        " and --reserved-calls; when room is short, teams take turns either way)",
+    )
+    serve.add_argument(
+        "--reserved-calls",
+        type=int,
+        metavar="N",
+        help="the last N calls of the room go only to teams holding fewer than a hundredth of"
+        " it, so one team's long calls never fill it for the others (default: a tenth of"
+        " --max-calls; 0 keeps none)",
     )
     serve.add_argument(
         "--executor-processes",
@@ -359,6 +369,67 @@ def executor_processes(requested: int | None, cores: int) -> int:
     return 1 if cores > 1 else 0
 
 
+# How long an idle HTTP connection stays open (uvicorn closes it after 5 s unless told). Longer
+# than any client's pool keeps one idle: the SDK's drops its idle connections after 30 s
+# (cronlog_client.client.KEEPALIVE_S), so a request is never sent on a connection the node is
+# closing; and longer than the 60 s a load balancer in front commonly keeps one.
+KEEP_ALIVE_S = 75
+
+# Descriptors a node needs besides its calls' connections: RocksDB's table files, the API's
+# connections, the log's and the executor processes' sockets.
+OTHER_DESCRIPTORS = 1024
+
+
+def call_room(
+    max_calls: int, reserved_calls: int | None, per_team: int | None
+) -> tuple[int, tuple[int, int]]:
+    """The calls a node makes at once and the room kept for teams with few calls (with the
+    share of it one team may hold), after raising the open-files limit to the system's hard
+    limit: every call in flight holds a connection. Where the hard limit is too low for the
+    room asked, the room shrinks to what it allows, and the start says so."""
+    if max_calls < 1:
+        sys.exit("cronlog: --max-calls must be at least 1")
+    if per_team is not None and per_team < 1:
+        sys.exit("cronlog: --max-calls-per-team must be at least 1")
+    allowed = raise_open_files(max_calls + OTHER_DESCRIPTORS)
+    room = max_calls
+    if allowed is not None and allowed < max_calls + OTHER_DESCRIPTORS:
+        room = max(1, allowed - OTHER_DESCRIPTORS)
+        print(
+            f"cronlog: the open-files limit is {allowed}: room for {room} calls at once, not"
+            f" the {max_calls} of --max-calls; raise the hard limit (ulimit -Hn, systemd's"
+            " LimitNOFILE=) to have all of it",
+            file=sys.stderr,
+            flush=True,
+        )
+    kept, share = default_reserve(room)
+    if reserved_calls is not None:
+        if not 0 <= reserved_calls < room:
+            sys.exit(f"cronlog: --reserved-calls must be between 0 and {room - 1}")
+        kept = reserved_calls
+        share = max(1, room // 100) if kept else 0
+    return room, (kept, share)
+
+
+def raise_open_files(need: int) -> int | None:
+    """Raise this process's soft open-files limit to ``need`` (or to the hard limit, if that is
+    lower), as far as the system allows; the soft limit then, or None where there is none to
+    read. Executor processes inherit it."""
+    try:
+        import resource
+    except ImportError:  # not on a POSIX system
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return None if soft == resource.RLIM_INFINITY else soft
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft
+    return target
+
+
 def serve_command(args: argparse.Namespace) -> int:
     """``cronlog serve``; a failure to start (or a damaged log) is one line on stderr, not a
     traceback (``--log-level debug`` logs the traceback too)."""
@@ -431,6 +502,7 @@ def _serve(args: argparse.Namespace) -> int:
         sys.exit("cronlog: --snapshot-every-events and --snapshot-every-sec must be positive")
     if args.standby_replicas < 0:
         sys.exit("cronlog: --standby-replicas must not be negative")
+    room, reserved = call_room(args.max_calls, args.reserved_calls, args.max_calls_per_team)
     if args.history_checkpoints_kept < 1:
         sys.exit("cronlog: --history-checkpoints-kept must be at least 1")
     if args.history_checkpoint_grace <= 0:
@@ -511,8 +583,9 @@ def _serve(args: argparse.Namespace) -> int:
         lead_ms=round(args.lead_time * 1000),
         executors=Executors(
             args.node_id,
-            max_in_flight=args.max_calls,
+            max_in_flight=room,
             max_in_flight_per_tenant=args.max_calls_per_team,
+            reserved=reserved,
             kafka_bootstrap=target_kafka,
             kafka_config=target_kafka_config,
             egress=egress,
@@ -553,6 +626,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         lifespan="on",
         access_log=args.access_log,
+        timeout_keep_alive=KEEP_ALIVE_S,
         # In JSON, uvicorn's own lines go through the root handler like every other; in text
         # it keeps its usual look.
         log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,

@@ -8,6 +8,13 @@ waits here and is handed back later, its room already reserved, by :meth:`Admiss
 - **A team's share**: at most ``max_per_tenant`` of them for one team. When room is short, the
   teams' queues are served in turn (round-robin), each team's most urgent run first (priority
   with ageing, the order pull claims use), so one team's burst waits behind itself.
+- **Room kept for the others**: the last ``reserved`` calls of the room go only to teams that
+  hold fewer than ``reserved_per_team`` calls. Turns share room only as calls end, and a team
+  whose calls each hold a connection for minutes frees none for minutes: without a reserve, a
+  team arriving after it would wait that long. With it, the teams that filled the open room
+  leave the reserve alone, and every team with few calls in flight starts at once, up to
+  ``reserved // reserved_per_team`` such teams together (:func:`default_reserve` is the node's
+  rule: a tenth of the room, in shares of a hundredth).
 - **A downstream's rate**: a job's HTTP target may say ``max_calls_per_sec``; the calls of one
   team to one origin (scheme, host, port) then share a token bucket of that rate, with a burst
   of one second's worth. A throttled run waits in its bucket, first come first served, and
@@ -61,18 +68,40 @@ class _Bucket:
         return max(0.0, (1.0 - self.tokens) / self.per_sec)
 
 
+# The node's room unless told (``cronlog serve --max-calls``): the seeds' 10,000 runs executing
+# at once. What an open call costs is measured in docs/operations.md ("Calls in flight").
+DEFAULT_ROOM = 10_000
+
+
+def default_reserve(max_in_flight: int) -> tuple[int, int]:
+    """The node's room kept for the others, and how much of it one team may hold: a tenth of
+    the room, in shares of a hundredth (10,000 calls: 1,000 kept, at most 100 a team, so ten
+    teams with few calls start at once whatever the rest hold). None below ten calls of room."""
+    reserved = max_in_flight // 10
+    return reserved, max(1, max_in_flight // 100) if reserved else 0
+
+
 class Admission:
     def __init__(
         self,
         max_in_flight: int,
         max_per_tenant: int | None = None,
         clock: Callable[[], float] | None = None,
+        *,
+        reserved: int = 0,
+        reserved_per_team: int = 0,
     ) -> None:
         if max_in_flight < 1 or (max_per_tenant is not None and max_per_tenant < 1):
             raise ValueError("the executors' limits must be at least 1")
+        if not 0 <= reserved < max_in_flight:
+            raise ValueError("the room kept for the others must be less than the room")
+        if reserved and reserved_per_team < 1:
+            raise ValueError("a team's share of the room kept must be at least 1")
         self._clock = clock or time.monotonic
         self._max = max_in_flight
         self._max_per_tenant = max_per_tenant or max_in_flight
+        self._open = max_in_flight - reserved  # the room any team may fill
+        self._reserved_per_team = reserved_per_team
         self.in_flight = 0  # reserved or running calls
         self._by_tenant: dict[str, int] = {}
         self._queued: dict[str, list[tuple[int, int, Ticket]]] = {}  # waiting for room
@@ -182,7 +211,10 @@ class Admission:
         self._throttled[ticket.limit.key] = bucket
 
     def _has_room(self, tenant: str) -> bool:
-        return self.in_flight < self._max and self._by_tenant.get(tenant, 0) < self._max_per_tenant
+        held = self._by_tenant.get(tenant, 0)
+        if self.in_flight >= self._max or held >= self._max_per_tenant:
+            return False
+        return self.in_flight < self._open or held < self._reserved_per_team
 
     def _take(self, tenant: str, bucket: _Bucket | None) -> None:
         if bucket is not None:

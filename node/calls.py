@@ -15,6 +15,7 @@ import msgspec
 
 from core.commands import Outcome
 from core.egress import EgressPolicy
+from node.admission import DEFAULT_ROOM
 
 if TYPE_CHECKING:
     from aiohttp.abc import AbstractResolver
@@ -76,7 +77,7 @@ class CallerConfig:
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     secrets_dir: Path | None = None
     error_excerpt_bytes: int = DEFAULT_ERROR_EXCERPT
-    max_connections: int = 512
+    max_connections: int = DEFAULT_ROOM
     kafka_bootstrap: str | None = None
     kafka_config: tuple[tuple[str, str], ...] = ()
     resolver: AbstractResolver | None = None

@@ -14,7 +14,8 @@ refused because the run was cancelled, or its lease lost, abandons the call at o
 
 **Room, fairness, rates.** Before a start is decided the runner reserves room for the call
 (:mod:`node.admission`): at most ``max_in_flight`` calls at once, ``max_in_flight_per_tenant``
-of them for one team (unlimited unless set), and no more than an HTTP target's
+of them for one team (unlimited unless set), the last ``reserved`` of the room for teams with
+few calls in flight (a tenth of it unless set), and no more than an HTTP target's
 ``max_calls_per_sec`` to its origin for its team. A run that may not start yet waits there,
 its team's most urgent first, the teams served in turn when room frees up, and comes back to
 its runner with the room reserved. So a batch of starts never overshoots, and when one team's
@@ -38,7 +39,7 @@ from core.egress import EgressPolicy
 from core.errors import CronlogError, LeaseLost, Unavailable
 from core.jobs import HttpTarget, JobSpec
 from core.state import RunState, ageing_key
-from node.admission import Admission, RateLimit, Ticket
+from node.admission import DEFAULT_ROOM, Admission, RateLimit, Ticket, default_reserve
 from node.call_process import CallerProcesses
 from node.calls import (
     DEFAULT_ERROR_EXCERPT,
@@ -83,8 +84,9 @@ class Executors(Dispatcher):
         self,
         node_id: str,
         *,
-        max_in_flight: int = 512,
+        max_in_flight: int = DEFAULT_ROOM,
         max_in_flight_per_tenant: int | None = None,
+        reserved: tuple[int, int] | None = None,
         kafka_bootstrap: str | None = None,
         kafka_config: dict[str, str] | None = None,
         producer_factory: Callable[[str], Any] | None = None,
@@ -97,7 +99,9 @@ class Executors(Dispatcher):
         """``egress``: where calls may go (default: the public internet only). ``secrets``:
         where header secret references are read. ``resolver``: what host names are resolved
         with before the policy filters them (default: the system's). ``processes``: executor
-        processes to make the calls in (0: on the executors' own loop)."""
+        processes to make the calls in (0: on the executors' own loop). ``reserved``: the room
+        kept for teams with few calls, and how much of it one team may hold (default:
+        :func:`node.admission.default_reserve`)."""
         if processes < 0:
             raise ValueError(f"processes must be 0 or more, got {processes}")
         if processes and (resolver is not None or producer_factory is not None):
@@ -125,7 +129,10 @@ class Executors(Dispatcher):
             if processes
             else None
         )
-        self._admission = Admission(max_in_flight, max_in_flight_per_tenant)
+        kept, share = reserved if reserved is not None else default_reserve(max_in_flight)
+        self._admission = Admission(
+            max_in_flight, max_in_flight_per_tenant, reserved=kept, reserved_per_team=share
+        )
         self._wake: asyncio.TimerHandle | None = None  # the loop's look at throttled runs
         self._due_at: float | None = None  # its time.monotonic(), as the loop's clock reads it
         self._lock = threading.Condition()

@@ -290,3 +290,35 @@ async def test_a_float_with_no_fraction_is_an_integer_as_json_schema_says(api: A
     r = await api.a.post("/v1/jobs", json={**GOOD, "payload": {"x": 1.0, "y": [2.0]}})
     assert r.json()["payload"] == {"x": 1.0, "y": [2.0]}
     assert isinstance(r.json()["payload"]["x"], float)
+
+
+async def test_a_client_that_hangs_up_mid_body_is_no_error(
+    fake: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker stopping mid-request (its heartbeat's body never comes) is not a bug of the
+    node's: no traceback, nothing decided."""
+    from tests.api.conftest import TOKENS, serve
+
+    token = next(iter(TOKENS))
+    sent: list[dict[str, Any]] = []
+    async with serve(fake) as transport:
+        app = transport.app
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/v1/runs/r.1/heartbeat", "raw_path": b"",
+            "query_string": b"",
+            "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+            "headers": [(b"authorization", f"Bearer {token}".encode()),
+                        (b"content-type", b"application/json")],
+        }  # fmt: skip
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        before = len(fake.events)
+        await app(scope, receive, send)
+    assert sent[0]["status"] == 499 and len(fake.events) == before
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]

@@ -127,3 +127,46 @@ def test_limits_leave_room() -> None:
         Admission(0)
     with pytest.raises(ValueError, match="at least 1"):
         Admission(1, max_per_tenant=0)
+
+
+def test_the_room_kept_goes_only_to_teams_with_few_calls() -> None:
+    room = Admission(10, reserved=4, reserved_per_team=2)
+    # Team a fills the open room (six calls) and no more, however long its calls run.
+    assert [room.reserve(ticket(f"a{i}")) for i in range(8)] == [True] * 6 + [False] * 2
+    # Team b finds room at once, up to its share of what is kept; so does team c.
+    assert [room.reserve(ticket(f"b{i}")) for i in range(3)] == [True, True, False]
+    assert [room.reserve(ticket(f"c{i}")) for i in range(3)] == [True, True, False]
+    assert room.in_flight == 10
+    # A call of b's ends: the room goes to b's next run, not to a's queue (a is past its
+    # share of what is kept) nor to c (at its share).
+    assert names(room.release("b")) == ["b2"]
+    # One of a's calls ends: the one call free is part of what is kept, and a holds more
+    # than a share of it, so a waits; c's next run takes it when one of c's calls ends.
+    assert room.release("a") == []
+    assert names(room.release("c")) == ["c2"]
+    # Once b and c are done, open room is free again and a's queue takes it, no more.
+    freed = [room.release(team) for team in "bbc"]
+    assert freed == [[], [], []] and room.in_flight == 6
+    assert names(room.release("c")) == ["a6"] and room.in_flight == 6
+
+
+def test_the_kept_room_fills_the_open_room_first() -> None:
+    room = Admission(10, reserved=4, reserved_per_team=1)
+    # A team with few calls uses the open room like any other while it is there.
+    assert [room.reserve(ticket(f"b{i}")) for i in range(6)] == [True] * 6
+    assert not room.reserve(ticket("b6"))  # the rest is kept, and b holds more than a share
+    assert room.reserve(ticket("a0")) and not room.reserve(ticket("a1"))
+    assert room.in_flight == 7 and room.waiting_for_room == 2
+
+
+def test_the_default_reserve_is_a_tenth_in_hundredths() -> None:
+    from node.admission import default_reserve
+
+    assert default_reserve(10_000) == (1_000, 100)
+    assert default_reserve(512) == (51, 5)
+    assert default_reserve(10) == (1, 1)
+    assert default_reserve(9) == (0, 0)
+    with pytest.raises(ValueError):
+        Admission(4, reserved=4, reserved_per_team=1)
+    with pytest.raises(ValueError):
+        Admission(4, reserved=1)

@@ -13,9 +13,17 @@
 Both speak the same operations (each request is described once, in :class:`_Requests`) over
 httpx. ``url`` and ``token`` default to ``CRONLOG_URL`` and ``CRONLOG_TOKEN``. A refusal raises
 the :mod:`cronlog_client.errors` exception for its status. A 429 or a 503 (nothing was decided:
-the API says so) is tried again after its ``Retry-After``, at most ``retries`` times; a request
-that could not be sent at all is tried again only when repeating it is harmless (reads, and
-writes that carry an idempotency key or a fencing token).
+the API says so) is tried again after its ``Retry-After``, at most ``retries`` times. A request
+that failed on its way is tried again when it never left (no connection could be made, or
+none was free in time), and otherwise only when repeating it is harmless (reads, and writes
+that carry an idempotency key or a fencing token).
+
+Connections are kept open between requests for ``KEEPALIVE_S`` (30 s), less than a node keeps
+an idle connection (75 s): the client lets go of a connection before the node would close
+it, so a request is never written to a connection the node is closing. At most
+``MAX_CONNECTIONS`` requests are in flight at once; more wait their turn in the client, first
+come first served, at no cost per waiter (httpx's own pool looks over every waiting request
+each time a connection frees: a thousand runs heartbeating together spent a core there).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +73,10 @@ T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT_S = 30.0
 MAX_RETRY_WAIT_S = 30.0
+# How long an idle connection stays in the pool: less than ``cronlog serve`` keeps one open
+# (cli.serve.KEEP_ALIVE_S, 75 s), by a margin wider than any answer's way back.
+KEEPALIVE_S = 30.0
+MAX_CONNECTIONS = 100  # open at once, each kept while it is idle less than KEEPALIVE_S
 MAX_BATCH_JOBS = 1000  # the most jobs POST /v1/jobs:batch takes at once
 MAX_BATCH_RUNS = 1000  # the most outcomes POST /v1/runs:complete takes at once
 RECONNECTS = 10  # a following event stream gives up after this many failures in a row
@@ -351,6 +364,21 @@ def _refusal(response: httpx.Response) -> errors.ApiError:
     return errors.from_response(response.status_code, body, response.headers.get("Retry-After"))
 
 
+def _limits() -> httpx.Limits:
+    return httpx.Limits(
+        max_connections=MAX_CONNECTIONS,
+        max_keepalive_connections=MAX_CONNECTIONS,
+        keepalive_expiry=KEEPALIVE_S,
+    )
+
+
+def _may_send_again(request: _Request[Any], error: httpx.TransportError) -> bool:
+    """A request that failed on its way may go again: it never left (no connection, or no
+    free one in time), or repeating it is harmless."""
+    never_sent = isinstance(error, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
+    return never_sent or request.repeatable or request.method == "GET"
+
+
 def _retry_wait(error: errors.ApiError, attempt: int) -> float | None:
     """How long to wait before sending again after ``error`` (None: do not)."""
     if not isinstance(error, errors.RateLimited | errors.Unavailable):
@@ -469,11 +497,13 @@ class Client:
         self.url = url or os.environ.get("CRONLOG_URL") or DEFAULT_URL
         self._retries = retries
         self._sleep = sleep
+        self._turns = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._http = httpx.Client(
             base_url=self.url,
             headers={"Authorization": f"Bearer {_token(token)}"},
             timeout=timeout_s,
             transport=transport,
+            limits=_limits(),
         )
 
     def __enter__(self) -> Client:
@@ -489,16 +519,17 @@ class Client:
         content, headers = _content(request)
         for attempt in range(self._retries + 1):
             try:
-                response = self._http.request(
-                    request.method,
-                    request.path,
-                    params=_query(request.params),
-                    content=content,
-                    headers=headers,
-                    timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
-                )
+                with self._turns:
+                    response = self._http.request(
+                        request.method,
+                        request.path,
+                        params=_query(request.params),
+                        content=content,
+                        headers=headers,
+                        timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+                    )
             except httpx.TransportError as e:
-                if attempt < self._retries and (request.repeatable or request.method == "GET"):
+                if attempt < self._retries and _may_send_again(request, e):
                     self._sleep(min(0.2 * 2**attempt, MAX_RETRY_WAIT_S))
                     continue
                 raise errors.Unreachable(f"{self.url}: {e!r}") from e
@@ -841,11 +872,13 @@ class AsyncClient:
     ) -> None:
         self.url = url or os.environ.get("CRONLOG_URL") or DEFAULT_URL
         self._retries = retries
+        self._turns = asyncio.Semaphore(MAX_CONNECTIONS)
         self._http = httpx.AsyncClient(
             base_url=self.url,
             headers={"Authorization": f"Bearer {_token(token)}"},
             timeout=timeout_s,
             transport=transport,
+            limits=_limits(),
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -861,16 +894,17 @@ class AsyncClient:
         content, headers = _content(request)
         for attempt in range(self._retries + 1):
             try:
-                response = await self._http.request(
-                    request.method,
-                    request.path,
-                    params=_query(request.params),
-                    content=content,
-                    headers=headers,
-                    timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
-                )
+                async with self._turns:
+                    response = await self._http.request(
+                        request.method,
+                        request.path,
+                        params=_query(request.params),
+                        content=content,
+                        headers=headers,
+                        timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+                    )
             except httpx.TransportError as e:
-                if attempt < self._retries and (request.repeatable or request.method == "GET"):
+                if attempt < self._retries and _may_send_again(request, e):
                     await asyncio.sleep(min(0.2 * 2**attempt, MAX_RETRY_WAIT_S))
                     continue
                 raise errors.Unreachable(f"{self.url}: {e!r}") from e
