@@ -32,6 +32,7 @@ from api.completions import complete_runs
 from api.dead_letters import replay_dead_runs
 from api.edge import edge_state, json_response
 from api.errors import EXCEPTION_HANDLERS, unauthorized
+from api.heartbeats import heartbeat_runs
 from api.held import Held
 from api.jobs import (
     create_job,
@@ -99,6 +100,7 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
     ("POST", "/v1/runs/{run_id}/heartbeat", heartbeat),
     ("POST", "/v1/runs/{run_id}/complete", complete),
     ("POST", "/v1/runs:complete", complete_runs),
+    ("POST", "/v1/runs:heartbeat", heartbeat_runs),
     ("POST", "/v1/workers/claim", claim),
     ("GET", "/v1/events", events_stream.events),
     ("GET", "/healthz", healthz),

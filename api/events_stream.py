@@ -143,12 +143,15 @@ async def _first_at_or_after(scheduler: Scheduler, partition: int, instant: int)
 
 async def _start(request: Request, scheduler: Scheduler, follow: bool) -> list[int]:
     partitions = scheduler.num_partitions
+    # A Last-Event-ID that is not a cursor is refused even beside a cursor that wins over it:
+    # the request is malformed either way.
+    resumed = (request.headers.get("last-event-id") or "").strip()
+    after = parse_cursor(resumed, partitions, "Last-Event-ID") if resumed else None
     given = request.query_params.get("cursor")
     if given is not None:
         return parse_cursor(given, partitions, "cursor")
-    resumed = request.headers.get("last-event-id")
-    if resumed:
-        return parse_cursor(resumed.strip(), partitions, "Last-Event-ID")
+    if after is not None:
+        return after
     start = request.query_params.get("from", "end" if follow else "start")
     if start == "start":
         return [0] * partitions

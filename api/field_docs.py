@@ -207,6 +207,21 @@ BY_STRUCT: dict[str, dict[str, str]] = {
         "completed": "Items whose outcome was recorded (200).",
         "failed": "Items refused.",
     },
+    "HeartbeatBatchIn": {
+        "runs": "The leases to extend, each the body of POST /v1/runs/{run_id}/heartbeat with its run_id, at most 1000; an item that is not one is refused in its result, not the request.",
+    },
+    "HeartbeatResult": {
+        "index": "The item's place in the request's runs, from 0.",
+        "status": "What POST /v1/runs/{run_id}/heartbeat would have answered: 200 extended, else the error's status.",
+        "run_id": "The run the item names (absent when the item was refused before it named one).",
+        "lease_expires_at": "When 200: when the extended lease runs out unless another heartbeat extends it.",
+        "error": "Why the item was refused: the body POST /v1/runs/{run_id}/heartbeat would have answered (409 lease_lost: stop working on the run; cancelled says whether it was cancelled), field prefixed with runs[index].",
+    },
+    "HeartbeatBatchOut": {
+        "results": "One result per item, in the request's order.",
+        "extended": "Items whose lease was extended (200).",
+        "failed": "Items refused.",
+    },
     "ChangePreviewOut": {"after": "The next fire times as the job would stand after the change."},
     "ClaimIn": {
         "limit": "Lease up to this many ready runs.",
@@ -291,6 +306,9 @@ STRUCTS: dict[str, str] = {
     "CompletionBatchIn": "Attempts' outcomes to record at once (POST /v1/runs:complete).",
     "CompletionResult": "One item's outcome.",
     "CompletionBatchOut": "Each item's outcome, and how many were recorded and refused.",
+    "HeartbeatBatchIn": "Leases to extend at once (POST /v1/runs:heartbeat).",
+    "HeartbeatResult": "One item's outcome.",
+    "HeartbeatBatchOut": "Each item's outcome, and how many leases were extended and refused.",
     "SecretRef": "A header value read from the node's secrets directory at each call.",
 }
 

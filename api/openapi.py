@@ -25,6 +25,7 @@ from api import (
     dead_letters,
     events_stream,
     field_docs,
+    heartbeats,
     stats,
     team,
     time_travel,
@@ -335,6 +336,17 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         " appended in one write",
         response=completions.CompletionBatchOut,
         request=completions.CompletionBatchIn,
+        errors=(503,),
+    ),
+    ("POST", "/v1/runs:heartbeat"): Operation(
+        f"Extend up to {heartbeats.MAX_BATCH_RUNS} leases at once (more: 400). Each item is what"
+        " POST /v1/runs/{run_id}/heartbeat takes, with its run_id, and is answered in a result"
+        " of its own as that request would be (200 with lease_expires_at, or its error: 409"
+        " lease_lost when the lease was lost, cancelled saying whether the run was cancelled;"
+        " the field prefixed with runs[i]); each item counts as a request against the token's"
+        " rate. The items of one partition are appended in one write",
+        response=heartbeats.HeartbeatBatchOut,
+        request=heartbeats.HeartbeatBatchIn,
         errors=(503,),
     ),
     ("POST", "/v1/workers/claim"): Operation(

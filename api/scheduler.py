@@ -5,7 +5,8 @@ Invariants every implementation keeps:
 
 1. **Durable, then visible.** :meth:`Scheduler.execute` returns only once the events it decided
    are in the log *and* the read model (:attr:`Scheduler.history`) reflects them, so a client that
-   reads after a write sees the write.
+   reads after a write sees the write. (:meth:`Scheduler.execute_many` with ``visible=False``
+   answers once they are durable: for a caller whose answer reads nothing back.)
 2. **One owner decides.** A command goes to the partition that owns its job (the job id, or the
    job id inside a run id); that partition's ``core.decide`` is the only judge of it.
 3. **Refusals are errors, not events.** A refused command raises a ``core.errors`` error
@@ -44,12 +45,18 @@ class Scheduler(Protocol):
         ...
 
     async def execute_many(
-        self, commands: Sequence[AnyCommand]
+        self, commands: Sequence[AnyCommand], *, visible: bool = True
     ) -> list[list[AnyEvent] | CronlogError]:
         """Each command as :meth:`execute` would decide it, all at once: the commands of one
         partition are decided in order, in one batch, and appended in one write. Returns, for
         each command, its events or the error ``execute`` would have raised, once every
-        command's events are durable and visible (invariant 1)."""
+        command's events are durable and visible (invariant 1).
+
+        ``visible=False`` answers once they are durable, without waiting for the read model to
+        fold them: for a caller that answers from the events alone (a batch of heartbeats,
+        whose answer is the new lease expiry of each ``Heartbeat``) and so should not wait on
+        a read model that lags under load. Such a caller cannot read its own writes from
+        :attr:`history` when the call returns."""
         ...
 
     async def claim(self, tenant: str, pool: str, worker_id: str, limit: int) -> list[LeaseGranted]:

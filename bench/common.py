@@ -449,7 +449,8 @@ def cronlog_command() -> list[str]:
 
 
 class Serve:
-    """``cronlog serve`` in a process of its own, on a data directory, with one team's token.
+    """``cronlog serve`` in a process of its own, on a data directory, with a token for each of
+    ``teams`` (one by default).
 
     ``kafka`` (a bootstrap address) runs it as a cluster node on that Kafka; ``extra`` adds
     command-line arguments, and so does ``CRONLOG_BENCH_SERVE_ARGS`` (shell words) for every
@@ -468,6 +469,7 @@ class Serve:
         extra: Sequence[str] = (),
         port: int | None = None,
         source: Path | None = None,
+        teams: Sequence[str] = (TENANT,),
     ) -> None:
         self.data_dir = data_dir
         if source is None and os.environ.get("CRONLOG_BENCH_SOURCE"):
@@ -475,7 +477,9 @@ class Serve:
         self.source = source
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.token = new_token()
+        # team -> its token; ``token`` is the first team's (most benchmarks have one team)
+        self.tokens = {team: new_token() for team in teams}
+        self.token = self.tokens[teams[0]]
         self.metrics_token = new_token()
         self.kafka = kafka
         limits = data_dir.parent / f"{data_dir.name}.limits.toml"
@@ -527,7 +531,7 @@ class Serve:
     def start(self) -> None:
         env = {
             **os.environ,
-            "CRONLOG_TOKENS": f"{TENANT}={self.token}",
+            "CRONLOG_TOKENS": ",".join(f"{team}={token}" for team, token in self.tokens.items()),
             "CRONLOG_METRICS_TOKEN": self.metrics_token,
         }
         with self.output.open("ab") as out:
@@ -718,6 +722,7 @@ async def _register(
     jobs: Sequence[dict[str, Any]],
     concurrency: int,
     batch: BatchEndpoint | None,
+    team: str | None = None,
 ) -> Registered:
     import aiohttp
     import msgspec
@@ -726,7 +731,8 @@ async def _register(
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=300)
     encode = msgspec.json.encode
-    headers = {**serve.headers, "Content-Type": "application/json"}
+    token = serve.token if team is None else serve.tokens[team]
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     if batch is None:
         chunks: list[Any] = list(jobs)
         url = f"{serve.url}/v1/jobs"
@@ -795,9 +801,11 @@ def register(
     *,
     concurrency: int = API_CONCURRENCY,
     batch: BatchEndpoint | None = None,
+    team: str | None = None,
 ) -> Registered:
-    """POST every job (one a request, ``concurrency`` at once; or through ``batch``)."""
-    registered = asyncio.run(_register(serve, jobs, concurrency, batch))
+    """POST every job (one a request, ``concurrency`` at once; or through ``batch``), as
+    ``team`` (default: the node's first team)."""
+    registered = asyncio.run(_register(serve, jobs, concurrency, batch, team))
     registered.check()
     return registered
 

@@ -3,12 +3,14 @@
     python -m bench.recorder [--port 0]        # prints the port it listens on, then serves
 
 Every request is answered ``200`` with an empty body at once (keep-alive, pipelining
-tolerated). For each request it keeps ``(arrival ns, key)``: the key is the
-``Idempotency-Key`` header, which cronlog sends as ``<tenant>/<job id>:<slot ms>`` and which the
-floor client and the APScheduler peer send in the same form, so a call's start lag
-(arrival - slot) is read from the call itself and repeated attempts of one slot are told apart
-from first calls. The arrival time is taken once per read from the socket (a read may hold
-several requests): a few microseconds of error against a recording that costs nothing.
+tolerated), except one to ``/hold/<ms>``, answered that many milliseconds after it arrived: a
+target whose calls take a while, holding the caller's connection meanwhile. For each request
+it keeps ``(arrival ns, key)``: the key is the ``Idempotency-Key`` header, which cronlog sends
+as ``<tenant>/<job id>:<slot ms>`` and which the floor client and the APScheduler peer send in
+the same form, so a call's start lag (arrival - slot) is read from the call itself and
+repeated attempts of one slot are told apart from first calls. The arrival time is taken once
+per read from the socket (a read may hold several requests): a few microseconds of error
+against a recording that costs nothing.
 
 Control, on the same port (never a job's path):
 
@@ -97,9 +99,23 @@ class Recorder(asyncio.Protocol):
                 del body  # drained, not kept
                 self._arrivals.times.append(at)
                 self._arrivals.keys.append(key)
-                out.append(OK)
+                hold = _held_ms(request_line)
+                if hold and self._transport is not None:
+                    # Answered later, in order: nothing else is written meanwhile (callers do
+                    # not pipeline behind a call that has not answered).
+                    if out:
+                        self._transport.write(b"".join(out))
+                        out = []
+                    loop = asyncio.get_running_loop()
+                    loop.call_later(hold / 1000, self._answer_held)
+                else:
+                    out.append(OK)
         if out and self._transport is not None:
             self._transport.write(b"".join(out))
+
+    def _answer_held(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(OK)
 
     def _refuse(self) -> None:
         self._arrivals.refused += 1
@@ -108,7 +124,26 @@ class Recorder(asyncio.Protocol):
             self._transport.close()
 
 
+def _held_ms(request_line: bytes) -> int:
+    """The hold a ``<METHOD> /hold/<ms> HTTP/1.1`` line asks for (0: none)."""
+    parts = request_line.split(b" ")
+    if len(parts) < 2 or not parts[1].startswith(b"/hold/"):
+        return 0
+    ms = parts[1][len(b"/hold/") :].split(b"?")[0]
+    return int(ms) if ms.isdigit() else 0
+
+
+def _raise_open_files() -> None:
+    """Held calls keep their connections open: take every descriptor the system allows."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 async def serve(port: int) -> None:
+    _raise_open_files()
     arrivals = Arrivals()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(

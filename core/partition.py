@@ -59,15 +59,16 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections import deque
 
 from core import events as ev
 from core.clock import Millis
 from core.commands import AnyCommand, ForgetDue, LeaseDue, SlotDue
 from core.decide import decide
 from core.errors import CronlogError, InvalidDefinition
+from core.ids import SEPARATOR
 from core.state import JobStatus, PartitionState, ended_at, evolve
 from core.timers import TimerKey, forget_timer, run_timers, slot_timer, timers_after
+from core.turns import Turns
 from core.wheel import TimingWheel
 
 # 2: a job's definition held encoded (``core.state.hold_spec``). Format 1 (the definition as a
@@ -115,7 +116,10 @@ class Partition:
         self.lead_ms = lead_ms
         self.state = state if state is not None else PartitionState(number)
         self.wheel: TimingWheel[TimerKey] = TimingWheel(now, tick_ms=tick_ms, wheel_size=wheel_size)
-        self._due: deque[TimerKey] = deque()
+        # Timers that came due, (deadline, key), each team's in the order they came due and the
+        # teams in turn (core.turns): one team's 40,000 midnight slots are decided a batch at a
+        # time, and another team's slot due meanwhile goes in the next batch, not after them.
+        self._due: Turns[tuple[Millis, TimerKey]] = Turns()
         self._park_ms = park_ms  # 0: nothing is parked
         # when a span's jobs enter the wheel -> its jobs, and the arming number each would have had
         self._parked: dict[int, tuple[list[str], array[int]]] = {}
@@ -202,8 +206,8 @@ class Partition:
         takes = self._takes
         if takes and takes[0] <= now:
             self._take_parked(now)
-        for _, key in self.wheel.advance(now):
-            self._due.append(key)
+        for deadline, key in self.wheel.advance(now):
+            self._came_due(deadline, key)
 
     def _take_parked(self, now: Millis) -> None:
         """Arm the parked slots of every span that begins within ``park_ms`` of ``now``."""
@@ -216,15 +220,29 @@ class Partition:
                     continue  # armed by an event folded since: newer than the parked one
                 _, deadline = slot_timer(state, job_id, self.lead_ms)
                 if deadline is not None and not wheel.add(key, deadline, arming):
-                    self._due.append(key)
+                    self._came_due(deadline, key)
 
     def parked(self) -> dict[str, int]:
         """The jobs whose slot timer is parked, each with the instant it will be armed by."""
         return {job_id: take for take, (jobs, _) in self._parked.items() for job_id in jobs}
 
     def next_due(self) -> TimerKey | None:
-        """The next timer that came due, oldest first (None when none is)."""
+        """The next timer that came due, each team's oldest first and the teams in turn (None
+        when none is)."""
+        return self._due.popleft()[1] if self._due else None
+
+    def take_due(self) -> tuple[Millis, TimerKey] | None:
+        """:meth:`next_due` with the timer's deadline."""
         return self._due.popleft() if self._due else None
+
+    def due_count(self) -> int:
+        """Timers that came due and are not decided yet."""
+        return len(self._due)
+
+    def overdue_since(self) -> Millis | None:
+        """The deadline of the oldest timer that came due and is not decided yet (None when
+        every due timer is decided): how far behind its timers the partition is."""
+        return min((deadline for deadline, _ in self._due.heads()), default=None)
 
     def has_due(self) -> bool:
         return bool(self._due)
@@ -241,7 +259,12 @@ class Partition:
 
     def _arm(self, key: TimerKey, deadline: Millis) -> None:
         if not self.wheel.add(key, deadline):  # already due
-            self._due.append(key)
+            self._came_due(deadline, key)
+
+    def _came_due(self, deadline: Millis, key: TimerKey) -> None:
+        # The team is the job id's scope (core.ids); a job from before ids were scoped is a
+        # scope of its own.
+        self._due.append(key[1].partition(SEPARATOR)[0], (deadline, key))
 
     # -- snapshots -----------------------------------------------------------------------------
 

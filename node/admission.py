@@ -41,15 +41,24 @@ class RateLimit:
     per_sec: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ticket:
-    """A run asking to start: who to hand it back to, and what limits it counts against."""
+    """A run asking to start: who to hand it back to, and what limits it counts against; once
+    it waits, since when (the admission's clock) and why, for the report of a late start."""
 
     runner: Any  # the PartitionRunner to grant it to
     run_id: str
     tenant: str
     urgency: int  # smaller first: core.state.ageing_key
     limit: RateLimit | None = None
+    waiting_since: float | None = None
+    why: str = ""
+
+    def waited(self, now: float) -> tuple[float, str] | None:
+        """How long it waited and why (None: it did not)."""
+        if self.waiting_since is None:
+            return None
+        return now - self.waiting_since, self.why
 
 
 @dataclass(slots=True)
@@ -121,11 +130,19 @@ class Admission:
             return False  # left pending: the partition's next owner starts it
         bucket = self._bucket(ticket.limit)
         if bucket is not None and (bucket.waiting or bucket.tokens < 1.0):
+            assert ticket.limit is not None
+            ticket.waiting_since = self._clock()
+            ticket.why = (
+                f"its team's calls to {ticket.limit.key[1]} may start"
+                f" {ticket.limit.per_sec:g} a second (max_calls_per_sec)"
+            )
             self._throttle(ticket, bucket, first=False)
             return False
         if not self._queued.get(ticket.tenant) and self._has_room(ticket.tenant):
             self._take(ticket.tenant, bucket)
             return True
+        ticket.waiting_since = self._clock()
+        ticket.why = self._no_room(ticket.tenant)
         self._enqueue(ticket)
         return False
 
@@ -209,6 +226,20 @@ class Admission:
         else:
             bucket.waiting.append(ticket)
         self._throttled[ticket.limit.key] = bucket
+
+    def _no_room(self, tenant: str) -> str:
+        """Why ``tenant``'s run may not start now, in words."""
+        held = self._by_tenant.get(tenant, 0)
+        if self.in_flight >= self._max:
+            return f"the node's room was full ({self.in_flight} calls in flight, --max-calls)"
+        if held >= self._max_per_tenant:
+            return f"its team held its share ({held} calls in flight, --max-calls-per-team)"
+        if self._has_room(tenant):
+            return "its team's earlier runs were waiting for room"
+        return (
+            f"the rest of the room is kept for teams with few calls (its team held {held} of"
+            f" the {self.in_flight} calls in flight, --reserved-calls)"
+        )
 
     def _has_room(self, tenant: str) -> bool:
         held = self._by_tenant.get(tenant, 0)

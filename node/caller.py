@@ -64,8 +64,10 @@ from core.ids import idempotency_key, team_id
 from core.jobs import HttpTarget, JobSpec, KafkaTarget, payload_of, validate_headers
 from node.calls import (
     MAX_ERROR,
+    STARTING,
     UNREACHABLE,
     CallerConfig,
+    FairGate,
     Result,
     classify,
 )
@@ -138,6 +140,8 @@ class Caller:
         self._session: aiohttp.ClientSession | None = None
         # The policy is fixed for the node's life, and jobs call the same URLs again and again.
         self._destinations = functools.lru_cache(maxsize=4096)(self._destination)
+        # Calls start one team after another, STARTING at a time (node.calls.FairGate).
+        self._starting = FairGate(STARTING)
 
     async def open(self) -> None:
         # aiohttp rather than httpx here: on a 2-core machine a node made 3.5 times the calls
@@ -165,20 +169,28 @@ class Caller:
         """Make one attempt's call to ``spec``'s target and classify what came back (on the
         caller's loop)."""
         target = spec.target
+        await self._starting.enter(lease.tenant)
+        start = _Start(self._starting)
         try:
             if isinstance(target, HttpTarget):
-                return await self._http(target, lease, spec)  # it keeps the timeout itself
+                return await self._http(target, lease, spec, start)  # it keeps the timeout
             if isinstance(target, KafkaTarget):
-                return await asyncio.wait_for(self._kafka(target, lease, spec), spec.timeout_sec)
+                return await asyncio.wait_for(
+                    self._kafka(target, lease, spec, start), spec.timeout_sec
+                )
         except TimeoutError:
             return Result(Outcome.FAILED, f"timed out after {spec.timeout_sec} s", ambiguous=True)
         except Exception:
             # A bug here, not an answer: the call may or may not have gone out.
             log.exception("run %s: the call failed unexpectedly", lease.run_id)
             return Result(Outcome.FAILED, "the executor failed during the call", ambiguous=True)
+        finally:
+            start.over()
         return Result(Outcome.FAILED, f"no executor for {type(target).__name__}", permanent=True)
 
-    async def _http(self, target: HttpTarget, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
+    async def _http(
+        self, target: HttpTarget, lease: ev.LeaseGranted, spec: JobSpec, start: _Start
+    ) -> Result:
         assert self._session is not None
         # The URL aiohttp is given is this object, so the host checked is the host it connects
         # to; a host name is checked, address by address, by the connector's resolver.
@@ -190,7 +202,7 @@ class Caller:
             headers = self._headers(target, lease)
         except (SecretUnavailable, InvalidDefinition) as err:
             return Result(Outcome.FAILED, str(err)[:MAX_ERROR], permanent=True)
-        progress = _Progress()
+        progress = _Progress(start)
         token = _progress.set(progress)
         try:
             async with asyncio.timeout(spec.timeout_sec):
@@ -267,7 +279,9 @@ class Caller:
         headers["Content-Type"] = "application/json"
         return headers
 
-    async def _kafka(self, target: KafkaTarget, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
+    async def _kafka(
+        self, target: KafkaTarget, lease: ev.LeaseGranted, spec: JobSpec, start: _Start
+    ) -> Result:
         reason = self.egress.check_topic(lease.tenant, target.topic)
         if reason is not None:
             log.info("run %s: egress policy: %s", lease.run_id, reason)
@@ -300,6 +314,7 @@ class Caller:
             headers=list(run_headers(lease).items()),
             on_delivery=delivered,
         )
+        start.over()  # it is in the producer's hands
         poller = asyncio.ensure_future(self._poll_producer(done))
         try:
             error = await done
@@ -314,14 +329,30 @@ class Caller:
             await asyncio.to_thread(self._producer.poll, 0.1)
 
 
+class _Start:
+    """One call's place among those starting (``Caller._starting``), given up once: when it has
+    its connection, or when it ends without one."""
+
+    __slots__ = ("_gate",)
+
+    def __init__(self, gate: FairGate) -> None:
+        self._gate: FairGate | None = gate
+
+    def over(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.leave()
+
+
 class _Progress:
     """How far one call got: once connected, the request goes out at once, so a call that
-    fails after this may have reached the target."""
+    fails after this may have reached the target; and its start is over."""
 
-    __slots__ = ("connected",)
+    __slots__ = ("connected", "start")
 
-    def __init__(self) -> None:
+    def __init__(self, start: _Start) -> None:
         self.connected = False
+        self.start = start
 
 
 # The call the current task is making. aiohttp connects in the task that makes the request, so
@@ -338,6 +369,7 @@ class _Connector(aiohttp.TCPConnector):
         progress = _progress.get(None)
         if progress is not None:
             progress.connected = True
+            progress.start.over()
         return connection
 
 

@@ -5,6 +5,7 @@ executor process does (:mod:`node.call_process`), which keeps aiohttp out of a n
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ import msgspec
 
 from core.commands import Outcome
 from core.egress import EgressPolicy
+from core.turns import Turns
 from node.admission import DEFAULT_ROOM
 
 if TYPE_CHECKING:
@@ -24,6 +26,9 @@ MAX_ERROR = 500
 DEFAULT_ERROR_EXCERPT = 200
 MAX_ERROR_EXCERPT = 1024  # every failed attempt's error is kept in the log for good
 UNREACHABLE = "unreachable"
+# Calls one caller (a process) has starting at once: resolving, checking and connecting, before
+# the request goes out (FairGate). On loopback a start costs about a third of a millisecond.
+STARTING = 512
 NOT_CALLED = "not called: the lease ran out before the call"
 
 
@@ -40,6 +45,51 @@ def retry_after_ms(value: str | None, now: datetime | None = None) -> int | None
         return None
     delta = when - (now or datetime.now(UTC))
     return max(0, int(delta.total_seconds() * 1000))
+
+
+class FairGate:
+    """Calls starting at once, at most ``limit``, the waiting ones let in one team after
+    another (:class:`core.turns.Turns`): a call is *starting* from its turn until it has a
+    connection (or has ended), after which it only waits for its answer and holds nothing here.
+
+    A herd of one team's 5,000 calls handed over together would otherwise all be connecting at
+    once, and another team's call handed over a moment later would wait behind every one of
+    them (measured: up to 0.75 s on a 2-core machine); here it waits behind at most one start
+    of each team, and a herd's connections are made ``limit`` at a time. For the loop the
+    caller runs on; not thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self._free = limit
+        self._waiting: Turns[asyncio.Future[None]] = Turns()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def enter(self, team: str) -> None:
+        """Wait for ``team``'s turn to start a call; :meth:`leave` once it has started."""
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(team, turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.leave()  # let in as it was cancelled: the place goes to the next
+            raise
+
+    def leave(self) -> None:
+        """A start has ended: the next waiting call's turn, if any."""
+        while self._waiting:
+            turn = self._waiting.popleft()
+            if not turn.done():  # a waiter cancelled meanwhile has no turn to take
+                turn.set_result(None)
+                return
+        self._free += 1
 
 
 class Result(msgspec.Struct, frozen=True):

@@ -83,6 +83,7 @@ from node.relay import DependencyRelay, RelayMetrics
 from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
 from node.snapshotter import SnapshotPolicy, Snapshotter
+from node.stalls import LateStarts, StallMetrics, StallWatch
 from node.standby import StandbyFollower
 from projections import history_checkpoint
 from projections.decoding import EventDecoder
@@ -278,11 +279,23 @@ class Node:
         )
         self._ready_hints = ReadyHints()
         self._history.observe(self._ready_hints)
+        # A partition behind its timers, a run started late, the process standing still: each
+        # logged with its cause and counted (node.stalls).
+        stall_metrics = StallMetrics(self.metrics.registry)
+        self.late_starts = LateStarts(stall_metrics)
+        self.stall_watch = StallWatch(
+            lambda: dict(self._runners),
+            stall_metrics,
+            self.late_starts,
+            dump_path=self._data_dir / "stalls.txt",
+            on_failed=self.metrics.thread_failures.labels("stall-watch").inc,
+        )
 
     # -- life cycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         self._decisions.start()
+        self.stall_watch.start()
         if self.snapshotter is not None:
             self.snapshotter.start()
         self.executors.start()
@@ -332,6 +345,7 @@ class Node:
             self.hot_window.stop()
         self._history_runner.stop()
         self._history.close()
+        self.stall_watch.stop()
         self._decisions.close()
 
     def _poll(self) -> None:
@@ -442,6 +456,7 @@ class Node:
             warm=self.standby.hand_over(partition),
             retention_ms=self._retention_ms,
             lead_ms=self._lead_ms,
+            on_late=self.late_starts.add,
         )
         with self._lock:
             self._runners[partition] = runner
@@ -501,13 +516,17 @@ class Node:
         own work; this catches whatever else could end them)."""
         assert self._membership is not None
         workers: tuple[
-            tuple[str, Snapshotter | StandbyFollower | HotWindow | HistoryCheckpointer | None],
+            tuple[
+                str,
+                Snapshotter | StandbyFollower | HotWindow | HistoryCheckpointer | StallWatch | None,
+            ],
             ...,
         ] = (
             ("snapshots", self.snapshotter),
             ("standby", self.standby),
             ("history-window", self.hot_window),
             ("history-checkpoints", self.history_checkpointer),
+            ("stall-watch", self.stall_watch),
         )
         for name, worker in workers:
             if worker is not None and worker.started and not worker.alive:
@@ -743,17 +762,19 @@ class Node:
         return await self._execute_on(partition, command)
 
     async def execute_many(
-        self, commands: Sequence[AnyCommand]
+        self, commands: Sequence[AnyCommand], *, visible: bool = True
     ) -> list[list[ev.AnyEvent] | CronlogError]:
         """Each partition's commands go to its runner at once, so they are decided in one
         batch and appended in one write; another node's partitions are asked concurrently.
-        Every answer waits for the read model once per partition, at the last offset."""
+        Every answer waits for the read model once per partition, at the last offset; with
+        ``visible=False`` none does (a batch of heartbeats: its answer reads nothing back)."""
         results: list[list[ev.AnyEvent] | CronlogError | None] = [None] * len(commands)
         by_partition: dict[int, list[int]] = {}
         for i, command in enumerate(commands):
             p = partition_for(routing_key(command), self._log.num_partitions)
             by_partition.setdefault(p, []).append(i)
         offsets: dict[int, int] = {}  # partition -> the last offset its answers hold
+
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[None] = loop.create_future()
         handoff = handoff_to(loop)
@@ -762,7 +783,10 @@ class Node:
         for p, indices in by_partition.items():
             runner = self._runners.get(p)
             if runner is None:
-                remote += [asyncio.create_task(self._ask(p, i, commands, results)) for i in indices]
+                remote += [
+                    asyncio.create_task(self._ask(p, i, commands, results, visible=visible))
+                    for i in indices
+                ]
             else:
                 local.append((p, indices, runner))
         # The runners' answers are kept where their threads leave them, and the loop is woken
@@ -810,7 +834,8 @@ class Node:
                         offsets[p] = max(offsets.get(p, -1), result.offsets[-1])
         if remote:
             await asyncio.gather(*remote)
-        for p, last in offsets.items():
+        waits = offsets if visible else {}  # unwaited: the answers are durable, that is all
+        for p, last in waits.items():
             try:
                 await self._visible(p, [last])
             except Unavailable as err:
@@ -829,10 +854,13 @@ class Node:
         i: int,
         commands: Sequence[AnyCommand],
         results: list[list[ev.AnyEvent] | CronlogError | None],
+        *,
+        visible: bool = True,
     ) -> None:
-        """One command of a batch, to the owner of a partition elsewhere."""
+        """One command of a batch, to the owner of a partition elsewhere (``visible``: and
+        folded by this node's read model before it is answered)."""
         try:
-            results[i] = await self._forward(partition, commands[i])
+            results[i] = await self._forward(partition, commands[i], visible=visible)
         except CronlogError as err:
             results[i] = err
 

@@ -55,6 +55,7 @@ from core.state import PartitionState, RunState, RunStatus
 from eventlog.port import EventLog, PartitionWriter
 from node import decisions
 from node.snapshotter import Snapshotter
+from node.stalls import THRESHOLD_S, LoopTimes
 from node.standby import Warm
 from projections.decoding import EventDecoder
 from projections.state_store import StateStore, catch_up
@@ -99,6 +100,14 @@ class Request:
     command: AnyCommand
     reply: Reply | None = None
     offset: int | None = None  # the command's offset in the commands stream, if it came from there
+    queued_at: float = 0.0  # time.monotonic() when it reached the runner's inbox
+
+
+# A start that waited for call room: how long (seconds), and why there was none.
+Waited = tuple[float, str]
+# Told of each scheduled run started more than THRESHOLD_S after it was due: (partition, cause
+# kind: "room", "partition" or "claim", how late in ms, the cause in words).
+LateStart = Callable[[int, str, int, str], None]
 
 
 class Dispatcher:
@@ -107,8 +116,8 @@ class Dispatcher:
     Before a run is started the runner reserves room for it (:meth:`reserve`); the lease it
     then grants goes to :meth:`dispatch`, which uses the reservation. A reservation whose run
     did not start after all is given back with :meth:`release`. A run refused room waits in
-    the dispatcher's queue, which hands it back later with ``runner.grant(tenant, run_id)``,
-    the room already reserved.
+    the dispatcher's queue, which hands it back later with ``runner.grant(tenant, run_id,
+    waited)``, the room already reserved.
     """
 
     worker_id: str
@@ -140,8 +149,10 @@ class PartitionRunner:
         warm: Warm | None = None,
         retention_ms: int = DEFAULT_RETENTION_MS,
         lead_ms: int = 0,
+        on_late: LateStart | None = None,
     ) -> None:
         self.partition = partition
+        self._on_late = on_late
         self._retention_ms = retention_ms
         self._lead_ms = lead_ms
         self._log = log_
@@ -170,7 +181,14 @@ class PartitionRunner:
         self._thread: threading.Thread | None = None
         # The partition's pure core: its state and timers (replaced by every recovery).
         self.core = Partition(partition, clock.now_ms(), retention_ms=retention_ms, lead_ms=lead_ms)
-        self._granted: list[tuple[str, str]] = []  # (tenant, run id) given room by the dispatcher
+        # (tenant, run id, how long it waited and why) given room by the dispatcher
+        self._granted: list[tuple[str, str, Waited | None]] = []
+        # What the loop's thread is doing and since when (time.monotonic()), where the last
+        # batch's time went, and the deadline of the oldest timer it has yet to decide (or of
+        # the next one): read by the node's stall watch (node.stalls) from its own thread.
+        self.phase: tuple[str, float] = ("starting", time.monotonic())
+        self.times = LoopTimes()
+        self._due_at: int | None = None
         # Set while the runner decides: recovered, and not failing since. ``caught_up`` is the
         # same event under the name the node's start-up waits by.
         self.deciding = threading.Event()
@@ -217,6 +235,7 @@ class PartitionRunner:
         return self._thread is not None and self._thread.is_alive()
 
     def submit(self, request: Request) -> None:
+        request.queued_at = time.monotonic()
         with self._cv:
             if not self._stopped:
                 self._inbox.append(request)
@@ -227,6 +246,9 @@ class PartitionRunner:
     def submit_many(self, requests: Sequence[Request]) -> None:
         """Queue ``requests`` together, so the loop takes them in one batch (up to
         ``MAX_BATCH``) and appends their events in one write."""
+        arrived = time.monotonic()
+        for request in requests:
+            request.queued_at = arrived
         with self._cv:
             if not self._stopped:
                 self._inbox.extend(requests)
@@ -234,13 +256,14 @@ class PartitionRunner:
                 return
         _answer_all(requests, Unavailable(f"partition {self.partition} is not running here"))
 
-    def grant(self, tenant: str, run_id: str) -> bool:
-        """Start ``run_id``, which waited for room the dispatcher has now reserved for it.
-        False if this runner has stopped (the dispatcher then takes the room back)."""
+    def grant(self, tenant: str, run_id: str, waited: Waited | None = None) -> bool:
+        """Start ``run_id``, which waited for room the dispatcher has now reserved for it
+        (``waited``: how long, and why). False if this runner has stopped (the dispatcher then
+        takes the room back)."""
         with self._cv:
             if self._stopped:
                 return False
-            self._granted.append((tenant, run_id))
+            self._granted.append((tenant, run_id, waited))
             self._cv.notify()
             return True
 
@@ -379,10 +402,14 @@ class PartitionRunner:
 
     def _decide_until_stopped(self) -> None:
         while not self._stopped:
+            times = LoopTimes()
             # The last append settles first (Kafka: its commit markers written, which the next
             # transaction would otherwise wait for inside the log, 20 ms at a time): what
             # arrives meanwhile joins the batch taken next, instead of waiting for another.
+            settling = self._enter("waiting for its last append to become readable")
             self._writer.wait_until_readable()
+            self._enter("waiting for work")
+            times.settle_s = time.monotonic() - settling
             batch = self._wait_for_work()
             if self._stopped:
                 break
@@ -391,9 +418,43 @@ class PartitionRunner:
             # due" to the wheel, decided too early to do anything, and lost; so until the clock
             # catches up, the partition decides at the wheel's time.
             now = max(self._clock.now_ms(), self.core.wheel.now_ms)
+            if self._due_at is not None and now > self._due_at:
+                times.woke_late_s = (now - self._due_at) / 1000
             self.core.advance(now)
-            self._process(batch, now)
+            times.requests = len(batch)
+            self._process(batch, now, times)
+            self.times = times
+            self._due_at = self.core.overdue_since() or self.core.next_deadline()
             self.failures = 0
+
+    def _enter(self, phase: str) -> float:
+        """Say what the loop's thread does from now on (for the stall watch); its start."""
+        started = time.monotonic()
+        self.phase = (phase, started)
+        return started
+
+    def behind_s(self) -> float:
+        """How far behind its timers the partition is: since the oldest timer it has yet to
+        decide came due (0 when none has, and while it is not deciding: readiness reports
+        that)."""
+        due = self._due_at
+        if due is None or not self.deciding.is_set():
+            return 0.0
+        return max(0.0, (self._clock.now_ms() - due) / 1000)
+
+    def stall_cause(self) -> str:
+        """Why the partition is behind, in words: what its thread has been doing since, or,
+        when it is running again, what its last batch spent its time on."""
+        phase, since = self.phase
+        took = time.monotonic() - since
+        if phase == "waiting for work":
+            return (
+                f"its thread has not run for {self.behind_s():.1f} s since a timer came due"
+                " (the process is busy elsewhere, or stood still)"
+            )
+        if took > THRESHOLD_S:
+            return f"{phase} for {took:.1f} s"
+        return self.times.cause()
 
     def _failed(self, err: Exception) -> None:
         """Count the failure, say so, and wait before recovering again (``stop`` cuts it short)."""
@@ -462,14 +523,19 @@ class PartitionRunner:
             self._start(run.tenant, run_id, now, events, starting)
         # else it waits in the dispatcher's queue, to come back through grant()
 
-    def _process(self, batch: list[Request], now: int) -> None:
+    def _process(self, batch: list[Request], now: int, times: LoopTimes | None = None) -> None:
+        times = times if times is not None else LoopTimes()
         events: list[AnyEvent] = []
         answers: list[tuple[Request, tuple[int, int] | CronlogError]] = []
         # Runs that start here (run id -> tenant): each holds a reservation until its lease
         # is dispatched after the append.
         starting: dict[str, str] = {}
+        # Runs started in this batch that waited for call room (run id -> how long, why)
+        waits: dict[str, Waited] = {}
+        deciding = self._enter("deciding")
+        times.decided_at = deciding
         try:
-            through = self._decide_batch(batch, now, events, answers, starting)
+            through = self._decide_batch(batch, now, events, answers, starting, waits, times)
         except BaseException:
             # The state ran ahead of the log with nothing appended: the supervisor recovers.
             # Not deciding from here on, before any caller hears of the failure.
@@ -479,7 +545,10 @@ class PartitionRunner:
             raise
         if not events and through is None:
             _answer(answers, [], [])
+            times.decide_s = time.monotonic() - deciding
             return
+        appending = self._enter("appending to the log")
+        times.decide_s = appending - deciding
         try:
             offsets = self._writer.append([ev.encode(e) for e in events], commands_through=through)
         except Fenced:
@@ -495,16 +564,75 @@ class PartitionRunner:
             return
         # Durable: answer, and start what was leased, before the store (which the log can
         # always rebuild) and the observers.
+        saving = self._enter("saving its state")
+        times.append_s = saving - appending
         _answer(answers, events, offsets)
         self._dispatch(events, starting)
         assert self._store is not None
         self._store.save(self.state, list(zip(offsets, events, strict=True)))
         self._snapshot_if_due(len(events))
+        observing = self._enter("telling its observers")
+        times.save_s = observing - saving
+        if self._on_late is not None:
+            self._late_starts(events, now, waits, batch, times)
         if self._on_appended is not None and events:
             try:
                 self._on_appended(self.partition, offsets, events)
             except Exception:  # an observer's failure must not strand the decided batch
                 log.exception("partition %d: on_appended failed", self.partition)
+        times.observe_s = time.monotonic() - observing
+
+    def _late_starts(
+        self,
+        events: list[AnyEvent],
+        now: int,
+        waits: dict[str, Waited],
+        batch: list[Request],
+        times: LoopTimes,
+    ) -> None:
+        """Tell of every scheduled run this batch started more than ``THRESHOLD_S`` after it
+        was due (its ``available_at``: the slot, its jitter, a retry's backoff), with the
+        cause this runner knows."""
+        assert self._on_late is not None
+        runs = self.state.runs
+        held: str | None = None  # what held the partition, worked out once a batch
+        queued = max((times.decided_at - r.queued_at for r in batch), default=0.0)
+
+        def partition_cause() -> str:
+            nonlocal held
+            if held is None:
+                if times.woke_late_s > THRESHOLD_S:
+                    held = times.cause()
+                elif queued > THRESHOLD_S:
+                    held = f"requests waited {queued:.1f} s for it; {self.times.cause()}"
+                else:
+                    held = f"{self.core.due_count()} timers still due; {self.times.cause()}"
+            return held
+
+        for event in events:
+            if not isinstance(event, ev.LeaseGranted) or event.trigger is not ev.Trigger.SCHEDULE:
+                continue
+            run = runs.get(event.run_id)
+            if run is None:
+                continue
+            late_ms = now - run.available_at
+            if late_ms <= THRESHOLD_S * 1000:
+                continue
+            waited = waits.get(event.run_id)
+            if waited is not None and waited[0] * 1000 >= late_ms / 2:
+                seconds, why = waited
+                kind, cause = "room", f"waited {seconds:.1f} s for call room: {why}"
+            elif event.worker_id == self._dispatcher.worker_id:
+                kind, cause = "partition", f"its partition decided it late ({partition_cause()})"
+            elif times.woke_late_s > THRESHOLD_S or queued > THRESHOLD_S:
+                kind, cause = "partition", f"its claim was decided late ({partition_cause()})"
+            else:
+                kind, cause = (
+                    "claim",
+                    "no claim of its pool reached the partition sooner (its workers were busy"
+                    " or away, or their claims were slow on the way)",
+                )
+            self._on_late(self.partition, kind, late_ms, cause)
 
     def _decide_batch(
         self,
@@ -513,9 +641,12 @@ class PartitionRunner:
         events: list[AnyEvent],
         answers: list[tuple[Request, tuple[int, int] | CronlogError]],
         starting: dict[str, str],
+        waits: dict[str, Waited],
+        times: LoopTimes,
     ) -> int | None:
-        """Decide the batch's requests, the runs granted room and the timers due; return the
-        command position the batch moves to, if any."""
+        """Decide the batch's requests, the runs granted room (noting in ``waits`` how long
+        each waited) and the timers due; return the command position the batch moves to, if
+        any."""
         through: int | None = None
         for request in batch:
             start = len(events)
@@ -528,17 +659,21 @@ class PartitionRunner:
                 through = request.offset + 1
         with self._cv:
             granted, self._granted = self._granted, []
-        for i, (tenant, run_id) in enumerate(granted):
+        for i, (tenant, run_id, waited) in enumerate(granted):
+            if waited is not None:
+                waits[run_id] = waited
             try:
                 self._start(tenant, run_id, now, events, starting)
             except BaseException:
-                for left, _ in granted[i + 1 :]:
+                for left, _, _ in granted[i + 1 :]:
                     self._dispatcher.release(left)
                 raise
         for _ in range(MAX_TIMERS):
-            key = self.core.next_due()
-            if key is None:
+            due = self.core.take_due()
+            if due is None:
                 break
+            times.timers += 1
+            key = due[1]
             if key[0] == "ready":
                 self._start_if_room(key[1], now, events, starting)
             else:
@@ -608,7 +743,7 @@ class PartitionRunner:
             waiting = list(self._inbox)
             self._inbox.clear()
             granted, self._granted = self._granted, []
-        for tenant, _ in granted:
+        for tenant, _, _ in granted:
             self._dispatcher.release(tenant)
         _answer_all(waiting, Unavailable(f"partition {self.partition} is not running here"))
 

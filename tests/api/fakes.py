@@ -83,8 +83,10 @@ class FakeScheduler:
         return self._decide(partition_for(routing_key(command), PARTITIONS), command)
 
     async def execute_many(
-        self, commands: Sequence[AnyCommand]
+        self, commands: Sequence[AnyCommand], *, visible: bool = True
     ) -> list[list[AnyEvent] | CronlogError]:
+        # ``visible`` changes nothing here: the read model folds as each event is decided (or,
+        # with ``folding`` False, lags whatever the caller asked), and nothing waits for it.
         self._check_available()
         results: list[list[AnyEvent] | CronlogError] = []
         for command in commands:

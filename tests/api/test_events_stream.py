@@ -115,3 +115,10 @@ async def test_bad_cursors_and_parameters_are_refused(http: httpx.AsyncClient) -
         "/v1/events", params={"job": "crunch"}, headers={"Authorization": f"Bearer {OPERATOR}"}
     )
     assert (r.status_code, r.json()["field"]) == (422, "job")
+    # A Last-Event-ID that is no cursor is refused, even beside a cursor that would win over it.
+    r = await http.get(
+        "/v1/events",
+        params={"cursor": "0-0-0-0"},
+        headers={"Authorization": A, "Last-Event-ID": "+0.0"},
+    )
+    assert (r.status_code, r.json()["field"]) == (400, "Last-Event-ID")

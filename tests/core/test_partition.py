@@ -208,3 +208,41 @@ def test_a_slot_days_away_waits_in_its_day_and_fires_at_its_instant() -> None:
     again.advance(slot - again.now)
     [fired] = [e for e in again.events() if isinstance(e, ev.RunMaterialised)]
     assert fired.scheduled_for == slot and fired.at == slot and again.partition.parked() == {}
+
+
+def test_a_partition_says_how_far_behind_its_timers_it_is() -> None:
+    """What the node's stall watch reads: the deadline of the oldest timer that came due and
+    is not decided yet, until it is taken."""
+    p = Partition(0, T0)
+    spec = JobSpec(
+        name="j", tenant="t1", target=HttpTarget(url="http://127.0.0.1:9/"), schedule="* * * * *"
+    )
+    p.handle(PutJob(job_id="a", spec=spec), T0)
+    slot = p.state.jobs["a"].next_slot
+    assert slot is not None and p.overdue_since() is None
+    p.advance(slot + 2_500)  # the driver looked 2.5 s late
+    assert p.overdue_since() == slot
+    assert p.take_due() == (slot, ("slot", "a"))
+    assert p.overdue_since() is None and p.take_due() is None
+
+
+def test_one_teams_herd_of_due_timers_does_not_hold_back_anothers() -> None:
+    """A thousand slots of team a come due at once; team b's slot, due a moment later, is
+    taken second, not a thousand and first. Each team's own still go oldest first."""
+    p = Partition(0, T0)
+    herd = JobSpec(
+        name="h", tenant="a", target=HttpTarget(url="http://127.0.0.1:9/"), run_at=T0 + 1000
+    )
+    for i in range(1000):
+        p.handle(PutJob(job_id=f"a/{i:04d}", spec=herd), T0)
+    b = msgspec_replace(herd, tenant="b", run_at=T0 + 1001)
+    p.handle(PutJob(job_id="b/one", spec=b), T0)
+    p.advance(T0 + 1001)
+    assert p.due_count() == 1001 and p.overdue_since() == T0 + 1000
+    order = [p.next_due() for _ in range(4)]
+    assert order == [
+        ("slot", "a/0000"),
+        ("slot", "b/one"),
+        ("slot", "a/0001"),
+        ("slot", "a/0002"),
+    ]

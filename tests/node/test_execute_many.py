@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from core.commands import PauseJob, PutJob
-from core.errors import Conflict, NotFound, Unavailable
+from core.errors import Conflict, NotFound, NotYetReadable, Unavailable
 from core.events import JobRegistered
 from core.jobs import JobSpec, PullTarget
 from eventlog.embedded import EmbeddedLog
@@ -112,3 +112,21 @@ def test_a_runner_that_never_answers_makes_the_request_unavailable_in_time(
         asyncio.run(asyncio.wait_for(node.execute(put("lost")), 10))
     results = asyncio.run(asyncio.wait_for(node.execute_many([put("a"), put("b")]), 10))
     assert all(isinstance(r, Unavailable) for r in results), results
+
+
+def test_unwaited_answers_do_not_wait_for_the_read_model(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch of heartbeats answers from its events alone: durable, and not held up by a read
+    # model that lags (here, one that would never catch up).
+    async def never(partition: int, offsets: list[int], events: Any = ()) -> None:
+        raise Unavailable("the read model is far behind")
+
+    monkeypatch.setattr(node, "_visible", never)
+    results = asyncio.run(
+        node.execute_many([put("quick"), put("quick", name="other")], visible=False)
+    )
+    assert isinstance(results[0], list) and isinstance(results[0][0], JobRegistered)
+    assert isinstance(results[1], Conflict)
+    waited = asyncio.run(node.execute_many([put("slow")]))
+    assert isinstance(waited[0], NotYetReadable)  # as before: durable, not yet readable

@@ -242,6 +242,8 @@ def test_the_models_keep_to_the_nodes_openapi_document(node: Serve) -> None:
         (models.Team, "TeamOut"),
         (models.JobBatch, "JobBatchOut"),
         (models.JobResult, "JobResult"),
+        (models.HeartbeatBatch, "HeartbeatBatchOut"),
+        (models.HeartbeatResult, "HeartbeatResult"),
         (models.ItemError, "ErrorBody"),
         (models.TeamLimits, "TenantLimits"),
     ]
@@ -361,6 +363,52 @@ def test_many_outcomes_at_once_in_batches(
 
     asyncio.run(scenario())
     assert a.get_run(lost.run_id).state == "succeeded"
+
+
+def test_many_heartbeats_at_once_in_batches(
+    a: Client, b: Client, node: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("cronlog_client.client.MAX_BATCH_BEATS", 2)  # split a few into batches
+    pool = unique("sdk-beats")
+    job_ids = [unique("beats") for _ in range(3)]
+    for job_id in job_ids:
+        a.put_job(job_id, JobDefinition(name="m", schedule="0 0 1 1 *", target=f"pull://{pool}"))
+        a.trigger(job_id)
+    claimed = sorted(a.claim(pool, "w1", limit=10), key=lambda r: r.job_id)
+    assert len(claimed) == 3
+    ok, cancelled, other = claimed
+    a.cancel_run(cancelled.run_id)
+    assert b.heartbeat_many([models.Beat(run_id=ok.run_id, fencing_token=ok.fencing_token)]
+                            ).results[0].status == 404  # fmt: skip
+    done = a.heartbeat_many(
+        [
+            models.Beat(run_id=ok.run_id, fencing_token=ok.fencing_token),
+            models.Beat(run_id=cancelled.run_id, fencing_token=cancelled.fencing_token),
+            models.Beat(run_id=other.run_id, fencing_token=-1),
+            models.Beat(run_id=other.run_id, fencing_token=other.fencing_token + 1),
+            models.Beat(run_id=other.run_id, fencing_token=other.fencing_token),
+        ]
+    )
+    assert [r.status for r in done.results] == [200, 409, 400, 409, 200]
+    assert [r.index for r in done.results] == [0, 1, 2, 3, 4]
+    assert (done.extended, done.failed) == (2, 3)
+    assert [r.index for r in done.refused] == [1, 2, 3]
+    lost, bad, stale = done.refused
+    assert lost.error is not None and lost.error.cancelled is True
+    assert stale.error is not None and stale.error.cancelled is False
+    assert bad.error is not None and bad.error.field == "runs[2].fencing_token"  # as given
+    beaten = done.results[0]
+    assert beaten.ok and beaten.run_id == ok.run_id
+    assert beaten.lease_expires_at is not None and beaten.lease_expires_at > dt.datetime.now(UTC)
+
+    async def scenario() -> None:
+        async with async_client(node) as cronlog:
+            out = await cronlog.heartbeat_many(
+                [models.Beat(run_id=r.run_id, fencing_token=r.fencing_token) for r in claimed]
+            )
+            assert [r.status for r in out.results] == [200, 409, 200]
+
+    asyncio.run(scenario())
 
 
 def test_a_page_says_where_its_runs_came_from() -> None:

@@ -7,12 +7,19 @@ import asyncio
 
 import httpx
 import pytest
-from cronlog_client import AsyncClient, Client, Unreachable
+from cronlog_client import AsyncClient, Beat, Client, Unreachable
 from cronlog_client import client as client_module
 
 ANSWERS = {
     "/v1/workers/claim": {"runs": []},
     "/v1/runs/r.1/heartbeat": {"run_id": "r.1", "lease_expires_at": "2026-11-01T00:00:30Z"},
+    "/v1/runs:heartbeat": {
+        "results": [
+            {"index": 0, "status": 200, "run_id": "r.1", "lease_expires_at": "2026-11-01T00:00:30Z"}
+        ],
+        "extended": 1,
+        "failed": 0,
+    },
 }
 
 
@@ -59,6 +66,14 @@ def test_a_request_that_may_have_arrived_is_sent_again_only_if_harmless(
         # A heartbeat carries its fencing token: harmless to send again.
         assert api.heartbeat("r.1", 7).run_id == "r.1"
     assert sent == ["/v1/workers/claim", "/v1/runs/r.1/heartbeat"]
+
+
+def test_a_batch_of_heartbeats_that_may_have_arrived_is_sent_again() -> None:
+    # Each carries its fencing token: a repeat extends the same lease again, nothing more.
+    transport, sent = flaky(httpx.ReadError, 1)
+    with Client("http://node", "t", transport=transport, sleep=no_sleep) as api:
+        done = api.heartbeat_many([Beat(run_id="r.1", fencing_token=7)])
+    assert done.extended == 1 and sent == ["/v1/runs:heartbeat"] * 2
 
 
 def test_the_async_client_sends_again_what_never_left() -> None:

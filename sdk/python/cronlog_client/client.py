@@ -44,6 +44,7 @@ from httpx_sse import SSEError, aconnect_sse, connect_sse
 
 from cronlog_client import errors
 from cronlog_client.models import (
+    Beat,
     ChangePreview,
     ClaimedRun,
     ClaimOut,
@@ -52,7 +53,9 @@ from cronlog_client.models import (
     CompletionResult,
     Event,
     Health,
+    HeartbeatBatch,
     HeartbeatOut,
+    HeartbeatResult,
     Job,
     JobBatch,
     JobDefinition,
@@ -70,6 +73,7 @@ from cronlog_client.models import (
 )
 
 T = TypeVar("T")
+ItemResult = TypeVar("ItemResult", CompletionResult, HeartbeatResult)
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT_S = 30.0
 MAX_RETRY_WAIT_S = 30.0
@@ -79,6 +83,7 @@ KEEPALIVE_S = 30.0
 MAX_CONNECTIONS = 100  # open at once, each kept while it is idle less than KEEPALIVE_S
 MAX_BATCH_JOBS = 1000  # the most jobs POST /v1/jobs:batch takes at once
 MAX_BATCH_RUNS = 1000  # the most outcomes POST /v1/runs:complete takes at once
+MAX_BATCH_BEATS = 1000  # the most heartbeats POST /v1/runs:heartbeat takes at once
 RECONNECTS = 10  # a following event stream gives up after this many failures in a row
 RunStateName = Literal[
     "blocked", "pending", "running", "succeeded", "failed", "retrying", "dead", "cancelled"
@@ -315,6 +320,17 @@ class _Requests:
         )
 
     @staticmethod
+    def heartbeat_many(beats: Sequence[Beat]) -> _Request[HeartbeatBatch]:
+        # A repeated heartbeat extends the same lease again: its fencing token still holds it.
+        return _Request(
+            "POST",
+            "/v1/runs:heartbeat",
+            HeartbeatBatch,
+            body={"runs": list(beats)},
+            repeatable=True,
+        )
+
+    @staticmethod
     def health(path: str) -> _Request[Health]:
         return _Request("GET", path, Health)
 
@@ -448,19 +464,38 @@ def _completion_requests(
         yield start, _Requests.complete_many(completions[start : start + MAX_BATCH_RUNS])
 
 
+def _as_given(start: int, result: ItemResult) -> ItemResult:
+    """A result of a request that held the items from ``start`` on, its index and the field
+    it names as in the whole list given, not as in that request."""
+    error = result.error
+    sent_as = f"runs[{result.index}]"
+    if error is not None and error.field is not None and error.field.startswith(sent_as):
+        error.field = f"runs[{start + result.index}]" + error.field[len(sent_as) :]
+    result.index += start
+    return result
+
+
 def _completions_joined(parts: list[tuple[int, CompletionBatch]]) -> CompletionBatch:
     """The answers of ``complete_many``'s requests as one, indices and fields as given."""
-    results: list[CompletionResult] = []
-    for start, answer in parts:
-        for result in answer.results:
-            error = result.error
-            sent_as = f"runs[{result.index}]"
-            if error is not None and error.field is not None and error.field.startswith(sent_as):
-                error.field = f"runs[{start + result.index}]" + error.field[len(sent_as) :]
-            result.index += start
-            results.append(result)
+    results = [_as_given(start, result) for start, answer in parts for result in answer.results]
     completed = sum(1 for r in results if r.ok)
     return CompletionBatch(results=results, completed=completed, failed=len(results) - completed)
+
+
+def _heartbeat_requests(
+    beats: Sequence[Beat],
+) -> Iterator[tuple[int, _Request[HeartbeatBatch]]]:
+    """``heartbeat_many``'s requests, at most ``MAX_BATCH_BEATS`` heartbeats each, with the
+    place of each one's first heartbeat in the whole."""
+    for start in range(0, len(beats), MAX_BATCH_BEATS):
+        yield start, _Requests.heartbeat_many(beats[start : start + MAX_BATCH_BEATS])
+
+
+def _heartbeats_joined(parts: list[tuple[int, HeartbeatBatch]]) -> HeartbeatBatch:
+    """The answers of ``heartbeat_many``'s requests as one, indices and fields as given."""
+    results = [_as_given(start, result) for start, answer in parts for result in answer.results]
+    extended = sum(1 for r in results if r.ok)
+    return HeartbeatBatch(results=results, extended=extended, failed=len(results) - extended)
 
 
 def _token(token: str | None) -> str:
@@ -755,6 +790,16 @@ class Client:
         hundred pays one request, not one each."""
         return _completions_joined(
             [(start, self._send(request)) for start, request in _completion_requests(completions)]
+        )
+
+    def heartbeat_many(self, beats: Sequence[Beat]) -> HeartbeatBatch:
+        """Extend many runs' leases (``POST /v1/runs:heartbeat``, 1,000 a request): one result
+        per heartbeat, in order, each 200 with the new ``lease_expires_at`` or the refusal a
+        single ``heartbeat`` would get (409 ``lease_lost``: stop working on that run; 404; 429
+        past the token's rate: look at ``refused``). A worker holding thousands of runs pays
+        a request for the heartbeats that come due together, not one a run."""
+        return _heartbeats_joined(
+            [(start, self._send(request)) for start, request in _heartbeat_requests(beats)]
         )
 
     # -- the audit stream -----------------------------------------------------------------------
@@ -1125,6 +1170,12 @@ class AsyncClient:
                 (start, await self._send(request))
                 for start, request in _completion_requests(completions)
             ]
+        )
+
+    async def heartbeat_many(self, beats: Sequence[Beat]) -> HeartbeatBatch:
+        """As :meth:`Client.heartbeat_many`."""
+        return _heartbeats_joined(
+            [(start, await self._send(request)) for start, request in _heartbeat_requests(beats)]
         )
 
     # -- the audit stream -----------------------------------------------------------------------

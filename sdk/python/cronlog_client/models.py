@@ -21,6 +21,7 @@ __all__ = [
     "Attempt",
     "Backoff",
     "BackoffIn",
+    "Beat",
     "ChangePreview",
     "ClaimedRun",
     "Completion",
@@ -28,7 +29,9 @@ __all__ = [
     "CompletionResult",
     "Event",
     "FireTime",
+    "HeartbeatBatch",
     "HeartbeatOut",
+    "HeartbeatResult",
     "HttpTarget",
     "ItemError",
     "Job",
@@ -221,8 +224,8 @@ class Job(msgspec.Struct, kw_only=True):
 
 class ItemError(msgspec.Struct, kw_only=True):
     """Why an item of a batch was refused: what its single request (POST /v1/jobs, POST
-    /v1/runs/{run_id}/complete) would have answered; ``field`` starts with ``jobs[<index>]``
-    or ``runs[<index>]``."""
+    /v1/runs/{run_id}/complete, POST /v1/runs/{run_id}/heartbeat) would have answered;
+    ``field`` starts with ``jobs[<index>]`` or ``runs[<index>]``."""
 
     error: str
     message: str
@@ -294,6 +297,41 @@ class CompletionBatch(msgspec.Struct, kw_only=True):
 
     @property
     def refused(self) -> list[CompletionResult]:
+        return [r for r in self.results if not r.ok]
+
+
+class Beat(msgspec.Struct, kw_only=True):
+    """One run's heartbeat, for ``heartbeat_many``: what ``heartbeat`` sends, with its run."""
+
+    run_id: str
+    fencing_token: int
+
+
+class HeartbeatResult(msgspec.Struct, kw_only=True):
+    """One heartbeat of ``heartbeat_many``: ``status`` 200 extended (until
+    ``lease_expires_at``), else the refusal's status with its ``error`` (409 ``lease_lost``:
+    stop working on the run, ``error.cancelled`` says whether it was cancelled)."""
+
+    index: int
+    status: int
+    run_id: str | None = None
+    lease_expires_at: dt.datetime | None = None
+    error: ItemError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+class HeartbeatBatch(msgspec.Struct, kw_only=True):
+    """What ``heartbeat_many`` did, one result per heartbeat given, in order."""
+
+    results: list[HeartbeatResult]
+    extended: int
+    failed: int
+
+    @property
+    def refused(self) -> list[HeartbeatResult]:
         return [r for r in self.results if not r.ok]
 
 

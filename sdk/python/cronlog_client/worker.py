@@ -19,12 +19,18 @@ What the worker does for the handler:
 - **Claims long-poll** (``wait_sec``, 20 s by default): an idle worker holds one request open
   and is answered the moment a run of its pool is ready, so it neither spins nor sees a run a
   poll interval late.
-- **Heartbeats** every third of the lease with the run's fencing token. A heartbeat answered
-  409 (``lease_lost``) means stop: the lease was reclaimed (the run is someone else's now) or the
-  run was cancelled (``run.cancelled``). The handler learns it at once: an async handler is
-  cancelled (``asyncio.CancelledError`` inside it), and ``run.lost`` is set for a plain one,
-  which should look at it (or call ``run.check()``) between steps. Nothing is completed for
-  a lost run.
+- **Heartbeats** every third of the lease with the run's fencing token. The beats of the runs
+  the worker holds that come due together go in one ``POST /v1/runs:heartbeat`` (one waits
+  ``heartbeat_linger_sec``, 50 ms by default, for others; 1,000 a request at most), each
+  answered for its run alone (``beats.py``): a worker holding thousands of runs makes a few
+  requests a second, not one a run. A node without that endpoint is sent one heartbeat a
+  request, as before. A heartbeat answered 409 (``lease_lost``) means stop: the lease was
+  reclaimed (the run is someone else's now) or the run was cancelled (``run.cancelled``). The
+  handler learns it at once: an async handler is cancelled (``asyncio.CancelledError``
+  inside it), and ``run.lost`` is set for a plain one, which should look at it (or call
+  ``run.check()``) between steps. Nothing is completed for a lost run. A heartbeat that
+  could not be delivered (after a few tries while the lease lasts) is logged, and the next
+  one goes a period later.
 - **Completes** with the token: returning is success; raising is failure, retried by the
   job's policy. Raise :class:`PermanentFailure` for what retrying cannot fix (it
   dead-letters), :class:`RetryLater` to say when the next attempt may start. The outcomes of
@@ -64,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cronlog_client import errors
+from cronlog_client.beats import Beater
 from cronlog_client.client import AsyncClient
 from cronlog_client.completions import MAX_BACKOFF_S, Completer, Sleep
 from cronlog_client.models import ClaimedRun, Completion
@@ -165,6 +172,7 @@ class Worker:
         drain_sec: float = 30.0,
         complete_batch: int = MAX_COMPLETE_BATCH,
         complete_linger_sec: float = 0.005,
+        heartbeat_linger_sec: float = 0.05,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         if concurrency < 1:
@@ -173,6 +181,8 @@ class Worker:
             raise ValueError(f"complete_batch must be between 1 and {MAX_COMPLETE_BATCH}")
         if complete_linger_sec < 0:
             raise ValueError("complete_linger_sec must not be negative")
+        if heartbeat_linger_sec < 0:
+            raise ValueError("heartbeat_linger_sec must not be negative")
         self.client = client
         self.pool = pool
         self.handler = handler
@@ -194,17 +204,24 @@ class Worker:
             held=lambda: len(self._running),
             sleep=sleep,
         )
+        self._beater = Beater(client, linger_sec=heartbeat_linger_sec, sleep=sleep)
 
     @property
     def complete_requests(self) -> int:
         """How many ``POST /v1/runs:complete`` requests the worker has made."""
         return self._completer.requests
 
+    @property
+    def heartbeat_requests(self) -> int:
+        """How many ``POST /v1/runs:heartbeat`` requests the worker has made."""
+        return self._beater.requests
+
     def stop(self) -> None:
         """Stop claiming; :meth:`run` returns once the handlers in flight have finished (or
         ``drain_sec`` has passed) and their outcomes are sent. Safe to call from a signal
         handler of the loop."""
         self._stopping.set()
+        # The heartbeats are not hurried: the handlers still draining need their leases.
         self._completer.hurry()
 
     async def run(self, *, handle_signals: bool = False) -> None:
@@ -214,13 +231,17 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
         sending = asyncio.ensure_future(self._completer.run())
+        beating = asyncio.ensure_future(self._beater.run())
         try:
             await self._claim_until_stopped()
         finally:
             try:
                 await self._drain()
             finally:
-                await self._completer.close(sending)
+                try:
+                    await self._completer.close(sending)
+                finally:
+                    await self._beater.close(beating)
             if handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -353,19 +374,29 @@ class Worker:
         return result
 
     async def _heartbeat(self, context: RunContext, work: asyncio.Future[Any]) -> None:
-        every = max(0.2, context.run.lease_sec / 3)
+        lease_sec = context.run.lease_sec
+        every = max(0.2, lease_sec / 3)
+        loop = asyncio.get_running_loop()
+        # When the lease runs out, as far as this worker can tell: the claim's answer came a
+        # moment after the lease was granted, and a heartbeat's extension starts no sooner
+        # than it was asked. A beat not delivered by then is given up.
+        lease_ends = loop.time() + lease_sec
         while not work.done():  # one beat a third of a lease; ends with the work
             await asyncio.sleep(every)
             if work.done():
                 return
-            try:
-                await self.client.heartbeat(context.run_id, context.fencing_token)
-            except errors.LeaseLost as e:
-                context._lose(e.message, cancelled=e.cancelled)
+            asked = loop.time()
+            answer = await self._beater.beat(
+                context.run_id, context.fencing_token, until=lease_ends
+            )
+            if answer.how == "extended":
+                lease_ends = asked + lease_sec
+            elif answer.how == "lost":
+                context._lose(answer.reason, cancelled=answer.cancelled)
                 work.cancel()
                 return
-            except (errors.Unreachable, errors.Unavailable, errors.RateLimited) as e:
-                log.warning("run %s: heartbeat not delivered: %s", context.run_id, e)
+            else:
+                log.warning("run %s: heartbeat not delivered: %s", context.run_id, answer.reason)
 
     async def _complete(
         self,

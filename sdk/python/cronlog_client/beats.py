@@ -1,0 +1,251 @@
+"""The pull worker's heartbeats, sent in batches: one ``POST /v1/runs:heartbeat`` for the beats
+that come due together, not one request a run.
+
+Each run the worker holds beats every third of its lease. One request a beat is what a worker
+holding thousands of runs cannot afford: at 5,000 runs and a lease of 15 s that is a thousand
+requests a second, a whole core of the worker spent in the HTTP client, heartbeats answered
+seconds late and leases running out under running handlers. Here a beat waits at most
+``linger_sec`` for others to join it, and the beats that came due together go in one request
+(``max_batch`` at most). One request is in flight at a time; what comes due meanwhile makes
+the next batch, so the batches grow with the runs held and the requests do not.
+
+Each beat is answered for its run alone, as a single ``heartbeat`` would be:
+
+- 200: ``extended``.
+- 409 ``lease_lost``: ``lost``, with the node's message and whether the run was cancelled
+  (not reclaimed); the worker stops working on the run.
+- 429, 503: not decided now; the beat goes again in a later batch after a short pause, while
+  its lease lasts (after that a beat cannot save it), then it is ``undelivered``.
+- anything else: ``undelivered``, with why (the worker logs it and beats again next period).
+
+A batch that could not be sent (node unreachable, 503 or 429 for the request) is sent again
+after a short backoff, ``BEAT_TRIES`` times at most: a heartbeat carries its fencing token, so
+a repeat extends the same lease again and nothing else. A node without the endpoint (older
+than it: the request answered 404 or 405) is asked one run a request, as before, for the rest
+of the worker's life.
+
+Worked example: a worker holding 5,000 runs of a 15 s lease beats about 1,000 runs a second;
+with ``linger_sec`` 0.05 that is some twenty requests a second of about fifty beats each. If
+one of those runs was cancelled meanwhile, its item is answered 409 and only its handler is
+told; the others' leases are extended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+
+from cronlog_client import errors
+from cronlog_client.client import MAX_BATCH_BEATS, AsyncClient
+from cronlog_client.completions import Sleep
+from cronlog_client.models import Beat, HeartbeatResult
+
+log = logging.getLogger("cronlog_client.worker")
+
+MAX_BACKOFF_S = 2.0
+BEAT_TRIES = 5  # a batch that could not be sent is sent again (a heartbeat is repeatable)
+NO_ENDPOINT = (404, 405)  # what a node older than POST /v1/runs:heartbeat answers it
+
+How = Literal["extended", "lost", "undelivered"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What became of one beat: ``reason`` is the node's message when ``lost`` and why when
+    ``undelivered``; ``cancelled`` (when ``lost``) says the run was cancelled, not reclaimed."""
+
+    how: How
+    reason: str = ""
+    cancelled: bool = False
+
+
+EXTENDED = Answer("extended")
+
+
+def backoff(attempt: int) -> float:
+    """The wait before try ``attempt + 1`` of a heartbeat (0.25 s doubling, at most 2 s): short,
+    as a lease lasts only three periods."""
+    return min(MAX_BACKOFF_S, 0.25 * 2.0**attempt)
+
+
+@dataclass(eq=False)
+class _Waiting:
+    beat: Beat
+    until: float  # the loop's time when the run's lease runs out: no use sending it after
+    since: float  # the loop's time it joined the queue
+    answer: asyncio.Future[Answer]
+    tries: int = 0
+    reason: str = ""  # why its last try was not delivered
+
+
+@dataclass
+class Beater:
+    """Batches the worker's heartbeats; :meth:`beat` answers once the node has answered."""
+
+    client: AsyncClient
+    linger_sec: float
+    max_batch: int = MAX_BATCH_BEATS
+    sleep: Sleep = asyncio.sleep
+    _queue: list[_Waiting] = field(default_factory=list)
+    _held: dict[_Waiting, asyncio.TimerHandle] = field(default_factory=dict)  # sent again later
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _closing: bool = False
+    _alone: bool = False  # the node has no POST /v1/runs:heartbeat: one request a run
+    requests: int = 0  # heartbeat_many calls made
+
+    async def beat(self, run_id: str, fencing_token: int, *, until: float) -> Answer:
+        """Extend the run's lease; ``until`` (the loop's time) is when it runs out, after which
+        a beat not yet delivered is given up as ``undelivered``."""
+        beat = Beat(run_id=run_id, fencing_token=fencing_token)
+        if self._alone:
+            return await self._one(beat)
+        loop = asyncio.get_running_loop()
+        waiting = _Waiting(beat, until, loop.time(), loop.create_future())
+        self._queue.append(waiting)
+        # The sender wakes for the first beat of a batch and for a full one; those between
+        # only wait (a thousand wakes a second would cost what the batches save).
+        if len(self._queue) == 1 or len(self._queue) >= self.max_batch:
+            self._wake.set()
+        return await waiting.answer  # a cancelled caller cancels it: it is then not sent
+
+    async def close(self, sending: asyncio.Future[None]) -> None:
+        """Send what still waits, then end :meth:`run` (``sending``)."""
+        self._closing = True
+        self._wake.set()
+        await sending
+
+    async def run(self) -> None:
+        self._closing = False  # a worker run again after a stop
+        try:
+            while True:
+                self._queue = [w for w in self._queue if not w.answer.done()]
+                if not self._queue:
+                    if self._closing:
+                        return
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                await self._linger()
+                live = [w for w in self._queue if not w.answer.done()]
+                batch, self._queue = live[: self.max_batch], live[self.max_batch :]
+                if not batch:
+                    continue
+                if self._alone:  # beats that were queued before the node was found out
+                    await asyncio.gather(*(self._settle_alone(w) for w in batch))
+                else:
+                    await self._send(batch)
+        finally:
+            # A bug here, or the worker's end, must not leave a run's loop waiting forever.
+            for handle in self._held.values():
+                handle.cancel()
+            for waiting in [*self._queue, *self._held]:
+                self._settle(waiting, Answer("undelivered", "the worker stopped"))
+            self._held.clear()
+
+    async def _linger(self) -> None:
+        loop = asyncio.get_running_loop()
+        until = self._queue[0].since + self.linger_sec
+        while len(self._queue) < self.max_batch and not self._closing:
+            left = until - loop.time()
+            if left <= 0:
+                return
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), left)
+
+    async def _send(self, batch: list[_Waiting]) -> None:
+        reason = ""
+        for attempt in range(BEAT_TRIES):
+            if attempt:  # a beat whose lease ran out meanwhile is no use sent again
+                batch = [w for w in batch if not w.answer.done() and not self._past(w, reason)]
+                if not batch:
+                    return
+            try:
+                self.requests += 1
+                answer = await self.client.heartbeat_many([w.beat for w in batch])
+            except (errors.Unreachable, errors.Unavailable) as e:
+                reason = str(e)
+                log.warning("%d heartbeats not delivered (%s); again", len(batch), e)
+                await self.sleep(backoff(attempt))
+                continue
+            except errors.RateLimited as e:
+                reason = str(e)
+                await self.sleep(e.retry_after or 1.0)
+                continue
+            except errors.ApiError as e:
+                if e.status in NO_ENDPOINT:
+                    self._alone = True
+                    log.info(
+                        "the node does not take heartbeats in batches (%s): one request a run"
+                        " from now on",
+                        e,
+                    )
+                    await asyncio.gather(*(self._settle_alone(w) for w in batch))
+                    return
+                for waiting in batch:  # the request itself refused: no retry changes it
+                    self._settle(waiting, Answer("undelivered", str(e)))
+                return
+            for waiting, result in zip(batch, answer.results, strict=True):
+                self._take(waiting, result)
+            return
+        for waiting in batch:
+            self._settle(waiting, Answer("undelivered", f"{reason} (after {BEAT_TRIES} tries)"))
+
+    def _take(self, waiting: _Waiting, result: HeartbeatResult) -> None:
+        error = result.error
+        if result.ok:
+            self._settle(waiting, EXTENDED)
+        elif error is not None and error.error == "lease_lost":
+            self._settle(waiting, Answer("lost", error.message, bool(error.cancelled)))
+        else:
+            reason = f"{result.status} {error.error}: {error.message}" if error else "no answer"
+            if result.status in (429, 503):
+                self._again(waiting, reason)
+            else:
+                self._settle(waiting, Answer("undelivered", reason))
+
+    def _again(self, waiting: _Waiting, reason: str) -> None:
+        """Send the beat in a later batch, after a pause, if its lease lasts that long."""
+        loop = asyncio.get_running_loop()
+        pause = backoff(waiting.tries)
+        waiting.tries += 1
+        waiting.reason = reason
+        if waiting.answer.done() or self._past(waiting, reason, loop.time() + pause):
+            return
+        self._held[waiting] = loop.call_later(pause, self._requeue, waiting)
+
+    def _requeue(self, waiting: _Waiting) -> None:
+        self._held.pop(waiting, None)
+        if not waiting.answer.done():
+            waiting.since = asyncio.get_running_loop().time()
+            self._queue.append(waiting)
+            self._wake.set()
+
+    def _past(self, waiting: _Waiting, reason: str, at: float | None = None) -> bool:
+        """Whether the beat's lease has run out by ``at`` (now); then it is ``undelivered``."""
+        if (at if at is not None else asyncio.get_running_loop().time()) < waiting.until:
+            return False
+        self._settle(waiting, Answer("undelivered", reason or waiting.reason))
+        return True
+
+    async def _settle_alone(self, waiting: _Waiting) -> None:
+        if not waiting.answer.done():
+            self._settle(waiting, await self._one(waiting.beat))
+
+    async def _one(self, beat: Beat) -> Answer:
+        """One beat, one request: ``POST /v1/runs/{run_id}/heartbeat``."""
+        try:
+            await self.client.heartbeat(beat.run_id, beat.fencing_token)
+        except errors.LeaseLost as e:
+            return Answer("lost", e.message, e.cancelled)
+        except errors.CronlogError as e:
+            return Answer("undelivered", str(e))
+        return EXTENDED
+
+    @staticmethod
+    def _settle(waiting: _Waiting, answer: Answer) -> None:
+        if not waiting.answer.done():
+            waiting.answer.set_result(answer)
