@@ -7,11 +7,12 @@
 Team A registers ``--http`` HTTP jobs whose calls the target holds ``--hold-http-s`` seconds
 and ``--pull`` pull jobs whose runs its workers (:mod:`bench.held_workers`, the SDK's
 ``Worker``, two processes) hold ``--hold-pull-s`` seconds, all due at one slot S. Team B has
-``--b-http`` HTTP jobs and ``--b-pull`` pull jobs that run every second, from 15 s before S
-(its own worker, each run done at once). Measured: the start lag of every one of B's slots
-from 10 s before S until A's pull runs end (HTTP: the call's arrival at the target, less its
-slot; pull: when B's handler started, less the slot; a slot never started counts as
-infinitely late), and how many of A's calls and runs started, and how late.
+``--b-http`` HTTP jobs and ``--b-pull`` pull jobs that run every second, from 15 s (or
+``--ahead-s``) before S (its own worker, each run done at once); A registers its herd about
+``--ahead-s`` before S. Measured: the start lag of every one of B's slots from 10 s (or
+``--ahead-s`` less 5 s) before S until A's pull runs end (HTTP: the call's arrival at the
+target, less its slot; pull: when B's handler started, less the slot; a slot never started
+counts as infinitely late), and how many of A's calls and runs started, and how late.
 
 Variants, side by side round by round (the order alternating): ``defaults`` is ``cronlog
 serve`` as it comes; ``before`` adds ``--max-calls 512 --reserved-calls 0``, the call room of
@@ -46,6 +47,7 @@ from bench.common import (
     loadavg,
     log,
     now_ms,
+    own_cpu_seconds,
     register,
     sleep_until_ms,
     slot_of,
@@ -147,9 +149,11 @@ def one_round(
         begin = now_ms()
         # S leaves time to register A's herd (about 10,000 jobs a second through the batch
         # endpoint) and for B's jobs to be running before it.
-        slot = (begin + 1000 * (B_LEAD_S + 5) + (args.http + args.pull) // 2) // 1000 * 1000
-        b_start = slot - B_LEAD_S * 1000
-        b_from, b_until = slot - B_WINDOW_FROM_S * 1000, slot + round(args.hold_pull_s * 1000)
+        ahead = max(B_LEAD_S, args.ahead_s)
+        slot = (begin + 1000 * (ahead + 5) + (args.http + args.pull) // 2) // 1000 * 1000
+        b_start = slot - ahead * 1000
+        b_from = slot - max(B_WINDOW_FROM_S, args.ahead_s - 5) * 1000
+        b_until = slot + round(args.hold_pull_s * 1000)
         until = b_until + SETTLE_S * 1000
         register(serve, _jobs_b(args, recorder.url, b_start), batch=batch, team="team-b")
         outs = [tmp / f"a{i}-{data.name}.txt" for i in range(A_WORKERS)]
@@ -165,6 +169,8 @@ def one_round(
             if now_ms() >= slot:
                 raise RuntimeError("team A's registration ran past its slot")
             sleep_until_ms(until)
+            # the workers' own CPU: a client that saturates a core starves the node beside it
+            worker_cpu = [round(own_cpu_seconds(p.pid) or 0.0, 1) for p in procs]
             counts = [json.loads(stop_process(p, 180) or "{}") for p in procs]
         finally:
             for proc in procs:
@@ -207,15 +213,17 @@ def one_round(
             "http_started": lag_summary(a_http, args.http),
             "pull_started": lag_summary(a_pull, args.pull),
             "workers": counts[:A_WORKERS],
+            "workers_cpu_s": worker_cpu[:A_WORKERS],
         },
         "team_b": {
             "http_jobs": args.b_http,
             "pull_jobs": args.b_pull,
-            "window_s": [-B_WINDOW_FROM_S, args.hold_pull_s],
+            "window_s": [(b_from - slot) / 1000, args.hold_pull_s],
             "http": b_http_summary,
             "pull": b_pull_summary,
             "all": b_all,
             "worker": counts[A_WORKERS],
+            "worker_cpu_s": worker_cpu[A_WORKERS],
         },
         "holds": p99 is not None and p99 <= GOAL_P99_MS,
         "node_warnings": {"count": len(warnings), "first": warnings[:WARNINGS_KEPT]},
@@ -232,6 +240,13 @@ def main() -> None:
     parser.add_argument("--b-http", type=int, default=20)
     parser.add_argument("--b-pull", type=int, default=5)
     parser.add_argument("--variants", default="defaults,before")
+    parser.add_argument(
+        "--ahead-s",
+        type=int,
+        default=15,
+        help="register team A's herd this long before its slot (past the node's 30 s lead"
+        " time, the herd is materialised by its timers, not as it is registered)",
+    )
     parser.add_argument("--tag", default="", help="a note kept with each result line")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
