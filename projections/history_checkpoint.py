@@ -89,7 +89,7 @@ from projections.read_model import ReadModel
 log = logging.getLogger(__name__)
 
 HISTORY_FORMAT = 1  # this manifest's layout
-# The read model's key layout (projections.read_model): a build whose model stores other keys
+# The read model's key layout (projections.model_keys): a build whose model stores other keys
 # bumps it, and restores no checkpoint of another layout (it folds from zero instead).
 READ_MODEL_FORMAT = 1
 CHECKPOINTS = "history/checkpoints/"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from api.instants import parse_rfc3339
-from projections import read_model
+from projections import model_queries as read_model
 from tests.api.conftest import Api
 
 pytestmark = pytest.mark.anyio
