@@ -74,7 +74,14 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     scheduler: Scheduler = request.state.scheduler
     if not scheduler.ready():
-        raise Unavailable("the node does not own its partitions yet, or is catching up")
+        # The node says why (its partitions, its services down); the port only whether.
+        not_ready: Callable[[], list[str]] | None = getattr(scheduler, "not_ready", None)
+        reasons = not_ready() if not_ready is not None else []
+        raise Unavailable(
+            "not ready: " + "; ".join(reasons)
+            if reasons
+            else "the node does not own its partitions yet, or is catching up"
+        )
     return json_response(Health(status="ready"))
 
 

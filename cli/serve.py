@@ -16,28 +16,23 @@ import os
 import signal
 import socket
 import sys
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from archive.reading import ArchivedLog
+from cli import background
 from cli.retention_args import add_retention_arguments, duration_ms, retention_from
 from core.partition import DEFAULT_LEAD_MS, MAX_LEAD_MS
-from eventlog.retention import Retention
 from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
 from node.admission import DEFAULT_ROOM, default_reserve
 from projections.history_checkpoint import DEFAULT_GRACE_MS, DEFAULT_KEEP
 
 if TYPE_CHECKING:
     from api.limits import Limits
-    from archive.archive import Archive
     from core.egress import EgressPolicy
     from eventlog.port import EventLog
     from eventlog.snapshots import SnapshotStore
-    from node.node import Node
-    from node.retention import EmbeddedRetention, KafkaRetention
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
 
@@ -333,10 +328,6 @@ EXIT_FAILED = 1  # could not start, or stopped on an error
 EXIT_LOG_DAMAGED = 3  # the log is damaged: the node refused to start, or stopped
 
 DAMAGED_HINT = "the node will not run on a damaged log; see docs/operations.md, 'A damaged log'"
-# The start's check of the embedded log waits for the partitions' recovery at most this long.
-LOG_CHECK_AFTER_S = 60.0
-LOG_CHECK_RETRY_S = 1.0  # a check that failed for another reason than damage runs again
-LOG_CHECK_RETRY_MAX_S = 30.0
 
 
 def _processes(text: str) -> int:
@@ -521,7 +512,6 @@ def _serve(args: argparse.Namespace) -> int:
         archive = Archive(DirectoryStore(archive_dir))
         if not args.no_history_checkpoints:
             history_store = DirectoryStore(archive_dir)
-    log_checked: threading.Event | None = None  # the embedded log's start check done
     if args.kafka:
         from confluent_kafka import KafkaException
 
@@ -565,8 +555,6 @@ def _serve(args: argparse.Namespace) -> int:
             segment_bytes=retention.segment_bytes,
             segment_ms=retention.segment_ms,
         )
-        if not args.skip_log_check:
-            log_checked = threading.Event()
         if not args.no_snapshots:
             from eventlog.snapshots import FileSnapshots
 
@@ -577,7 +565,6 @@ def _serve(args: argparse.Namespace) -> int:
     node = Node(
         log_,
         data_dir / "node",
-        ready_after=log_checked,
         node_id=args.node_id,
         retention_ms=round(args.job_retention_hours * 3_600_000),
         lead_ms=round(args.lead_time * 1000),
@@ -632,26 +619,17 @@ def _serve(args: argparse.Namespace) -> int:
         log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
     )
     server = _server(config, on_stop=node.wakeups.close)
+    # A read that finds damage stops the node (the log watch appends it here): nothing is
+    # served from a damaged log.
     damaged: list[BaseException] = []
-    if isinstance(raw_log, EmbeddedLog):
-        # A read that finds damage later stops the node: nothing is served from a damaged log.
-        threading.Thread(
-            target=_stop_on_damage, args=(raw_log, server, damaged), name="log-watch", daemon=True
-        ).start()
-    retention_loop = _retention_loop(args, raw_log, archive, retention, node)
+    # serve's own background services (cli.background), under the node's supervisor after
+    # the node's: started by node.start(), stopped by node.stop().
+    for service in background.services(args, raw_log, archive, retention, node, server, damaged):
+        node.services.add(service)
     node.start()
-    if log_checked is not None:
-        threading.Thread(
-            target=_check_log_after_recovery,
-            args=(raw_log, node, args.full_log_check, log_checked),
-            name="log-check",
-            daemon=True,
-        ).start()
-    retention_loop.start()
-    # Let allocation bursts (a midnight herd) run between collections, and once recovery has
-    # loaded what lives as long as the node, keep the collector off it.
+    # Let allocation bursts (a midnight herd) run between collections; once recovery has
+    # loaded what lives as long as the node, the gc-freeze service keeps the collector off it.
     gc.set_threshold(50_000, 20, 20)
-    threading.Thread(target=_freeze_when_ready, args=(node,), daemon=True).start()
     print(f"cronlog: {egress.describe()}", flush=True)
     if args.kafka and target_kafka == args.kafka and args.target_kafka_config is None:
         print(
@@ -676,7 +654,6 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         server.run()
     finally:
-        retention_loop.stop()
         # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
         node.stop(drain_s=0 if damaged else args.drain_sec)
         if snapshots is not None:
@@ -685,85 +662,6 @@ def _serve(args: argparse.Namespace) -> int:
     if damaged:
         raise damaged[0]
     return 0
-
-
-def _retention_loop(
-    args: argparse.Namespace,
-    raw_log: EventLog,
-    archive: Archive | None,
-    retention: Retention,
-    node: Node,
-) -> EmbeddedRetention | KafkaRetention | _NoLoop:
-    """What archives and prunes: the embedded log's retention loop, or in Kafka mode (where
-    the brokers prune events by time and size) the loop that trims the commands topic and
-    archives, if there is an archive."""
-    from archive.archiver import Archiver
-    from eventlog.embedded import EmbeddedLog
-    from eventlog.kafka import KafkaLog
-    from node.retention import EmbeddedRetention, KafkaRetention, RetentionMetrics, gap_counter
-
-    metrics = RetentionMetrics(node.metrics.registry)
-    archiver = None if archive is None else Archiver(raw_log, archive, on_gap=gap_counter(metrics))
-    interval_s = args.retention_check / 1000
-    if isinstance(raw_log, EmbeddedLog):
-        if archiver is None:
-            print(
-                "cronlog: --no-archive: retention deletes events for good; history and replay"
-                " from offset 0 start at the log's start",
-                flush=True,
-            )
-        else:
-            kept = (
-                "every event"
-                if retention.retention_ms is None
-                else f"{retention.retention_ms / 86_400_000:g} days of events"
-            )
-            print(
-                f"cronlog: the log keeps {kept}{_describe_bytes(retention.retention_bytes)};"
-                f" older ones are archived in {args.archive_dir or args.data_dir / 'archive'}",
-                flush=True,
-            )
-        return EmbeddedRetention(
-            raw_log,
-            retention,
-            node.recovery_floor,
-            metrics,
-            archiver=archiver,
-            interval_s=interval_s,
-        )
-    if not isinstance(raw_log, KafkaLog):
-        return _NoLoop()
-    if archiver is None:
-        print(
-            "cronlog: no --archive-dir: events the brokers' retention removes"
-            f" ({_describe_ms(retention.retention_ms)}) are gone for good",
-            flush=True,
-        )
-    return KafkaRetention(
-        raw_log,
-        node.owned,
-        metrics,
-        archiver=archiver,
-        retention_ms=retention.retention_ms,
-        max_delay_ms=args.archive_delay,
-        interval_s=interval_s,
-    )
-
-
-class _NoLoop:
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-def _describe_ms(ms: int | None) -> str:
-    return "never" if ms is None else f"after {ms / 86_400_000:g} days"
-
-
-def _describe_bytes(size: int | None) -> str:
-    return "" if size is None else f" (at most {size / 2**30:g} GiB a partition)"
 
 
 def make_private_dir(path: Path) -> None:
@@ -775,63 +673,6 @@ def make_private_dir(path: Path) -> None:
         logging.getLogger("cronlog").warning(
             "data directory %s is readable by others (mode %o); chmod 700 it", path, mode
         )
-
-
-def _check_log(log_: Any, *, full: bool) -> None:
-    """Check the embedded log before serving anything from it: what was written since the
-    previous check, or all of it (``--full-log-check``); ``--skip-log-check`` skips this, and
-    reads still check what they read."""
-    started = time.monotonic()
-    records = log_.verify(since_last=not full)
-    logging.getLogger("cronlog").info(
-        "checked the event log: %d records%s in %.2f s",
-        records,
-        "" if full else " written since the previous check",
-        time.monotonic() - started,
-    )
-
-
-def _check_log_after_recovery(
-    log_: Any, node: Node, full: bool, checked: threading.Event
-) -> None:
-    """The start's check of the embedded log, once the partitions have recovered (or after
-    ``LOG_CHECK_AFTER_S`` whatever they do): their recovery reads only the tail after a
-    snapshot and checks what it reads, so the first fires need not wait for a check whose
-    length grows with everything appended since the previous start. Readiness waits for it;
-    damage found fails the log, and ``_stop_on_damage`` stops the node (exit 3)."""
-    from core.errors import LogCorrupted
-
-    node.wait_recovered(LOG_CHECK_AFTER_S)
-    failures = 0
-    while True:
-        try:
-            _check_log(log_, full=full)
-        except LogCorrupted:
-            return  # the log has failed: the log watch stops the node and serve exits 3
-        except Exception as exc:
-            if log_.closed:
-                return  # stopped meanwhile
-            failures += 1
-            delay = min(LOG_CHECK_RETRY_MAX_S, LOG_CHECK_RETRY_S * 2.0 ** (failures - 1))
-            say = logging.getLogger("cronlog")
-            if failures == 1:
-                say.exception("the start's check of the event log failed; not ready, retrying")
-            else:
-                say.error("the start's check failed again (%d in a row): %r", failures, exc)
-            if log_.wait_damaged(delay) is not None or log_.closed:
-                return
-            continue
-        checked.set()
-        return
-
-
-def _stop_on_damage(log_: Any, server: Any, damaged: list[BaseException]) -> None:
-    """Wait for a read to find the log damaged; then stop serving (``serve`` exits 3)."""
-    damage = log_.wait_damaged()
-    if damage is None:
-        return
-    damaged.append(damage)
-    server.should_exit = True
 
 
 def load_tokens(data_dir: Path) -> dict[str, str]:
@@ -980,26 +821,6 @@ def _server_class() -> type:
 
 def _server(config: Any, on_stop: Callable[[], None]) -> Any:
     return _server_class()(config, on_stop)
-
-
-def _freeze_when_ready(node: Node) -> None:
-    if node.wait_ready(600):
-        gc.freeze()
-        _release_free_memory()
-
-
-def _release_free_memory() -> None:
-    """Hand the pages a recovery freed back to the system (glibc keeps them otherwise: each
-    partition's thread decoded its store in an arena of its own). A no-op elsewhere."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
 
 
 def _exit_cleanly(signum: int, _frame: object) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 
 from core import events as ev
 from core.ids import team_id
+from node.worker import ThreadWorker
 
 log = logging.getLogger("cronlog.decisions")
 MAX_PENDING_EVENTS = 500_000  # events queued for their lines, over all batches
@@ -50,8 +51,11 @@ LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-class DecisionLog:
-    """Writes the lines of appended batches on a thread of its own (see the module)."""
+class DecisionLog(ThreadWorker):
+    """Writes the lines of appended batches on a thread of its own (see the module): a
+    service of the node (:mod:`node.supervisor`). ``stop`` writes what is queued first."""
+
+    _thread_name = "decision-log"
 
     def __init__(
         self,
@@ -68,10 +72,6 @@ class DecisionLog:
         self._dropping = False
         self._on_dropped = on_dropped
         self._on_failed = on_failed
-        self._thread = threading.Thread(target=self._write, name="decision-log", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def appended(self, partition: int, events: Sequence[ev.AnyEvent]) -> None:
         """(On the partition's thread.) Queue ``events``, just appended, for their lines."""
@@ -94,13 +94,11 @@ class DecisionLog:
                 self._max_pending,
             )
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Write what is queued (up to ``timeout_s``), then stop the thread."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join(timeout_s)
+    def _wake(self) -> None:
+        if self.alive:
+            self._queue.put(None)  # behind what is queued: that is written first
 
-    def _write(self) -> None:
+    def _work(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:

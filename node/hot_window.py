@@ -19,8 +19,8 @@ most one batch (the longest hold is ``cronlog_history_window_pause_seconds``). A
 after ``max_batches`` and the next one goes on; ``cronlog_history_window_behind_seconds`` says
 how far the oldest finished run still held is past the window (0 when none is). A failed pass
 is logged and counted (``cronlog_history_window_failures``) and the next one tries again; the
-thread never ends on a failure, and the node starts it again if it ends anyway
-(:class:`node.worker.SupervisedWorker`).
+thread never ends on a failure, and the node's supervisor starts it again if it ends anyway
+(:mod:`node.supervisor`).
 """
 
 from __future__ import annotations

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TypeVar
@@ -48,6 +47,7 @@ from core.commands import AnyCommand, UpstreamSucceeded
 from core.errors import CronlogError, LogCorrupted, NotFound, Pruned
 from eventlog.port import EventLog, Record
 from node.handoff import Handoff
+from node.worker import ThreadWorker, backoff_s
 from projections.decoding import EventDecoder
 from projections.read_model import ReadModel
 
@@ -96,7 +96,12 @@ class _Moved(Exception):
     """The partition of a relay waiting to retry is no longer owned by this node."""
 
 
-class DependencyRelay:
+class DependencyRelay(ThreadWorker):
+    """The relay's asyncio loop on a thread of its own: a service of the node
+    (:mod:`node.supervisor`); the loop outlives a thread that died, and a new one runs it."""
+
+    _thread_name = "relay"
+
     def __init__(
         self,
         log_: EventLog,
@@ -118,17 +123,20 @@ class DependencyRelay:
         self.metrics = metrics or RelayMetrics()
         self._sleep = sleep
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="relay", daemon=True)
         self._handoff = Handoff(self._loop)
         # The loop holds its tasks only weakly: a relay waiting on a future nothing else holds
         # would be collected mid-retry, never to finish or be counted. Held here until done.
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def start(self) -> None:
-        self._thread.start()
+    def _work(self) -> None:
+        self._loop.run_forever()
 
-    def stop(self) -> None:
-        if self._thread.is_alive():
+    def _wake(self) -> None:
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        if self.alive:
             # Relays unfinished are given up (each counted): a new owner relays recent
             # successes again.
             unfinished = asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop).result(10)
@@ -138,8 +146,7 @@ class DependencyRelay:
                     " owners relay their recent successes again",
                     unfinished,
                 )
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
+        super().stop(timeout_s)
         self._loop.close()
 
     async def _cancel_all(self) -> int:
@@ -230,7 +237,7 @@ class DependencyRelay:
                 if failures == 1:
                     self.metrics.retrying.inc()
                 self.metrics.failures.inc()
-                await self._sleep(min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (failures - 1)))
+                await self._sleep(backoff_s(failures, FIRST_BACKOFF_S, MAX_BACKOFF_S))
                 if not self._owns(partition):
                     raise _Moved(what)
         finally:

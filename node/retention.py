@@ -31,7 +31,9 @@ topic and keeps the archive ahead of the brokers. For each partition this node o
    events nobody archived).
 
 Each loop catches, logs and counts (``cronlog_retention_failures``) whatever fails for one
-partition and goes on with the next; the next pass tries again.
+partition and goes on with the next; the next pass tries again. Both are periodic workers
+(:class:`~node.worker.PeriodicWorker`): ``cronlog serve`` adds the one it runs to the node's
+supervisor (:mod:`node.supervisor`), which starts it again should its thread end.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from eventlog.retention import (
     prune_before,
     sealed_below,
 )
+from node.worker import PeriodicWorker
 
 log = logging.getLogger(__name__)
 
@@ -206,45 +209,36 @@ class _LagCollector:
         return [lag, age, used]
 
 
-class _Loop:
-    """A daemon thread running ``run_once`` every ``interval_s`` until stopped."""
-
-    def __init__(self, name: str, interval_s: float, wall_ms: Callable[[], int]) -> None:
-        self._name = name
-        self._interval_s = interval_s
-        self._wall_ms = wall_ms
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def run_once(self, now_ms: int) -> None:
-        raise NotImplementedError
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self.run_once(self._wall_ms())
-            except Exception:  # run_once counts per partition; this is a bug, still not fatal
-                log.exception(
-                    "%s: pass failed; trying again in %.0f s", self._name, self._interval_s
-                )
-            if self._stop.wait(self._interval_s):
-                return
-
-
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class EmbeddedRetention(_Loop):
+class _Retention(PeriodicWorker):
+    """A retention loop: ``run_once(now)`` every ``interval_s``, on the wall clock (segments and
+    events carry wall-clock instants). A pass that fails as a whole (``run_once`` counts each
+    partition's own failures; this is a bug) is logged and counted, and the next one runs."""
+
+    _thread_name = "retention"
+    _stop_timeout_s = 30.0
+    interval_s: float
+    metrics: RetentionMetrics
+    _wall_ms: Callable[[], int]
+
+    def run_once(self, now_ms: int) -> None:
+        raise NotImplementedError
+
+    def _pass(self) -> None:
+        self.run_once(self._wall_ms())
+
+    def _interval_s(self) -> float:
+        return self.interval_s
+
+    def _failed(self) -> None:
+        self.metrics.failures.inc()
+        log.exception("retention: a pass failed; trying again in %.0f s", self.interval_s)
+
+
+class EmbeddedRetention(_Retention):
     """Archive, then prune, the embedded log (module docstring)."""
 
     def __init__(
@@ -258,7 +252,8 @@ class EmbeddedRetention(_Loop):
         interval_s: float = DEFAULT_INTERVAL_S,
         wall_ms: Callable[[], int] = _wall_ms,
     ) -> None:
-        super().__init__("retention", interval_s, wall_ms)
+        self.interval_s = interval_s
+        self._wall_ms = wall_ms
         self.log = log_
         self.retention = retention
         self.floor = floor
@@ -338,7 +333,7 @@ class TrimsCommands(Protocol):
     def trim_commands(self, partition: int) -> tuple[int, int] | None: ...
 
 
-class KafkaRetention(_Loop):
+class KafkaRetention(_Retention):
     """Trim the commands topic and keep the archive ahead of the brokers' retention, for the
     partitions owned here (module docstring)."""
 
@@ -354,7 +349,8 @@ class KafkaRetention(_Loop):
         interval_s: float = 10.0,
         wall_ms: Callable[[], int] = _wall_ms,
     ) -> None:
-        super().__init__("retention", interval_s, wall_ms)
+        self.interval_s = interval_s
+        self._wall_ms = wall_ms
         self.log = log_
         self.archiver = archiver
         self.owned = owned

@@ -103,6 +103,8 @@ class _Unmeasured:
 
 
 class Snapshotter(SupervisedWorker):
+    _thread_name = "snapshots"
+
     def __init__(
         self,
         store: SnapshotStore,
@@ -123,7 +125,7 @@ class Snapshotter(SupervisedWorker):
         self.last: Written | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="snapshots", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:

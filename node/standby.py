@@ -63,6 +63,8 @@ class Warm:
 
 
 class StandbyFollower(SupervisedWorker):
+    _thread_name = "standby"
+
     def __init__(
         self,
         log_: EventLog,
@@ -92,7 +94,7 @@ class StandbyFollower(SupervisedWorker):
     def start(self) -> None:
         if self.replicas == 0:
             return
-        self._thread = threading.Thread(target=self._run, name="standby", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:

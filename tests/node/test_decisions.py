@@ -30,7 +30,7 @@ def test_batches_beyond_the_bound_are_dropped_counted_and_said_once(
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1 and "dropped" in warnings[0].getMessage()
         decisions.start()
-        decisions.close()  # writes what was queued
+        decisions.stop()  # writes what was queued
     lines = [r.getMessage() for r in caplog.records if getattr(r, "decision", None) == "fired"]
     assert lines == [
         "fired run j0.60000 of job j0 (team-a, partition 0): schedule",
@@ -58,7 +58,7 @@ def test_a_failing_handler_does_not_end_the_thread(caplog: pytest.LogCaptureFixt
         with caplog.at_level(logging.INFO, logger="cronlog.decisions"):
             decisions.appended(0, [fired(0)])
             decisions.appended(0, [fired(1)])
-            decisions.close()
+            decisions.stop()
     finally:
         logger.removeHandler(broken)
     assert failures == [1]

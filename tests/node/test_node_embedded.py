@@ -20,6 +20,7 @@ from eventlog.embedded import EmbeddedLog
 from node import node as node_module
 from node.executors import Executors
 from node.node import Node
+from node.worker import OneShot
 from tests.node.targets import LOOPBACK_ALLOWED, Call, Target
 
 pytestmark = pytest.mark.slow
@@ -348,27 +349,37 @@ def test_an_answer_waits_for_the_read_model_without_a_thread_of_the_pool(
 def test_readiness_waits_for_what_it_is_told_to_after_the_partitions_recover(
     tmp_path: Path, target: Target
 ) -> None:
-    # serve's start check of the embedded log runs once the partitions have recovered: they
-    # decide and fire meanwhile, and /readyz says ready only once the check is done.
+    # serve's start check of the embedded log (a required one-shot service) runs once the
+    # partitions have recovered: they decide and fire meanwhile, and /readyz says ready only
+    # once the check is done, naming it until then.
     log = EmbeddedLog.open(tmp_path / "log", 4)
     checked = threading.Event()
+
+    def check(stopping: threading.Event) -> bool:
+        n.wait_recovered(10)
+        while not checked.wait(0.05):  # the test's go, or the node stopping
+            if stopping.is_set():
+                return False
+        return True
+
     n = Node(
         log,
         tmp_path / "node",
         node_id="n1",
         executors=Executors("n1", egress=LOOPBACK_ALLOWED),
-        ready_after=checked,
     )
+    n.services.add(OneShot("log-check", check, required=True))
     n.start()
     try:
         assert n.wait_recovered(10)
         assert not n.ready()
+        assert n.not_ready() == ["services down: log-check (at work)"]
         assert not n.wait_ready(0.2)
         asyncio.run(n.execute(PutJob(job_id="early", spec=spec(target.url, run_at=now_ms()))))
         assert target.wait_for(1, timeout_s=10)  # deciding and firing before the check ends
         assert not n.ready()
         checked.set()
-        assert n.ready() and n.wait_ready(1)
+        assert n.wait_ready(10) and n.ready() and n.not_ready() == []
     finally:
         n.stop()
         log.close()

@@ -9,6 +9,8 @@ store catches up from the log alone and equals the state folded from the whole h
 
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from core.state import PartitionState, evolve
 from eventlog.embedded import EmbeddedLog
 from eventlog.retention import Retention, Segment, commands_may_go_below, sealed_below
 from node.retention import EmbeddedRetention, KafkaRetention, RetentionMetrics, recovery_floor
+from node.worker import PeriodicWorker
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore, catch_up
 from tests.projections.histories import Writers, busy_partition
@@ -188,3 +191,43 @@ def test_commands_may_go_below_the_durable_position_in_whole_sealed_segments() -
     assert sealed_below(segments, 4) is None
     assert sealed_below(segments, 8) == 5
     assert sealed_below(segments, 20) == 9  # the active segment always stays
+
+
+def test_a_retention_loop_is_a_periodic_worker_whose_failed_pass_is_logged_and_the_next_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The retention loops are the node's one periodic-loop primitive: a pass that fails as a
+    whole (not one partition's: a bug) is logged and counted, and the thread goes on."""
+    asked: list[int] = []
+    second_pass = threading.Event()
+
+    def wall_ms() -> int:
+        asked.append(1)
+        if len(asked) == 1:
+            raise RuntimeError("the first pass broke")
+        second_pass.set()
+        return 0
+
+    metrics = RetentionMetrics(CollectorRegistry())
+    with EmbeddedLog.open(tmp_path / "log", 1) as log:
+        loop = EmbeddedRetention(
+            log,
+            Retention(retention_ms=DAY),
+            lambda partition: None,
+            metrics,
+            archiver=None,
+            interval_s=0.01,
+            wall_ms=wall_ms,
+        )
+        assert isinstance(loop, PeriodicWorker) and loop.name == "retention"
+        loop.start()
+        try:
+            assert second_pass.wait(10)
+            assert loop.alive and loop.started
+        finally:
+            loop.stop()
+    assert metrics.failures._value.get() == 1
+    [failed] = [r for r in caplog.records if r.name == "node.retention"]
+    assert failed.levelno == logging.ERROR and failed.exc_info is not None
+    assert "retention: a pass failed" in failed.getMessage()
+    assert not loop.alive and not loop.started
