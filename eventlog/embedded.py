@@ -37,7 +37,8 @@ position they carry land together or not at all.
 
 **Fencing.** The embedded log is single-process (RocksDB's ``LOCK`` file refuses a second
 opener), so the current epochs live in memory and every change is also stored. A takeover bumps
-every partition's epoch in one batch; an append whose writer epoch is stale raises ``Fenced``.
+the epochs of the partitions it takes (the single node's: all of them) in one batch; an append
+whose writer epoch is stale raises ``Fenced``.
 
 **Integrity.** The log is the source of truth, so it never hands out what it cannot vouch for.
 Every read verifies RocksDB's block checksums, and checks that the offsets it returns are the
@@ -71,7 +72,7 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,8 @@ class _Append:
 
 @dataclass(frozen=True, slots=True)
 class _TakeOver:
-    member: object
+    partitions: tuple[int, ...]
+    member: object | None  # the single-node membership taking every partition, or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -736,16 +738,18 @@ class EmbeddedLog(SingleProcessLog):
                     if through is not None:
                         positions[partition] = through
                         wb.put(_THROUGH + _U32.pack(partition), _U64.pack(through), self._cf[_META])
-                case _TakeOver(member):
-                    for partition in self._partitions():
+                case _TakeOver(partitions, member):
+                    for partition in partitions:
                         epochs[partition] += 1
                         wb.put(
                             _EPOCH + _U32.pack(partition),
                             _U64.pack(epochs[partition]),
                             self._cf[_META],
                         )
-                    pending.offsets = list(epochs)
-                    owner, took_over = member, True
+                    pending.offsets = [epochs[p] for p in partitions]
+                    took_over = True
+                    if member is not None:
+                        owner = member
                 case _Prune(stream, partition, before):
                     kept = segments[stream][partition]
                     start = starts[stream][partition]
@@ -807,15 +811,20 @@ class EmbeddedLog(SingleProcessLog):
                 self._next, self._epochs, self._positions = next_offsets, epochs, positions
                 self._starts, self._segments = starts, segments
                 self._visible = {s: list(ends) for s, ends in next_offsets.items()}
-                if took_over:
+                if owner is not None:
                     self._signal.owner = owner
                 self._signal.changed(None if took_over else moved)
         for pending in batch:
             pending.done.set()
 
-    def _take_over(self, member: object) -> dict[int, PartitionWriter]:
-        epochs = self._commit(_TakeOver(member))
-        return {p: EmbeddedWriter(self, p, epochs[p]) for p in self._partitions()}
+    def _open_writers(
+        self, partitions: Iterable[int], member: object | None
+    ) -> dict[int, PartitionWriter]:
+        taken = tuple(sorted(set(partitions)))
+        for partition in taken:
+            self._check_partition(partition)
+        epochs = self._commit(_TakeOver(taken, member))
+        return {p: EmbeddedWriter(self, p, e) for p, e in zip(taken, epochs, strict=True)}
 
     def _command_position(self, partition: int) -> int:
         with self._signal.cond:

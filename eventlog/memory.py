@@ -11,6 +11,10 @@ does, so code that assumes contiguous offsets fails here first.
 the newest member takes every partition: its first ``poll`` opens a writer per partition
 (fencing the previous member's writers), and the previous member, on its next ``poll``,
 learns it lost them through ``revoked``. That is exactly a zombie node being replaced.
+
+Both logs also open writers a partition at a time (:meth:`SingleProcessLog.take_over`), for a
+group of several members sharing the partitions (``eventlog.group``, which the local log
+server runs for a node's worker processes).
 """
 
 from __future__ import annotations
@@ -245,8 +249,28 @@ class SingleProcessLog:
 
     _post_office: LocalPostOffice
     _signal: ChangeSignal
+    _num_partitions: int
+
+    @property
+    def change_signal(self) -> ChangeSignal:
+        """What moves on every commit, takeover and close: what a poller of several partitions
+        waits on (the single-node membership here, ``eventlog.group``'s members)."""
+        return self._signal
+
+    def take_over(self, partitions: Sequence[int]) -> dict[int, PartitionWriter]:
+        """Open a writer of each of ``partitions`` at a new epoch, fencing every earlier writer
+        of them at once (invariant 4), in one step; the other partitions' writers stay. A
+        member of a group that shares the partitions takes them this way as they move to it;
+        it does not change which :class:`SingleNodeMembership` owns the log."""
+        return self._open_writers(partitions, None)
 
     def _take_over(self, member: object) -> dict[int, PartitionWriter]:
+        """Every partition, for ``member``, which becomes the signal's owner in the same step."""
+        return self._open_writers(range(self._num_partitions), member)
+
+    def _open_writers(
+        self, partitions: Iterable[int], member: object | None
+    ) -> dict[int, PartitionWriter]:
         raise NotImplementedError
 
     def read_commands(
@@ -352,14 +376,20 @@ class MemoryLog(SingleProcessLog):
         with self._signal.cond:
             return self._positions[partition]
 
-    def _take_over(self, member: object) -> dict[int, PartitionWriter]:
+    def _open_writers(
+        self, partitions: Iterable[int], member: object | None
+    ) -> dict[int, PartitionWriter]:
+        partitions = sorted(set(partitions))
+        for partition in partitions:
+            self._check_partition(partition)
         with self._signal.cond:
             self._check_open()
-            for partition in range(self._num_partitions):
+            for partition in partitions:
                 self._epochs[partition] += 1
-            self._signal.owner = member
+            if member is not None:
+                self._signal.owner = member
             self._signal.changed()
-            return {p: MemoryWriter(self, p, self._epochs[p]) for p in range(self._num_partitions)}
+            return {p: MemoryWriter(self, p, self._epochs[p]) for p in partitions}
 
     def _add(
         self, stream: str, partition: int, values: Sequence[bytes], key: bytes | None

@@ -17,6 +17,7 @@ giving each factory its own topic names.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,9 +26,12 @@ from pathlib import Path
 import pytest
 
 from eventlog.embedded import EmbeddedLog
+from eventlog.group import InProcessLog
 from eventlog.kafka import KafkaLog
+from eventlog.log_server import LogServer
 from eventlog.memory import MemoryLog
 from eventlog.port import EventLog
+from eventlog.remote import RemoteLog
 
 
 @dataclass
@@ -75,12 +79,56 @@ def _kafka(request: pytest.FixtureRequest, tmp_path: Path) -> LogFactory:
     )
 
 
+class ServedLog(RemoteLog):
+    """A worker's log through a log server over ``backing``; closing it closes the server and
+    ``backing`` too, so a restart reopens all three over the same storage."""
+
+    def __init__(self, backing: InProcessLog, socket_path: Path, member_id: str) -> None:
+        self.backing = backing
+        self.server = LogServer(backing, socket_path)
+        try:
+            super().__init__(socket_path, member_id)
+        except BaseException:
+            self.server.close()
+            raise
+
+    def close(self) -> None:
+        super().close()
+        self.server.close()
+        self.backing.close()
+
+
+def _remote(request: pytest.FixtureRequest, tmp_path: Path) -> LogFactory:
+    # The embedded log in a parent process, a worker reaching it through the socket.
+    sockets = itertools.count()
+    return LogFactory(
+        "remote",
+        True,
+        lambda n: ServedLog(
+            EmbeddedLog.open(tmp_path / "log", n), tmp_path / f"log-{next(sockets)}.sock", "w1"
+        ),
+    )
+
+
+def _remote_memory(request: pytest.FixtureRequest, tmp_path: Path) -> LogFactory:
+    # The in-memory log with gaps behind the socket: the client assumes no contiguous offsets.
+    sockets = itertools.count()
+    return LogFactory(
+        "remote-memory",
+        False,
+        lambda n: ServedLog(MemoryLog(n, gaps=True), tmp_path / f"mem-{next(sockets)}.sock", "w1"),
+    )
+
+
 # Append new adapters here (see the module docstring).
 ADAPTERS = [
     pytest.param(_memory, id="memory"),
     pytest.param(_embedded, id="embedded"),
+    pytest.param(_remote, id="remote"),
+    pytest.param(_remote_memory, id="remote-memory"),
     pytest.param(_kafka, id="kafka", marks=pytest.mark.kafka),
 ]
+_NOT_REOPENABLE = {"memory", "remote-memory"}
 
 
 @pytest.fixture(params=ADAPTERS)
@@ -90,7 +138,7 @@ def log_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogF
     factory.close_all()
 
 
-@pytest.fixture(params=[a for a in ADAPTERS if a.id != "memory"])
+@pytest.fixture(params=[a for a in ADAPTERS if a.id not in _NOT_REOPENABLE])
 def reopenable_log_factory(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[LogFactory]:
