@@ -43,7 +43,7 @@ from api.edge import (
 )
 from api.errors import ApiError, ErrorBody, from_exception
 from api.translate import complete_run
-from api.wire import MAX_RETRY_AFTER_SEC, FencingToken
+from api.wire import MAX_RETRY_AFTER_SEC, FencingToken, StartedLate
 from core.commands import CompleteRun
 from core.errors import CronlogError, LeaseLost, NotYetReadable
 from core.ids import team_id
@@ -63,6 +63,7 @@ class RunCompletion(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     permanent: bool = False
     ambiguous: bool = False
     retry_after_sec: Annotated[float, Meta(ge=0, le=MAX_RETRY_AFTER_SEC)] | None = None
+    started_late_ms: StartedLate | None = None
 
 
 class CompletionBatchIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -81,6 +81,10 @@ FIELDS: dict[str, str] = {
     "worker_id": "Who ran the attempt: a pull worker's id, or the node's executor.",
     "outcome": "How the attempt ended; null while it runs.",
     "lease_expires_at": "When the lease runs out unless a heartbeat extends it.",
+    "ahead_sec": "Reach ahead: lease runs that become ready within this many seconds too (at most 300), each to be started at its start_at and never before; 0 leases only runs ready now.",
+    "start_in_ms": "How long after this answer the run is to start, by the node's clock (0: now). Wait that long from receiving it: the run then never starts early, whatever the clocks say.",
+    "check": "Only ask whether the lease still holds (a run leased ahead, about to start): nothing is extended; 409 lease_lost means do not start it (withdrawn: paused, rescheduled or cancelled).",
+    "started_late_ms": "A run leased ahead: how long after its start_at it was started. Send it with the first heartbeat after the start, or with the outcome when no heartbeat came first; the run's start (and its scheduling delay) is recorded from it.",
     "next_cursor": "Pass it back as cursor for the next page; null on the last page.",
     "runs": "The runs of this page, newest slot first.",
     "source": "Where the answer came from: hot (the read model: runs of the history window, and"
@@ -239,6 +243,7 @@ BY_STRUCT: dict[str, dict[str, str]] = {
     "JobPatch": {"status": "active resumes the job, paused pauses it."},
     "Health": {"status": "ok: the process is up; ready: it owns its partitions and caught up."},
     "ClaimedRun": {
+        "start_at": "Leased ahead: the instant to start the run (RFC 3339); the lease counts from it. Null: start now.",
         "payload": "The job's payload.",
         "idempotency_key": "Names the slot, the same on every attempt: pass it to the target.",
         "lease_sec": "How long the lease lasts between heartbeats.",
@@ -257,7 +262,10 @@ BY_STRUCT: dict[str, dict[str, str]] = {
         "last_run": "The run of the job's newest slot, whatever its state; null before the first."
     },
     "AttemptOut": {"error": "The attempt's failure, empty when it did not fail."},
-    "HeartbeatOut": {"run_id": "The run whose lease was extended."},
+    "HeartbeatOut": {
+        "run_id": "The run whose lease was extended.",
+        "lease_expires_at": "When the extended lease runs out unless another heartbeat extends it; null for a check, which extends nothing.",
+    },
     "TeamOut": {"jobs": "The team's jobs that are not cancelled."},
     "TriggerIn": {"scheduled_for": "The slot to run (a backfill, RFC 3339); absent or null: now."},
     "SchedulePreviewIn": {

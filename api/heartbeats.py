@@ -52,7 +52,8 @@ from api.edge import (
 )
 from api.errors import ApiError, ErrorBody, from_exception
 from api.instants import to_rfc3339
-from api.wire import FencingToken
+from api.translate import heartbeat_run
+from api.wire import FencingToken, StartedLate
 from core.commands import HeartbeatRun
 from core.errors import CronlogError, LeaseLost, NotYetReadable
 from core.events import AnyEvent, Heartbeat
@@ -68,6 +69,8 @@ class RunHeartbeat(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
 
     run_id: Annotated[str, Meta(min_length=1, max_length=1024)]
     fencing_token: FencingToken
+    check: bool = False
+    started_late_ms: StartedLate | None = None
 
 
 class HeartbeatBatchIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -111,12 +114,13 @@ def _refused(index: int, err: Exception, run_id: str | None = None) -> Heartbeat
 
 
 def _extended(index: int, run_id: str, events: list[AnyEvent]) -> HeartbeatResult:
-    beat = next(e for e in events if isinstance(e, Heartbeat))
+    """200: the lease extended until its new expiry (a check decides nothing: no expiry)."""
+    beat = next((e for e in events if isinstance(e, Heartbeat)), None)
     return HeartbeatResult(
         index=index,
         status=200,
         run_id=team_id(run_id),
-        lease_expires_at=to_rfc3339(beat.lease_expires_at),
+        lease_expires_at=None if beat is None else to_rfc3339(beat.lease_expires_at),
     )
 
 
@@ -145,10 +149,7 @@ async def heartbeat_runs(request: Request) -> Response:
         except msgspec.ValidationError as err:
             results[i] = _refused(i, err)
             continue
-        run_id = call.run_id(body.run_id)
-        sent.append(
-            (i, HeartbeatRun(run_id=run_id, fencing_token=body.fencing_token, tenant=call.tenant))
-        )
+        sent.append((i, heartbeat_run(call.run_id(body.run_id), body, call.tenant)))
     # As a single heartbeat: the partition decides first (it checks the run is the team's),
     # the read model is asked only about a refusal, which may not have folded the run yet.
     answers = await call.scheduler.execute_many([command for _, command in sent], visible=False)

@@ -26,7 +26,7 @@ from api.errors import bad_request
 from api.held import Held
 from api.instants import parse_rfc3339, to_rfc3339
 from api.scheduler import Unavailable
-from api.translate import claimed, complete_run, run_out
+from api.translate import claimed, complete_run, heartbeat_run, run_out
 from api.wire import (
     ClaimIn,
     ClaimOut,
@@ -167,14 +167,21 @@ async def claim(request: Request) -> Response:
         with held.hold("waiting claims", call.tenant, call.limits.max_waiting_claims):
             leases = await _claim_waiting(call, body, request.is_disconnected)
     else:
-        leases = await call.scheduler.claim(call.tenant, body.pool, body.worker_id, body.limit)
+        leases = await call.scheduler.claim(
+            call.tenant, body.pool, body.worker_id, body.limit, _horizon_ms(body)
+        )
     runs = []
+    now = call.scheduler.now_ms()
     for lease in leases:
         job = call.scheduler.history.job(call.tenant, lease.job_id)
         if job is None:  # the port promised the read model caught up: it did not
             raise Unavailable(f"job {team_id(lease.job_id)} of a granted lease is not readable yet")
-        runs.append(claimed(lease, job.spec))
+        runs.append(claimed(lease, job.spec, now))
     return json_response(ClaimOut(runs=runs))
+
+
+def _horizon_ms(body: ClaimIn) -> int:
+    return round(body.ahead_sec * 1000)
 
 
 async def _claim_waiting(
@@ -189,21 +196,25 @@ async def _claim_waiting(
     wakeups = scheduler.wakeups
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait_sec
+    horizon = _horizon_ms(body)
     with wakeups.pool(call.tenant, body.pool) as signal:
         while True:  # each turn waits for a wake or a due instant; bounded by the deadline
             seen = signal.version
-            leases = await scheduler.claim(call.tenant, body.pool, body.worker_id, body.limit)
+            leases = await scheduler.claim(
+                call.tenant, body.pool, body.worker_id, body.limit, horizon
+            )
             remaining = deadline - loop.time()
             if leases or remaining <= 0 or wakeups.closed:
                 return leases
             now = scheduler.now_ms()
+            # a run becomes claimable its horizon before it is ready
             due = [
-                at
+                at - horizon
                 for at in (
-                    wakeups.next_due(call.tenant, body.pool, now),
-                    scheduler.next_ready(call.tenant, body.pool),
+                    wakeups.next_due(call.tenant, body.pool, now + horizon),
+                    scheduler.next_ready(call.tenant, body.pool, horizon),
                 )
-                if at is not None and at > now
+                if at is not None and at - horizon > now
             ]
             if due:  # a millisecond late, so the partition's clock has passed it too
                 remaining = min(remaining, (min(due) - now + 1) / 1000)
@@ -225,14 +236,13 @@ async def heartbeat(request: Request) -> Response:
     call = authenticate(request)
     run_id = call.run_id(request.path_params["run_id"])
     body = await decode(request, HeartbeatIn)
-    events = await _fenced(
-        call,
-        run_id,
-        HeartbeatRun(run_id=run_id, fencing_token=body.fencing_token, tenant=call.tenant),
-    )
-    beat = next(e for e in events if isinstance(e, Heartbeat))
+    events = await _fenced(call, run_id, heartbeat_run(run_id, body, call.tenant))
+    beat = next((e for e in events if isinstance(e, Heartbeat)), None)  # none for a check
     return json_response(
-        HeartbeatOut(run_id=team_id(run_id), lease_expires_at=to_rfc3339(beat.lease_expires_at))
+        HeartbeatOut(
+            run_id=team_id(run_id),
+            lease_expires_at=None if beat is None else to_rfc3339(beat.lease_expires_at),
+        )
     )
 
 

@@ -59,13 +59,17 @@ class Scheduler(Protocol):
         :attr:`history` when the call returns."""
         ...
 
-    async def claim(self, tenant: str, pool: str, worker_id: str, limit: int) -> list[LeaseGranted]:
-        """ClaimRuns across every partition (a pool's runs are spread over partitions)."""
+    async def claim(
+        self, tenant: str, pool: str, worker_id: str, limit: int, horizon_ms: int = 0
+    ) -> list[LeaseGranted]:
+        """ClaimRuns across every partition (a pool's runs are spread over partitions); with
+        ``horizon_ms``, runs ready within it are leased ahead, to start at their instant."""
         ...
 
-    def next_ready(self, tenant: str, pool: str) -> int | None:
-        """The earliest instant after now at which a pending run of ``tenant``'s ``pool``, in a
-        partition this node decides, becomes claimable (None: none is waiting for a time)."""
+    def next_ready(self, tenant: str, pool: str, horizon_ms: int = 0) -> int | None:
+        """The earliest ``available_at`` after now plus ``horizon_ms`` of a pending run of
+        ``tenant``'s ``pool`` in a partition this node decides (None: none is waiting for a
+        time); a claim reaching ``horizon_ms`` ahead can take it that long before it."""
         ...
 
     @property

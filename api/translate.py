@@ -46,7 +46,7 @@ from api.wire import (
     SecretRefIn,
     TargetIn,
 )
-from core.commands import CompleteRun, Outcome
+from core.commands import CompleteRun, HeartbeatRun, Outcome
 from core.cron import DayRule, day_rule_matters, split_seconds, with_seconds
 from core.errors import InvalidDefinition
 from core.events import LeaseGranted
@@ -322,6 +322,30 @@ class _Completion(Protocol):
     def ambiguous(self) -> bool: ...
     @property
     def retry_after_sec(self) -> float | None: ...
+    @property
+    def started_late_ms(self) -> int | None: ...
+
+
+class _Beat(Protocol):
+    """A heartbeat as a worker sends it: ``HeartbeatIn``, or an item of a batch."""
+
+    @property
+    def fencing_token(self) -> int: ...
+    @property
+    def check(self) -> bool: ...
+    @property
+    def started_late_ms(self) -> int | None: ...
+
+
+def heartbeat_run(run_id: str, body: _Beat, tenant: str) -> HeartbeatRun:
+    """The command a worker's heartbeat for ``run_id`` (the log's id) becomes."""
+    return HeartbeatRun(
+        run_id=run_id,
+        fencing_token=body.fencing_token,
+        tenant=tenant,
+        check=body.check,
+        started_late_ms=body.started_late_ms,
+    )
 
 
 def complete_run(run_id: str, body: _Completion, tenant: str) -> CompleteRun:
@@ -336,6 +360,7 @@ def complete_run(run_id: str, body: _Completion, tenant: str) -> CompleteRun:
         ambiguous=body.ambiguous,
         retry_after_ms=None if retry_after is None else round(retry_after * 1000),
         tenant=tenant,
+        started_late_ms=body.started_late_ms,
     )
 
 
@@ -369,7 +394,10 @@ def run_out(view: RunView, source: HistorySource = "hot") -> RunOut:
     )
 
 
-def claimed(lease: LeaseGranted, spec: JobSpec) -> ClaimedRun:
+def claimed(lease: LeaseGranted, spec: JobSpec, now: int) -> ClaimedRun:
+    """A leased run as a worker gets it; ``now``: the node's clock as it answers, from which a
+    run leased ahead starts ``start_in_ms`` later."""
+    start = lease.start_at
     return ClaimedRun(
         run_id=team_id(lease.run_id),
         job_id=team_id(lease.job_id),
@@ -381,4 +409,6 @@ def claimed(lease: LeaseGranted, spec: JobSpec) -> ClaimedRun:
         payload=spec.payload,
         idempotency_key=idempotency_key(lease.job_id, lease.scheduled_for),
         timeout_sec=spec.timeout_sec,
+        start_at=None if start is None else to_rfc3339(start),
+        start_in_ms=0 if start is None else max(0, start - now),
     )

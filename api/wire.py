@@ -20,7 +20,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from api.instants import RFC3339
 from core.cron import DayRule
-from core.decide import MAX_CLAIM
+from core.decide import MAX_CLAIM, MAX_HORIZON_MS
 from core.jobs import (
     DAY_MS,
     JOB_ID,
@@ -47,6 +47,7 @@ MAX_SLOTS = 1000  # of a job's slots listed at once (GET /v1/jobs/{job_id}/slots
 MAX_IDEMPOTENCY_KEY = 256
 MAX_ERROR_CHARS = 8192  # of a worker's error text, the run keeps this much
 MAX_CLAIM_WAIT_SEC = 30.0  # the longest a claim long-polls (``wait_sec``)
+MAX_AHEAD_SEC = MAX_HORIZON_MS // 1000  # the furthest a claim reaches ahead (``ahead_sec``)
 MAX_SEARCH_CHARS = 200  # GET /v1/jobs?q=
 
 JobId = Annotated[str, Meta(pattern=JOB_ID.pattern)]
@@ -183,13 +184,23 @@ class ClaimIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     # Long polling: with no run ready, answer as soon as one is (or after this many seconds,
     # with none); 0 answers at once.
     wait_sec: Annotated[float, Meta(ge=0, le=MAX_CLAIM_WAIT_SEC)] = 0.0
+    # Reach ahead: lease runs that become ready within this many seconds too, each to start at
+    # its start_at (never before); 0 leases only runs ready now.
+    ahead_sec: Annotated[float, Meta(ge=0, le=MAX_AHEAD_SEC)] = 0.0
 
 
 FencingToken = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 
 
+StartedLate = Annotated[int, Meta(ge=0, le=86_400_000)]  # ms after a run's start_at
+
+
 class HeartbeatIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     fencing_token: FencingToken
+    # a run leased ahead, about to start: only ask whether the lease still holds
+    check: bool = False
+    # a run leased ahead: it started this long after its start_at (the first beat after it)
+    started_late_ms: StartedLate | None = None
 
 
 class CompleteIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -200,6 +211,8 @@ class CompleteIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     ambiguous: bool = False  # the attempt may have taken effect (e.g. timed out after sending)
     # the target's own "not before"
     retry_after_sec: Annotated[float, Meta(ge=0, le=MAX_RETRY_AFTER_SEC)] | None = None
+    # a run leased ahead that no heartbeat reported started: how long after its start_at
+    started_late_ms: StartedLate | None = None
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -316,6 +329,10 @@ class ClaimedRun(msgspec.Struct, kw_only=True):
     payload: Any
     idempotency_key: str
     timeout_sec: float
+    # leased ahead (a claim with ahead_sec): when to start it, and how long from this answer
+    # that is by the node's clock (wait that long from receipt: never early whatever the clocks)
+    start_at: str | None = None
+    start_in_ms: int = 0
 
 
 class ClaimOut(msgspec.Struct, kw_only=True):
@@ -324,7 +341,7 @@ class ClaimOut(msgspec.Struct, kw_only=True):
 
 class HeartbeatOut(msgspec.Struct, kw_only=True):
     run_id: str
-    lease_expires_at: str
+    lease_expires_at: str | None  # None: a check, which extends nothing
 
 
 class FireTime(msgspec.Struct, kw_only=True):

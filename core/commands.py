@@ -56,12 +56,14 @@ class TriggerRun(Command, tag=True, frozen=True, kw_only=True):
 
 
 class ClaimRuns(Command, tag=True, frozen=True, kw_only=True):
-    """A pull worker asks for up to ``limit`` ready runs of ``pool``."""
+    """A pull worker asks for up to ``limit`` ready runs of ``pool``; with ``horizon_ms``, also
+    runs that become ready within that long, each leased ahead to start at its instant."""
 
     tenant: str | None  # None: a worker trusted with every tenant's runs in the pool
     pool: str
     worker_id: str
     limit: int = 1
+    horizon_ms: Millis = 0
 
 
 class StartRun(Command, tag=True, frozen=True, kw_only=True):
@@ -72,9 +74,15 @@ class StartRun(Command, tag=True, frozen=True, kw_only=True):
 
 
 class HeartbeatRun(Command, tag=True, frozen=True, kw_only=True):
+    """Extend the lease. ``check``: only ask whether the lease still holds (a worker about to
+    start a run leased ahead), which decides nothing. ``started_late_ms``: the run leased ahead
+    was started this long after its ``start_at`` (the first beat after the start says so)."""
+
     run_id: str
     fencing_token: int
     tenant: str | None = None
+    check: bool = False
+    started_late_ms: Millis | None = None
 
 
 class Outcome(enum.StrEnum):
@@ -91,6 +99,9 @@ class CompleteRun(Command, tag=True, frozen=True, kw_only=True):
     ambiguous: bool = False  # it may have taken effect (a timeout after the request was sent)
     retry_after_ms: Millis | None = None  # the target's own "not before" (HTTP Retry-After)
     tenant: str | None = None
+    # a run leased ahead: how long after its ``start_at`` it was started, when no heartbeat
+    # said so first (a run done within a third of its lease)
+    started_late_ms: Millis | None = None
 
 
 class CancelRun(Command, tag=True, frozen=True, kw_only=True):

@@ -68,6 +68,7 @@ from core.events import (
     RunReleased,
     RunReplayed,
     RunSkipped,
+    RunStarted,
     SkipReason,
     Trigger,
     UpstreamRecorded,
@@ -101,6 +102,7 @@ from core.state import (
 
 MAX_SLOTS_PER_DECISION = 1000  # a longer backlog continues on the next timer
 MAX_CLAIM = 100
+MAX_HORIZON_MS = 300_000  # a claim reaches at most this far ahead (the longest lead time)
 
 
 def run_id_of(job_id: str, scheduled_for: Millis) -> str:
@@ -342,7 +344,12 @@ def _ahead_runs(state: PartitionState, job: JobState, now: Millis) -> list[RunSt
         run
         for run in runs
         if run.scheduled_for > now
-        and run.status is RunStatus.PENDING
+        and (
+            run.status is RunStatus.PENDING
+            # leased ahead, its start not come: its worker learns it is withdrawn when it
+            # checks the lease before the start (``HeartbeatRun.check``)
+            or (run.status is RunStatus.RUNNING and run.start_at is not None and run.start_at > now)
+        )
         and run.trigger is Trigger.SCHEDULE
         and run.attempt == 1
     ]
@@ -640,6 +647,9 @@ def _upstream(state: PartitionState, cmd: UpstreamSucceeded, now: Millis) -> lis
 
 
 def _granted(job: JobState, run: RunState, token: int, worker_id: str, now: Millis) -> LeaseGranted:
+    """The lease of ``run``: from now, or, for a run not available yet (a claim reaching
+    ahead), from its ``available_at``, when its worker starts it."""
+    start = max(now, run.available_at)
     return LeaseGranted(
         at=now,
         job_id=run.job_id,
@@ -649,16 +659,22 @@ def _granted(job: JobState, run: RunState, token: int, worker_id: str, now: Mill
         attempt=run.attempt,
         fencing_token=token,
         worker_id=worker_id,
-        lease_expires_at=now + round(job.spec.lease_sec * 1000),
-        lateness_ms=now - run.scheduled_for,
+        lease_expires_at=start + round(job.spec.lease_sec * 1000),
+        lateness_ms=start - run.scheduled_for,
         trigger=run.trigger,
+        start_at=start if start > now else None,
     )
 
 
 def _claim(state: PartitionState, cmd: ClaimRuns, now: Millis) -> list[AnyEvent]:
+    """Lease up to ``limit`` of the pool's ready runs, the most urgent first; with a horizon,
+    runs that become ready within it too, each leased to start at its ``available_at``."""
     if not 1 <= cmd.limit <= MAX_CLAIM:
         raise InvalidDefinition("limit", f"must be between 1 and {MAX_CLAIM}")
-    promote_due(state, cmd.pool, now)
+    if not 0 <= cmd.horizon_ms <= MAX_HORIZON_MS:
+        raise InvalidDefinition("ahead_sec", f"must be between 0 and {MAX_HORIZON_MS // 1000}")
+    until = now + cmd.horizon_ms
+    promote_due(state, cmd.pool, until)
     heap = state.ready.get(cmd.pool)
     if not heap:
         return []
@@ -672,7 +688,7 @@ def _claim(state: PartitionState, cmd: ClaimRuns, now: Millis) -> list[AnyEvent]
             continue  # stale (or a second entry of a run leased here): tidy the derived index
         run = state.runs[entry[2]]
         set_aside.append(entry)  # kept: the LeaseGranted makes it stale when folded
-        if run.available_at > now or (cmd.tenant is not None and run.tenant != cmd.tenant):
+        if run.available_at > until or (cmd.tenant is not None and run.tenant != cmd.tenant):
             continue
         job = state.jobs[run.job_id]
         granted.add(run.run_id)
@@ -724,8 +740,25 @@ def _heartbeat(state: PartitionState, cmd: HeartbeatRun, now: Millis) -> list[An
             f"fencing token {cmd.fencing_token} does not hold the lease on run {cmd.run_id}"
         )
     _live_lease(run, cmd.fencing_token)
+    if cmd.check:
+        return []  # the lease holds: the worker may start its run
+    started = _reported_start(run, cmd.started_late_ms, now)
     lease_ms = round(state.jobs[run.job_id].spec.lease_sec * 1000)
-    return [Heartbeat(**_ids(run, now), lease_expires_at=now + lease_ms)]
+    # a beat before a run leased ahead has started never shortens its lease
+    beat = Heartbeat(
+        **_ids(run, now), lease_expires_at=max(now + lease_ms, run.lease_expires_at or 0)
+    )
+    return [beat] if started is None else [started, beat]
+
+
+def _reported_start(run: RunState, late_ms: Millis | None, now: Millis) -> RunStarted | None:
+    """The start of a run leased ahead, as its worker reports it with its first heartbeat or
+    its outcome (None for a run that started with its lease, or was reported already)."""
+    if run.start_at is None or late_ms is None:
+        return None
+    return RunStarted(
+        **_ids(run, now), started_at=run.start_at + max(0, late_ms), trigger=run.trigger
+    )
 
 
 def _complete(state: PartitionState, cmd: CompleteRun, now: Millis) -> list[AnyEvent]:
@@ -736,13 +769,17 @@ def _complete(state: PartitionState, cmd: CompleteRun, now: Millis) -> list[AnyE
         )
     _live_lease(run, cmd.fencing_token)
     ids = _ids(run, now)
+    reported = _reported_start(run, cmd.started_late_ms, now)
+    started: list[AnyEvent] = [] if reported is None else [reported]
     if cmd.outcome is Outcome.SUCCEEDED:
-        done: list[AnyEvent] = [RunCompleted(**ids, started_at=run.started_at or now)]
+        began = run.started_at if reported is None else reported.started_at
+        done: list[AnyEvent] = [*started, RunCompleted(**ids, started_at=began or now)]
         return done + _release_blocked(state, run, now)
     failed = RunFailed(
         **ids, error=cmd.error[:2000], permanent=cmd.permanent, ambiguous=cmd.ambiguous
     )
     return [
+        *started,
         failed,
         *_after_failure(
             state,

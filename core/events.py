@@ -134,6 +134,20 @@ class LeaseGranted(RunEvent, tag=True, frozen=True, kw_only=True):
     # What made the run: only a scheduled run's lateness is a scheduling delay (a backfill's
     # slot may be days past). Events from before the field read as scheduled.
     trigger: Trigger = Trigger.SCHEDULE
+    # A lease granted ahead of the run's start (a claim that reached ahead): the instant the
+    # worker starts it, never before, and from which the lease counts; ``lateness_ms`` is then
+    # that instant's, and the start itself is reported later (``RunStarted``). None: the run
+    # starts at ``at``.
+    start_at: Millis | None = None
+
+
+class RunStarted(RunEvent, tag=True, frozen=True, kw_only=True):
+    """A run whose lease was granted ahead of its start was started, by its worker's word (its
+    first heartbeat or its outcome): ``started_at`` is the lease's ``start_at`` plus how late
+    the worker says it started, so the scheduling delay measures the start, not the grant."""
+
+    started_at: Millis
+    trigger: Trigger = Trigger.SCHEDULE  # as the lease's: what the delay is measured as
 
 
 class Heartbeat(RunEvent, tag=True, frozen=True, kw_only=True):
@@ -198,6 +212,7 @@ AnyEvent = (
     | RunSkipped
     | RunReleased
     | LeaseGranted
+    | RunStarted
     | Heartbeat
     | RunCompleted
     | RunFailed

@@ -59,6 +59,7 @@ from core.events import (
     RunReleased,
     RunReplayed,
     RunSkipped,
+    RunStarted,
     Trigger,
     UpstreamRecorded,
 )
@@ -168,6 +169,8 @@ class RunState(msgspec.Struct, kw_only=True, gc=False):
     # materialised ahead of its slot (the lead time): its start applies the misfire policy
     # that a materialisation at the slot would have (``core.decide._misfired_ahead``)
     ahead: bool = False
+    # leased ahead of its start (``LeaseGranted.start_at``) and not yet reported started
+    start_at: Millis | None = None
 
 
 class _Snapshot(msgspec.Struct):
@@ -624,8 +627,12 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             run = state.runs[event.run_id]
             run.status, run.fencing_token = RunStatus.RUNNING, event.fencing_token
             run.worker_id, run.lease_expires_at = event.worker_id, event.lease_expires_at
-            run.started_at = event.at
+            run.started_at = event.at if event.start_at is None else event.start_at
+            run.start_at = event.start_at
             state.last_token = max(state.last_token, event.fencing_token)
+        case RunStarted():
+            run = state.runs[event.run_id]
+            run.started_at, run.start_at = event.started_at, None
         case Heartbeat():
             state.runs[event.run_id].lease_expires_at = event.lease_expires_at
         case RunCompleted():
@@ -633,6 +640,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
         case RunFailed():
             run = state.runs[event.run_id]
             run.last_error, run.worker_id, run.lease_expires_at = event.error, None, None
+            run.start_at = None
         case LeaseExpired():
             run = state.runs[event.run_id]
             if run.status is RunStatus.CANCELLED:
@@ -640,6 +648,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 del state.runs[run.run_id]
             else:
                 run.last_error, run.worker_id, run.lease_expires_at = "lease expired", None, None
+                run.start_at = None
         case RetryScheduled():
             run = state.runs[event.run_id]
             run.status, run.attempt, run.available_at = (

@@ -43,6 +43,7 @@ from core.events import (
     RunReleased,
     RunReplayed,
     RunSkipped,
+    RunStarted,
     UpstreamRecorded,
 )
 from core.jobs import PullTarget
@@ -133,7 +134,7 @@ def timers_after(state: PartitionState, event: AnyEvent, lead_ms: int = 0) -> li
             # The attempt ended: its lease is gone (a retry or dead letter follows as its own
             # event). Left armed, the timer would fire for a run that holds no lease.
             return [(("lease", event.run_id), None)]
-        case UpstreamRecorded():
+        case UpstreamRecorded() | RunStarted():
             return []
         case JobForgotten():
             return [(("slot", event.job_id), None)]

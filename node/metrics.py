@@ -329,12 +329,12 @@ class NodeMetrics:
                     tally[self.materialised, event.trigger.value] += 1
                 case ev.LeaseGranted():
                     tally[self.leases, ""] += 1
+                    if event.attempt == 1 and event.start_at is None:
+                        self._started(event.trigger, event.lateness_ms)
+                    # granted ahead: its delay is its start's, which RunStarted reports
+                case ev.RunStarted():
                     if event.attempt == 1:
-                        late = max(0, event.lateness_ms) / 1000
-                        if event.trigger is ev.Trigger.SCHEDULE:
-                            self.schedule_delay.observe(late)
-                        else:
-                            self.triggered_start.labels(event.trigger.value).observe(late)
+                        self._started(event.trigger, event.started_at - event.scheduled_for)
                 case ev.RunSkipped():
                     tally[self.skipped, event.reason.value] += event.count or 1
                 case ev.LeaseExpired():
@@ -373,6 +373,13 @@ class NodeMetrics:
     def foreign(self, record: ForeignRecord) -> None:
         """Count a foreign record one of the node's readers passed over."""
         self.foreign_records.labels(record.reader).inc()
+
+    def _started(self, trigger: ev.Trigger, lateness_ms: int) -> None:
+        late = max(0, lateness_ms) / 1000
+        if trigger is ev.Trigger.SCHEDULE:
+            self.schedule_delay.observe(late)
+        else:
+            self.triggered_start.labels(trigger.value).observe(late)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -18,13 +18,17 @@ given only once its events are durable in the log and the read model has caught 
 so a client reads its own writes.
 
 **Nothing owned stays dead.** Every thread the node starts catches what goes wrong, says so
-and carries on. A partition runner recovers by itself after a failure (:mod:`node.runner`); the
+and carries on. Its background work is a list of services under one supervisor
+(``Node.services``, :mod:`node.supervisor`; the list is at the end of ``Node.__init__``): it
+starts them in order, stops them in reverse, and starts again, after a backoff, one whose
+thread ended. A partition runner recovers by itself after a failure (:mod:`node.runner`); the
 membership thread, after each poll, also checks that every partition the node owns has a runner
 that is alive (:meth:`Node._supervise`), starts one where it has none, and renews the writer of
 a partition whose runner was fenced while the group still assigns it to this node (a writer
 that failed on a broker's error, not a new owner: a real new owner's revocation arrives within
-``FENCE_GRACE_S``). Readiness is the same check: ``/readyz`` fails, and the metrics show it,
-while any owned partition is not deciding.
+``FENCE_GRACE_S``). Readiness is the same checks: ``/readyz`` fails, naming why
+(:meth:`Node.not_ready`), and the metrics show it, while any owned partition is not deciding or
+a required service is down.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ from node.runner import Decided, PartitionRunner, Request
 from node.snapshotter import SnapshotPolicy, Snapshotter
 from node.stalls import LateStarts, StallMetrics, StallWatch
 from node.standby import StandbyFollower
+from node.supervisor import Supervisor
+from node.worker import Unwatched, Worker, backoff_s
 from projections import history_checkpoint
 from projections.decoding import EventDecoder
 from projections.history import ArchivedRuns, History
@@ -151,10 +157,9 @@ class Node:
         history_checkpoint_every_s: float = history_checkpoint.DEFAULT_EVERY_S,
         history_checkpoints_kept: int = history_checkpoint.DEFAULT_KEEP,
         history_checkpoint_grace_ms: int = history_checkpoint.DEFAULT_GRACE_MS,
-        ready_after: threading.Event | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``ready_after``: readiness also waits for it (``cronlog serve`` sets it once its
-        check of the embedded log is done, which runs after the partitions recover).
+        """``monotonic``: the clock the supervisor times its restarts by (seconds).
         ``history_store``: where read-model checkpoints are kept (the archive's object
         store; shared by the cluster's nodes): a node without a read model restores the newest
         and folds only the tail, and the owner of partition 0 writes one every
@@ -179,13 +184,10 @@ class Node:
         self._runners: dict[int, PartitionRunner] = {}
         self._lock = threading.Lock()
         self._membership: Membership | None = None
-        self._poller: threading.Thread | None = None
         self._stopping = threading.Event()
         self._assigned = threading.Event()
-        self._ready_after = ready_after
         self._ownership = threading.Condition()
         self._mailbox: Mailbox | None = None
-        self._mail_reader: threading.Thread | None = None
         self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
         self.metrics = NodeMetrics()
         self._history, restored = history_checkpoint.open_model(
@@ -290,68 +292,81 @@ class Node:
             dump_path=self._data_dir / "stalls.txt",
             on_failed=self.metrics.thread_failures.labels("stall-watch").inc,
         )
+        # The node's background services, in the order they start; they stop in the reverse
+        # order, so none is stopped under another still using it (the partitions' runners stop
+        # with the membership, before the executors, the relay and the read model they use).
+        # ``cronlog serve`` adds its own after these (node.supervisor).
+        self.services = Supervisor(
+            on_failed=lambda name: self.metrics.thread_failures.labels(name).inc(),
+            clock=monotonic,
+        )
+        for service in (
+            self._decisions,
+            self.stall_watch,
+            self.snapshotter,
+            Unwatched("executors", self.executors.start, self.executors.stop),
+            Unwatched("read-model", self._history_runner.start, self._history_runner.stop),
+            self.history_checkpointer,
+            self.hot_window,
+            self._relay,
+            # Without these two the node answers nothing: readiness waits for them.
+            Worker(
+                "mailbox",
+                self._read_mailbox,
+                required=True,
+                opens=self._open_mailbox,
+                closes=self._close_mailbox,
+            ),
+            Worker("membership", self._poll, required=True, opens=self._join, closes=self._leave),
+            self.standby,
+        ):
+            if service is not None:
+                self.services.add(service)
 
     # -- life cycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._decisions.start()
-        self.stall_watch.start()
-        if self.snapshotter is not None:
-            self.snapshotter.start()
-        self.executors.start()
-        self._history_runner.start()
-        if self.history_checkpointer is not None:
-            self.history_checkpointer.start()
-        if self.hot_window is not None:
-            self.hot_window.start()
-        self._relay.start()
-        self._mailbox = self._log.mailbox(self.node_id)
-        self._mail_reader = threading.Thread(target=self._read_mailbox, name="mailbox", daemon=True)
-        self._mail_reader.start()
-        self._membership = self._log.join(self)
-        self._poller = threading.Thread(target=self._poll, name="membership", daemon=True)
-        self._poller.start()
-        self.standby.start()
+        self.services.start()
 
     def stop(self, drain_s: float = 30.0) -> None:
         """Leave gracefully: let the calls in flight finish and record their outcomes (up to
         ``drain_s``; a critical run's call cut short would be dead-lettered as outcome_unknown),
-        then stop deciding and give the partitions up."""
+        then stop deciding and give the partitions up, and stop every service."""
         if not self.executors.drain(drain_s):
             log.warning(
                 "%s: calls still in flight after %.0f s are abandoned", self.node_id, drain_s
             )
         self._stopping.set()
-        self.standby.stop()
-        if self._poller is not None:
-            self._poller.join(10)
-        if self._mail_reader is not None:
-            self._mail_reader.join(10)
+        self.services.stop()
+        self._history.close()
+
+    def _open_mailbox(self) -> None:
+        if self._mailbox is None:
+            self._mailbox = self._log.mailbox(self.node_id)
+
+    def _close_mailbox(self) -> None:
         if self._mailbox is not None:
             self._mailbox.close()
+
+    def _join(self) -> None:
+        if self._membership is None:
+            self._membership = self._log.join(self)
+
+    def _leave(self) -> None:
         # Stop deciding before leaving the group: leaving closes every partition's writer, and
         # a runner still deciding would find its writer closed under it and take that for a
         # fence by another node.
         self._stop_runners(list(self._runners), "the node is stopping", NODE_STOP_WAIT_S)
         if self._membership is not None:
             self._membership.close()  # revokes what is left (nothing: every runner stopped)
-        if self.snapshotter is not None:
-            self.snapshotter.stop()
-        self._relay.stop()
-        self.executors.stop()
-        if self.history_checkpointer is not None:
-            self.history_checkpointer.stop()
-        if self.hot_window is not None:
-            self.hot_window.stop()
-        self._history_runner.stop()
-        self._history.close()
-        self.stall_watch.stop()
-        self._decisions.close()
 
-    def _poll(self) -> None:
+    def _poll(self, stopping: threading.Event) -> None:
+        """The membership thread: poll the log's membership (its callbacks run here), decide
+        the commands it hands over, and keep what this node owns alive (:meth:`_supervise`).
+        Ends for good when the log has failed."""
         assert self._membership is not None
         failures = 0
-        while not self._stopping.is_set():
+        while not stopping.is_set():
             try:
                 records = self._membership.poll(0.2)
                 for record in records:
@@ -362,12 +377,12 @@ class Node:
                 log.error("%s: stopped polling the log: %s", self.node_id, damage)
                 return
             except Exception:
-                if self._stopping.is_set():
+                if stopping.is_set():
                     return
                 failures += 1
                 self.metrics.thread_failures.labels("membership").inc()
                 log.exception("%s: membership poll failed (%d in a row)", self.node_id, failures)
-                self._stopping.wait(_backoff(failures))
+                stopping.wait(_backoff(failures))
 
     def _from_log(self, partition: int, offset: int, value: bytes) -> None:
         runner = self._runners.get(partition)
@@ -396,20 +411,21 @@ class Node:
 
         return send
 
-    def _read_mailbox(self) -> None:
+    def _read_mailbox(self, stopping: threading.Event) -> None:
+        """The mailbox thread: replies to the requests this node forwarded."""
         assert self._mailbox is not None
         failures = 0
-        while not self._stopping.is_set():
+        while not stopping.is_set():
             try:
                 raws = self._mailbox.poll(0.2)
                 failures = 0
             except Exception:
-                if self._stopping.is_set():
+                if stopping.is_set():
                     return
                 failures += 1
                 self.metrics.thread_failures.labels("mailbox").inc()
                 log.exception("%s: mailbox poll failed (%d in a row)", self.node_id, failures)
-                self._stopping.wait(_backoff(failures))
+                stopping.wait(_backoff(failures))
                 continue
             for raw in raws:
                 try:
@@ -511,28 +527,15 @@ class Node:
 
     def _supervise(self) -> None:
         """(On the membership thread, after each poll.) Every owned partition has a live runner:
-        start one where a runner ended while the partition is still assigned here. The
-        snapshotter and the standby follower are alive too (neither ends on a failure of its
-        own work; this catches whatever else could end them)."""
+        start one where a runner ended while the partition is still assigned here. (The node's
+        background services are the supervisor's, ``self.services``; this thread keeps the
+        supervisor's own thread going, as the supervisor keeps this one.)"""
         assert self._membership is not None
-        workers: tuple[
-            tuple[
-                str,
-                Snapshotter | StandbyFollower | HotWindow | HistoryCheckpointer | StallWatch | None,
-            ],
-            ...,
-        ] = (
-            ("snapshots", self.snapshotter),
-            ("standby", self.standby),
-            ("history-window", self.hot_window),
-            ("history-checkpoints", self.history_checkpointer),
-            ("stall-watch", self.stall_watch),
-        )
-        for name, worker in workers:
-            if worker is not None and worker.started and not worker.alive:
-                log.error("the %s thread ended; starting it again", name)
-                self.metrics.thread_failures.labels(name).inc()
-                worker.start()
+        watch = self.services.watch
+        if watch.started and not watch.alive:
+            log.error("the %s thread ended; starting it again", watch.name)
+            self.metrics.thread_failures.labels(watch.name).inc()
+            watch.start()
         for p in sorted(self._membership.owned()):
             with self._lock:
                 runner = self._runners.get(p)
@@ -629,8 +632,8 @@ class Node:
     def events_decoder(self) -> EventDecoder:
         return self._stream_decoder
 
-    def next_ready(self, tenant: str, pool: str) -> int | None:
-        now = self._clock.now_ms()
+    def next_ready(self, tenant: str, pool: str, horizon_ms: int = 0) -> int | None:
+        now = self._clock.now_ms() + horizon_ms
         earliest: int | None = None
         for runner in list(self._runners.values()):
             state = runner.state
@@ -655,13 +658,25 @@ class Node:
         return earliest
 
     def ready(self) -> bool:
-        """Owns partitions and decides every one of them (recovered, not failing), and what
-        readiness also waits for (``ready_after``) is done."""
-        if self._ready_after is not None and not self._ready_after.is_set():
-            return False
-        return bool(self._membership is not None and self._membership.owned()) and not (
-            self.not_deciding()
-        )
+        """Owns partitions and decides every one of them (recovered, not failing), and no
+        required service is down (:meth:`not_ready` says why not)."""
+        return not self.not_ready()
+
+    def not_ready(self) -> list[str]:
+        """Why the node is not ready, one reason each: empty when it is."""
+        reasons = []
+        if not self._owned_now():
+            reasons.append("it owns no partitions yet")
+        not_deciding = self.not_deciding()
+        if not_deciding:
+            reasons.append(
+                "partitions not deciding (recovering or failing): "
+                + ", ".join(str(p) for p in not_deciding)
+            )
+        down = self.services.down()
+        if down:
+            reasons.append("services down: " + ", ".join(down))
+        return reasons
 
     def _recovering(self) -> bool:
         """No partition assigned yet, or one this node owns has a runner not caught up."""
@@ -695,13 +710,12 @@ class Node:
         return not self._recovering()
 
     def wait_ready(self, timeout_s: float) -> bool:
-        """Block until the node is recovered and what readiness also waits for is done."""
+        """Block until the node is recovered and its required services are up (a one-shot
+        one, such as serve's start check of the log: done)."""
         deadline = time.monotonic() + timeout_s
         if not self.wait_recovered(timeout_s):
             return False
-        if self._ready_after is not None and not self._ready_after.wait(
-            max(0.0, deadline - time.monotonic())
-        ):
+        if not self.services.wait_up(max(0.0, deadline - time.monotonic())):
             return False
         return self.ready()
 
@@ -970,28 +984,32 @@ class Node:
         return reply.events
 
     async def claim(
-        self, tenant: str, pool: str, worker_id: str, limit: int
+        self, tenant: str, pool: str, worker_id: str, limit: int, horizon_ms: int = 0
     ) -> list[ev.LeaseGranted]:
         """Lease up to ``limit`` ready runs of the pool (never more: see :mod:`node.claims`).
 
         This node's partitions that hold runs of the pool are asked at once, each for a share;
         only if they cannot fill the claim are other nodes' partitions asked — those whose runs
         of the pool this node's read model saw become ready — again all at once, each given at
-        most ``REMOTE_CLAIM_TIMEOUT_S``: a slow or lost owner costs a claim that long, once."""
-        now = self._clock.now_ms()
+        most ``REMOTE_CLAIM_TIMEOUT_S``: a slow or lost owner costs a claim that long, once.
+        With ``horizon_ms`` the runs ready within it are leased too, ahead of their start."""
+        now = self._clock.now_ms() + horizon_ms  # what the claim takes is ready by then
+        ask = (tenant, pool, worker_id, horizon_ms)
         local: dict[int, int | None] = {
             # an upper bound: stale entries are tidied by the claim itself
             p: len(runner.state.ready.get(pool, ())) + len(runner.state.later.get(pool, ()))
             for p, runner in list(self._runners.items())
             if _may_hold_ready(runner.state, pool, now)
         }
-        granted, spent = await self._claim_rounds(tenant, pool, worker_id, limit, local, None)
+        granted, spent = await self._claim_rounds(ask, limit, local, None)
         if spent < limit:
             remote = [p for p in range(self._log.num_partitions) if p not in self._runners]
-            hinted = self._ready_hints.worth_asking(tenant, pool, remote, self._clock.now_ms())
+            hinted = self._ready_hints.worth_asking(
+                tenant, pool, remote, self._clock.now_ms() + horizon_ms
+            )
             if hinted:
                 more, _ = await self._claim_rounds(
-                    tenant, pool, worker_id, limit - spent, dict.fromkeys(hinted), hinted
+                    ask, limit - spent, dict.fromkeys(hinted), hinted
                 )
                 granted += more
         self.metrics.claims.labels("granted" if granted else "empty").inc()
@@ -999,14 +1017,13 @@ class Node:
 
     async def _claim_rounds(
         self,
-        tenant: str,
-        pool: str,
-        worker_id: str,
+        ask: tuple[str, str, str, int],
         limit: int,
         capacity: dict[int, int | None],
         hints: dict[int, int] | None,
     ) -> tuple[list[ev.LeaseGranted], int]:
-        """Ask the partitions of ``capacity`` concurrently, each for a share of ``limit``; ask
+        """Ask the partitions of ``capacity`` concurrently, each for a share of ``limit`` (the
+        claim ``ask``: tenant, pool, worker id and horizon); ask
         again those that granted their whole share while the claim is not full (at most
         ``CLAIM_ROUNDS`` rounds). ``hints``: the partitions are another node's, at these hint
         versions. Returns the leases and how much of ``limit`` is spent: the leases, and the
@@ -1015,6 +1032,7 @@ class Node:
         granted: list[ev.LeaseGranted] = []
         unanswered = 0
         timeout_s = LOCAL_TIMEOUT_S if hints is None else REMOTE_CLAIM_TIMEOUT_S
+        tenant, pool, _, _ = ask
         for _ in range(CLAIM_ROUNDS):
             shares = split(limit - len(granted) - unanswered, capacity)
             if not shares:
@@ -1022,8 +1040,7 @@ class Node:
             asked_at = self._clock.now_ms()
             answers = await asyncio.gather(
                 *(
-                    self._claim_one(p, tenant, pool, worker_id, share, timeout_s)
-                    for p, share in shares.items()
+                    self._claim_one(p, ask, share, timeout_s) for p, share in shares.items()
                 )
             )
             # the next round: those not asked, and those that granted their whole share
@@ -1042,10 +1059,13 @@ class Node:
         return granted, len(granted) + unanswered
 
     async def _claim_one(
-        self, partition: int, tenant: str, pool: str, worker_id: str, limit: int, timeout_s: float
+        self, partition: int, ask: tuple[str, str, str, int], limit: int, timeout_s: float
     ) -> list[ev.LeaseGranted] | None:
         """One partition's leases for a claim; ``None`` when it did not answer."""
-        command = ClaimRuns(tenant=tenant, pool=pool, worker_id=worker_id, limit=limit)
+        tenant, pool, worker_id, horizon_ms = ask
+        command = ClaimRuns(
+            tenant=tenant, pool=pool, worker_id=worker_id, limit=limit, horizon_ms=horizon_ms
+        )
         try:
             events = await self._execute_on(partition, command, timeout_s=timeout_s)
         except NotYetReadable as late:
@@ -1136,4 +1156,4 @@ def _no_snapshot(partition: int) -> int | None:
 
 
 def _backoff(failures: int) -> float:
-    return min(MAX_RETRY_BACKOFF_S, RETRY_BACKOFF_S * 2.0 ** (failures - 1))
+    return backoff_s(failures, RETRY_BACKOFF_S, MAX_RETRY_BACKOFF_S)

@@ -54,6 +54,7 @@ from core.events import (
     RunReleased,
     RunReplayed,
     RunSkipped,
+    RunStarted,
     UpstreamRecorded,
 )
 
@@ -91,10 +92,16 @@ def observe(minute: Minute, event: AnyEvent, *, first_scheduled_start: bool) -> 
     not store the minute). ``first_scheduled_start``: a ``LeaseGranted`` that is the first start
     of a scheduled run, so its lateness is a scheduling delay."""
     match event:
-        case LeaseGranted():
+        case LeaseGranted() | RunStarted():
+            # a lease granted ahead counts at its reported start (RunStarted), not at the grant
             if not first_scheduled_start:
                 return False
-            delay = max(0, event.lateness_ms)
+            late = (
+                event.lateness_ms
+                if isinstance(event, LeaseGranted)
+                else event.started_at - event.scheduled_for
+            )
+            delay = max(0, late)
             minute.delay[_bucket(delay)] += 1
             minute.delay_sum_ms += delay
             minute.delay_max_ms = max(minute.delay_max_ms, delay)

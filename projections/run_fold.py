@@ -28,6 +28,7 @@ from core.events import (
     RunMaterialised,
     RunReleased,
     RunReplayed,
+    RunStarted,
 )
 from projections.views import AttemptOutcome, AttemptView, RunStateName, RunView
 
@@ -37,6 +38,7 @@ LEASE_EXPIRED = "lease expired"
 RunChange = (
     RunReleased
     | LeaseGranted
+    | RunStarted
     | RunCompleted
     | RunFailed
     | LeaseExpired
@@ -80,18 +82,28 @@ def evolve(run: RunView, event: RunChange) -> RunStateName | None:
             run.available_at = event.available_at
             return "pending"
         case LeaseGranted():
+            # leased ahead: shown from its start_at until its worker reports the start
+            start = event.at if event.start_at is None else event.start_at
             run.attempt = event.attempt
             run.attempts.append(
                 AttemptView(
                     attempt=event.attempt,
                     fencing_token=event.fencing_token,
                     worker_id=event.worker_id,
-                    started_at=event.at,
+                    started_at=start,
                 )
             )
             if run.started_at is None:
-                run.started_at, run.lateness_ms = event.at, event.lateness_ms
+                run.started_at, run.lateness_ms = start, event.lateness_ms
             return "running"
+        case RunStarted():
+            for attempt in run.attempts:
+                if attempt.fencing_token == event.fencing_token:
+                    attempt.started_at = event.started_at
+            if run.attempts and run.attempts[0].fencing_token == event.fencing_token:
+                run.started_at = event.started_at
+                run.lateness_ms = event.started_at - event.scheduled_for
+            return None
         case RunCompleted():
             _close_attempt(run, event.fencing_token, event.at, "succeeded", "")
             run.finished_at, run.error = event.at, ""

@@ -96,14 +96,20 @@ class FakeScheduler:
                 results.append(err)
         return results
 
-    async def claim(self, tenant: str, pool: str, worker_id: str, limit: int) -> list[LeaseGranted]:
+    async def claim(
+        self, tenant: str, pool: str, worker_id: str, limit: int, horizon_ms: int = 0
+    ) -> list[LeaseGranted]:
         self._check_available()
         granted: list[LeaseGranted] = []
         for p in range(PARTITIONS):
             if len(granted) >= limit:
                 break
             ask = ClaimRuns(
-                tenant=tenant, pool=pool, worker_id=worker_id, limit=limit - len(granted)
+                tenant=tenant,
+                pool=pool,
+                worker_id=worker_id,
+                limit=limit - len(granted),
+                horizon_ms=horizon_ms,
             )
             granted += [e for e in self._decide(p, ask) if isinstance(e, LeaseGranted)]
         return granted
@@ -135,8 +141,8 @@ class FakeScheduler:
     def events_decoder(self) -> EventDecoder:
         return self._decoder
 
-    def next_ready(self, tenant: str, pool: str) -> int | None:
-        now = self.clock.now_ms()
+    def next_ready(self, tenant: str, pool: str, horizon_ms: int = 0) -> int | None:
+        now = self.clock.now_ms() + horizon_ms
         later = [
             run.available_at
             for partition in self.partitions

@@ -45,6 +45,8 @@ async def test_claim_gives_the_lease_and_what_to_do(api: Api) -> None:
         "payload": {"table": "orders"},
         "idempotency_key": f"team-a/export:{SLOT}",  # the log's job id: one team's alone
         "timeout_sec": 120.0,
+        "start_at": None,  # leased now: start now
+        "start_in_ms": 0,
     }
     view = (await api.a.get(f"/v1/runs/{run['run_id']}")).json()
     assert (view["state"], view["lateness_ms"]) == ("running", 1500)
@@ -132,3 +134,39 @@ async def test_a_permanent_failure_goes_straight_to_the_dead_letters(api: Api) -
     failed = {"fencing_token": run["fencing_token"], "status": "failed", "permanent": True}
     r = await api.a.post(f"/v1/runs/{run['run_id']}/complete", json=failed)
     assert (r.json()["state"], r.json()["dead_reason"]) == ("dead", "permanent_failure")
+
+
+async def test_a_claim_reaching_ahead_leases_what_starts_soon_and_hears_of_its_start(
+    api: Api,
+) -> None:
+    """A claim with ahead_sec leases the run due in 3 s: its lease counts from its start, the
+    answer says how far off that is; the worker checks the lease before starting (nothing is
+    decided), and its first heartbeat after the start reports how late it began."""
+    for partition in api.fake.partitions:  # a node's lead time: runs materialised 30 s ahead
+        partition.lead_ms = 30_000
+    await api.a.put("/v1/jobs/export", json=JOB)
+    api.fake.advance(5 * 60_000 - 3_000)  # 3 s before the 08:05 slot
+    plain = await api.a.post("/v1/workers/claim", json=CLAIM)
+    assert plain.json() == {"runs": []}  # not ready yet
+    r = await api.a.post("/v1/workers/claim", json={**CLAIM, "ahead_sec": 5})
+    [run] = r.json()["runs"]
+    assert run["start_at"] == "2026-11-29T08:05:00.000Z" and run["start_in_ms"] == 3_000
+    assert run["lease_expires_at"] == "2026-11-29T08:05:30.000Z"
+    path = f"/v1/runs/{run['run_id']}/heartbeat"
+    before = len(api.fake.events)
+    check = await api.a.post(path, json={"fencing_token": run["fencing_token"], "check": True})
+    assert check.json() == {"run_id": run["run_id"], "lease_expires_at": None}
+    assert len(api.fake.events) == before  # a check decides nothing
+    api.fake.advance(3_000 + 250)
+    beat = await api.a.post(
+        path, json={"fencing_token": run["fencing_token"], "started_late_ms": 40}
+    )
+    assert beat.status_code == 200
+    view = (await api.a.get(f"/v1/runs/{run['run_id']}")).json()
+    assert (view["started_at"], view["lateness_ms"]) == ("2026-11-29T08:05:00.040Z", 40)
+    assert view["attempts"][0]["started_at"] == "2026-11-29T08:05:00.040Z"
+
+
+async def test_a_reach_past_the_longest_lead_is_refused_naming_the_field(api: Api) -> None:
+    r = await api.a.post("/v1/workers/claim", json={**CLAIM, "ahead_sec": 301})
+    assert (r.status_code, r.json()["field"]) == (400, "ahead_sec")

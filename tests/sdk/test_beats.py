@@ -123,7 +123,7 @@ def test_beats_that_come_due_together_go_in_one_request_each_answered_alone() ->
             Answer("lost", "lease_lost for cancelled.1", cancelled=True),
             Answer("extended"),
             Answer("lost", "lease_lost for reclaimed.1", cancelled=False),
-            Answer("undelivered", "404 not_found: not_found for gone.1"),
+            Answer("lost", "not_found for gone.1"),  # gone: no lease to keep
         ]
         assert beater.requests == 1
 

@@ -13,7 +13,8 @@ Each beat is answered for its run alone, as a single ``heartbeat`` would be:
 
 - 200: ``extended``.
 - 409 ``lease_lost``: ``lost``, with the node's message and whether the run was cancelled
-  (not reclaimed); the worker stops working on the run.
+  (not reclaimed); the worker stops working on the run. A 404 is ``lost`` too: the run is
+  gone (withdrawn before its start, which leaves no record, or forgotten).
 - 429, 503: not decided now; the beat goes again in a later batch after a short pause, while
   its lease lasts (after that a beat cannot save it), then it is ``undelivered``.
 - anything else: ``undelivered``, with why (the worker logs it and beats again next period).
@@ -96,10 +97,25 @@ class Beater:
     _alone: bool = False  # the node has no POST /v1/runs:heartbeat: one request a run
     requests: int = 0  # heartbeat_many calls made
 
-    async def beat(self, run_id: str, fencing_token: int, *, until: float) -> Answer:
+    async def beat(
+        self,
+        run_id: str,
+        fencing_token: int,
+        *,
+        until: float,
+        check: bool = False,
+        started_late_ms: int | None = None,
+    ) -> Answer:
         """Extend the run's lease; ``until`` (the loop's time) is when it runs out, after which
-        a beat not yet delivered is given up as ``undelivered``."""
-        beat = Beat(run_id=run_id, fencing_token=fencing_token)
+        a beat not yet delivered is given up as ``undelivered``. ``check``: only ask whether
+        the lease holds (a run leased ahead, about to start); ``started_late_ms``: the run
+        leased ahead started this long after its ``start_at``."""
+        beat = Beat(
+            run_id=run_id,
+            fencing_token=fencing_token,
+            check=check,
+            started_late_ms=started_late_ms,
+        )
         if self._alone:
             return await self._one(beat)
         loop = asyncio.get_running_loop()
@@ -200,6 +216,9 @@ class Beater:
             self._settle(waiting, EXTENDED)
         elif error is not None and error.error == "lease_lost":
             self._settle(waiting, Answer("lost", error.message, bool(error.cancelled)))
+        elif result.status == 404:
+            # the run is gone (withdrawn before its start, or forgotten): no lease to keep
+            self._settle(waiting, Answer("lost", error.message if error else "not found"))
         else:
             reason = f"{result.status} {error.error}: {error.message}" if error else "no answer"
             if result.status in (429, 503):
@@ -238,9 +257,16 @@ class Beater:
     async def _one(self, beat: Beat) -> Answer:
         """One beat, one request: ``POST /v1/runs/{run_id}/heartbeat``."""
         try:
-            await self.client.heartbeat(beat.run_id, beat.fencing_token)
+            await self.client.heartbeat(
+                beat.run_id,
+                beat.fencing_token,
+                check=beat.check,
+                started_late_ms=beat.started_late_ms,
+            )
         except errors.LeaseLost as e:
             return Answer("lost", e.message, e.cancelled)
+        except errors.NotFound as e:  # the run is gone: no lease to keep
+            return Answer("lost", e.message)
         except errors.CronlogError as e:
             return Answer("undelivered", str(e))
         return EXTENDED

@@ -271,17 +271,33 @@ class _Requests:
         return _Request("POST", _path("v1", "runs", run_id, "replay"), Run)
 
     @staticmethod
-    def claim(pool: str, worker_id: str, limit: int, wait_sec: float) -> _Request[ClaimOut]:
-        body = {"pool": pool, "worker_id": worker_id, "limit": limit, "wait_sec": wait_sec}
+    def claim(
+        pool: str, worker_id: str, limit: int, wait_sec: float, ahead_sec: float = 0.0
+    ) -> _Request[ClaimOut]:
+        body: dict[str, Any] = {
+            "pool": pool,
+            "worker_id": worker_id,
+            "limit": limit,
+            "wait_sec": wait_sec,
+        }
+        if ahead_sec:
+            body["ahead_sec"] = ahead_sec
         return _Request("POST", "/v1/workers/claim", ClaimOut, body=body)
 
     @staticmethod
-    def heartbeat(run_id: str, fencing_token: int) -> _Request[HeartbeatOut]:
+    def heartbeat(
+        run_id: str, fencing_token: int, check: bool = False, started_late_ms: int | None = None
+    ) -> _Request[HeartbeatOut]:
+        body: dict[str, Any] = {"fencing_token": fencing_token}
+        if check:
+            body["check"] = True
+        if started_late_ms is not None:
+            body["started_late_ms"] = started_late_ms
         return _Request(
             "POST",
             _path("v1", "runs", run_id, "heartbeat"),
             HeartbeatOut,
-            body={"fencing_token": fencing_token},
+            body=body,
             repeatable=True,
         )
 
@@ -294,6 +310,7 @@ class _Requests:
         permanent: bool,
         ambiguous: bool,
         retry_after_sec: float | None,
+        started_late_ms: int | None = None,
     ) -> _Request[Run]:
         body: dict[str, Any] = {
             "fencing_token": fencing_token,
@@ -304,6 +321,8 @@ class _Requests:
         }
         if retry_after_sec is not None:
             body["retry_after_sec"] = retry_after_sec
+        if started_late_ms is not None:
+            body["started_late_ms"] = started_late_ms
         return _Request(
             "POST", _path("v1", "runs", run_id, "complete"), Run, body=body, repeatable=True
         )
@@ -315,7 +334,7 @@ class _Requests:
             "POST",
             "/v1/runs:complete",
             CompletionBatch,
-            body={"runs": list(completions)},
+            body={"runs": [_completion_body(c) for c in completions]},
             repeatable=True,
         )
 
@@ -453,6 +472,15 @@ class _Batches:
             existing=existing,
             failed=len(results) - created - existing,
         )
+
+
+def _completion_body(completion: Completion) -> dict[str, Any]:
+    """An outcome as sent: ``started_late_ms`` only when there is one, so a node older than it
+    takes the outcomes of runs that were not leased ahead."""
+    body: dict[str, Any] = msgspec.structs.asdict(completion)
+    if body["started_late_ms"] is None:
+        del body["started_late_ms"]
+    return body
 
 
 def _completion_requests(
@@ -757,13 +785,34 @@ class Client:
     # -- pull workers ---------------------------------------------------------------------------
 
     def claim(
-        self, pool: str, worker_id: str, *, limit: int = 1, wait_sec: float = 0.0
+        self,
+        pool: str,
+        worker_id: str,
+        *,
+        limit: int = 1,
+        wait_sec: float = 0.0,
+        ahead_sec: float = 0.0,
     ) -> list[ClaimedRun]:
-        out = self._send(_Requests.claim(pool, worker_id, limit, wait_sec), timeout_s=wait_sec + 30)
+        """Lease up to ``limit`` ready runs of ``pool`` (``wait_sec``: long-poll for one).
+        ``ahead_sec``: also runs that become ready within that long, each leased ahead: start
+        it ``start_in_ms`` after the answer came, never before (:class:`Worker` does)."""
+        out = self._send(
+            _Requests.claim(pool, worker_id, limit, wait_sec, ahead_sec), timeout_s=wait_sec + 30
+        )
         return out.runs
 
-    def heartbeat(self, run_id: str, fencing_token: int) -> HeartbeatOut:
-        return self._send(_Requests.heartbeat(run_id, fencing_token))
+    def heartbeat(
+        self,
+        run_id: str,
+        fencing_token: int,
+        *,
+        check: bool = False,
+        started_late_ms: int | None = None,
+    ) -> HeartbeatOut:
+        """Extend the run's lease. ``check``: only ask whether it holds (a run leased ahead,
+        about to start; nothing is extended). ``started_late_ms``: the run leased ahead started
+        this long after its ``start_at`` (the first heartbeat after the start says so)."""
+        return self._send(_Requests.heartbeat(run_id, fencing_token, check, started_late_ms))
 
     def complete(
         self,
@@ -775,10 +824,18 @@ class Client:
         permanent: bool = False,
         ambiguous: bool = False,
         retry_after_sec: float | None = None,
+        started_late_ms: int | None = None,
     ) -> Run:
         return self._send(
             _Requests.complete(
-                run_id, fencing_token, status, error, permanent, ambiguous, retry_after_sec
+                run_id,
+                fencing_token,
+                status,
+                error,
+                permanent,
+                ambiguous,
+                retry_after_sec,
+                started_late_ms,
             )
         )
 
@@ -1136,15 +1193,32 @@ class AsyncClient:
     # -- pull workers ---------------------------------------------------------------------------
 
     async def claim(
-        self, pool: str, worker_id: str, *, limit: int = 1, wait_sec: float = 0.0
+        self,
+        pool: str,
+        worker_id: str,
+        *,
+        limit: int = 1,
+        wait_sec: float = 0.0,
+        ahead_sec: float = 0.0,
     ) -> list[ClaimedRun]:
+        """As :meth:`Client.claim`."""
         out = await self._send(
-            _Requests.claim(pool, worker_id, limit, wait_sec), timeout_s=wait_sec + 30
+            _Requests.claim(pool, worker_id, limit, wait_sec, ahead_sec), timeout_s=wait_sec + 30
         )
         return out.runs
 
-    async def heartbeat(self, run_id: str, fencing_token: int) -> HeartbeatOut:
-        return await self._send(_Requests.heartbeat(run_id, fencing_token))
+    async def heartbeat(
+        self,
+        run_id: str,
+        fencing_token: int,
+        *,
+        check: bool = False,
+        started_late_ms: int | None = None,
+    ) -> HeartbeatOut:
+        """As :meth:`Client.heartbeat`."""
+        return await self._send(
+            _Requests.heartbeat(run_id, fencing_token, check, started_late_ms)
+        )
 
     async def complete(
         self,
@@ -1156,10 +1230,18 @@ class AsyncClient:
         permanent: bool = False,
         ambiguous: bool = False,
         retry_after_sec: float | None = None,
+        started_late_ms: int | None = None,
     ) -> Run:
         return await self._send(
             _Requests.complete(
-                run_id, fencing_token, status, error, permanent, ambiguous, retry_after_sec
+                run_id,
+                fencing_token,
+                status,
+                error,
+                permanent,
+                ambiguous,
+                retry_after_sec,
+                started_late_ms,
             )
         )
 

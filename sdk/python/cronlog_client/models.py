@@ -262,7 +262,8 @@ class JobBatch(msgspec.Struct, kw_only=True):
 
 
 class Completion(msgspec.Struct, kw_only=True):
-    """One attempt's outcome, for ``complete_many``: what ``complete`` sends, with its run."""
+    """One attempt's outcome, for ``complete_many``: what ``complete`` sends, with its run.
+    ``started_late_ms``: a run leased ahead that no heartbeat reported started."""
 
     run_id: str
     fencing_token: int
@@ -271,6 +272,7 @@ class Completion(msgspec.Struct, kw_only=True):
     permanent: bool = False
     ambiguous: bool = False
     retry_after_sec: float | None = None
+    started_late_ms: int | None = None
 
 
 class CompletionResult(msgspec.Struct, kw_only=True):
@@ -300,11 +302,15 @@ class CompletionBatch(msgspec.Struct, kw_only=True):
         return [r for r in self.results if not r.ok]
 
 
-class Beat(msgspec.Struct, kw_only=True):
-    """One run's heartbeat, for ``heartbeat_many``: what ``heartbeat`` sends, with its run."""
+class Beat(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One run's heartbeat, for ``heartbeat_many``: what ``heartbeat`` sends, with its run.
+    ``check``: only ask whether the lease holds (a run leased ahead, about to start);
+    ``started_late_ms``: the run leased ahead started this long after its ``start_at``."""
 
     run_id: str
     fencing_token: int
+    check: bool = False
+    started_late_ms: int | None = None
 
 
 class HeartbeatResult(msgspec.Struct, kw_only=True):
@@ -391,6 +397,9 @@ class ClaimedRun(msgspec.Struct, kw_only=True):
     payload: Any
     idempotency_key: str
     timeout_sec: float
+    # leased ahead: start it at start_at, start_in_ms after the answer came (never before)
+    start_at: dt.datetime | None = None
+    start_in_ms: int = 0
 
 
 class ClaimOut(msgspec.Struct, kw_only=True):
@@ -399,7 +408,7 @@ class ClaimOut(msgspec.Struct, kw_only=True):
 
 class HeartbeatOut(msgspec.Struct, kw_only=True):
     run_id: str
-    lease_expires_at: dt.datetime
+    lease_expires_at: dt.datetime | None  # None: a check, which extends nothing
 
 
 class FireTime(msgspec.Struct, kw_only=True):

@@ -19,6 +19,18 @@ What the worker does for the handler:
 - **Claims long-poll** (``wait_sec``, 20 s by default): an idle worker holds one request open
   and is answered the moment a run of its pool is ready, so it neither spins nor sees a run a
   poll interval late.
+- **Claims reach ahead** (``ahead_sec``, 5 s by default): a run due within that long is leased
+  ahead, and the worker holds it and starts the handler at the run's start instant, never
+  before: it waits ``start_in_ms`` (the node's word for how far off the start is) from the
+  moment the answer arrived, so no clock of the worker's is read and a worker whose clock runs
+  ahead cannot start early; it starts late by at most the answer's way from the node. About
+  ``check_sec`` (1 s) before the start it asks whether the lease still holds (a heartbeat that
+  only checks, decided without writing anything): a pause, a schedule change or a cancel
+  decided before that check withdraws the run and it is not started; one decided after it
+  reaches the run as a running run's cancel does, at its first heartbeat. The start is
+  reported with the first heartbeat after it, or with the outcome, so the node's scheduling
+  delay measures the start, not the lease. A node that does not take ``ahead_sec`` (older than
+  it) is claimed from without it, for the worker's life.
 - **Heartbeats** every third of the lease with the run's fencing token. The beats of the runs
   the worker holds that come due together go in one ``POST /v1/runs:heartbeat`` (one waits
   ``heartbeat_linger_sec``, 50 ms by default, for others; 1,000 a request at most), each
@@ -79,6 +91,12 @@ log = logging.getLogger("cronlog_client.worker")
 
 MAX_CLAIM = 100  # the most runs the node leases in one claim
 MAX_COMPLETE_BATCH = 1000  # the most outcomes the node takes in one POST /v1/runs:complete
+# How far ahead a claim reaches by default: far enough that a herd is leased before its slot
+# (a node materialises runs 30 s ahead), near enough that a pause shortly before a slot seldom
+# finds its run leased already (it is withdrawn all the same, up to the check).
+DEFAULT_AHEAD_SEC = 5.0
+MAX_AHEAD_SEC = 300.0  # the node's bound (the longest lead time)
+DEFAULT_CHECK_SEC = 1.0  # a run leased ahead: its lease is checked this long before its start
 
 Handler = Callable[["RunContext"], Awaitable[Any]] | Callable[["RunContext"], Any]
 
@@ -108,6 +126,8 @@ class RunContext:
     lost: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False  # set with ``lost`` when the run was cancelled (not reclaimed)
     reason: str = ""
+    # leased ahead: how late it started, until a heartbeat or the outcome has said so
+    _started_late_ms: int | None = None
 
     @property
     def run_id(self) -> str:
@@ -173,8 +193,14 @@ class Worker:
         complete_batch: int = MAX_COMPLETE_BATCH,
         complete_linger_sec: float = 0.005,
         heartbeat_linger_sec: float = 0.05,
+        ahead_sec: float = DEFAULT_AHEAD_SEC,
+        check_sec: float = DEFAULT_CHECK_SEC,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
+        if not 0 <= ahead_sec <= MAX_AHEAD_SEC:
+            raise ValueError(f"ahead_sec must be between 0 and {MAX_AHEAD_SEC}")
+        if check_sec < 0:
+            raise ValueError("check_sec must not be negative")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not 1 <= complete_batch <= MAX_COMPLETE_BATCH:
@@ -188,6 +214,9 @@ class Worker:
         self.handler = handler
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.concurrency = concurrency
+        self.ahead_sec = ahead_sec
+        self.check_sec = check_sec
+        self.withdrawn = 0  # runs leased ahead, withdrawn before their start (not started)
         self.wait_sec = wait_sec
         self.drain_sec = drain_sec
         self._stopping = asyncio.Event()
@@ -260,9 +289,16 @@ class Worker:
             room = min(self._free, MAX_CLAIM)
             self._free -= room
             runs: list[ClaimedRun] = []
+            received = 0.0
             try:
                 runs = await self._claim(room)
+                received = asyncio.get_running_loop().time()
                 failures = 0
+            except errors.InvalidRequest as e:
+                if e.field != "ahead_sec" or not self.ahead_sec:
+                    raise
+                log.info("the node does not lease runs ahead (%s): claiming without", e)
+                self.ahead_sec = 0.0
             except (errors.Unreachable, errors.Unavailable) as e:
                 failures += 1
                 log.warning("claim failed (%d in a row): %s", failures, e)
@@ -272,7 +308,7 @@ class Worker:
             finally:
                 self._free += room - len(runs)
             for run in runs:
-                task = asyncio.ensure_future(self._handle(run))
+                task = asyncio.ensure_future(self._handle(run, received))
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
 
@@ -287,7 +323,13 @@ class Worker:
 
     async def _claim(self, room: int) -> list[ClaimedRun]:
         claim = asyncio.ensure_future(
-            self.client.claim(self.pool, self.worker_id, limit=room, wait_sec=self.wait_sec)
+            self.client.claim(
+                self.pool,
+                self.worker_id,
+                limit=room,
+                wait_sec=self.wait_sec,
+                ahead_sec=self.ahead_sec,
+            )
         )
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
@@ -319,8 +361,39 @@ class Worker:
 
     # -- one run ----------------------------------------------------------------------------
 
-    async def _handle(self, run: ClaimedRun) -> None:
+    async def _held(self, context: RunContext, received: float) -> bool:
+        """Hold a run leased ahead until its start (``start_in_ms`` from ``received``, the
+        loop's time the answer came), checking the lease ``check_sec`` before it; False when
+        it is not to start (withdrawn meanwhile, or the worker is stopping). Then note how late
+        it started, for the first beat or the outcome to report."""
+        run = context.run
+        loop = asyncio.get_running_loop()
+        start = received + run.start_in_ms / 1000
+        await self._pause(start - self.check_sec - loop.time())
+        if self._stopping.is_set():
+            log.info("run %s: the worker is stopping; not started (its lease runs out)", run.run_id)
+            return False
+        answer = await self._beater.beat(
+            run.run_id, run.fencing_token, until=start + run.lease_sec, check=True
+        )
+        if answer.how == "lost":
+            self.withdrawn += 1
+            log.info("run %s: withdrawn before its start: %s", run.run_id, answer.reason)
+            return False
+        if answer.how == "undelivered":  # the lease is ours: start, and hear of it by beating
+            log.warning("run %s: its lease could not be checked: %s", run.run_id, answer.reason)
+        await self._pause(start - loop.time())
+        if self._stopping.is_set():
+            return False
+        context._started_late_ms = max(0, round((loop.time() - start) * 1000))
+        return True
+
+    async def _handle(self, run: ClaimedRun, received: float = 0.0) -> None:
         context = RunContext(run, self.worker_id)
+        if run.start_in_ms > 0 and not await self._held(context, received):
+            self._free += 1
+            self._freed.set()
+            return
         work = asyncio.ensure_future(self._call(context))
         beats = asyncio.ensure_future(self._heartbeat(context, work))
         outcome: tuple[str, str, bool, bool, float | None] | None = None
@@ -386,8 +459,9 @@ class Worker:
             if work.done():
                 return
             asked = loop.time()
+            late, context._started_late_ms = context._started_late_ms, None  # said once
             answer = await self._beater.beat(
-                context.run_id, context.fencing_token, until=lease_ends
+                context.run_id, context.fencing_token, until=lease_ends, started_late_ms=late
             )
             if answer.how == "extended":
                 lease_ends = asked + lease_sec
@@ -415,6 +489,7 @@ class Worker:
             permanent=permanent,
             ambiguous=ambiguous,
             retry_after_sec=retry_after_sec,
+            started_late_ms=context._started_late_ms,
         )
         match await self._completer.add(completion):  # logged there, for its run
             case "completed":

@@ -1,0 +1,111 @@
+"""The pull worker's claims that reach ahead, against a real ``cronlog serve`` (lead time 30 s):
+runs leased before their slot and started at it, never before; the start reported; a pause
+between the lease and the check withdraws the run, which is then never started."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+
+import pytest
+from cronlog_client import AsyncClient, Client, JobDefinition, RunContext, Worker
+
+from tests.cli.test_serve import Serve
+from tests.sdk.conftest import async_client, unique
+
+pytestmark = pytest.mark.slow
+UTC = dt.UTC
+
+
+def slot_in(seconds: float) -> dt.datetime:
+    """A whole second at least ``seconds`` from now."""
+    at = dt.datetime.now(UTC) + dt.timedelta(seconds=seconds)
+    return at.replace(microsecond=0) + dt.timedelta(seconds=1)
+
+
+def events_of(client: Client, job_id: str) -> list[dict[str, object]]:
+    return [e.event for e in client.events(job=job_id, start="start")]
+
+
+def test_runs_leased_ahead_start_at_their_slot_never_before(node: Serve, a: Client) -> None:
+    pool = unique("ahead")
+    slot = slot_in(4)  # within the worker's 5 s reach a moment after it starts claiming
+    jobs = [unique("ahead") for _ in range(20)]
+    started: dict[str, float] = {}
+    everything = asyncio.Event()
+
+    async def handle(run: RunContext) -> None:
+        started[run.run_id] = time.time()
+        if len(started) == len(jobs):
+            everything.set()
+
+    async def scenario() -> Worker:
+        async with async_client(node) as cronlog:
+            for job_id in jobs:
+                await cronlog.put_job(
+                    job_id, JobDefinition(name="a", run_at=slot, target=f"pull://{pool}")
+                )
+            worker = Worker(cronlog, pool, handle, concurrency=50, worker_id="w-ahead")
+            running = asyncio.ensure_future(worker.run())
+            await asyncio.wait_for(everything.wait(), 20)
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+            return worker
+
+    worker = asyncio.run(scenario())
+    due = slot.timestamp()
+    # The node and this test share the machine's clock: never early, at most a beat late.
+    assert all(due <= at < due + 0.5 for at in started.values()), {
+        run: at - due for run, at in started.items()
+    }
+    assert worker.withdrawn == 0
+    history = events_of(a, jobs[0])
+    [lease] = [e for e in history if e["type"] == "LeaseGranted"]
+    [start] = [e for e in history if e["type"] == "RunStarted"]
+    slot_ms = round(due * 1000)
+    assert lease["at"] < slot_ms and lease["start_at"] == slot_ms  # granted ahead
+    assert 0 <= start["started_at"] - slot_ms < 500  # the start as the worker reported it
+    run = a.get_run(f"{jobs[0]}.{slot_ms}")
+    assert run.state == "succeeded" and run.lateness_ms is not None and run.lateness_ms < 500
+
+
+def test_a_pause_before_the_check_withdraws_a_run_leased_ahead(node: Serve, a: Client) -> None:
+    pool = unique("withdrawn")
+    slot = slot_in(6)
+    job_id = unique("withdrawn")
+    ran: list[str] = []
+
+    async def handle(run: RunContext) -> None:
+        ran.append(run.run_id)
+
+    async def scenario() -> Worker:
+        async with async_client(node) as cronlog:
+            await cronlog.put_job(
+                job_id, JobDefinition(name="w", run_at=slot, target=f"pull://{pool}")
+            )
+            worker = Worker(cronlog, pool, handle, worker_id="w-withdrawn")
+            running = asyncio.ensure_future(worker.run())
+            await leased(cronlog, job_id)  # leased ahead: held by the worker
+            await cronlog.pause_job(job_id)
+            # past the slot: the check (1 s before it) found the lease gone
+            await asyncio.sleep(max(0.0, slot.timestamp() + 1.0 - time.time()))
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+            return worker
+
+    worker = asyncio.run(scenario())
+    assert ran == [] and worker.withdrawn == 1
+    types = [e["type"] for e in events_of(a, job_id)]
+    assert "LeaseGranted" in types and "RunStarted" not in types
+    assert a.get_job(job_id).status == "paused"
+
+
+async def leased(cronlog: AsyncClient, job_id: str) -> None:
+    """Until the job's run is running (leased ahead), read as a user would."""
+    for _ in range(100):
+        page = await cronlog.job_runs(job_id)
+        if page.runs and page.runs[0].state == "running":
+            return
+        await asyncio.sleep(0.05)  # the worker's claim, in another task, leases it
+    raise AssertionError("the run was never leased ahead")
