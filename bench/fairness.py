@@ -103,13 +103,22 @@ def _jobs_b(args: argparse.Namespace, url: str, start_ms: int) -> list[dict[str,
 
 
 def _workers(
-    serve: Serve, team: str, pool: str, out: Path, until_ms: int, hold_s: float, room: int
+    serve: Serve,
+    team: str,
+    pool: str,
+    out: Path,
+    until_ms: int,
+    hold_s: float,
+    room: int,
+    ahead_sec: float | None = None,
 ) -> subprocess.Popen[str]:
     command = [
         PYTHON, "-m", "bench.held_workers", serve.url, serve.tokens[team], pool,
         "--out", str(out), "--until-ms", str(until_ms), "--hold-s", str(hold_s),
         "--concurrency", str(room), "--worker-id", out.stem,
     ]  # fmt: skip
+    if ahead_sec is not None:
+        command += ["--ahead-sec", str(ahead_sec)]
     return subprocess.Popen(
         command,
         cwd=ROOT,
@@ -160,9 +169,12 @@ def one_round(
         b_out = tmp / f"b-{data.name}.txt"
         share = -(-args.pull // A_WORKERS)
         procs = [
-            _workers(serve, "team-a", "a-pool", out, until, args.hold_pull_s, share) for out in outs
+            _workers(
+                serve, "team-a", "a-pool", out, until, args.hold_pull_s, share, args.claim_ahead
+            )
+            for out in outs
         ]
-        procs.append(_workers(serve, "team-b", "b-pool", b_out, until, 0.0, 50))
+        procs.append(_workers(serve, "team-b", "b-pool", b_out, until, 0.0, 50, args.claim_ahead))
         try:
             hold_url = f"{recorder.base}/hold/{round(args.hold_http_s * 1000)}"
             registered = register(serve, _jobs_a(args, hold_url, slot), batch=batch, team="team-a")
@@ -209,6 +221,7 @@ def one_round(
             "hold_http_s": args.hold_http_s,
             "pull_jobs": args.pull,
             "hold_pull_s": args.hold_pull_s,
+            "claim_ahead": args.claim_ahead,
             "registration": registered.figures(),
             "http_started": lag_summary(a_http, args.http),
             "pull_started": lag_summary(a_pull, args.pull),
@@ -246,6 +259,11 @@ def main() -> None:
         default=15,
         help="register team A's herd this long before its slot (past the node's 30 s lead"
         " time, the herd is materialised by its timers, not as it is registered)",
+    )
+    parser.add_argument(
+        "--claim-ahead",
+        type=float,
+        help="how far the SDK workers' claims reach ahead, in seconds (default: the SDK's)",
     )
     parser.add_argument("--tag", default="", help="a note kept with each result line")
     args = parser.parse_args()

@@ -51,8 +51,14 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(args.hold_s)
 
     async with AsyncClient(args.url, args.token, timeout_s=120) as client:
+        options = {} if args.ahead_sec is None else {"ahead_sec": args.ahead_sec}
         worker = Worker(
-            client, args.pool, hold, concurrency=args.concurrency, worker_id=args.worker_id
+            client,
+            args.pool,
+            hold,
+            concurrency=args.concurrency,
+            worker_id=args.worker_id,
+            **options,
         )
         running = asyncio.ensure_future(worker.run())
         loop = asyncio.get_running_loop()
@@ -70,6 +76,7 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
         "completed": worker.completed,
         "lost": worker.lost,
         "refused": worker.refused,
+        "withdrawn": worker.withdrawn,
         "heartbeats_undelivered": undelivered.heartbeats,
     }
 
@@ -84,6 +91,9 @@ def main() -> None:
     parser.add_argument("--hold-s", type=float, default=60.0)
     parser.add_argument("--concurrency", type=int, default=5000)
     parser.add_argument("--worker-id", default="held")
+    parser.add_argument(
+        "--ahead-sec", type=float, help="how far claims reach ahead (default: the SDK's)"
+    )
     args = parser.parse_args()
     print(json.dumps(asyncio.run(work(args))), flush=True)
 

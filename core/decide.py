@@ -101,7 +101,7 @@ from core.state import (
 )
 
 MAX_SLOTS_PER_DECISION = 1000  # a longer backlog continues on the next timer
-MAX_CLAIM = 100
+MAX_CLAIM = 1000  # runs one claim may lease: a herd leased ahead in few requests
 MAX_HORIZON_MS = 300_000  # a claim reaches at most this far ahead (the longest lead time)
 
 

@@ -89,7 +89,8 @@ from cronlog_client.models import ClaimedRun, Completion
 
 log = logging.getLogger("cronlog_client.worker")
 
-MAX_CLAIM = 100  # the most runs the node leases in one claim
+MAX_CLAIM = 1000  # the most runs the node leases in one claim (100 before leases ahead)
+OLD_MAX_CLAIM = 100
 MAX_COMPLETE_BATCH = 1000  # the most outcomes the node takes in one POST /v1/runs:complete
 # How far ahead a claim reaches by default: far enough that a herd is leased before its slot
 # (a node materialises runs 30 s ahead), near enough that a pause shortly before a slot seldom
@@ -223,6 +224,8 @@ class Worker:
         self._free = concurrency  # room for runs not claimed yet
         self._freed = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
+        self._instants: dict[float, asyncio.Future[None]] = {}  # runs held to a start (_held)
+        self._max_claim = MAX_CLAIM
         self.completed = 0  # runs this worker completed (succeeded or failed)
         self.lost = 0  # runs it gave up because the lease was lost
         self.refused = 0  # outcomes the node refused or that could not be delivered (logged)
@@ -252,6 +255,10 @@ class Worker:
         self._stopping.set()
         # The heartbeats are not hurried: the handlers still draining need their leases.
         self._completer.hurry()
+        for instant in self._instants.values():  # runs held ahead: not to be started now
+            if not instant.done():
+                instant.set_result(None)
+        self._instants.clear()
 
     async def run(self, *, handle_signals: bool = False) -> None:
         """Claim and handle runs until :meth:`stop`."""
@@ -286,7 +293,7 @@ class Worker:
                 self._freed.clear()
                 await self._until(self._freed)
                 continue
-            room = min(self._free, MAX_CLAIM)
+            room = min(self._free, self._max_claim)
             self._free -= room
             runs: list[ClaimedRun] = []
             received = 0.0
@@ -295,10 +302,13 @@ class Worker:
                 received = asyncio.get_running_loop().time()
                 failures = 0
             except errors.InvalidRequest as e:
-                if e.field != "ahead_sec" or not self.ahead_sec:
+                if e.field == "limit" and self._max_claim > OLD_MAX_CLAIM:
+                    self._max_claim = OLD_MAX_CLAIM  # a node before leases ahead
+                elif e.field == "ahead_sec" and self.ahead_sec:
+                    log.info("the node does not lease runs ahead (%s): claiming without", e)
+                    self.ahead_sec = 0.0
+                else:
                     raise
-                log.info("the node does not lease runs ahead (%s): claiming without", e)
-                self.ahead_sec = 0.0
             except (errors.Unreachable, errors.Unavailable) as e:
                 failures += 1
                 log.warning("claim failed (%d in a row): %s", failures, e)
@@ -369,7 +379,7 @@ class Worker:
         run = context.run
         loop = asyncio.get_running_loop()
         start = received + run.start_in_ms / 1000
-        await self._pause(start - self.check_sec - loop.time())
+        await self._instant(start - self.check_sec)
         if self._stopping.is_set():
             log.info("run %s: the worker is stopping; not started (its lease runs out)", run.run_id)
             return False
@@ -382,11 +392,28 @@ class Worker:
             return False
         if answer.how == "undelivered":  # the lease is ours: start, and hear of it by beating
             log.warning("run %s: its lease could not be checked: %s", run.run_id, answer.reason)
-        await self._pause(start - loop.time())
+        await self._instant(start)
         if self._stopping.is_set():
             return False
         context._started_late_ms = max(0, round((loop.time() - start) * 1000))
         return True
+
+    def _instant(self, at: float) -> asyncio.Future[None]:
+        """A future done at ``at`` (the loop's time, to the millisecond) or when the worker
+        stops: one timer for every run held to the same instant, where a herd's ten thousand
+        runs each timing out a wait of their own cost the loop a third of a second at it."""
+        key = round(at, 3)
+        instant = self._instants.get(key)
+        if instant is None:
+            loop = asyncio.get_running_loop()
+            instant = self._instants[key] = loop.create_future()
+
+            def come() -> None:
+                if self._instants.pop(key, None) is not None and not instant.done():
+                    instant.set_result(None)
+
+            loop.call_at(key, come)
+        return instant
 
     async def _handle(self, run: ClaimedRun, received: float = 0.0) -> None:
         context = RunContext(run, self.worker_id)
@@ -395,25 +422,51 @@ class Worker:
             self._freed.set()
             return
         work = asyncio.ensure_future(self._call(context))
-        beats = asyncio.ensure_future(self._heartbeat(context, work))
+        # Most runs end long before a third of their lease: the heartbeats begin only for those
+        # still running then, so a herd does not pay a task per run for them.
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        beats: asyncio.Task[None] | None = None
+
+        def beat() -> None:
+            nonlocal beats
+            if not work.done():
+                beats = asyncio.ensure_future(self._heartbeat(context, work, started))
+
+        first_beat = loop.call_later(heartbeat_every(run.lease_sec), beat)
+
+        timed_out = False
+
+        def time_out() -> None:
+            nonlocal timed_out
+            if not work.done():
+                timed_out = True
+                context._lose(f"timed out after {run.timeout_sec:g} s")
+                work.cancel()
+
+        # Timers, not a wait_for per run: at a herd's instant each run's start is on the clock.
+        deadline = loop.call_later(run.timeout_sec, time_out)
         outcome: tuple[str, str, bool, bool, float | None] | None = None
         try:
             try:
-                await asyncio.wait_for(asyncio.shield(work), run.timeout_sec)
+                await work
                 outcome = ("succeeded", "", False, False, None)
-            except TimeoutError:
-                context._lose(f"timed out after {run.timeout_sec:g} s")
-                work.cancel()
-                outcome = ("failed", context.reason, False, True, None)
+                if timed_out:  # the handler swallowed its cancellation: still a timeout
+                    outcome = ("failed", context.reason, False, True, None)
             except asyncio.CancelledError:
-                if context.lost.is_set():
+                task = asyncio.current_task()
+                stopping = task is not None and task.cancelling() > 0
+                if timed_out:
+                    outcome = ("failed", context.reason, False, True, None)
+                elif context.lost.is_set():
                     outcome = None  # the lease is gone: nothing to complete
-                elif not work.done():
+                elif stopping:
                     # The worker is stopping and the handler did not finish in time.
                     work.cancel()
                     outcome = ("failed", "the worker stopped before it finished", False, True, None)
-                    raise
-                else:
+                else:  # the handler's own work was cancelled: an attempt that did not finish
+                    outcome = ("failed", "the handler was cancelled", False, True, None)
+                if stopping:
                     raise
             except PermanentFailure as e:
                 outcome = ("failed", _describe(e), True, False, None)
@@ -427,9 +480,12 @@ class Worker:
             if context.lost.is_set() and outcome is not None and outcome[0] == "succeeded":
                 outcome = None  # it finished, but the lease had gone: not ours to report
         finally:
-            beats.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beats
+            first_beat.cancel()
+            deadline.cancel()
+            if beats is not None:
+                beats.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beats
             if outcome is not None:
                 await asyncio.shield(self._complete(context, *outcome))
             else:
@@ -446,16 +502,24 @@ class Worker:
             return await result
         return result
 
-    async def _heartbeat(self, context: RunContext, work: asyncio.Future[Any]) -> None:
+    async def _heartbeat(
+        self, context: RunContext, work: asyncio.Future[Any], started: float
+    ) -> None:
+        """Beat every third of the lease, the first one now (a third after ``started``, the
+        loop's time the run began), until the work ends."""
         lease_sec = context.run.lease_sec
-        every = max(0.2, lease_sec / 3)
+        every = heartbeat_every(lease_sec)
         loop = asyncio.get_running_loop()
         # When the lease runs out, as far as this worker can tell: the claim's answer came a
-        # moment after the lease was granted, and a heartbeat's extension starts no sooner
-        # than it was asked. A beat not delivered by then is given up.
-        lease_ends = loop.time() + lease_sec
+        # moment after the lease was granted (which counts from the start for a run leased
+        # ahead), and a heartbeat's extension starts no sooner than it was asked. A beat not
+        # delivered by then is given up.
+        lease_ends = started + lease_sec
+        first = True
         while not work.done():  # one beat a third of a lease; ends with the work
-            await asyncio.sleep(every)
+            if not first:
+                await asyncio.sleep(every)
+            first = False
             if work.done():
                 return
             asked = loop.time()
@@ -498,6 +562,11 @@ class Worker:
                 self.lost += 1
             case "refused" | "undelivered":
                 self.refused += 1
+
+
+def heartbeat_every(lease_sec: float) -> float:
+    """How often a run's lease is extended: a third of it (at least 0.2 s apart)."""
+    return max(0.2, lease_sec / 3)
 
 
 def _describe(error: BaseException) -> str:
