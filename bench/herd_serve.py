@@ -21,6 +21,8 @@ Scenarios (each its own processes, started afresh; one recorder for all):
   runs a claim, completing each run) in another process from one second before the slot. Lag
   = lease granted - slot (the node's own statement in the claim), and the answer's arrival at
   the worker - slot.
+* ``http-wN``, ``pull-wN``: the same on ``cronlog serve --workers N`` (N worker processes
+  beside the parent that serves them the log); the CPU is the whole process tree's.
 * ``aps-*``: :mod:`bench.aps_peer` with the variants of :data:`APS_VARIANTS`.
 
 Appends one JSON line per scenario run to bench/results/herd_serve.jsonl and prints it.
@@ -312,6 +314,12 @@ def aps(recorder: Recorder, jobs: int, tmp: Path, variant: str) -> dict[str, Any
     }
 
 
+def _workers(name: str) -> list[str]:
+    """``http-w2``, ``pull-w3``: the scenario on ``cronlog serve --workers N``."""
+    _, _, count = name.partition("-w")
+    return ["--workers", count] if count else []
+
+
 def run_scenario(
     name: str,
     recorder: Recorder,
@@ -327,15 +335,25 @@ def run_scenario(
     began = time.monotonic()
     if name == "floor":
         figures = floor(recorder, jobs)
-    elif name == "http":
-        figures = herd_http(recorder, jobs, tmp, kafka=kafka, profile=profile, settle_s=settle_s)
-    elif name == "pull":
-        figures = herd_pull(jobs, tmp, kafka=kafka, profile=profile, settle_s=settle_s)
+    elif name.split("-w")[0] == "http":
+        figures = herd_http(
+            recorder,
+            jobs,
+            tmp,
+            kafka=kafka,
+            extra=_workers(name),
+            profile=profile,
+            settle_s=settle_s,
+        )
+    elif name.split("-w")[0] == "pull":
+        figures = herd_pull(
+            jobs, tmp, kafka=kafka, extra=_workers(name), profile=profile, settle_s=settle_s
+        )
     elif name in APS_VARIANTS:
         figures = aps(recorder, jobs, tmp, name)
     else:
         raise ValueError(f"no scenario {name!r}")
-    if name in ("http", "pull"):
+    if name.split("-w")[0] in ("http", "pull"):
         figures["settle_s"] = settle_s
     return {
         "timestamp": stamp(),
@@ -415,7 +433,7 @@ def main() -> None:
                         jobs = min(args.jobs, args.aps_sqlite_jobs)
                     elif name.startswith("aps-"):
                         jobs = args.aps_jobs or args.jobs
-                    kafka = bootstrap if name in ("http", "pull") else None
+                    kafka = bootstrap if name.split("-w")[0] in ("http", "pull") else None
                     record = run_scenario(
                         name, recorder, jobs, Path(tmp), kafka, args.profile, args.settle_s
                     )

@@ -1039,9 +1039,7 @@ class Node:
                 break
             asked_at = self._clock.now_ms()
             answers = await asyncio.gather(
-                *(
-                    self._claim_one(p, ask, share, timeout_s) for p, share in shares.items()
-                )
+                *(self._claim_one(p, ask, share, timeout_s) for p, share in shares.items())
             )
             # the next round: those not asked, and those that granted their whole share
             before = capacity

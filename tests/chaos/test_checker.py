@@ -557,3 +557,28 @@ def test_a_run_withdrawn_before_its_slot_counts_as_never_materialised() -> None:
     report = check(b.history(end(11)))
     assert report.ok, report.as_json()["violations"]
     assert report.figures["run_outcomes"] == {"succeeded": 22}
+
+
+def test_a_node_of_several_workers_is_read_as_one() -> None:
+    from tools.chaos.gather import parse_metrics
+
+    text = "\n".join(
+        [
+            'cronlog_node_ready{worker="0"} 1.0',
+            'cronlog_node_ready{worker="1"} 0.0',
+            'cronlog_partitions_owned{worker="0"} 3.0',
+            'cronlog_partitions_owned{worker="1"} 2.0',
+            'cronlog_runs_total{tenant="a,b",worker="0"} 4.0',
+            'cronlog_runs_total{tenant="a,b",worker="1"} 5.0',
+            'cronlog_worker_up{worker="0"} 1.0',
+            'cronlog_worker_up{worker="1"} 1.0',
+            "cronlog_plain 7.0",
+        ]
+    )
+    assert parse_metrics(text) == {
+        "cronlog_node_ready": 0.0,  # ready only when every worker is
+        "cronlog_partitions_owned": 5.0,
+        'cronlog_runs_total{tenant="a,b"}': 9.0,
+        "cronlog_worker_up": 1.0,
+        "cronlog_plain": 7.0,
+    }

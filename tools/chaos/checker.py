@@ -874,6 +874,8 @@ def _check_health(history: History, report: Report) -> None:
         owned += h.metrics.get("cronlog_partitions_owned", 0.0)
         if h.metrics.get("cronlog_node_ready", 1.0) != 1.0:
             report.violate("partition_not_running", f"{node}: cronlog_node_ready is 0")
+        if h.metrics.get("cronlog_worker_up", 1.0) != 1.0:
+            report.violate("partition_not_running", f"{node}: a worker process did not answer")
         for name, value in h.metrics.items():
             if ("not_running" in name or "not_deciding" in name) and value > 0:
                 report.violate("partition_not_running", f"{node}: {name} = {value}")
