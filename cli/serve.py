@@ -24,7 +24,7 @@ from archive.reading import ArchivedLog
 from cli import background
 from cli.retention_args import add_retention_arguments, duration_ms, retention_from
 from cli.workers import die_with_parent, node_dir, worker_node_id
-from core.partition import DEFAULT_LEAD_MS, MAX_LEAD_MS
+from core.partition import DEFAULT_ARM_MS, DEFAULT_LEAD_MS, MAX_ARM_MS, MAX_LEAD_MS
 from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
 from node.admission import DEFAULT_ROOM, default_reserve
 from projections.history_checkpoint import DEFAULT_GRACE_MS, DEFAULT_KEEP
@@ -153,6 +153,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="materialise each scheduled run this long before its slot, so that at the slot"
         " only its start is left (a job with a run still live is decided at the slot);"
         " 0 decides every slot at the slot (default %(default)g, at most 300)",
+    )
+    serve.add_argument(
+        "--arm-ahead",
+        type=float,
+        default=DEFAULT_ARM_MS / 1000,
+        metavar="SEC",
+        help="lease each call to an HTTP or Kafka target this long before its start and hand it"
+        " to the executor, which makes it at the start on its own timer, so that at a herd's"
+        " slot nothing is left to decide; 0 leases each at its start (default %(default)g)",
     )
     serve.add_argument(
         "--job-retention-hours",
@@ -500,6 +509,8 @@ def _serve(args: argparse.Namespace) -> int:
         secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
     if not 0 <= args.lead_time <= MAX_LEAD_MS / 1000:
         sys.exit(f"cronlog: --lead-time must be between 0 and {MAX_LEAD_MS // 1000}")
+    if not 0 <= args.arm_ahead <= MAX_ARM_MS / 1000:
+        sys.exit(f"cronlog: --arm-ahead must be between 0 and {MAX_ARM_MS // 1000}")
     if args.job_retention_hours < 0:
         sys.exit("cronlog: --job-retention-hours must not be negative")
     if args.rocksdb_memory_mb < 8:
@@ -611,6 +622,7 @@ def _serve(args: argparse.Namespace) -> int:
         node_id=node_id,
         retention_ms=round(args.job_retention_hours * 3_600_000),
         lead_ms=round(args.lead_time * 1000),
+        arm_ms=round(args.arm_ahead * 1000),
         executors=Executors(
             node_id,
             max_in_flight=room,
