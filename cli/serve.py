@@ -481,6 +481,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.request_head import BoundedHttpToolsProtocol
     from api.time_travel import PastStates
     from eventlog.embedded import EmbeddedLog
     from node import decisions
@@ -682,6 +683,7 @@ def _serve(args: argparse.Namespace) -> int:
         lifespan="on",
         access_log=args.access_log,
         timeout_keep_alive=KEEP_ALIVE_S,
+        http=BoundedHttpToolsProtocol,  # 431 for a head over 64 KiB or 100 fields
         # In JSON, uvicorn's own lines go through the root handler like every other; in text
         # it keeps its usual look.
         log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,

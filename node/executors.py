@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, assert_never
 from urllib.parse import urlsplit
 
 import msgspec
@@ -39,7 +39,7 @@ from core import events as ev
 from core.commands import AnyCommand, CompleteRun, HeartbeatRun, Outcome
 from core.egress import EgressPolicy
 from core.errors import CronlogError, LeaseLost, Unavailable
-from core.jobs import HttpTarget, JobSpec
+from core.jobs import HttpTarget, JobSpec, KafkaTarget, PullTarget
 from core.state import RunState, ageing_key
 from core.turns import Turns
 from node.admission import DEFAULT_ROOM, Admission, RateLimit, Ticket, default_reserve
@@ -216,12 +216,18 @@ class Executors(Dispatcher):
     @staticmethod
     def _limit(runner: PartitionRunner, run: RunState) -> RateLimit | None:
         job = runner.state.jobs.get(run.job_id)
-        target = job.spec.target if job is not None else None
-        if not isinstance(target, HttpTarget) or target.max_calls_per_sec is None:
+        if job is None:
             return None
-        parts = urlsplit(target.url)
-        origin = f"{parts.scheme}://{parts.netloc}".lower()
-        return RateLimit((run.tenant, origin), target.max_calls_per_sec)
+        match job.spec.target:
+            case HttpTarget(url=url, max_calls_per_sec=rate) if rate is not None:
+                # What the downstream tolerates: the team's calls to the URL's origin share it.
+                parts = urlsplit(url)
+                origin = f"{parts.scheme}://{parts.netloc}".lower()
+                return RateLimit((run.tenant, origin), rate)
+            case HttpTarget() | KafkaTarget() | PullTarget():
+                return None
+            case _:
+                assert_never(job.spec.target)
 
     def _hand_out(self, granted: list[Ticket]) -> None:
         now = time.monotonic()  # the admission's clock
