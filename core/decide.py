@@ -107,6 +107,10 @@ MAX_HORIZON_MS = 300_000  # a claim reaches at most this far ahead (the longest 
 # A pause or schedule change withdraws a push run's armed call only this long before its start
 # at least: the time the node's executors are given to drop it.
 ARM_GUARD_MS = 500
+# ... and a run leased ahead to a pull worker only this long before its start at least: its
+# worker checks the lease at most 1 s before the start (the SDK's check_sec), after any change
+# decided by then, so a run withdrawn is never started.
+CHECK_GUARD_MS = 1_500
 
 
 def run_id_of(job_id: str, scheduled_for: Millis) -> str:
@@ -351,7 +355,8 @@ def _ahead_runs(state: PartitionState, job: JobState, now: Millis) -> list[RunSt
         and (
             run.status is RunStatus.PENDING
             # leased ahead, its start not come: a pull worker learns it is withdrawn when it
-            # checks the lease before the start (``HeartbeatRun.check``); a push run's armed
+            # checks the lease before the start (``HeartbeatRun.check``, sent at most 1 s
+            # before it), so only while its start is CHECK_GUARD_MS away; a push run's armed
             # call is dropped by the node's executor (told at once), so only while its start
             # is at least ARM_GUARD_MS away, and never a critical job's: a drop that came too
             # late would leave a call made for a slot scheduled again
@@ -361,8 +366,9 @@ def _ahead_runs(state: PartitionState, job: JobState, now: Millis) -> list[RunSt
                 and run.start_at is not None
                 and run.start_at > now
                 and (
-                    isinstance(job.spec.target, PullTarget)
-                    or (not job.spec.critical and run.start_at - now >= ARM_GUARD_MS)
+                    run.start_at - now >= CHECK_GUARD_MS
+                    if isinstance(job.spec.target, PullTarget)
+                    else not job.spec.critical and run.start_at - now >= ARM_GUARD_MS
                 )
             )
         )

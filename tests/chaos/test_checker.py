@@ -582,3 +582,17 @@ def test_a_node_of_several_workers_is_read_as_one() -> None:
         "cronlog_worker_up": 1.0,
         "cronlog_plain": 7.0,
     }
+
+
+def test_a_withdrawn_run_that_was_called_all_the_same_is_caught() -> None:
+    b = clean()
+    slot = T0 + 10_000
+    b.materialise("a", slot)
+    token = b.lease("a", slot, slot - 2000)  # armed ahead
+    b.emit(
+        0,
+        b._run_ev("RunCancelled", "a", slot, slot - 1000, reason="withdrawn", next_slot=slot),
+    )
+    b.deliver("a", slot, token, slot + 5)  # the executor never heard: the call was made
+    report = check(b.history(end(11)))
+    assert report.violations["withdrawn_run_delivered"], report.as_json()["violations"]
