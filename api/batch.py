@@ -53,11 +53,11 @@ from api.jobs import CATCH_UP_S, is_fresh, new_job
 from api.quota import JobQuota, quota_exceeded
 from api.wire import MAX_IDEMPOTENCY_KEY, NewJob
 from core.commands import PutJob
-from core.egress import EgressPolicy
+from core.egress import EgressPolicy, refuse_unknown_kind
 from core.errors import CronlogError, EgressDenied
 from core.events import AnyEvent, JobRegistered
 from core.ids import team_id
-from core.jobs import HttpTarget, KafkaTarget, Target
+from core.jobs import HttpTarget, KafkaTarget, PullTarget, Target
 
 MAX_BATCH_JOBS = 1000
 # A batch's key, with "#<index>" after it, is each item's idempotency key: it leaves room.
@@ -120,17 +120,20 @@ class _Targets:
         self._reasons: dict[tuple[str, ...], str | None] = {}
 
     def check_target(self, tenant: str, target: Target) -> None:
-        if isinstance(target, HttpTarget):
-            key: tuple[str, ...] = ("http", target.url)
-            if key not in self._reasons:
-                self._reasons[key] = self._policy.check_url(target.url)
-        elif isinstance(target, KafkaTarget):
-            key = ("kafka", tenant, target.topic)
-            if key not in self._reasons:
-                self._reasons[key] = self._policy.check_topic(tenant, target.topic)
-        else:
-            self._policy.check_target(tenant, target)
-            return
+        match target:
+            case HttpTarget(url=url):
+                key: tuple[str, ...] = ("http", url)
+                if key not in self._reasons:
+                    self._reasons[key] = self._policy.check_url(url)
+            case KafkaTarget(topic=topic):
+                key = ("kafka", tenant, topic)
+                if key not in self._reasons:
+                    self._reasons[key] = self._policy.check_topic(tenant, topic)
+            case PullTarget():
+                self._policy.check_target(tenant, target)
+                return
+            case _:
+                refuse_unknown_kind(target)
         reason = self._reasons[key]
         if reason is not None:
             raise EgressDenied(reason)

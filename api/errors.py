@@ -19,6 +19,8 @@ a method the path does not take                405     ``method_not_allowed``
 body over 1 MiB                                413     ``too_large``
 a body that is not ``application/json``        415     ``unsupported_media_type``
 the token spent its requests (``Retry-After``) 429     ``rate_limited``
+a head over 64 KiB or 100 header fields        431     ``headers_too_large``
+(answered before the app: ``api/request_head``)
 ``Unavailable``, ``Fenced``, any other error   503     ``unavailable``
 of the ``CronlogError`` tree (a node's own)
 =============================================  ======  =========================

@@ -24,7 +24,7 @@ import random
 import secrets
 import threading
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, assert_never
 
 import msgspec
 from msgspec import UNSET
@@ -143,9 +143,12 @@ def target_of(value: TargetIn) -> Target:
             return KafkaTarget(topic=value.removeprefix("kafka://"))
         case str() if value.startswith("pull://"):
             return PullTarget(pool=value.removeprefix("pull://"))
-    raise InvalidDefinition(
-        "target", f"{value!r} is not an http(s)://, kafka://topic or pull://pool target"
-    )
+        case str():
+            raise InvalidDefinition(
+                "target", f"{value!r} is not an http(s)://, kafka://topic or pull://pool target"
+            )
+        case _:
+            assert_never(value)
 
 
 def _backoff(given: BackoffIn, base: Backoff) -> Backoff:

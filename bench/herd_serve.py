@@ -21,6 +21,9 @@ Scenarios (each its own processes, started afresh; one recorder for all):
   runs a claim, completing each run) in another process from one second before the slot. Lag
   = lease granted - slot (the node's own statement in the claim), and the answer's arrival at
   the worker - slot.
+* ``http-wN``, ``pull-wN``: the same on ``cronlog serve --workers N`` (N worker processes
+  beside the parent that serves them the log); the CPU is the whole process tree's.
+  ``http-aS``: with ``--arm-ahead S`` (``http-a0``: every call leased at its slot).
 * ``aps-*``: :mod:`bench.aps_peer` with the variants of :data:`APS_VARIANTS`.
 
 Appends one JSON line per scenario run to bench/results/herd_serve.jsonl and prints it.
@@ -312,6 +315,18 @@ def aps(recorder: Recorder, jobs: int, tmp: Path, variant: str) -> dict[str, Any
     }
 
 
+def _workers(name: str) -> list[str]:
+    """The serve options a scenario's suffixes name: ``-wN`` (``--workers N``: ``http-w2``),
+    ``-aS`` (``--arm-ahead S``: ``http-a0``), in any order (``http-w2-a0``)."""
+    out: list[str] = []
+    for part in name.split("-")[1:]:
+        if part[:1] == "w" and part[1:].isdigit():
+            out += ["--workers", part[1:]]
+        elif part[:1] == "a" and part[1:].replace(".", "", 1).isdigit():
+            out += ["--arm-ahead", part[1:]]
+    return out
+
+
 def run_scenario(
     name: str,
     recorder: Recorder,
@@ -327,15 +342,25 @@ def run_scenario(
     began = time.monotonic()
     if name == "floor":
         figures = floor(recorder, jobs)
-    elif name == "http":
-        figures = herd_http(recorder, jobs, tmp, kafka=kafka, profile=profile, settle_s=settle_s)
-    elif name == "pull":
-        figures = herd_pull(jobs, tmp, kafka=kafka, profile=profile, settle_s=settle_s)
+    elif name.split("-")[0] == "http":
+        figures = herd_http(
+            recorder,
+            jobs,
+            tmp,
+            kafka=kafka,
+            extra=_workers(name),
+            profile=profile,
+            settle_s=settle_s,
+        )
+    elif name.split("-")[0] == "pull":
+        figures = herd_pull(
+            jobs, tmp, kafka=kafka, extra=_workers(name), profile=profile, settle_s=settle_s
+        )
     elif name in APS_VARIANTS:
         figures = aps(recorder, jobs, tmp, name)
     else:
         raise ValueError(f"no scenario {name!r}")
-    if name in ("http", "pull"):
+    if name.split("-")[0] in ("http", "pull"):
         figures["settle_s"] = settle_s
     return {
         "timestamp": stamp(),
@@ -415,7 +440,7 @@ def main() -> None:
                         jobs = min(args.jobs, args.aps_sqlite_jobs)
                     elif name.startswith("aps-"):
                         jobs = args.aps_jobs or args.jobs
-                    kafka = bootstrap if name in ("http", "pull") else None
+                    kafka = bootstrap if name.split("-")[0] in ("http", "pull") else None
                     record = run_scenario(
                         name, recorder, jobs, Path(tmp), kafka, args.profile, args.settle_s
                     )

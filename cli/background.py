@@ -24,15 +24,17 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from node.worker import OneShot, Service, Worker
 
 if TYPE_CHECKING:
     from archive.archive import Archive
     from eventlog.port import EventLog
+    from eventlog.remote import RemoteLog
     from eventlog.retention import Retention
     from node.node import Node
     from node.retention import EmbeddedRetention, KafkaRetention
@@ -62,6 +64,20 @@ def services(
         found.append(log_watch(raw_log, server, damaged))
         if not args.skip_log_check:
             found.append(log_check(raw_log, node, full=args.full_log_check))
+    if getattr(args, "worker_index", None) is not None:
+        from cli.workers import FloorReport, all_joined, all_up, floor_path, metrics_path
+        from node.worker_metrics import MetricsSocket
+
+        # A worker process: the parent checks, watches and prunes the log; the worker says
+        # what retention must keep for it, and stops should the parent go.
+        index = args.worker_index
+        found.append(parent_watch(server))
+        found.append(MetricsSocket(node.metrics, metrics_path(args.data_dir, index)))
+        if args.kafka:  # each worker is a node of the brokers' group; the brokers prune
+            found.append(all_up(args.data_dir, index, args.workers))
+        else:
+            found.append(all_joined(cast("RemoteLog", raw_log), args.workers))
+            found.append(FloorReport(node, floor_path(args.data_dir, index)))
     loop = retention_loop(args, raw_log, archive, retention, node)
     if loop is not None:
         found.append(loop)
@@ -113,6 +129,43 @@ def log_check(log_: Any, node: Node, *, full: bool) -> OneShot:
         return True
 
     return OneShot("log-check", check, required=True)
+
+
+def log_check_now(log_: Any, *, full: bool) -> OneShot:
+    """The start's check of the embedded log in the parent of worker processes (which has no
+    partitions to wait for); damage found fails the log, and the parent's log watch stops every
+    worker (exit 3)."""
+    from core.errors import LogCorrupted
+
+    def check(stopping: threading.Event) -> bool:
+        try:
+            check_log(log_, full=full)
+        except LogCorrupted:
+            return False
+        except Exception:
+            if log_.closed:
+                return False
+            raise
+        return True
+
+    return OneShot("log-check", check, required=True)
+
+
+def parent_watch(server: Any) -> Worker:
+    """A worker process's watch of its parent: should the parent end (even killed), the worker
+    stops serving; nothing is left running on a log nobody serves."""
+    from cli.workers import parent_pid
+
+    parent = parent_pid()
+
+    def watch(stopping: threading.Event) -> None:
+        while not stopping.wait(LOOK_S):
+            if os.getppid() != parent:
+                log.error("the parent process %d is gone: stopping", parent)
+                server.should_exit = True
+                return
+
+    return Worker("parent-watch", watch, required=True)
 
 
 def check_log(log_: Any, *, full: bool) -> None:

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from archive.reading import ArchivedLog
 from cli import background
 from cli.retention_args import add_retention_arguments, duration_ms, retention_from
-from core.partition import DEFAULT_LEAD_MS, MAX_LEAD_MS
+from cli.workers import die_with_parent, node_dir, worker_node_id
+from core.partition import DEFAULT_ARM_MS, DEFAULT_LEAD_MS, MAX_ARM_MS, MAX_LEAD_MS
 from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
 from node.admission import DEFAULT_ROOM, default_reserve
 from projections.history_checkpoint import DEFAULT_GRACE_MS, DEFAULT_KEEP
@@ -116,6 +117,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         " more than one core, else 0: in the node's process)",
     )
     serve.add_argument(
+        "--workers",
+        type=_processes,
+        default=1,
+        metavar="N",
+        help="embedded log: run the node as N worker processes, each owning a share of the"
+        " partitions and serving the API on the same port, beside a parent that serves them"
+        " the log (default 1: one process; docs/operations.md, 'Worker processes')",
+    )
+    # A worker process of `--workers N` (cli/workers.py): set by its parent, never by hand.
+    serve.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-socket", type=Path, default=None, help=argparse.SUPPRESS)
+    serve.add_argument(
         "--drain-sec",
         type=float,
         default=30.0,
@@ -139,6 +153,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="materialise each scheduled run this long before its slot, so that at the slot"
         " only its start is left (a job with a run still live is decided at the slot);"
         " 0 decides every slot at the slot (default %(default)g, at most 300)",
+    )
+    serve.add_argument(
+        "--arm-ahead",
+        type=float,
+        default=DEFAULT_ARM_MS / 1000,
+        metavar="SEC",
+        help="lease each call to an HTTP or Kafka target this long before its start and hand it"
+        " to the executor, which makes it at the start on its own timer, so that at a herd's"
+        " slot nothing is left to decide; 0 leases each at its start (default %(default)g)",
     )
     serve.add_argument(
         "--job-retention-hours",
@@ -435,6 +458,10 @@ def serve_command(args: argparse.Namespace) -> int:
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
+        if args.workers > 1 and args.worker_index is None:
+            from cli.workers import serve_workers
+
+            return serve_workers(args, sys.argv[1:])
         return _serve(args)
     except LogCorrupted as e:
         log.debug("the log is damaged", exc_info=True)
@@ -454,6 +481,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.request_head import BoundedHttpToolsProtocol
     from api.time_travel import PastStates
     from eventlog.embedded import EmbeddedLog
     from node import decisions
@@ -482,18 +510,36 @@ def _serve(args: argparse.Namespace) -> int:
         secrets_dir.chmod(0o700)  # whatever the umask: it holds teams' credentials
     if not 0 <= args.lead_time <= MAX_LEAD_MS / 1000:
         sys.exit(f"cronlog: --lead-time must be between 0 and {MAX_LEAD_MS // 1000}")
+    if not 0 <= args.arm_ahead <= MAX_ARM_MS / 1000:
+        sys.exit(f"cronlog: --arm-ahead must be between 0 and {MAX_ARM_MS // 1000}")
     if args.job_retention_hours < 0:
         sys.exit("cronlog: --job-retention-hours must not be negative")
     if args.rocksdb_memory_mb < 8:
         sys.exit("cronlog: --rocksdb-memory-mb must be at least 8")
     from eventlog import rocks
 
-    rocks.set_memory_budget(args.rocksdb_memory_mb * rocks.MIB)
+    # Worker processes (cli/workers.py) share the budget with each other and their parent.
+    worker = args.worker_index is not None
+    if worker:
+        die_with_parent()
+    shares = args.workers + 1 if worker else 1
+    rocks.set_memory_budget(max(8, args.rocksdb_memory_mb // shares) * rocks.MIB)
     if args.snapshot_every_events < 1 or not args.snapshot_every_sec > 0:
         sys.exit("cronlog: --snapshot-every-events and --snapshot-every-sec must be positive")
     if args.standby_replicas < 0:
         sys.exit("cronlog: --standby-replicas must not be negative")
     room, reserved = call_room(args.max_calls, args.reserved_calls, args.max_calls_per_team)
+    per_team = args.max_calls_per_team
+    node_id = args.node_id
+    cores = usable_cores()
+    if worker:
+        # The node's room, its reserve and each team's cap, divided among its workers; the
+        # cores too, for the executor processes' default.
+        room = max(1, room // args.workers)
+        reserved = (reserved[0] // args.workers, reserved[1])
+        per_team = None if per_team is None else max(1, per_team // args.workers)
+        node_id = worker_node_id(args.node_id, args.worker_index)
+        cores = max(1, cores // args.workers)
     if args.history_checkpoints_kept < 1:
         sys.exit("cronlog: --history-checkpoints-kept must be at least 1")
     if args.history_checkpoint_grace <= 0:
@@ -548,6 +594,15 @@ def _serve(args: argparse.Namespace) -> int:
                 raw_log.close()
                 sys.exit(f"cronlog: cannot open the snapshots topic at {args.kafka}: {e}")
         target_kafka = args.target_kafka or args.kafka
+    elif worker:  # embedded, in a worker process: the parent's log, through its socket
+        from eventlog.remote import RemoteLog
+
+        raw_log = RemoteLog(args.worker_socket, member_id=node_id)
+        if not args.no_snapshots:
+            from eventlog.snapshots import FileSnapshots
+
+            snapshots = FileSnapshots(data_dir / "snapshots")
+        target_kafka = args.target_kafka
     else:
         raw_log = EmbeddedLog.open(
             data_dir / "log",
@@ -564,21 +619,22 @@ def _serve(args: argparse.Namespace) -> int:
     log_: EventLog = raw_log if archive is None else ArchivedLog(raw_log, archive)
     node = Node(
         log_,
-        data_dir / "node",
-        node_id=args.node_id,
+        node_dir(data_dir, args.worker_index or 0),
+        node_id=node_id,
         retention_ms=round(args.job_retention_hours * 3_600_000),
         lead_ms=round(args.lead_time * 1000),
+        arm_ms=round(args.arm_ahead * 1000),
         executors=Executors(
-            args.node_id,
+            node_id,
             max_in_flight=room,
-            max_in_flight_per_tenant=args.max_calls_per_team,
+            max_in_flight_per_tenant=per_team,
             reserved=reserved,
             kafka_bootstrap=target_kafka,
             kafka_config=target_kafka_config,
             egress=egress,
             secrets=Secrets(secrets_dir),
             error_excerpt_bytes=DEFAULT_ERROR_EXCERPT if excerpt is None else excerpt,
-            processes=executor_processes(args.executor_processes, usable_cores()),
+            processes=executor_processes(args.executor_processes, cores),
         ),
         snapshots=snapshots,
         snapshot_policy=SnapshotPolicy(args.snapshot_every_events, args.snapshot_every_sec),
@@ -590,16 +646,29 @@ def _serve(args: argparse.Namespace) -> int:
         history_window_ms=args.history_window,
         archive=archive,
     )
-    if archive is None and args.history_window is not None:
+    # Of a node's worker processes, the first speaks for them all (the parent says where).
+    speaks = not worker or args.worker_index == 0
+    if archive is None and args.history_window is not None and speaks:
         print(
             "cronlog: no archive: runs older than the history window"
             f" ({args.history_window / 86_400_000:g} days) leave history for good",
             flush=True,
         )
+    metrics: Any = node.metrics
+    if worker:
+        from cli.workers import metrics_path
+        from node.worker_metrics import MergedMetrics
+
+        # Whichever worker a scrape reaches answers for them all (node/worker_metrics.py).
+        metrics = MergedMetrics(
+            node.metrics,
+            args.worker_index,
+            {i: metrics_path(data_dir, i) for i in range(args.workers) if i != args.worker_index},
+        )
     app = create_app(
         node,
         tokens,
-        metrics=node.metrics,
+        metrics=metrics,
         metrics_token=load_metrics_token(data_dir),
         limits=limits,
         egress=egress,
@@ -614,6 +683,7 @@ def _serve(args: argparse.Namespace) -> int:
         lifespan="on",
         access_log=args.access_log,
         timeout_keep_alive=KEEP_ALIVE_S,
+        http=BoundedHttpToolsProtocol,  # 431 for a head over 64 KiB or 100 fields
         # In JSON, uvicorn's own lines go through the root handler like every other; in text
         # it keeps its usual look.
         log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
@@ -630,29 +700,36 @@ def _serve(args: argparse.Namespace) -> int:
     # Let allocation bursts (a midnight herd) run between collections; once recovery has
     # loaded what lives as long as the node, the gc-freeze service keeps the collector off it.
     gc.set_threshold(50_000, 20, 20)
-    print(f"cronlog: {egress.describe()}", flush=True)
-    if args.kafka and target_kafka == args.kafka and args.target_kafka_config is None:
+    if speaks:
+        print(f"cronlog: {egress.describe()}", flush=True)
+    if speaks and args.kafka and target_kafka == args.kafka and args.target_kafka_config is None:
         print(
             "cronlog: kafka:// targets are produced with the cluster's own credentials; give"
             " them their own (--target-kafka-config) whose ACLs deny the cluster's topics",
             flush=True,
         )
-    print(
-        f"cronlog: status UI at http://{args.host}:{args.port}/ui/ (sign in with a team's token),"
-        f" API reference at http://{args.host}:{args.port}/docs",
-        flush=True,
-    )
-    print(
-        f"cronlog {args.node_id} serving on http://{args.host}:{args.port} "
-        f"({'kafka ' + args.kafka if args.kafka else 'embedded log in ' + str(data_dir)})",
-        flush=True,
-    )
+    if speaks:
+        print(
+            f"cronlog: status UI at http://{args.host}:{args.port}/ui/ (sign in with a team's"
+            f" token), API reference at http://{args.host}:{args.port}/docs",
+            flush=True,
+        )
+    if not worker:
+        print(
+            f"cronlog {args.node_id} serving on http://{args.host}:{args.port} "
+            f"({'kafka ' + args.kafka if args.kafka else 'embedded log in ' + str(data_dir)})",
+            flush=True,
+        )
     # uvicorn drains HTTP on SIGTERM/SIGINT, then raises the signal again with the handler it
     # found installed: make that handler a clean exit, so the node below stops gracefully too.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
     try:
-        server.run()
+        if worker:
+            # The parent's listening socket, shared by every worker's accepts.
+            server.run(sockets=[socket.socket(fileno=args.worker_fd)])
+        else:
+            server.run()
     finally:
         # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
         node.stop(drain_s=0 if damaged else args.drain_sec)

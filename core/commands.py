@@ -67,10 +67,13 @@ class ClaimRuns(Command, tag=True, frozen=True, kw_only=True):
 
 
 class StartRun(Command, tag=True, frozen=True, kw_only=True):
-    """A push executor of the node (HTTP, Kafka topic) leases one ready run."""
+    """A push executor of the node (HTTP, Kafka topic) leases one ready run; with
+    ``horizon_ms``, a run ready within it too, leased from its ``available_at`` (armed ahead:
+    the executor makes the call then, on its own timer)."""
 
     run_id: str
     worker_id: str
+    horizon_ms: Millis = 0
 
 
 class HeartbeatRun(Command, tag=True, frozen=True, kw_only=True):

@@ -77,6 +77,7 @@ from core.jobs import (
     JobSpec,
     MisfirePolicy,
     OverlapPolicy,
+    PullTarget,
     count_slots,
     first_slot,
     in_window,
@@ -102,6 +103,13 @@ from core.state import (
 MAX_SLOTS_PER_DECISION = 1000  # a longer backlog continues on the next timer
 MAX_CLAIM = 1000  # runs one claim may lease: a herd leased ahead in few requests
 MAX_HORIZON_MS = 300_000  # a claim reaches at most this far ahead (the longest lead time)
+# A pause or schedule change withdraws a push run's armed call only this long before its start
+# at least: the time the node's executors are given to drop it.
+ARM_GUARD_MS = 500
+# ... and a run leased ahead to a pull worker only this long before its start at least: its
+# worker checks the lease at most 1 s before the start (the SDK's check_sec), after any change
+# decided by then, so a run withdrawn is never started.
+CHECK_GUARD_MS = 1_500
 
 
 def run_id_of(job_id: str, scheduled_for: Millis) -> str:
@@ -344,9 +352,23 @@ def _ahead_runs(state: PartitionState, job: JobState, now: Millis) -> list[RunSt
         if run.scheduled_for > now
         and (
             run.status is RunStatus.PENDING
-            # leased ahead, its start not come: its worker learns it is withdrawn when it
-            # checks the lease before the start (``HeartbeatRun.check``)
-            or (run.status is RunStatus.RUNNING and run.start_at is not None and run.start_at > now)
+            # leased ahead, its start not come: a pull worker learns it is withdrawn when it
+            # checks the lease before the start (``HeartbeatRun.check``, sent at most 1 s
+            # before it), so only while its start is CHECK_GUARD_MS away; a push run's armed
+            # call is dropped by the node's executor (told at once), so only while its start
+            # is at least ARM_GUARD_MS away, and never a critical job's: a drop that came too
+            # late would leave a call made for a slot scheduled again
+            # (docs/architecture.md, "Calls armed ahead").
+            or (
+                run.status is RunStatus.RUNNING
+                and run.start_at is not None
+                and run.start_at > now
+                and (
+                    run.start_at - now >= CHECK_GUARD_MS
+                    if isinstance(job.spec.target, PullTarget)
+                    else not job.spec.critical and run.start_at - now >= ARM_GUARD_MS
+                )
+            )
         )
         and run.trigger is Trigger.SCHEDULE
         and run.attempt == 1
@@ -701,8 +723,10 @@ def _claim(state: PartitionState, cmd: ClaimRuns, now: Millis) -> list[AnyEvent]
 
 
 def _start(state: PartitionState, cmd: StartRun, now: Millis) -> list[AnyEvent]:
+    if not 0 <= cmd.horizon_ms <= MAX_HORIZON_MS:
+        raise InvalidDefinition("horizon_ms", f"must be between 0 and {MAX_HORIZON_MS}")
     run = _run(state, cmd.run_id, None)
-    if run.status is not RunStatus.PENDING or run.available_at > now:
+    if run.status is not RunStatus.PENDING or run.available_at > now + cmd.horizon_ms:
         raise Conflict(f"run {run.run_id} is {run.status}, not ready")
     job = state.jobs[run.job_id]
     if _misfired_ahead(job, run, now):

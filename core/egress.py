@@ -6,7 +6,9 @@ only live within it. The same rules are applied twice:
 
 - **at registration**, on the host as the job spells it, normalised first (any spelling of an
   address: ``0xa9fea9fe``, ``2852039166``, ``0251.0376.0251.0376``, ``127.1``, ``0``,
-  ``[::ffff:169.254.169.254]``; upper case, trailing dots and internationalised names of a host);
+  ``[::ffff:169.254.169.254]``; upper case, trailing dots and internationalised names of a host;
+  and every Unicode spelling (full-width digits, the ideographic full stop U+3002, ...), read in
+  ASCII as the HTTP executor's URL parser reads it before it connects: :func:`parse_host`);
 - **at call time**, on every address a host name resolves to, and only those that pass are
   connected to (``node/egress.py``), so a name that resolves to a denied address, or that
   rebinds between the check and the connection, gets nowhere.
@@ -46,11 +48,13 @@ import re
 import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Never, NoReturn, Union
 from urllib.parse import urlsplit
 
+import idna
+
 from core.errors import EgressDenied
-from core.jobs import HttpTarget, KafkaTarget, Target
+from core.jobs import HttpTarget, KafkaTarget, PullTarget, Target
 
 Address = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]  # noqa: UP007 (a runtime alias)
 Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]  # noqa: UP007
@@ -97,8 +101,12 @@ def canonical(address: Address) -> Address:
 def parse_host(text: str) -> Address | str:
     """A URL's host as what it names: an address (any spelling the system resolver would take
     for one) or a host name in lower-case ASCII without the trailing dot. Raises ValueError for
-    a host that is neither."""
-    host = text
+    a host that is neither.
+
+    A host beyond ASCII is first written in ASCII as the HTTP executor's URL parser (yarl)
+    writes it before it connects (:func:`ascii_host`), so ``127.0.0.1`` in full-width digits and
+    full stops is decided as the address ``127.0.0.1`` it will be called as, not as a name."""
+    host = text if text.isascii() else ascii_host(text)
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
         if ":" not in host:
@@ -117,6 +125,22 @@ def parse_host(text: str) -> Address | str:
         except OSError:
             pass
     return _host_name(bare)
+
+
+def ascii_host(text: str) -> str:
+    """``text``, a host with characters beyond ASCII, in ASCII as yarl's ``_encode_host``
+    writes it (the URL an aiohttp call connects to): IDNA 2008 with the UTS #46 mapping (NFKC,
+    case folded, the full stops U+3002, U+FF0E and U+FF61 read as "."), and the standard
+    library's IDNA 2003 codec (nameprep: NFKC too) for a host that refuses. Either reads the
+    full-width and other compatibility digits as ASCII ones, so the result may be an address."""
+    try:
+        return idna.encode(text, uts46=True).decode("ascii")
+    except UnicodeError:  # idna.IDNAError is one
+        pass
+    try:
+        return text.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise ValueError(f"{text!r} is not a valid host name") from None
 
 
 def _host_name(text: str) -> str:
@@ -435,12 +459,17 @@ class EgressPolicy:
     # -- targets -------------------------------------------------------------------------------
 
     def check_target(self, tenant: str, target: Target) -> None:
-        """Raise :class:`EgressDenied` if ``tenant``'s ``target`` is outside the policy."""
-        reason = None
-        if isinstance(target, HttpTarget):
-            reason = self.check_url(target.url)
-        elif isinstance(target, KafkaTarget):
-            reason = self.check_topic(tenant, target.topic)
+        """Raise :class:`EgressDenied` if ``tenant``'s ``target`` is outside the policy, or of
+        a kind the policy does not know."""
+        match target:
+            case HttpTarget(url=url):
+                reason = self.check_url(url)
+            case KafkaTarget(topic=topic):
+                reason = self.check_topic(tenant, topic)
+            case PullTarget():
+                reason = None  # the pool's workers come to cronlog: nothing is called
+            case _:
+                refuse_unknown_kind(target)
         if reason is not None:
             raise EgressDenied(reason)
 
@@ -455,6 +484,14 @@ class EgressPolicy:
             " this node's API; kafka:// topics: "
             + (topics or "none (kafka:// targets are refused)")
         )
+
+
+def refuse_unknown_kind(target: Never) -> NoReturn:
+    """The end of a branch over target kinds that decides egress: typed as
+    :func:`typing.assert_never` is, so mypy fails the branch when a kind added to ``Target`` is
+    not matched; at run time a refusal (``EgressDenied``: a 422 naming ``target``) instead of an
+    assertion, since letting an unchecked kind through is what the policy exists to prevent."""
+    raise EgressDenied(f"{type(target).__name__} is not a target kind the egress policy knows")
 
 
 def _entries(values: Iterable[str]) -> list[str]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import re
 import zlib
-from typing import Any
+from typing import Any, assert_never
 
 import msgspec
 
@@ -177,7 +177,13 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     @property
     def pool(self) -> str | None:
-        return self.target.pool if isinstance(self.target, PullTarget) else None
+        match self.target:
+            case PullTarget(pool=pool):
+                return pool
+            case HttpTarget() | KafkaTarget():
+                return None  # called by the node's executors
+            case _:
+                assert_never(self.target)
 
 
 def payload_of(spec: JobSpec) -> Any:
@@ -294,20 +300,12 @@ def validate(spec: JobSpec) -> None:
         raise InvalidDefinition("end_at", "must not be before start_at")
     if spec.run_at is not None and not in_window(spec, spec.run_at):
         raise InvalidDefinition("run_at", "must lie between start_at and end_at")
-    _validate_target(spec.target)
     if _depth(spec.payload) > MAX_PAYLOAD_DEPTH:
         raise InvalidDefinition("payload", f"must nest at most {MAX_PAYLOAD_DEPTH} levels deep")
     payload_bytes = len(msgspec.json.encode(spec.payload))
     if payload_bytes > MAX_PAYLOAD_BYTES:
         raise InvalidDefinition("payload", f"must encode to at most {MAX_PAYLOAD_BYTES} bytes")
-    if isinstance(spec.target, HttpTarget):
-        headers_bytes = validate_headers(spec.target.headers)
-        if payload_bytes + headers_bytes > MAX_PAYLOAD_BYTES:
-            raise InvalidDefinition(
-                "target.headers",
-                f"the headers ({headers_bytes} bytes) and the payload ({payload_bytes} bytes)"
-                f" together must be at most {MAX_PAYLOAD_BYTES} bytes",
-            )
+    _validate_target(spec.target, payload_bytes)
     if not 1 <= spec.max_attempts <= MAX_ATTEMPTS:
         raise InvalidDefinition("max_attempts", f"must be between 1 and {MAX_ATTEMPTS}")
     _positive("backoff.base_sec", spec.backoff.base_sec, upper=DAY_MS / 1000)
@@ -366,14 +364,21 @@ def _depth(value: Any) -> int:
 _HTTP_URL = re.compile(r"^https?://[^\s/?#]+")
 
 
-def _validate_target(target: Target) -> None:
+def _validate_target(target: Target, payload_bytes: int) -> None:
     match target:
-        case HttpTarget(url=url, max_calls_per_sec=rate):
+        case HttpTarget(url=url, headers=headers, max_calls_per_sec=rate):
             if not _HTTP_URL.match(url) or len(url) > 2048:
                 raise InvalidDefinition("target", "an HTTP target must be an http(s):// URL")
             if rate is not None and not 0.01 <= rate <= MAX_CALLS_PER_SEC:
                 raise InvalidDefinition(
                     "target.max_calls_per_sec", f"must be between 0.01 and {MAX_CALLS_PER_SEC}"
+                )
+            headers_bytes = validate_headers(headers)
+            if payload_bytes + headers_bytes > MAX_PAYLOAD_BYTES:
+                raise InvalidDefinition(
+                    "target.headers",
+                    f"the headers ({headers_bytes} bytes) and the payload ({payload_bytes} bytes)"
+                    f" together must be at most {MAX_PAYLOAD_BYTES} bytes",
                 )
         case KafkaTarget(topic=topic):
             if not TOPIC.match(topic) or topic in (".", ".."):
@@ -381,6 +386,8 @@ def _validate_target(target: Target) -> None:
         case PullTarget(pool=pool):
             if not POOL.match(pool):
                 raise InvalidDefinition("target", f"{pool!r} is not a valid pool name")
+        case _:
+            assert_never(target)
 
 
 def validate_headers(headers: dict[str, str | SecretRef]) -> int:

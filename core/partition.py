@@ -32,6 +32,12 @@ live run ends the timer moves back to the lead time before the next slot. Like t
 the lead is a setting, not state: it says when a decision is taken, and a restored partition
 arms its timers by the lead it is given. 0 (the default) decides every slot at the slot.
 
+**Calls armed ahead.** With ``arm_ms`` set, a push run's ``ready`` timer comes due
+``arm_ms`` before its ``available_at``, and the driver's ``StartRun`` reaches that far
+(``horizon_ms``): the lease is granted ahead, counting from ``available_at`` (its
+``start_at``), and the executor makes the call at that instant on its own timer. Like the lead,
+a setting, not state.
+
 ``snapshot()`` gives the canonical state as bytes with a format version in front, and
 ``restore()`` takes them back (rebuilding every timer from the state): a snapshot of a state
 equals the snapshot of the state that replaying its events gives.
@@ -63,13 +69,15 @@ from array import array
 from core import events as ev
 from core.clock import Millis
 from core.commands import AnyCommand, ForgetDue, LeaseDue, SlotDue
-from core.decide import decide
+from core.decide import MAX_HORIZON_MS, decide
 from core.errors import CronlogError, InvalidDefinition
 from core.ids import SEPARATOR
 from core.state import JobStatus, PartitionState, ended_at, evolve
 from core.timers import TimerKey, forget_timer, run_timers, slot_timer, timers_after
 from core.turns import Turns
 from core.wheel import TimingWheel
+
+MAX_ARM_MS = MAX_HORIZON_MS  # a call is armed at most this far ahead of its start
 
 # 2: a job's definition held encoded (``core.state.hold_spec``). Format 1 (the definition as a
 # map in place) is still read, and its jobs converted (``core.state.JobStateV1``).
@@ -86,6 +94,7 @@ DEFAULT_PARK_MS = 600_000
 # its slot (50,000 runs took more than 10 s on a busy 2-core machine, bench/results/perfherd.md),
 # short enough that a pause or a schedule change seldom has a run to withdraw.
 DEFAULT_LEAD_MS = 30_000
+DEFAULT_ARM_MS = 2_000  # a node arms a push run's call this long before its start
 # The longest lead time: well inside a parked span, so a parked slot enters the wheel before
 # its lead time begins.
 MAX_LEAD_MS = 300_000
@@ -104,9 +113,12 @@ class Partition:
         retention_ms: int = DEFAULT_RETENTION_MS,
         park_ms: int = DEFAULT_PARK_MS,
         lead_ms: int = 0,
+        arm_ms: int = 0,
     ) -> None:
         if not 0 <= lead_ms <= MAX_LEAD_MS:
             raise ValueError(f"lead_ms must be between 0 and {MAX_LEAD_MS}, got {lead_ms}")
+        if not 0 <= arm_ms <= MAX_ARM_MS:
+            raise ValueError(f"arm_ms must be between 0 and {MAX_ARM_MS}, got {arm_ms}")
         if retention_ms < 0:
             raise ValueError(f"retention_ms must not be negative, got {retention_ms}")
         if park_ms < 0:
@@ -114,6 +126,7 @@ class Partition:
         self.number = number
         self.retention_ms = retention_ms
         self.lead_ms = lead_ms
+        self.arm_ms = arm_ms
         self.state = state if state is not None else PartitionState(number)
         self.wheel: TimingWheel[TimerKey] = TimingWheel(now, tick_ms=tick_ms, wheel_size=wheel_size)
         # Timers that came due, (deadline, key), each team's in the order they came due and the
@@ -258,6 +271,8 @@ class Partition:
         return deadline
 
     def _arm(self, key: TimerKey, deadline: Millis) -> None:
+        if key[0] == "ready":  # a push run's start is decided its arming time ahead
+            deadline -= self.arm_ms
         if not self.wheel.add(key, deadline):  # already due
             self._came_due(deadline, key)
 

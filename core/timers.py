@@ -46,7 +46,6 @@ from core.events import (
     RunStarted,
     UpstreamRecorded,
 )
-from core.jobs import PullTarget
 from core.state import JobStatus, PartitionState, RunState, RunStatus, ended_at
 
 TimerKey = tuple[str, str]
@@ -74,7 +73,7 @@ def _ready_timer(state: PartitionState, run: RunState) -> list[TimerChange]:
     job = state.jobs.get(run.job_id)
     if (
         job is None
-        or isinstance(job.spec.target, PullTarget)
+        or job.spec.pool is not None  # a pull target: its pool's workers claim the run
         or run.status is not RunStatus.PENDING
     ):
         return [(("ready", run.run_id), None)]

@@ -1049,9 +1049,7 @@ class KafkaPartitionWriter:
             try:
                 # Within the append's deadline, but given a moment even past it: an abort that
                 # fails too closes the writer, and a new one is opened.
-                _retrying(
-                    producer.abort_transaction, max(deadline, time.monotonic() + ABORT_MIN_S)
-                )
+                _retrying(producer.abort_transaction, max(deadline, time.monotonic() + ABORT_MIN_S))
             except KafkaException as abort_failed:
                 err = abort_failed.args[0]
             else:

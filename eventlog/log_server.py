@@ -277,6 +277,8 @@ class LogServer:
                     group.leave(connection.session)
                     connection.session = None
                 return wire.Done(id)
+            case wire.Members(id):
+                return wire.Assignment(id, group.assignment())
             case wire.Hello(id, version):
                 if version != wire.VERSION:
                     raise CronlogError(

@@ -140,6 +140,10 @@ class CloseWriter(msgspec.Struct, tag="close", array_like=True):
     token: int
 
 
+class Members(msgspec.Struct, tag="members", array_like=True):
+    id: int
+
+
 Request = (
     Hello
     | Submit
@@ -157,6 +161,7 @@ Request = (
     | WaitReadable
     | CommandPosition
     | CloseWriter
+    | Members
 )
 
 
@@ -207,6 +212,11 @@ class Polled(msgspec.Struct, tag="polled", array_like=True):
     gone: bool
 
 
+class Assignment(msgspec.Struct, tag="assignment", array_like=True):
+    id: int
+    members: dict[str, list[int]]  # live member id -> the partitions it is to own
+
+
 class Failed(msgspec.Struct, tag="failed", array_like=True):
     id: int
     kind: str
@@ -218,7 +228,7 @@ class Failed(msgspec.Struct, tag="failed", array_like=True):
     start: int | None = None
 
 
-Answer = Welcome | Offsets | Number | Records | Mail | Done | Joined | Polled | Failed
+Answer = Welcome | Offsets | Number | Records | Mail | Done | Joined | Polled | Assignment | Failed
 
 encoder = msgspec.msgpack.Encoder()
 requests = msgspec.msgpack.Decoder(Request)

@@ -143,6 +143,11 @@ class RemoteLog:
     def member_id(self) -> str:
         return self._member_id
 
+    def assignment(self) -> dict[str, list[int]]:
+        """The group's live members and the partitions each is to own (for readiness and
+        tests)."""
+        return self._ask(wire.Members(0), wire.Assignment).members
+
     def submit(self, partition: int, value: bytes, key: bytes | None = None) -> int:
         return self._ask(wire.Submit(0, partition, value, key), wire.Number).value
 

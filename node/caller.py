@@ -47,7 +47,7 @@ import functools
 import logging
 import unicodedata
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, assert_never
 
 import aiohttp
 import msgspec
@@ -61,7 +61,14 @@ from core.commands import Outcome
 from core.egress import parse_host
 from core.errors import InvalidDefinition
 from core.ids import idempotency_key, team_id
-from core.jobs import HttpTarget, JobSpec, KafkaTarget, payload_of, validate_headers
+from core.jobs import (
+    HttpTarget,
+    JobSpec,
+    KafkaTarget,
+    PullTarget,
+    payload_of,
+    validate_headers,
+)
 from node.calls import (
     MAX_ERROR,
     STARTING,
@@ -172,12 +179,17 @@ class Caller:
         await self._starting.enter(lease.tenant)
         start = _Start(self._starting)
         try:
-            if isinstance(target, HttpTarget):
-                return await self._http(target, lease, spec, start)  # it keeps the timeout
-            if isinstance(target, KafkaTarget):
-                return await asyncio.wait_for(
-                    self._kafka(target, lease, spec, start), spec.timeout_sec
-                )
+            match target:
+                case HttpTarget():
+                    return await self._http(target, lease, spec, start)  # it keeps the timeout
+                case KafkaTarget():
+                    return await asyncio.wait_for(
+                        self._kafka(target, lease, spec, start), spec.timeout_sec
+                    )
+                case PullTarget():
+                    pass  # the pool's workers run it; a lease for one here is a bug, said below
+                case _:
+                    assert_never(target)
         except TimeoutError:
             return Result(Outcome.FAILED, f"timed out after {spec.timeout_sec} s", ambiguous=True)
         except Exception:

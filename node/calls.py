@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ import msgspec
 
 from core.commands import Outcome
 from core.egress import EgressPolicy
+from core.events import LeaseGranted
 from core.turns import Turns
 from node.admission import DEFAULT_ROOM
 
@@ -98,6 +100,24 @@ class Result(msgspec.Struct, frozen=True):
     permanent: bool = False
     ambiguous: bool = False
     retry_after_ms: int | None = None
+    # a call armed ahead (its lease's ``start_at``): how long after that instant it started
+    started_late_ms: int | None = None
+
+
+async def wait_for_start(lease: LeaseGranted) -> int | None:
+    """Wait until ``lease``'s ``start_at`` (a call armed ahead) by this process's clock, never
+    before it; then how late the start is, in ms (None for a lease that starts at once). The
+    lease was decided on this machine's clock, so the wait is the wall-clock difference, slept
+    on the monotonic clock."""
+    if lease.start_at is None:
+        return None
+    wait_ms = lease.start_at - time.time() * 1000
+    if wait_ms > 0:
+        await asyncio.sleep(wait_ms / 1000)
+    # a sleep may end a hair early by the wall clock (it counts on the monotonic one)
+    while (now := time.time() * 1000) < lease.start_at:
+        await asyncio.sleep((lease.start_at - now) / 1000)
+    return max(0, round(now - lease.start_at))
 
 
 def classify(status: int, retry_after: str | None = None, text: str = "") -> Result:

@@ -30,14 +30,16 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, assert_never
 from urllib.parse import urlsplit
+
+import msgspec
 
 from core import events as ev
 from core.commands import AnyCommand, CompleteRun, HeartbeatRun, Outcome
 from core.egress import EgressPolicy
 from core.errors import CronlogError, LeaseLost, Unavailable
-from core.jobs import HttpTarget, JobSpec
+from core.jobs import HttpTarget, JobSpec, KafkaTarget, PullTarget
 from core.state import RunState, ageing_key
 from core.turns import Turns
 from node.admission import DEFAULT_ROOM, Admission, RateLimit, Ticket, default_reserve
@@ -50,6 +52,7 @@ from node.calls import (
     Result,
     classify,
     retry_after_ms,
+    wait_for_start,
 )
 from node.handoff import Handoff
 from node.runner import Dispatcher, PartitionRunner
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
     from aiohttp.abc import AbstractResolver
 
     from node.caller import Caller
+
 
 __all__ = [
     "DEFAULT_ERROR_EXCERPT",
@@ -149,6 +153,9 @@ class Executors(Dispatcher):
             target=self._loop.run_forever, name="executors", daemon=True
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        # Calls armed ahead, by run id, until they end (on the loop): a cancel drops them.
+        self._armed: dict[str, asyncio.Future[Result]] = {}
+        self._dropped: set[asyncio.Future[Result]] = set()
         # The node's way to its partitions' owners (set by the node before it starts us).
         self.route: Route | None = None
         # Told when an executor process ended unasked (the node counts it).
@@ -209,12 +216,18 @@ class Executors(Dispatcher):
     @staticmethod
     def _limit(runner: PartitionRunner, run: RunState) -> RateLimit | None:
         job = runner.state.jobs.get(run.job_id)
-        target = job.spec.target if job is not None else None
-        if not isinstance(target, HttpTarget) or target.max_calls_per_sec is None:
+        if job is None:
             return None
-        parts = urlsplit(target.url)
-        origin = f"{parts.scheme}://{parts.netloc}".lower()
-        return RateLimit((run.tenant, origin), target.max_calls_per_sec)
+        match job.spec.target:
+            case HttpTarget(url=url, max_calls_per_sec=rate) if rate is not None:
+                # What the downstream tolerates: the team's calls to the URL's origin share it.
+                parts = urlsplit(url)
+                origin = f"{parts.scheme}://{parts.netloc}".lower()
+                return RateLimit((run.tenant, origin), rate)
+            case HttpTarget() | KafkaTarget() | PullTarget():
+                return None
+            case _:
+                assert_never(job.spec.target)
 
     def _hand_out(self, granted: list[Ticket]) -> None:
         now = time.monotonic()  # the admission's clock
@@ -316,17 +329,21 @@ class Executors(Dispatcher):
                 await self._complete(lease, spec, result)
                 return
             call = self._start_call(lease, spec)
+            if lease.start_at is not None:
+                self._armed[lease.run_id] = call  # a cancel before its start withdraws it
             # Most calls end long before a third of their lease: the heartbeat starts only for
             # those still running then, so a herd does not pay a task per call for it.
             keeper = _LeaseKeeper(self, lease, spec, call)
             try:
                 result = await call
             except asyncio.CancelledError:
-                if keeper.lost:
+                if keeper.lost or self._withdrawn(lease, call):
                     return  # the lease was lost or the run cancelled: nothing to report
                 raise
             finally:
                 keeper.stop()
+                if self._armed.get(lease.run_id) is call:
+                    del self._armed[lease.run_id]
             await self._complete(lease, spec, result)
         except asyncio.CancelledError:
             pass
@@ -335,12 +352,32 @@ class Executors(Dispatcher):
         finally:
             self.release(lease.tenant)
 
+    def cancelled(self, run_id: str) -> None:
+        """(From a runner's thread.) ``run_id`` was cancelled: a call armed ahead for it is
+        dropped before its start (one under way is abandoned, as a cancelled call is)."""
+        if self._armed:  # read without the loop: an empty dict is the common case
+            self._handoff.post(lambda: self._drop(run_id))
+
+    def _drop(self, run_id: str) -> None:
+        call = self._armed.pop(run_id, None)
+        if call is not None and not call.done():
+            self._dropped.add(call)
+            call.cancel()
+
+    def _withdrawn(self, lease: ev.LeaseGranted, call: asyncio.Future[Result]) -> bool:
+        if call in self._dropped:
+            self._dropped.discard(call)
+            log.info("run %s: cancelled before its armed call started", lease.run_id)
+            return True
+        return False
+
     def _start_call(self, lease: ev.LeaseGranted, spec: JobSpec) -> asyncio.Future[Result]:
-        """The call under way: in an executor process when there are some, else here."""
+        """The call under way: in an executor process when there are some, else here. A call
+        armed ahead (the lease's ``start_at``) waits for its start where it is made."""
         if self._processes is not None:
             return self._processes.submit(lease, spec)
         assert self._caller is not None  # there is one exactly when there are no processes
-        return asyncio.ensure_future(self._caller.call(lease, spec))
+        return asyncio.ensure_future(_armed(self._caller, lease, spec))
 
     async def _ask(self, command: AnyCommand) -> CronlogError | None:
         """Have the partition's owner decide ``command``, wherever it runs now (the node routes
@@ -365,6 +402,8 @@ class Executors(Dispatcher):
             permanent=result.permanent,
             ambiguous=result.ambiguous,
             retry_after_ms=result.retry_after_ms,
+            # a call armed ahead: its start is recorded with its outcome (RunStarted)
+            started_late_ms=result.started_late_ms if lease.start_at is not None else None,
         )
         give_up = time.monotonic() + spec.lease_sec + COMPLETE_GRACE_S
         delay = 0.05
@@ -407,6 +446,15 @@ class Executors(Dispatcher):
         executors' loop: ``asyncio.run_coroutine_threadsafe(executors.call(...), loop)``), in
         an executor process when there are some."""
         return await self._start_call(lease, spec)
+
+
+async def _armed(caller: Caller, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
+    """A call made here, armed ahead or not: waits for the lease's start, then calls."""
+    late_ms = await wait_for_start(lease)
+    result = await caller.call(lease, spec)
+    if late_ms is None:
+        return result
+    return msgspec.structs.replace(result, started_late_ms=late_ms)
 
 
 def heartbeat_interval(spec: JobSpec) -> float:

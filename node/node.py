@@ -67,7 +67,7 @@ from core.commands import (
 from core.decide import job_id_of_run
 from core.errors import CronlogError, LogCorrupted, NotYetReadable, Unavailable
 from core.jobs import MAX_PRIORITY
-from core.partition import DEFAULT_LEAD_MS, DEFAULT_RETENTION_MS
+from core.partition import DEFAULT_ARM_MS, DEFAULT_LEAD_MS, DEFAULT_RETENTION_MS
 from core.state import JobStatus, PartitionState, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
 from eventlog.snapshots import SnapshotStore
@@ -151,6 +151,7 @@ class Node:
         snapshot_offset: Callable[[int], int | None] | None = None,
         retention_ms: int = DEFAULT_RETENTION_MS,
         lead_ms: int = DEFAULT_LEAD_MS,
+        arm_ms: int = DEFAULT_ARM_MS,
         history_window_ms: int | None = DEFAULT_WINDOW_MS,
         archive: Archive | None = None,
         history_store: ObjectStore | None = None,
@@ -169,6 +170,7 @@ class Node:
         self.node_id = node_id
         self._retention_ms = retention_ms
         self._lead_ms = lead_ms  # how long before its slot a run is materialised (core.partition)
+        self._arm_ms = arm_ms  # how long before its start a push run's call is armed
         # The oldest snapshot a recovery may fall back to, per partition, once snapshots exist
         # (the node's own snapshot store unless given); retention keeps the log from there
         # (recovery_floor).
@@ -472,6 +474,7 @@ class Node:
             warm=self.standby.hand_over(partition),
             retention_ms=self._retention_ms,
             lead_ms=self._lead_ms,
+            arm_ms=self._arm_ms,
             on_late=self.late_starts.add,
         )
         with self._lock:
@@ -1039,9 +1042,7 @@ class Node:
                 break
             asked_at = self._clock.now_ms()
             answers = await asyncio.gather(
-                *(
-                    self._claim_one(p, ask, share, timeout_s) for p, share in shares.items()
-                )
+                *(self._claim_one(p, ask, share, timeout_s) for p, share in shares.items())
             )
             # the next round: those not asked, and those that granted their whole share
             before = capacity

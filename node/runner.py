@@ -131,6 +131,9 @@ class Dispatcher:
     def dispatch(self, runner: PartitionRunner, lease: ev.LeaseGranted) -> None:
         raise NotImplementedError
 
+    def cancelled(self, run_id: str) -> None:
+        """``run_id`` was cancelled: a call armed ahead for it and not started is dropped."""
+
 
 class PartitionRunner:
     def __init__(
@@ -149,12 +152,14 @@ class PartitionRunner:
         warm: Warm | None = None,
         retention_ms: int = DEFAULT_RETENTION_MS,
         lead_ms: int = 0,
+        arm_ms: int = 0,
         on_late: LateStart | None = None,
     ) -> None:
         self.partition = partition
         self._on_late = on_late
         self._retention_ms = retention_ms
         self._lead_ms = lead_ms
+        self._arm_ms = arm_ms  # how long before its start a push run's call is armed
         self._log = log_
         self._writer = writer
         self._open_store = open_store
@@ -180,7 +185,9 @@ class PartitionRunner:
         self._stop_reason: str | None = None
         self._thread: threading.Thread | None = None
         # The partition's pure core: its state and timers (replaced by every recovery).
-        self.core = Partition(partition, clock.now_ms(), retention_ms=retention_ms, lead_ms=lead_ms)
+        self.core = Partition(
+            partition, clock.now_ms(), retention_ms=retention_ms, lead_ms=lead_ms, arm_ms=arm_ms
+        )
         # (tenant, run id, how long it waited and why) given room by the dispatcher
         self._granted: list[tuple[str, str, Waited | None]] = []
         # What the loop's thread is doing and since when (time.monotonic()), where the last
@@ -326,6 +333,7 @@ class PartitionRunner:
             state,
             retention_ms=self._retention_ms,
             lead_ms=self._lead_ms,
+            arm_ms=self._arm_ms,
         )
         # A recovery that replayed a long tail (or, the first time, the whole log) leaves a
         # snapshot due at once, so the next owner need not replay it again.
@@ -568,6 +576,9 @@ class PartitionRunner:
         times.append_s = saving - appending
         _answer(answers, events, offsets)
         self._dispatch(events, starting)
+        for event in events:
+            if isinstance(event, ev.RunCancelled):  # a call armed ahead is not made
+                self._dispatcher.cancelled(event.run_id)
         assert self._store is not None
         self._store.save(self.state, list(zip(offsets, events, strict=True)))
         self._snapshot_if_due(len(events))
@@ -720,7 +731,10 @@ class PartitionRunner:
         """Decide the start of a run whose room is reserved; give the room back if it did not."""
         before = len(events)
         try:
-            self._decide(StartRun(run_id=run_id, worker_id=self._dispatcher.worker_id), now, events)
+            start = StartRun(
+                run_id=run_id, worker_id=self._dispatcher.worker_id, horizon_ms=self._arm_ms
+            )
+            self._decide(start, now, events)
         except CronlogError as err:  # cancelled, finished or moved on since it came due
             log.debug("partition %d: %s", self.partition, err)
             self._dispatcher.release(tenant)

@@ -41,6 +41,13 @@ REFUSED_URLS = [
     "http://192.168.1.1/",
     "http://[fe80::1]/",
     "http://user:password@api.example.com/",
+    # Unicode spellings: the URL parser that calls reads them in ASCII (UTS #46), as addresses.
+    "http://169\u3002254\u3002169\u3002254/latest/meta-data/",
+    "http://169\uff0e254\uff0e169\uff0e254/",
+    "http://\uff11\uff12\uff17\uff0e\uff10\uff0e\uff10\uff0e\uff11:6379/",
+    "http://\uff10\uff58\uff41\uff19\uff46\uff45\uff41\uff19\uff46\uff45/",
+    "http://0x7f\uff611/",
+    "http://\uff11\uff10\uff61\uff10\uff61\uff10\uff61\uff11/",
 ]
 
 
@@ -189,3 +196,16 @@ def test_every_white_space_or_control_character_in_a_url_is_refused() -> None:
     for c in odd:
         reason = policy.check_url(f"http://93.184.215.14/a{c}b")
         assert reason == "the URL holds white space or control characters", repr(c)
+
+
+async def test_a_batch_refuses_every_spelling_as_a_single_create_does(strict: Api) -> None:
+    before = strict.everything()
+    urls = [u for u in REFUSED_URLS if not u.isascii()]
+    r = await strict.a.post(
+        "/v1/jobs:batch", json={"jobs": [{**JOB, "target": url} for url in urls]}
+    )
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["status"] for x in results] == [422] * len(urls)
+    assert [x["error"]["field"] for x in results] == [f"jobs[{i}].target" for i in range(len(urls))]
+    assert strict.everything() == before

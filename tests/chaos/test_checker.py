@@ -557,3 +557,42 @@ def test_a_run_withdrawn_before_its_slot_counts_as_never_materialised() -> None:
     report = check(b.history(end(11)))
     assert report.ok, report.as_json()["violations"]
     assert report.figures["run_outcomes"] == {"succeeded": 22}
+
+
+def test_a_node_of_several_workers_is_read_as_one() -> None:
+    from tools.chaos.gather import parse_metrics
+
+    text = "\n".join(
+        [
+            'cronlog_node_ready{worker="0"} 1.0',
+            'cronlog_node_ready{worker="1"} 0.0',
+            'cronlog_partitions_owned{worker="0"} 3.0',
+            'cronlog_partitions_owned{worker="1"} 2.0',
+            'cronlog_runs_total{tenant="a,b",worker="0"} 4.0',
+            'cronlog_runs_total{tenant="a,b",worker="1"} 5.0',
+            'cronlog_worker_up{worker="0"} 1.0',
+            'cronlog_worker_up{worker="1"} 1.0',
+            "cronlog_plain 7.0",
+        ]
+    )
+    assert parse_metrics(text) == {
+        "cronlog_node_ready": 0.0,  # ready only when every worker is
+        "cronlog_partitions_owned": 5.0,
+        'cronlog_runs_total{tenant="a,b"}': 9.0,
+        "cronlog_worker_up": 1.0,
+        "cronlog_plain": 7.0,
+    }
+
+
+def test_a_withdrawn_run_that_was_called_all_the_same_is_caught() -> None:
+    b = clean()
+    slot = T0 + 10_000
+    b.materialise("a", slot)
+    token = b.lease("a", slot, slot - 2000)  # armed ahead
+    b.emit(
+        0,
+        b._run_ev("RunCancelled", "a", slot, slot - 1000, reason="withdrawn", next_slot=slot),
+    )
+    b.deliver("a", slot, token, slot + 5)  # the executor never heard: the call was made
+    report = check(b.history(end(11)))
+    assert report.violations["withdrawn_run_delivered"], report.as_json()["violations"]

@@ -37,6 +37,7 @@ class Sim:
         partition: int = 0,
         retention_ms: int = DEFAULT_RETENTION_MS,
         lead_ms: int = 0,
+        arm_ms: int = 0,
     ) -> None:
         self.clock = FakeClock(start_ms)
         self.partition = Partition(
@@ -46,6 +47,7 @@ class Sim:
             wheel_size=64,
             retention_ms=retention_ms,
             lead_ms=lead_ms,
+            arm_ms=arm_ms,
         )
         self.log: list[bytes] = []
         self.ready: deque[str] = deque()  # push-target runs whose start time came

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 
+import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from yarl import URL
 
 from core.egress import EgressPolicy, Rule, TopicGrant, parse_host
 from core.errors import EgressDenied, InvalidDefinition
@@ -50,6 +54,21 @@ LOOPBACK_SPELLINGS = [
     "localhost.",
     "anything.localhost",
 ]
+# ... written beyond ASCII: a URL parser reads them in ASCII (UTS #46: NFKC, the full stops
+# U+3002, U+FF0E and U+FF61 as ".") before it connects, so each is an address, not a name.
+UNICODE_SPELLINGS = [
+    ("169\u3002254\u3002169\u3002254", "169.254.169.254"),  # ideographic full stops
+    ("169\uff0e254\uff0e169\uff0e254", "169.254.169.254"),  # full-width full stops
+    ("169\uff61254\uff61169\uff61254", "169.254.169.254"),  # half-width ideographic
+    ("\uff11\uff12\uff17\uff0e\uff10\uff0e\uff10\uff0e\uff11", "127.0.0.1"),  # full width
+    ("\uff10\uff58\uff41\uff19\uff46\uff45\uff41\uff19\uff46\uff45", "169.254.169.254"),
+    ("\uff12\uff18\uff15\uff12\uff10\uff13\uff19\uff11\uff16\uff16", "169.254.169.254"),
+    ("0x7f\uff611", "127.0.0.1"),
+    ("\u2460\u2461\u2466.0.0.1", "127.0.0.1"),  # circled digits
+    ("\U0001d7cf\U0001d7d0\U0001d7d5.1", "127.0.0.1"),  # mathematical bold digits
+    ("127.0.0.1\u3002", "127.0.0.1"),  # a trailing full stop
+    ("\uff11\uff10.\uff10.\uff10.\uff11", "10.0.0.1"),
+]
 UNSPECIFIED_SPELLINGS = ["0", "0.0.0.0", "0x0", "00", "0.0", "[::]", "[0:0:0:0:0:0:0:0]"]
 
 
@@ -75,6 +94,111 @@ def test_every_spelling_of_loopback_is_refused_by_default_and_allowed_when_the_o
     reason = DEFAULT.check_url(f"http://{host}:22/")
     assert reason is not None and "loopback" in reason, (host, reason)
     assert LOOPBACK.check_url(f"http://{host}:22/") is None
+
+
+@pytest.mark.parametrize(("host", "address"), UNICODE_SPELLINGS)
+def test_every_unicode_spelling_of_an_address_is_that_address_and_refused(
+    host: str, address: str
+) -> None:
+    assert parse_host(host) == ipaddress.ip_address(address)
+    assert DEFAULT.check_url(f"http://{host}/") is not None
+
+
+# The addresses no team may reach by default, and the ways a system resolver reads numbers.
+REFUSED = [
+    "169.254.169.254",
+    "169.254.170.2",
+    "100.100.100.200",
+    "127.0.0.1",
+    "127.255.0.9",
+    "10.1.2.3",
+    "192.168.0.1",
+    "172.16.5.4",
+    "0.0.0.0",
+]
+# Characters that NFKC (and so UTS #46) reads as each ASCII digit: full width, mathematical
+# bold, double-struck, sans-serif and monospace, superscript, subscript, circled 0-9.
+DIGITS = {
+    str(d): [
+        str(d),
+        chr(0xFF10 + d),
+        chr(0x1D7CE + d),
+        chr(0x1D7D8 + d),
+        chr(0x1D7E2 + d),
+        chr(0x1D7F6 + d),
+        "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079"[d],
+        chr(0x2080 + d),
+        "\u24ea" if d == 0 else chr(0x245F + d),
+    ]
+    for d in range(10)
+}
+OTHERS = {
+    c: [c, c.upper(), chr(0xFF41 + ord(c) - ord("a")), chr(0xFF21 + ord(c) - ord("a"))]
+    for c in "abcdefx"
+}
+DOTS = [".", "\u3002", "\uff0e", "\uff61"]
+
+
+@st.composite
+def spellings(draw: st.DrawFn) -> tuple[str, ipaddress.IPv4Address]:
+    """A refused IPv4 address, and a way to write it: dotted in 1-4 parts, each decimal, octal
+    or hex, then each character in any form NFKC reads as it, with any of the four full stops."""
+    address = ipaddress.IPv4Address(draw(st.sampled_from(REFUSED)))
+    octets = list(address.packed)
+    parts_count = draw(st.integers(1, 4))
+    # inet_aton: the last part fills the bytes the others leave.
+    parts = [*octets[: parts_count - 1], int.from_bytes(bytes(octets[parts_count - 1 :]), "big")]
+    written = []
+    for part in parts:
+        radix = draw(st.sampled_from(["dec", "oct", "hex"]))
+        text = {"dec": str(part), "oct": f"0{part:o}", "hex": f"0x{part:x}"}[radix]
+        written.append(text)
+    ascii_form = ".".join(written) + draw(st.sampled_from(["", "."]))
+    out = []
+    for c in ascii_form:
+        forms = DIGITS.get(c) or OTHERS.get(c) or DOTS
+        out.append(draw(st.sampled_from(forms)))
+    return "".join(out), address
+
+
+@given(spellings())
+def test_every_spelling_of_a_refused_address_is_read_as_it_and_refused(
+    spelling: tuple[str, ipaddress.IPv4Address],
+) -> None:
+    host, address = spelling
+    assert parse_host(host) == address, ascii(host)
+    assert DEFAULT.check_url(f"http://{host}/") is not None, ascii(host)
+    assert DEFAULT.check_url(f"http://{host}:8443/path") is not None, ascii(host)
+
+
+@given(spellings())
+def test_registration_reads_a_host_as_the_executors_url_parser_does(
+    spelling: tuple[str, ipaddress.IPv4Address],
+) -> None:
+    # The HTTP executor calls yarl's URL: its host, decided again at call time, is the host
+    # registration decided.
+    host, address = spelling
+    assert parse_host(URL(f"http://{host}/").raw_host or "") == address, ascii(host)
+
+
+# Any host from characters a spelling may hold, digits of other scripts (which NFKC leaves
+# alone: names, not numbers) and letters: where registration reads an address or a name,
+# the executor's URL parser reads the same one.
+HOST_CHARS = [*(f for forms in DIGITS.values() for f in forms), *DOTS, "\u0661", "\u0967"]
+HOST_CHARS += [*(f for forms in OTHERS.values() for f in forms), "k", "\u00e9", "-"]
+
+
+@given(st.text(st.sampled_from(HOST_CHARS), min_size=1, max_size=24))
+def test_any_host_is_read_as_the_executors_url_parser_reads_it(host: str) -> None:
+    try:
+        registered = parse_host(host)
+    except ValueError:
+        return  # refused at registration: never called
+    try:
+        called = URL(f"http://{host}/").raw_host or ""
+    except ValueError:
+        return  # the executor cannot call it either
+    assert parse_host(called) == registered, ascii(host)
 
 
 @pytest.mark.parametrize("host", UNSPECIFIED_SPELLINGS)
@@ -343,6 +467,20 @@ def test_a_refused_target_is_an_invalid_definition_of_target_saying_egress_polic
     with pytest.raises(EgressDenied):
         DEFAULT.check_target("team-a", KafkaTarget(topic="cronlog.events"))
     DEFAULT.check_target("team-a", PullTarget(pool="p"))  # workers come to cronlog
+
+
+class CronTarget(msgspec.Struct, frozen=True, tag="cron"):
+    """A kind the policy has never heard of (one added to ``Target`` and not to the policy)."""
+
+    url: str
+
+
+def test_a_target_of_a_kind_the_policy_does_not_know_is_refused() -> None:
+    everything = EgressPolicy.build(allow=["0.0.0.0/0", "::/0"], topics=["*=*"])
+    with pytest.raises(EgressDenied) as denied:
+        everything.check_target("team-a", CronTarget(url="http://93.184.215.14/"))  # type: ignore[arg-type]
+    assert denied.value.field == "target"
+    assert "CronTarget" in denied.value.message
 
 
 def test_the_startup_line_says_what_is_allowed() -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from core import events as ev
 from core.commands import ClaimRuns, CompleteRun, HeartbeatRun, Outcome, PauseJob, PutJob
+from core.decide import CHECK_GUARD_MS
 from core.errors import InvalidDefinition, LeaseLost
 from core.jobs import PullTarget
 from tests.core.harness import Sim, spec
@@ -142,3 +143,17 @@ def test_a_horizon_past_the_longest_lead_is_refused() -> None:
     with pytest.raises(InvalidDefinition) as refused:
         sim.do(ClaimRuns(tenant="team-a", pool="p", worker_id="w", horizon_ms=301 * SEC))
     assert refused.value.field == "ahead_sec"
+
+
+def test_a_pause_closer_than_the_check_guard_lets_the_leased_run_start() -> None:
+    sim = Sim(T0, lead_ms=LEAD)
+    slot = herd(sim, "a", "b")
+    sim.advance(slot - 5 * SEC - sim.now)
+    a, b = sorted(claim(sim, horizon_ms=5 * SEC), key=lambda e: e.job_id)
+    sim.advance(5 * SEC - CHECK_GUARD_MS)  # exactly the guard before the start: withdrawn
+    paused = sim.do(PauseJob(job_id="team-a/a", tenant="team-a"))
+    assert [e.run_id for e in paused if isinstance(e, ev.RunCancelled)] == [a.run_id]
+    sim.advance(1)  # closer: its worker may have checked already, so the run starts
+    paused = sim.do(PauseJob(job_id="team-a/b", tenant="team-a"))
+    assert [e for e in paused if isinstance(e, ev.RunCancelled)] == []
+    sim.do(HeartbeatRun(run_id=b.run_id, fencing_token=b.fencing_token, check=True))  # holds

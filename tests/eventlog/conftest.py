@@ -139,9 +139,7 @@ def log_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogF
 
 
 @pytest.fixture(params=[a for a in ADAPTERS if a.id not in _NOT_REOPENABLE])
-def reopenable_log_factory(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[LogFactory]:
+def reopenable_log_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogFactory]:
     """The adapters with storage to reopen: a test of what survives a restart is not run
     against the in-memory log at all (rather than skipped)."""
     factory = request.param(request, tmp_path)

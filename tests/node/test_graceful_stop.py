@@ -38,7 +38,11 @@ def test_a_stopping_node_finishes_its_calls_and_starts_no_more(
     target.answer = lambda call: (200, {}, 1.0)  # every call takes a second
     log = EmbeddedLog.open(tmp_path / "log", PARTITIONS)
     node = Node(
-        log, tmp_path / "node", node_id="n1", executors=Executors("n1", egress=LOOPBACK_ALLOWED)
+        log,
+        tmp_path / "node",
+        node_id="n1",
+        executors=Executors("n1", egress=LOOPBACK_ALLOWED),
+        arm_ms=0,  # every call leased at its slot: none armed before the stop
     )
     node.start()
     assert node.wait_ready(10)
@@ -56,7 +60,11 @@ def test_a_stopping_node_finishes_its_calls_and_starts_no_more(
 
     # The partition's next owner (here the same node, restarted) starts what was left.
     again = Node(
-        log, tmp_path / "node", node_id="n1", executors=Executors("n1", egress=LOOPBACK_ALLOWED)
+        log,
+        tmp_path / "node",
+        node_id="n1",
+        executors=Executors("n1", egress=LOOPBACK_ALLOWED),
+        arm_ms=0,
     )
     again.start()
     try:
@@ -65,6 +73,32 @@ def test_a_stopping_node_finishes_its_calls_and_starts_no_more(
         assert [c.body["job_id"] for c in calls] == ["first", "later"]
     finally:
         again.stop(drain_s=10)
+        log.close()
+
+
+def test_a_stopping_node_makes_the_calls_it_armed_before_the_stop(
+    tmp_path: Path, target: Target
+) -> None:
+    target.answer = lambda call: (200, {}, 0.3)
+    log = EmbeddedLog.open(tmp_path / "log", PARTITIONS)
+    node = Node(
+        log,
+        tmp_path / "node",
+        node_id="n1",
+        executors=Executors("n1", egress=LOOPBACK_ALLOWED),
+        arm_ms=2_000,
+    )
+    node.start()
+    try:
+        assert node.wait_ready(10)
+        slot = now_ms() + 1_500  # armed at once: its lease is granted before the stop
+        asyncio.run(node.execute(PutJob(job_id="armed", spec=spec(target.url, run_at=slot))))
+        assert node.executors.wait_idle(0.2) is False  # the armed call holds its room
+        node.stop(drain_s=10)  # the drain waits for it: it starts at its slot and ends
+        (call,) = target.calls
+        assert call.received_at * 1000 >= slot
+        assert events_of(log, f"armed.{slot}")[-2:] == ["RunStarted", "RunCompleted"]
+    finally:
         log.close()
 
 

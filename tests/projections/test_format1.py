@@ -57,8 +57,7 @@ def runs_decoded(dump: list[tuple[bytes, bytes]]) -> list[tuple[bytes, object]]:
     lacks ``ahead``, which reads as False: no run of format 1 was materialised ahead of its
     slot), so only the jobs' records are compared byte for byte."""
     return [
-        (key, _run_decoder.decode(value) if key.startswith(b"r/") else value)
-        for key, value in dump
+        (key, _run_decoder.decode(value) if key.startswith(b"r/") else value) for key, value in dump
     ]
 
 

@@ -30,6 +30,8 @@ What must hold (a violation of any is a failed run):
 7. ``delivery_without_lease`` / ``token_delivered_twice`` / ``success_without_delivery``: each
    delivery (a call at the target, a work item at a worker) carries the token of a lease in
    the log, once; a push or pull run that succeeded was delivered with the succeeding token.
+   ``withdrawn_run_delivered``: no run the log withdrew (leased or armed ahead, then taken back
+   by a pause or a schedule change) was delivered.
 8. ``critical_delivered_twice``: a critical slot is delivered again only after an attempt that
    definitely failed (the target answered 5xx, recorded as a non-ambiguous failure).
 9. ``fired_early``: no delivery arrives before its slot by more than the clock lead of the node
@@ -178,6 +180,7 @@ class Fold:
     jobs: dict[str, Job] = field(default_factory=dict)
     runs: dict[str, Run] = field(default_factory=dict)
     skips: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    withdrawn: set[str] = field(default_factory=set)  # runs taken back before their slot
     foreign: int = 0
     other_tenants: int = 0
 
@@ -317,6 +320,7 @@ def _run_event(
         # Materialised ahead of its slot and taken back before it came (a pause, a schedule
         # change): as if never materialised; the slot is still to run or to be skipped.
         del f.runs[run_id]
+        f.withdrawn.add(run_id)
         job.next_slot = e.get("next_slot")
     elif kind == "RunCancelled":
         run.cancelled = True
@@ -549,6 +553,11 @@ def _check_deliveries(
     retried = 0
     for run_id, got in deliveries.items():
         run = f.runs.get(run_id)
+        if run is None and run_id in f.withdrawn:
+            # The log took it back (a pause, a schedule change), its slot still to run: a call
+            # made all the same could be made twice.
+            report.violate("withdrawn_run_delivered", f"{run_id} ({got[0].by})")
+            continue
         if run is None:
             report.violate("delivery_without_lease", f"{run_id}: no such run in the log")
             continue
@@ -874,6 +883,8 @@ def _check_health(history: History, report: Report) -> None:
         owned += h.metrics.get("cronlog_partitions_owned", 0.0)
         if h.metrics.get("cronlog_node_ready", 1.0) != 1.0:
             report.violate("partition_not_running", f"{node}: cronlog_node_ready is 0")
+        if h.metrics.get("cronlog_worker_up", 1.0) != 1.0:
+            report.violate("partition_not_running", f"{node}: a worker process did not answer")
         for name, value in h.metrics.items():
             if ("not_running" in name or "not_deciding" in name) and value > 0:
                 report.violate("partition_not_running", f"{node}: {name} = {value}")

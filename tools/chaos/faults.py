@@ -16,6 +16,8 @@ The kinds, and what each does:
 ``broker_controller``  SIGKILL the active KRaft controller; restart it
 ``restart_all``     SIGKILL every node at once and start them all again
 ``worker_kill``     SIGKILL a pull worker while it holds a run; start another
+``process_kill``    SIGKILL one worker process of the node that runs several (``--workers``);
+                    the node starts it again by itself
 ``rolling_restart`` SIGTERM each node in turn (a graceful drain), start it again, wait for ready
 ``clock_ahead``     the skewed node's wall clock jumps seconds ahead, then steps back to true
 ``clock_behind``    the skewed node's wall clock steps seconds back, then jumps to true again
@@ -29,7 +31,9 @@ the checker uses for the skew rule.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import threading
 import time
@@ -54,10 +58,15 @@ KINDS = (
     "broker_controller",
     "restart_all",
     "worker_kill",
+    "process_kill",
     "rolling_restart",
     "clock_ahead",
     "clock_behind",
 )
+# The node of the three that runs as several worker processes, and how many.
+PROCESSES_NODE = "n2"
+PROCESSES = 2
+WORKER_RESTART_TIMEOUT_S = 60.0
 ISSUE_12 = ("node_kill", "node_pause", "broker_leader", "restart_all")
 
 
@@ -69,7 +78,7 @@ class Fault:
 
     def resources(self) -> set[str]:
         match self.kind:
-            case "node_kill" | "node_pause":
+            case "node_kill" | "node_pause" | "process_kill":
                 return {f"node:{self.params['node']}"}
             case "restart_all" | "rolling_restart":
                 return {"node:*"}
@@ -136,6 +145,8 @@ def draw(
             params = {"down_s": rng.uniform(0, 3)}
         case "worker_kill":
             params = {"worker": rng.randrange(workers), "down_s": rng.uniform(1, 3)}
+        case "process_kill":
+            params = {"node": PROCESSES_NODE, "process": rng.randrange(PROCESSES)}
         case "rolling_restart":
             params = {"order": rng.sample(nodes, len(nodes))}
         case "clock_ahead" | "clock_behind":
@@ -388,6 +399,23 @@ class Chaos:
         self.stop.wait(p["down_s"])
         self.workers.start(index)
         yield {"healed_at": now_ms(), "ready_at": now_ms()}
+
+    def _process_kill(self, p: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        node = self.cluster.nodes[p["node"]]
+        before = node.workers()
+        if not before:
+            raise RuntimeError(f"{node.node_id} runs no worker processes")
+        victim = before[p["process"] % len(before)]
+        os.kill(victim, signal.SIGKILL)
+        yield {"injected_at": now_ms(), "pid": victim}
+        deadline = time.monotonic() + WORKER_RESTART_TIMEOUT_S
+        while len(after := node.workers()) < len(before) or victim in after:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{node.node_id} did not start its worker again")
+            self.stop.wait(0.05)  # another process's children: nothing to wait on but /proc
+        yield {"healed_at": now_ms()}
+        node.wait_ready(READY_TIMEOUT_S, supervised=True)
+        yield {"ready_at": now_ms()}
 
     def _clock_ahead(self, p: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from self._skew(p["skew_s"], p["hold_s"])

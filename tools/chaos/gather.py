@@ -28,6 +28,7 @@ log = logging.getLogger("chaos")
 
 READ_TIMEOUT_S = 180.0
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) ([-+0-9.eEinfNa]+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 class TopicReader:
@@ -169,16 +170,41 @@ def live_runs(events: dict[int, list[tuple[int, dict[str, Any] | None]]]) -> set
     return live
 
 
+# A node of several workers: these hold for the node when they hold for every worker (the
+# least of them); every other sample is summed over the workers.
+_ALL_OF = frozenset({"cronlog_node_ready", "cronlog_worker_up"})
+
+
 def parse_metrics(text: str) -> dict[str, float]:
+    """The node's samples by name (and labels); a node of several worker processes labels each
+    sample with its worker, and the node's figure is their sum (or least, ``_ALL_OF``)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
-        m = _METRIC.match(line.strip())
+        line = line.strip()
+        m = _METRIC.match(line)
         if m:
             try:
-                out[m.group(1)] = float(m.group(2))
+                value = float(m.group(2))
             except ValueError:
                 continue
+            key = _without_worker(m.group(1))
+            if key not in out:
+                out[key] = value
+            elif key in _ALL_OF:  # the node is ready when every worker is
+                out[key] = min(out[key], value)
+            else:
+                out[key] += value
     return out
+
+
+def _without_worker(key: str) -> str:
+    """``name{a="1",worker="0"}`` as ``name{a="1"}``; ``name{worker="0"}`` as ``name``."""
+    name, brace, labels = key.partition("{")
+    if not brace:
+        return key
+    pairs = _LABEL.findall(labels)
+    kept = [f'{label}="{value}"' for label, value in pairs if label != "worker"]
+    return f"{name}{{{','.join(kept)}}}" if kept else name
 
 
 def node_health(url: str, metrics_token: str) -> NodeHealth:

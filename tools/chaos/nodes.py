@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from tools.chaos.procs import free_port, popen
+from tools.chaos.procs import children, free_port, popen
 from tools.chaos.skew import SkewedClock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,8 +65,10 @@ class NodeProcess:
         base_dir: Path,
         config: NodeConfig | None = None,
         clock: SkewedClock | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.node_id = node_id
+        self.extra_args = extra_args  # this node's own `cronlog serve` options
         self.config = config or NodeConfig()
         self.clock = clock
         self.port = free_port()
@@ -132,6 +134,7 @@ class NodeProcess:
         if c.allow_targets is not None:
             command += ["--allow-targets", c.allow_targets]
         command += c.serve_args
+        command += self.extra_args
         env = {
             **os.environ,
             "CRONLOG_TOKENS": c.tokens,
@@ -192,13 +195,25 @@ class NodeProcess:
             self.process.wait()
 
     def pause(self) -> None:
-        """SIGSTOP: the process stops where it is, sockets open, believing it owns what it did."""
+        """SIGSTOP: the process stops where it is, sockets open, believing it owns what it did
+        (its worker processes too, when it runs some)."""
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
+        for pid in children(self.process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
 
     def resume(self) -> None:
         assert self.process is not None
+        for pid in children(self.process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         self.process.send_signal(signal.SIGCONT)
+
+    def workers(self) -> list[int]:
+        """The node's worker processes (``--workers N``), oldest pid first; none when it runs as
+        one process."""
+        return [] if self.process is None else sorted(children(self.process.pid))
 
     def dump_stacks(self, timeout_s: float = 5.0) -> None:
         """SIGUSR1: the node prints every thread's Python stack into its log and goes on;
@@ -310,8 +325,12 @@ class Cluster:
         self.prefix = prefix or f"cluster-{uuid.uuid4().hex[:12]}"
         self.nodes: dict[str, NodeProcess] = {}
 
-    def add(self, node_id: str, clock: SkewedClock | None = None) -> NodeProcess:
-        node = self.nodes[node_id] = NodeProcess(node_id, self.base_dir, self.config, clock)
+    def add(
+        self, node_id: str, clock: SkewedClock | None = None, extra_args: tuple[str, ...] = ()
+    ) -> NodeProcess:
+        node = self.nodes[node_id] = NodeProcess(
+            node_id, self.base_dir, self.config, clock, extra_args
+        )
         return node
 
     def start(self, *node_ids: str) -> list[NodeProcess]:

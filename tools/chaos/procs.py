@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -48,6 +49,20 @@ def popen(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         return subprocess.Popen(command, preexec_fn=die_with_parent, **kwargs)
 
     return in_spawner(start)
+
+
+def children(pid: int) -> set[int]:
+    """The processes ``pid`` started and that still run (Linux's /proc): a node's worker
+    processes (``cronlog serve --workers N``)."""
+    found: set[int] = set()
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        with contextlib.suppress(FileNotFoundError):
+            found.update(int(t) for t in (task / "children").read_text().split())
+    return found
 
 
 def now_ms() -> int:

@@ -254,7 +254,9 @@ class Run:
         )
         self.clock = skew.SkewedClock(self.out / f"{SKEWED}.faketime") if skewing else None
         for node_id in NODES:
-            self.cluster.add(node_id, self.clock if node_id == SKEWED else None)
+            # One node runs as worker processes (the process_kill fault's), the others as one.
+            extra = ("--workers", str(fl.PROCESSES)) if node_id == fl.PROCESSES_NODE else ()
+            self.cluster.add(node_id, self.clock if node_id == SKEWED else None, extra)
         for node in self.cluster.nodes.values():
             node.start(self.kafka.bootstrap_servers, self.cluster.prefix)
         self._supervisor.start()

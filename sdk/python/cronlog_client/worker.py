@@ -97,6 +97,7 @@ MAX_COMPLETE_BATCH = 1000  # the most outcomes the node takes in one POST /v1/ru
 # finds its run leased already (it is withdrawn all the same, up to the check).
 DEFAULT_AHEAD_SEC = 5.0
 MAX_AHEAD_SEC = 300.0  # the node's bound (the longest lead time)
+MAX_CHECK_SEC = 1.0  # the node withdraws a run leased ahead up to 1.5 s before its start
 DEFAULT_CHECK_SEC = 1.0  # a run leased ahead: its lease is checked this long before its start
 
 Handler = Callable[["RunContext"], Awaitable[Any]] | Callable[["RunContext"], Any]
@@ -200,8 +201,10 @@ class Worker:
     ) -> None:
         if not 0 <= ahead_sec <= MAX_AHEAD_SEC:
             raise ValueError(f"ahead_sec must be between 0 and {MAX_AHEAD_SEC}")
-        if check_sec < 0:
-            raise ValueError("check_sec must not be negative")
+        if not 0 <= check_sec <= MAX_CHECK_SEC:
+            # A pause or change withdraws a run leased ahead only while its start is 1.5 s
+            # away or more: a check sent closer to the start always sees it.
+            raise ValueError(f"check_sec must be between 0 and {MAX_CHECK_SEC}")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not 1 <= complete_batch <= MAX_COMPLETE_BATCH:

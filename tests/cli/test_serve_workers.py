@@ -1,0 +1,151 @@
+"""``cronlog serve --workers N``: one node of several processes on the embedded log.
+
+As a user runs it: one command, one port; the workers share the partitions, every job runs
+once whichever worker took the request, a worker killed with ``kill -9`` is started again and
+its partitions are decided meanwhile by the others, and the parent's retention never prunes
+what a worker still needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli.workers import floor_path, reported_floor
+from tests.cli.test_serve import A, Serve, _iso
+from tests.node.targets import Target
+from tools.chaos.procs import children
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+
+
+def wait_until(predicate: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:  # external processes: nothing to await but their state
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def create(node: Serve, name: str, target: Target, at: float) -> str:
+    body = {"name": name, "run_at": _iso(at), "target": target.url, "critical": True}
+    created = httpx.post(f"{node.url}/v1/jobs", json=body, headers=A, timeout=10)
+    assert created.status_code == 201, created.text
+    return str(created.json()["job_id"])
+
+
+@pytest.mark.slow
+def test_workers_share_the_partitions_and_a_killed_one_comes_back(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    target = Target().start()
+    node = Serve(data, partitions=4, args=("--workers", "2")).start()
+    assert node.proc is not None
+    try:
+        wait_until(lambda: len(children(node.proc.pid)) == 2, 10, "two worker processes")
+        first = children(node.proc.pid)
+        # Each request lands on one worker or the other; every job is known to both (each
+        # worker's read model folds every partition) and runs once.
+        at = time.time() + 3
+        ids = {create(node, f"before-{i}", target, at) for i in range(12)}
+        for _ in range(6):  # new connections: the kernel hands them to either worker
+            listed = httpx.get(f"{node.url}/v1/jobs", headers=A, timeout=10).json()["jobs"]
+            assert ids <= {j["job_id"] for j in listed}
+        calls = target.wait_for(12, timeout_s=15)
+        assert sorted(c.body["job_id"] for c in calls) == sorted(ids)
+        assert all(c.received_at >= at - 0.001 for c in calls)  # never early
+        # Whichever worker a scrape reaches answers for both, each sample labelled.
+        token = (data / "metrics_token").read_text().strip()
+        for _ in range(4):
+            text = httpx.get(
+                f"{node.url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10
+            ).text
+            assert 'cronlog_worker_up{worker="0"} 1.0' in text
+            assert 'cronlog_worker_up{worker="1"} 1.0' in text
+            owned = [
+                line for line in text.splitlines() if line.startswith("cronlog_partitions_owned")
+            ]
+            assert len(owned) == 2, owned
+
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        # Jobs created and due while the worker is down run too: the other takes its partitions.
+        at = time.time() + 2
+        later = {create(node, f"after-{i}", target, at) for i in range(12)}
+        calls = target.wait_for(24, timeout_s=20)
+        assert sorted(c.body["job_id"] for c in calls) == sorted(ids | later)  # once each
+        # The parent starts the killed worker again; both are members once more.
+        wait_until(
+            lambda: len(children(node.proc.pid)) == 2 and victim not in children(node.proc.pid),
+            20,
+            "the killed worker started again",
+        )
+        wait_until(
+            lambda: httpx.get(f"{node.url}/readyz", timeout=2).status_code == 200, 20, "ready"
+        )
+        assert len(target.wait_for(25, timeout_s=1.5)) == 24  # nothing ran twice
+        workers = children(node.proc.pid)
+    finally:
+        code = node.stop()
+        target.stop()
+    assert code == 0
+    assert not any(alive(pid) for pid in workers)  # SIGTERM stopped every worker
+    for index in (0, 1):  # each said what retention must keep for it
+        report = json.loads(floor_path(data, index).read_text())
+        assert report["read_model"] and all(o > 0 for o in report["read_model"].values())
+        assert set(report["owned"]) <= {"0", "1", "2", "3"}
+
+
+@pytest.mark.slow
+def test_a_worker_stops_when_its_parent_is_killed(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    node = Serve(data, partitions=2, args=("--workers", "2")).start()
+    assert node.proc is not None
+    wait_until(lambda: len(children(node.proc.pid)) == 2, 10, "two worker processes")
+    workers = children(node.proc.pid)
+    node.kill()
+    # Killed with it, as one process would be: not left draining calls on their own.
+    wait_until(lambda: not any(alive(pid) for pid in workers), 2, "the workers killed")
+
+
+def write_report(
+    data: Path, index: int, read_model: dict[int, int], owned: dict[int, object]
+) -> None:
+    path = floor_path(data, index)
+    path.parent.mkdir(exist_ok=True)
+    report = {
+        "read_model": {str(p): o for p, o in read_model.items()},
+        "owned": {str(p): o for p, o in owned.items()},
+    }
+    path.write_text(json.dumps(report))
+
+
+def test_the_parent_prunes_below_every_worker_s_report_only(tmp_path: Path) -> None:
+    floor = reported_floor(tmp_path, workers=2, partitions=2)
+    assert floor(0) is None  # nobody has reported: nothing is pruned
+    write_report(tmp_path, 0, {0: 500, 1: 400}, {0: 300})
+    assert floor(0) is None  # worker 1 has not reported
+    write_report(tmp_path, 1, {0: 200, 1: 900}, {1: 700})
+    assert floor(0) == 200  # worker 1's read model still needs 200 of partition 0
+    assert floor(1) == 400  # worker 0's read model needs 400 of partition 1, its owner 700
+    write_report(tmp_path, 1, {0: 200, 1: 900}, {})
+    assert floor(1) is None  # nobody owns partition 1 now: keep everything
+    write_report(tmp_path, 1, {0: 200, 1: 900}, {1: None})
+    assert floor(1) is None  # its owner does not know its floor
+    write_report(tmp_path, 1, {0: 200}, {1: 700})
+    assert floor(1) is None  # worker 1's read model has no position on partition 1 yet

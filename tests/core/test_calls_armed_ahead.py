@@ -1,0 +1,133 @@
+"""Calls armed ahead: a push run's lease is granted its arming time before its start, counting
+from the start, and the executor makes the call then (node/executors.py); a pause or a
+schedule change withdraws the armed call while its start is at least ``ARM_GUARD_MS`` away
+(never a critical job's), a cancel cancels it (the node's executors drop it), and a node that
+dies between the arming and the start leaves a lease that runs out from the start."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from core import events as ev
+from core.commands import (
+    CancelJob,
+    CompleteRun,
+    Outcome,
+    PauseJob,
+    PutJob,
+    StartRun,
+)
+from core.decide import ARM_GUARD_MS, MAX_HORIZON_MS
+from core.errors import Conflict, InvalidDefinition
+from core.jobs import HttpTarget
+from core.partition import Partition
+from tests.core.harness import Sim, spec
+
+T0 = int(datetime(2026, 3, 2, tzinfo=UTC).timestamp() * 1000)
+SEC = 1000
+LEAD = 30 * SEC
+ARM = 2 * SEC
+HOOK = HttpTarget(url="https://hooks.example.com/x")
+
+
+def one_shot(sim: Sim, job_id: str, at: int, target: object = HOOK, **kw: object) -> None:
+    sim.do(
+        PutJob(job_id=f"team-a/{job_id}", spec=spec(schedule=None, run_at=at, target=target, **kw))
+    )
+
+
+def start(sim: Sim, run_id: str, horizon_ms: int = ARM) -> list[ev.AnyEvent]:
+    return sim.do(StartRun(run_id=run_id, worker_id="n1/executor", horizon_ms=horizon_ms))
+
+
+def test_a_push_run_comes_ready_its_arming_time_early_and_is_leased_from_its_start() -> None:
+    sim = Sim(T0, lead_ms=LEAD, arm_ms=ARM)
+    slot = T0 + 60 * SEC
+    one_shot(sim, "a", slot)
+    sim.advance(slot - ARM - 1 - sim.now)
+    assert not sim.ready  # not yet armed
+    sim.advance(1)
+    [run_id] = sim.ready  # armed now, two seconds before its slot
+    [lease] = [e for e in start(sim, run_id) if isinstance(e, ev.LeaseGranted)]
+    assert lease.at == slot - ARM and lease.start_at == slot
+    assert lease.lease_expires_at == slot + 30 * SEC and lease.lateness_ms == 0
+
+
+def test_a_start_beyond_the_horizon_is_refused_and_the_horizon_is_bounded() -> None:
+    sim = Sim(T0, lead_ms=LEAD)
+    slot = T0 + 60 * SEC
+    one_shot(sim, "a", slot)
+    sim.advance(slot - 5 * SEC - sim.now)
+    [run_id] = list(sim.state.runs)
+    with pytest.raises(Conflict):
+        start(sim, run_id, horizon_ms=4 * SEC)
+    with pytest.raises(InvalidDefinition):
+        start(sim, run_id, horizon_ms=MAX_HORIZON_MS + 1)
+    with pytest.raises(ValueError):
+        Partition(0, T0, arm_ms=MAX_HORIZON_MS + 1)
+
+
+def test_the_armed_start_is_recorded_with_the_outcome() -> None:
+    sim = Sim(T0, lead_ms=LEAD, arm_ms=ARM)
+    slot = T0 + 60 * SEC
+    one_shot(sim, "a", slot)
+    sim.advance(slot - ARM - sim.now)
+    [lease] = [e for e in start(sim, sim.ready.popleft()) if isinstance(e, ev.LeaseGranted)]
+    sim.advance(ARM + 300)
+    done = sim.do(
+        CompleteRun(
+            run_id=lease.run_id,
+            fencing_token=lease.fencing_token,
+            outcome=Outcome.SUCCEEDED,
+            started_late_ms=12,
+        )
+    )
+    started = [e for e in done if isinstance(e, ev.RunStarted)]
+    assert [e.started_at for e in started] == [slot + 12]
+    assert isinstance(done[-1], ev.RunCompleted)
+
+
+def test_a_pause_withdraws_an_armed_call_only_while_its_start_is_far_enough() -> None:
+    sim = Sim(T0, lead_ms=LEAD, arm_ms=ARM)
+    slot = T0 + 60 * SEC
+    for name in ("early", "late", "critical"):
+        one_shot(sim, name, slot, critical=name == "critical")
+    sim.advance(slot - ARM - sim.now)
+    while sim.ready:
+        start(sim, sim.ready.popleft())
+
+    def pause(name: str) -> list[ev.RunCancelled]:
+        events = sim.do(PauseJob(job_id=f"team-a/{name}", tenant="team-a"))
+        return [e for e in events if isinstance(e, ev.RunCancelled)]
+
+    sim.advance(ARM - ARM_GUARD_MS)  # exactly the guard before the start: still withdrawn
+    [withdrawn] = pause("early")
+    assert withdrawn.reason is ev.CancelReason.WITHDRAWN and withdrawn.next_slot == slot
+    assert pause("critical") == []  # a critical job's armed call goes ahead
+    sim.advance(1)  # inside the guard: the call goes ahead, the pause holds from the next slot
+    assert pause("late") == []
+
+
+def test_a_cancelled_job_cancels_its_armed_run() -> None:
+    sim = Sim(T0, lead_ms=LEAD, arm_ms=ARM)
+    slot = T0 + 60 * SEC
+    one_shot(sim, "a", slot)
+    sim.advance(slot - ARM - sim.now)
+    [lease] = [e for e in start(sim, sim.ready.popleft()) if isinstance(e, ev.LeaseGranted)]
+    cancelled = sim.do(CancelJob(job_id="team-a/a", tenant="team-a"))
+    assert [e.run_id for e in cancelled if isinstance(e, ev.RunCancelled)] == [lease.run_id]
+
+
+def test_a_lease_armed_and_never_started_runs_out_from_its_start() -> None:
+    sim = Sim(T0, lead_ms=LEAD, arm_ms=ARM)
+    slot = T0 + 60 * SEC
+    one_shot(sim, "a", slot, lease_sec=10)
+    sim.advance(slot - ARM - sim.now)
+    [lease] = [e for e in start(sim, sim.ready.popleft()) if isinstance(e, ev.LeaseGranted)]
+    assert lease.lease_expires_at == slot + 10 * SEC
+    sim.advance(ARM + 10 * SEC - 1)
+    assert not sim.of_type(ev.LeaseExpired)  # not counted from the arming
+    sim.advance(1)
+    assert [e.run_id for e in sim.of_type(ev.LeaseExpired)] == [lease.run_id]

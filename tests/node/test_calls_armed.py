@@ -1,0 +1,101 @@
+"""Calls armed ahead on a real node: the lease is granted before the slot, the call starts at
+the slot (never before) where it is made, in the node's loop or in an executor process, and a
+cancel before the start means no call at all."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core import events as ev
+from core.commands import CancelJob, PutJob
+from core.jobs import HttpTarget, JobSpec
+from eventlog.embedded import EmbeddedLog
+from node.executors import Executors
+from node.node import Node
+from tests.node.targets import LOOPBACK_ALLOWED, Target
+
+pytestmark = pytest.mark.slow
+
+ARM_MS = 1_500
+
+
+@pytest.fixture
+def target() -> Iterator[Target]:
+    t = Target().start()
+    yield t
+    t.stop()
+
+
+@pytest.fixture(params=[0, 1], ids=["in-process", "executor-process"])
+def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
+    log = EmbeddedLog.open(tmp_path / "log", 2)
+    n = Node(
+        log,
+        tmp_path / "node",
+        node_id="n1",
+        arm_ms=ARM_MS,
+        executors=Executors("n1", egress=LOOPBACK_ALLOWED, processes=request.param),
+    )
+    n.start()
+    assert n.wait_ready(10)
+    yield n
+    n.stop()
+    log.close()
+
+
+def put(node: Node, job_id: str, url: str, slot: int) -> None:
+    spec = JobSpec(name=job_id, tenant="team-a", target=HttpTarget(url=url), run_at=slot)
+    asyncio.run(node.execute(PutJob(job_id=job_id, spec=spec)))
+
+
+def leases(node: Node, job_id: str) -> list[ev.LeaseGranted]:
+    out = []
+    for p in range(node.num_partitions):
+        for record in node.read_events(p, 0, 10_000):
+            event = ev.decode(record.value)
+            if isinstance(event, ev.LeaseGranted) and event.job_id.endswith(job_id):
+                out.append(event)
+    return out
+
+
+def test_the_lease_comes_ahead_and_the_call_at_the_slot(node: Node, target: Target) -> None:
+    slot = time.time_ns() // 1_000_000 + 3_000
+    put(node, "armed", target.url, slot)
+    (call,) = target.wait_for(1, timeout_s=10)
+    assert call.received_at * 1000 >= slot  # never early
+    assert call.received_at * 1000 - slot < 1000
+    [lease] = leases(node, "armed")
+    assert lease.start_at == slot and lease.at <= slot - ARM_MS + 200  # granted ahead
+    run_id = f"armed.{slot}"
+    assert node.history.wait_until(
+        lambda: (
+            (view := node.history.run("team-a", run_id)) is not None and view.state == "succeeded"
+        ),
+        5,
+    )
+    started = [
+        ev.decode(r.value)
+        for p in range(node.num_partitions)
+        for r in node.read_events(p, 0, 10_000)
+        if isinstance(ev.decode(r.value), ev.RunStarted)
+    ]
+    assert [e.run_id for e in started] == [run_id]  # the start, recorded with the outcome
+    assert slot <= started[0].started_at < slot + 1000
+
+
+def test_a_job_cancelled_before_its_armed_start_is_never_called(node: Node, target: Target) -> None:
+    slot = time.time_ns() // 1_000_000 + 3_000
+    put(node, "gone", target.url, slot)
+    deadline = time.monotonic() + 5
+    while not leases(node, "gone"):  # the arming is the node's own timer: look at the log
+        assert time.monotonic() < deadline, "never armed"
+        time.sleep(0.05)
+    asyncio.run(node.execute(CancelJob(job_id="gone", tenant="team-a")))
+    time.sleep((slot - time.time_ns() // 1_000_000) / 1000 + 0.5)  # past the start, in real time
+    assert target.calls == []
+    assert node.executors.wait_idle(2)
