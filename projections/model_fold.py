@@ -126,6 +126,9 @@ class _Pending:
     raw: dict[bytes, bytes | None] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
     minutes: dict[bytes, Minute] = field(default_factory=dict)  # a team's figures by minute
+    # every minute read in the batch, changed or not: most events count for nothing, and each
+    # would read its minute (and the retention marker) from the store again
+    minutes_read: dict[bytes, Minute] = field(default_factory=dict)
     deleted_ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
     ready: list[ReadyRun] = field(default_factory=list)
     partition: int = -1  # the partition of the event being folded
@@ -405,12 +408,13 @@ class ModelFold(ModelStore):
         at = minute_of(event.at)
         prefix = figures_prefix(event.tenant)
         key = prefix + u64(at)
-        minute = p.minutes.get(key)
+        minute = p.minutes_read.get(key)
         if minute is None:
             stored = self._db.get(key)
             minute = Minute() if stored is None else minute_decoder.decode(stored)
             if stored is None:
                 self._forget_old_figures(p, event.tenant, prefix, at)
+            p.minutes_read[key] = minute
         if observe(minute, event, first_scheduled_start=first_scheduled_start):
             p.minutes[key] = minute
 

@@ -238,7 +238,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
 
     def _open_db(self) -> Rdict:
         self._path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        options = bounded(Options(raw_mode=True))
+        options = bounded(Options(raw_mode=True), point_lookups=True)
         options.create_if_missing(True)
         options.set_paranoid_checks(True)
         try:

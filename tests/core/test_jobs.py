@@ -12,7 +12,18 @@ from core import events as ev
 from core.clock import MAX_INSTANT
 from core.cron import CronSchedule, DayRule
 from core.errors import InvalidDefinition
-from core.jobs import MAX_PAYLOAD_DEPTH, JobSpec, PullTarget, first_slot, next_slot, validate
+from core.jobs import (
+    CHECKED_KEPT,
+    MAX_PAYLOAD_DEPTH,
+    JobSpec,
+    PullTarget,
+    canonical,
+    checked,
+    first_slot,
+    judged,
+    next_slot,
+    validate,
+)
 
 DAY = 86_400_000
 LAST_DAY = MAX_INSTANT + 1 - DAY  # 9999-12-31T00:00:00Z
@@ -98,3 +109,25 @@ def test_a_job_logged_before_day_rule_replays_with_the_rule_it_had() -> None:
     assert december_days(crontab) == [3]
     again = ev.decode(ev.encode(msgspec.structs.replace(event, spec=crontab)))
     assert isinstance(again, ev.JobRegistered) and again.spec.day_rule is DayRule.CRONTAB
+
+
+def test_a_spec_checked_here_is_judged_once_and_any_other_in_full() -> None:
+    built = JobSpec(name="x", tenant="t", target=PullTarget(pool="p"), schedule="* * * * *",
+                    tags=["a"])  # type: ignore[arg-type]  # fmt: skip
+    sound = checked(built)
+    assert sound == canonical(built) and sound.tags == ("a",)
+    assert judged(sound) is sound  # checked in this process: taken as it is
+    again = judged(sound)  # the mark is taken once; after it, judged in full
+    assert again == sound and again is not sound
+    # A spec this process did not check (decoded from the log, built elsewhere) is judged.
+    with pytest.raises(InvalidDefinition) as refused:
+        judged(spec(schedule="* * * * *", max_attempts=0))
+    assert refused.value.field == "max_attempts"
+    with pytest.raises(InvalidDefinition):
+        checked(spec(schedule="* * * * *", priority=-1))
+
+
+def test_the_checked_specs_are_bounded() -> None:
+    sound = [checked(spec(schedule="* * * * *")) for _ in range(CHECKED_KEPT + 1)]
+    assert judged(sound[-1]) is sound[-1]
+    assert judged(sound[0]) == sound[0]  # dropped past the bound: judged again, same verdict
