@@ -193,6 +193,40 @@ def test_serve_refuses_a_damaged_log_in_one_message_and_the_tools_exit_3_with_it
     assert not list((data_dir / "node").rglob("*.rebuild"))
 
 
+def test_a_log_that_lost_acknowledged_records_is_refused_naming_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    """kill -9, then 3,000 bytes cut off the log's write-ahead log (the issue's finding): the
+    log reopens whole but short, and the stores are ahead of it. Before: the node started
+    without a word and served 4 of 20 acknowledged creates that the log no longer held."""
+    data_dir = tmp_path / "data"
+    node = Serve(data_dir)
+    assert node.wait_ready(), node.stderr
+    with httpx.Client(base_url=node.url, headers=A, timeout=10) as http:
+        for i in range(20):
+            body = {"name": f"cut-{i:02d}", "schedule": "0 3 * * *", "target": "pull://x"}
+            assert http.post("/v1/jobs", json=body).status_code == 201
+    node.proc.send_signal(signal.SIGKILL)
+    node.proc.wait(10)
+    [wal] = sorted((data_dir / "log").glob("*.log"), key=lambda f: f.stat().st_size)[-1:]
+    with wal.open("r+b") as f:
+        f.truncate(wal.stat().st_size - 3000)
+
+    again = Serve(data_dir)
+    assert not again.wait_ready(), "served stores ahead of the log"
+    assert again.proc.wait(10) == 3
+    err = again.stderr
+    assert "Traceback" not in err, err
+    [message] = [line for line in err.splitlines() if line.startswith("cronlog: event log")]
+    assert message.startswith(
+        f"cronlog: event log {data_dir / 'log'} lost records it had acknowledged: events partition "
+    ), message
+    assert "but the state store of partition" in message and "the read model" in message
+    assert " missing" in message
+    assert "see docs/operations.md, 'A damaged log'" in err
+    assert replay(data_dir, "verify").returncode == 1
+
+
 def _identities(path: Path) -> dict[str, bytes]:
     return {str(f.relative_to(path)): f.read_bytes() for f in path.rglob("IDENTITY")}
 
