@@ -54,6 +54,10 @@ class ModelStore:
     _moved: threading.Condition  # notified when positions move (a batch, a set-aside, a refill)
 
     @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
     def generation(self) -> int:
         """Grows each time the model is set aside: a fold read before must not land after."""
         return self._generation
