@@ -147,7 +147,10 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
         with self._write_lock, self._db_lock:
             if generation is not None and generation != self._generation:
                 return False
-            self._db.close()
+            try:
+                self._db.close()
+            except Exception as exc:  # a compaction met the damage first: closed all the same
+                log.warning("read model %s closed with an error: %s", self._path, exc)
             aside = set_aside(self._path)
             self._db = self._open_db()
             self._upgrade()  # none yet: says the counters are kept from here on
