@@ -15,6 +15,7 @@ from api.edge import (
     authenticate,
     decode,
     expected_version,
+    history_complete,
     job_response,
     job_view,
     json_response,
@@ -215,6 +216,7 @@ def query_tag(request: Request) -> str | None:
 
 async def list_jobs(request: Request) -> Response:
     call = authenticate(request)
+    history_complete(call)
     history = call.scheduler.history
     page = history.jobs(
         call.tenant,

@@ -14,6 +14,7 @@ from api.edge import (
     Call,
     authenticate,
     decode,
+    history_complete,
     json_response,
     lease_refused,
     on_job,
@@ -117,6 +118,7 @@ async def get_run(request: Request) -> Response:
 
 async def list_runs(request: Request) -> Response:
     call = authenticate(request)
+    history_complete(call)
     page = call.scheduler.history.runs(
         call.tenant,
         query_choice(request, "state", RUN_STATES) or "dead",

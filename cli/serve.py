@@ -484,7 +484,7 @@ def _serve(args: argparse.Namespace) -> int:
     from api.request_head import BoundedHttpToolsProtocol
     from api.time_travel import PastStates
     from eventlog.embedded import EmbeddedLog
-    from node import decisions
+    from node import decisions, integrity
     from node.executors import DEFAULT_ERROR_EXCERPT, Executors
     from node.node import Node
     from node.secrets import Secrets
@@ -615,6 +615,10 @@ def _serve(args: argparse.Namespace) -> int:
 
             snapshots = FileSnapshots(data_dir / "snapshots")
         target_kafka = args.target_kafka
+        # Stores ahead of the log: it lost acknowledged records (exit 3, 'A damaged log').
+        integrity.check_not_ahead(
+            raw_log, data_dir / "node", snapshots, history_store, where=str(data_dir / "log")
+        )
     # Every reader of the events stream reads archive + log, so offset 0 is still readable.
     log_: EventLog = raw_log if archive is None else ArchivedLog(raw_log, archive)
     node = Node(

@@ -43,6 +43,12 @@ class Unavailable(CronlogError):
     nothing was decided; try again."""
 
 
+class HistoryRefilling(Unavailable):
+    """The read model has not yet folded up to what the node knows the log holds (it was
+    restored from a checkpoint, set aside, or is folding from the first event): a history
+    answer now could miss what exists. The message says how far it is."""
+
+
 class NotYetReadable(Unavailable):
     """Decided and durable, but the read model did not show it in time: ``events`` are what
     was decided (a caller that must not drop them, a claim's leases, takes them from here;

@@ -23,10 +23,20 @@ with the node's age.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from rocksdict import BlockBasedOptions, Cache, Options, ReadOptions, WriteBufferManager
+from rocksdict import (
+    BlockBasedOptions,
+    Cache,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBufferManager,
+)
 
 MIB = 2**20
 # Overridable per process (``cronlog serve --rocksdb-memory-mb``) before anything is opened.
@@ -135,3 +145,37 @@ def is_damage(exc: Exception) -> bool:
     another process or not permitted."""
     text = str(exc)
     return "Corruption" in text or "checksum mismatch" in text
+
+
+def unreadable_tables(tables: Sequence[Path], scratch: Path) -> dict[str, str]:
+    """The table files among ``tables`` that RocksDB cannot read back whole (a block whose
+    checksum fails, a footer or index it cannot parse), each with what RocksDB said.
+
+    RocksDB checks a block only when a read reaches it, and rocksdict exposes no call that
+    checks a file. Its repair does, in C++: it reads every entry of every table it finds (every
+    block, checksums verified) and moves one it cannot read into ``lost/``. So the tables are
+    hard-linked into ``scratch`` (a directory of its own on their file system, emptied first
+    and removed after) and repaired there; the originals are not touched (RocksDB never writes
+    a table file once written, and only the links are moved). It costs a read of the tables
+    given, no more: a caller passes only those not checked before."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(mode=0o700, parents=True)
+    try:
+        for table in tables:
+            os.link(table, scratch / table.name)
+        Rdict.repair(str(scratch), Options(raw_mode=True))
+        lost = scratch / "lost"
+        names = (
+            sorted(p.name for p in lost.iterdir() if p.suffix == ".sst") if lost.is_dir() else []
+        )
+        if not names:
+            return {}
+        said = (scratch / "LOG").read_text(errors="replace").splitlines()
+        found = {}
+        for name in names:
+            mark = f"Table #{int(name.partition('.')[0])}: ignoring "
+            reason = next((line.partition(mark)[2] for line in said if mark in line), "")
+            found[name] = reason.replace(str(scratch) + "/", "") or "unreadable"
+        return found
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -18,6 +18,12 @@ The fold and the queries go on meanwhile: folds wait only while RocksDB makes th
 (a memtable flush and hard links; ``cronlog_history_checkpoint_pause_seconds``); hashing and
 uploading happen on this thread. A checkpoint that fails is logged and counted, and the next
 one is tried at the next due time; the thread never ends on a failure.
+
+A checkpoint is of a model known whole: its copy's every block is read with its checksum before
+anything is uploaded (``checkpoints.take``). One that fails is refused (logged, counted in
+``cronlog_history_checkpoints_refused``), and since the copy's tables are the model's own, the
+model is damaged: it is set aside then and there, and refilled from the newest good checkpoint
+and the tail (``ReadModel.set_aside``), rather than served until a query happens on the block.
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ from pathlib import Path
 
 from archive.store import ObjectStore
 from core.clock import Clock
+from core.errors import StoreDamaged
 from node.worker import PeriodicWorker
 from projections import history_checkpoint as checkpoints
-from projections.history_checkpoint import HistoryMetrics, Taken, Unmeasured
+from projections.history_checkpoint import CheckpointRefused, HistoryMetrics, Taken, Unmeasured
 from projections.read_model import ReadModel
 
 log = logging.getLogger(__name__)
@@ -112,17 +119,24 @@ class HistoryCheckpointer(PeriodicWorker):
             )
             self.metrics.history_checkpoint_collected(collected)
             return None
-        taken = checkpoints.take(
-            self._model,
-            self._store,
-            self._work_dir,
-            node_id=self._node_id,
-            now_ms=self._clock.now_ms(),
-            keep=self.keep,
-            digests=self._digests,
-            grace_ms=self.grace_ms,
-            clock=self._clock.now_ms,
-        )
+        generation = self._model.generation
+        try:
+            taken = checkpoints.take(
+                self._model,
+                self._store,
+                self._work_dir,
+                node_id=self._node_id,
+                now_ms=self._clock.now_ms(),
+                keep=self.keep,
+                digests=self._digests,
+                grace_ms=self.grace_ms,
+                clock=self._clock.now_ms,
+            )
+        except CheckpointRefused as refused:
+            log.error("history checkpoint refused: %s; nothing uploaded", refused)
+            self.metrics.history_checkpoint_refused()
+            self._model.set_aside(StoreDamaged(str(refused)), generation)
+            return None
         self.last = taken
         self.metrics.history_checkpoint_written(taken)
         if taken.collected is not None:

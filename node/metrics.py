@@ -239,6 +239,12 @@ class NodeMetrics:
             " format) and passed over for an older one.",
             registry=r,
         )
+        self.history_refused = Counter(
+            "cronlog_history_checkpoints_refused",
+            "History checkpoints not written because the read model's copy failed RocksDB's"
+            " checksums (the model was then set aside and refilled).",
+            registry=r,
+        )
         self.history_pause = Histogram(
             "cronlog_history_checkpoint_pause_seconds",
             "How long the read model's folds waited while a history checkpoint was taken.",
@@ -293,6 +299,9 @@ class NodeMetrics:
 
     def history_checkpoint_unusable(self) -> None:
         self.history_unusable.inc()
+
+    def history_checkpoint_refused(self) -> None:
+        self.history_refused.inc()
 
     def snapshot_paused(self, seconds: float) -> None:
         self.snapshot_pause.observe(seconds)

@@ -498,8 +498,13 @@ class Node:
         return floor or None
 
     def _report_history_start(self, restored: history_checkpoint.Restored | None) -> None:
-        """Say where the read model starts from and how much it has to fold to catch up."""
+        """Say where the read model starts from and how much it has to fold to catch up; it
+        answers for no partition before it has folded the log as it ends now (refilling)."""
         try:
+            log_ = self._log
+            self._history.hold_until(
+                {p: log_.end_offset("events", p) for p in range(log_.num_partitions)}
+            )
             tail = sum(self._history.lag(self._log).values())
         except CronlogError as err:
             log.warning("read model: how far behind the log it starts is unknown: %s", err)

@@ -55,8 +55,14 @@ the next checkpoint uploads the file again.
 another format, or names a file that is missing or whose bytes do not match its SHA-256 is
 reported (logged, counted) and the next older one tried. The files are written to a directory
 beside the model and renamed into place only once all of them are verified, so a crash midway
-leaves no half model. The model then opens as any other and its runner folds from its
-positions, through the archive and the log.
+leaves no half model. Verified twice: each file against its SHA-256 (it is what was uploaded),
+then every table read whole with RocksDB's own checksums (what was uploaded was a whole model);
+one that fails the second was taken of a damaged model, never becomes usable, and is dropped
+from the store (:func:`restore`). :func:`take` reads every table its previous checkpoint did not
+check the same way before it uploads anything, and refuses a model that fails
+(:class:`CheckpointRefused`), so that no checkpoint of a damaged model is written to begin with.
+The model then opens as any other and its runner folds from its positions, through the archive
+and the log.
 
 The same restore refills a model found damaged while it runs (by a fold or a query): it is set
 aside, the newest usable checkpoint restored beside it and swapped in, and only the tail after
@@ -84,6 +90,7 @@ import msgspec
 
 from archive.store import ArchiveMissing, ObjectStore
 from core.errors import CronlogError
+from eventlog.rocks import unreadable_tables
 from projections.read_model import ReadModel
 
 log = logging.getLogger(__name__)
@@ -112,6 +119,17 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 class CheckpointUnusable(CronlogError):
     """A checkpoint that cannot be restored: names what is wrong with it."""
+
+
+class CheckpointDamaged(CheckpointUnusable):
+    """A checkpoint whose files are as they were uploaded, but whose tables fail RocksDB's own
+    checksums: the model was damaged when it was taken. It never becomes usable, so it is
+    dropped from the store (:func:`restore`)."""
+
+
+class CheckpointRefused(CronlogError):
+    """A checkpoint not written because the model's copy failed RocksDB's checksums: the
+    model itself is damaged (:func:`take`)."""
 
 
 class FileEntry(msgspec.Struct, frozen=True):
@@ -177,6 +195,8 @@ class HistoryMetrics(Protocol):
 
     def history_checkpoint_unusable(self) -> None: ...
 
+    def history_checkpoint_refused(self) -> None: ...
+
     def history_checkpoint_collected(self, collected: Collected) -> None: ...
 
 
@@ -188,6 +208,9 @@ class Unmeasured:
         pass
 
     def history_checkpoint_unusable(self) -> None:
+        pass
+
+    def history_checkpoint_refused(self) -> None:
         pass
 
     def history_checkpoint_collected(self, collected: Collected) -> None:
@@ -279,15 +302,25 @@ def take(
         positions = model.checkpoint(local)
         pause = time.perf_counter() - started
         known = {} if digests is None else digests
+        # The copy's tables are the model's own (hard links): a block damaged in the model is
+        # damaged here, and hashing it would only vouch for the damage. So every table not
+        # checked by the previous checkpoint (a table never changes: its identity says it is
+        # the one checked) is read whole, with its checksums, before anything is uploaded.
+        unchecked = [path for path in sorted(local.glob("*.sst")) if _identity(path) not in known]
+        damaged = unreadable_tables(unchecked, work_dir / "history-checkpoint.check")
+        if damaged:
+            raise CheckpointRefused(
+                f"read model {model.path} is damaged: "
+                + "; ".join(f"{name}: {said}" for name, said in sorted(damaged.items()))
+            )
         tables: dict[tuple[int, int, int], str] = {}
         entries: list[FileEntry] = []
         paths: dict[str, Path] = {}
         for path in sorted(local.iterdir()):
             if path.suffix == ".sst":
-                stat = path.stat()
-                identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                identity = _identity(path)
                 digest = known.get(identity) or _sha256(path)[0]
-                size = stat.st_size
+                size = identity[1]
                 tables[identity] = digest
             else:
                 digest, size = _sha256(path)
@@ -363,17 +396,22 @@ def prune(store: ObjectStore, keep: int, *, now_ms: int) -> int:
     keys = manifests(store)
     dropped = keys[: max(0, len(keys) - keep)]
     for key in dropped:
-        try:
-            files = sorted(_names(store.get(key)))
-        except ArchiveMissing:
-            continue  # another writer dropped it first
-        except CheckpointUnusable as unusable:  # restores nothing, and names nothing known
-            log.error("history manifest %s dropped: %s", key, unusable)
-            files = []
-        tombstone = Dropped(dropped_at_ms=now_ms, files=files)
-        store.put(DROPPED + key[len(CHECKPOINTS) :], msgspec.json.encode(tombstone))
-        store.delete(key)
+        _drop(store, key, now_ms=now_ms)
     return len(dropped)
+
+
+def _drop(store: ObjectStore, key: str, *, now_ms: int) -> None:
+    """Drop one manifest: its tombstone first, so a reader fetching it has the grace period."""
+    try:
+        files = sorted(_names(store.get(key)))
+    except ArchiveMissing:
+        return  # another writer dropped it first
+    except CheckpointUnusable as unusable:  # restores nothing, and names nothing known
+        log.error("history manifest %s dropped: %s", key, unusable)
+        files = []
+    tombstone = Dropped(dropped_at_ms=now_ms, files=files)
+    store.put(DROPPED + key[len(CHECKPOINTS) :], msgspec.json.encode(tombstone))
+    store.delete(key)
 
 
 def collect(store: ObjectStore, *, now_ms: int, grace_ms: int = DEFAULT_GRACE_MS) -> Collected:
@@ -489,11 +527,16 @@ def _names(data: bytes) -> set[str]:
 
 
 def restore(
-    store: ObjectStore, path: Path, metrics: HistoryMetrics | None = None
+    store: ObjectStore,
+    path: Path,
+    metrics: HistoryMetrics | None = None,
+    clock: Callable[[], int] | None = None,
 ) -> Restored | None:
     """Restore the newest usable checkpoint as the model at ``path`` (which must not exist);
     None if there is none usable. Each unusable one is logged and counted, and the next older
-    tried."""
+    tried; one whose tables fail RocksDB's checksums (a damaged model was copied) is dropped
+    from the store too, so no later restore fetches it again. ``clock``: milliseconds, for
+    the tombstone of one dropped (default: the wall clock)."""
     if path.exists():
         raise CronlogError(f"{path} exists: a checkpoint restores only where no model is")
     metrics = metrics or Unmeasured()
@@ -505,6 +548,9 @@ def restore(
         except CheckpointUnusable as unusable:
             log.error("history checkpoint %s is unusable, trying an older one: %s", key, unusable)
             metrics.history_checkpoint_unusable()
+            if isinstance(unusable, CheckpointDamaged):
+                _drop(store, key, now_ms=clock() if clock else _wall_ms())
+                log.error("history checkpoint %s dropped: it holds a damaged model", key)
             continue
         return Restored(key, manifest, size, time.perf_counter() - started)
     return None
@@ -631,12 +677,32 @@ def _unpack(store: ObjectStore, manifest: Manifest, path: Path) -> int:
                 os.fsync(out.fileno())
             size += len(data)
         _fsync_dir(staging)
+        # Whole as uploaded is not whole as a model: one taken before checkpoints were checked
+        # may hold a damaged table, byte for byte.
+        damaged = unreadable_tables(
+            sorted(staging.glob("*.sst")), path.with_name(path.name + ".checking")
+        )
+        if damaged:
+            raise CheckpointDamaged(
+                "its tables fail RocksDB's checksums: "
+                + "; ".join(f"{name}: {said}" for name, said in sorted(damaged.items()))
+            )
         os.replace(staging, path)
         _fsync_dir(path.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return size
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    """What names a table file's content: RocksDB never rewrites one (the digests' key)."""
+    stat = path.stat()
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _sha256(path: Path) -> tuple[str, int]:

@@ -52,6 +52,11 @@ class ModelStore:
     set_asides: int  # how many times it was (a runner stops rebuilding after a few)
     _positions: dict[int, int]  # each partition's next offset, as the last batch wrote it
     _moved: threading.Condition  # notified when positions move (a batch, a set-aside, a refill)
+    _floor: dict[int, int]  # per partition, what it must reach before it answers for it
+
+    @property
+    def path(self) -> Path:
+        return self._path
 
     @property
     def generation(self) -> int:
@@ -73,6 +78,33 @@ class ModelStore:
     def positions(self) -> dict[int, int]:
         with self._moved:
             return dict(self._positions)
+
+    def hold_until(self, positions: dict[int, int]) -> None:
+        """Until the model has folded each partition up to ``positions`` (those known to be in
+        the log: its end when the node started), :meth:`refilling` names it. Only raises."""
+        with self._moved:
+            for p, at in positions.items():
+                self._floor[p] = max(self._floor.get(p, 0), at)
+
+    def reached_the_end(self, partition: int, at: int, generation: int) -> None:
+        """A read of ``partition`` from ``at`` found nothing to read: the offsets the hold
+        names past it take no record (Kafka's transaction markers take offsets: the end it
+        reports is past the last event), so the hold ends there. Unless the model was set
+        aside since the read (``generation``)."""
+        with self._moved:
+            if generation == self._generation and self._floor.get(partition, 0) > at:
+                self._floor[partition] = at
+
+    def refilling(self) -> dict[int, tuple[int, int]]:
+        """The partitions whose history is incomplete as far as the node knows: each with how
+        far the model has folded it and how far it must (:meth:`hold_until`; a set-aside holds
+        it until it is back where it was). An answer from one of them could miss what exists."""
+        with self._moved:
+            return {
+                p: (self._positions.get(p, 0), floor)
+                for p, floor in self._floor.items()
+                if self._positions.get(p, 0) < floor
+            }
 
     def lag(self, log: EventLog) -> dict[int, int]:
         """Per partition, how far the model is behind the log's end (end offset - position)."""

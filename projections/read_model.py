@@ -27,8 +27,10 @@ checkpoints (:meth:`ReadModel.refill_with`: ``projections.history_checkpoint`` g
 newest usable one of the shared store), a thread of the set-aside restores the newest
 checkpoint beside the model meanwhile and swaps it in, so the runner folds only the tail
 after it; only when there is none, or it is no further on than the fold from 0 has come, does
-that fold go on. Until it has caught up, history shows what it has folded so far, as on a
-node's first start; the lag metric says how far it is.
+that fold go on. Until it has caught up with what it held (and, from the node's start, with the
+log's end as it was then: ``hold_until``), :meth:`refilling` names the partitions it is behind
+on, and the API answers their history with 503 (``HistoryRefilling``) rather than with what
+it has folded so far; the lag metric says how far it is.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
         self._db_lock = threading.Lock()  # a batch's write versus a query's reads
         self._pending = None
         self._positions = {}
+        self._floor = {}
         self._moved = threading.Condition()
         self._generation = 0
         self.set_asides = 0
@@ -144,7 +147,10 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
         with self._write_lock, self._db_lock:
             if generation is not None and generation != self._generation:
                 return False
-            self._db.close()
+            try:
+                self._db.close()
+            except Exception as exc:  # a compaction met the damage first: closed all the same
+                log.warning("read model %s closed with an error: %s", self._path, exc)
             aside = set_aside(self._path)
             self._db = self._open_db()
             self._upgrade()  # none yet: says the counters are kept from here on
@@ -152,6 +158,8 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
             self.set_asides += 1
             self._unscoped = False
             with self._moved:
+                for p, at in self._positions.items():  # what it held, it must hold again
+                    self._floor[p] = max(self._floor.get(p, 0), at)
                 self._positions = {}
                 self._moved.notify_all()
             generation_now = self._generation

@@ -80,10 +80,11 @@ class ReadModelRunner:
         total = 0
         for partition in range(self._log.num_partitions):
             while True:
-                records = self._log.read_events(
-                    partition, self._model.position(partition), self._batch_size
-                )
+                generation = self._model.generation
+                position = self._model.position(partition)
+                records = self._log.read_events(partition, position, self._batch_size)
                 if not records:
+                    self._model.reached_the_end(partition, position, generation)
                     break
                 total += self._model.process_records(partition, records, self._decoder)
                 if on_batch is not None:
@@ -135,9 +136,10 @@ class ReadModelRunner:
                     self._stopping.wait(DEFER_POLL_S)
                     continue
                 generation = model.generation
-                records = self._log.read_events(
-                    partition, model.position(partition), self._batch_size, self._poll_s
-                )
+                position = model.position(partition)
+                records = self._log.read_events(partition, position, self._batch_size, self._poll_s)
+                if not records:
+                    model.reached_the_end(partition, position, generation)
                 if records:
                     try:
                         model.process_records(

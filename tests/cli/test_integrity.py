@@ -22,6 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from archive.store import DirectoryStore
+from projections import aside
+from projections import history_checkpoint as hc
 from tests import corruption
 
 pytestmark = pytest.mark.slow
@@ -193,6 +196,40 @@ def test_serve_refuses_a_damaged_log_in_one_message_and_the_tools_exit_3_with_it
     assert not list((data_dir / "node").rglob("*.rebuild"))
 
 
+def test_a_log_that_lost_acknowledged_records_is_refused_naming_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    """kill -9, then 3,000 bytes cut off the log's write-ahead log (the issue's finding): the
+    log reopens whole but short, and the stores are ahead of it. Before: the node started
+    without a word and served 4 of 20 acknowledged creates that the log no longer held."""
+    data_dir = tmp_path / "data"
+    node = Serve(data_dir)
+    assert node.wait_ready(), node.stderr
+    with httpx.Client(base_url=node.url, headers=A, timeout=10) as http:
+        for i in range(20):
+            body = {"name": f"cut-{i:02d}", "schedule": "0 3 * * *", "target": "pull://x"}
+            assert http.post("/v1/jobs", json=body).status_code == 201
+    node.proc.send_signal(signal.SIGKILL)
+    node.proc.wait(10)
+    [wal] = sorted((data_dir / "log").glob("*.log"), key=lambda f: f.stat().st_size)[-1:]
+    with wal.open("r+b") as f:
+        f.truncate(wal.stat().st_size - 3000)
+
+    again = Serve(data_dir)
+    assert not again.wait_ready(), "served stores ahead of the log"
+    assert again.proc.wait(10) == 3
+    err = again.stderr
+    assert "Traceback" not in err, err
+    [message] = [line for line in err.splitlines() if line.startswith("cronlog: event log")]
+    assert message.startswith(
+        f"cronlog: event log {data_dir / 'log'} lost records it had acknowledged: events partition "
+    ), message
+    assert "but the state store of partition" in message and "the read model" in message
+    assert " missing" in message
+    assert "see docs/operations.md, 'A damaged log'" in err
+    assert replay(data_dir, "verify").returncode == 1
+
+
 def _identities(path: Path) -> dict[str, bytes]:
     return {str(f.relative_to(path)): f.read_bytes() for f in path.rglob("IDENTITY")}
 
@@ -250,6 +287,51 @@ def test_a_damaged_read_model_is_set_aside_and_rebuilt_while_the_node_serves(
         assert node.stop() == 0
     assert list((data_dir / "node").glob("read_model.damaged-*"))
     assert "set aside as" in node.stderr and "read model" in node.stderr
+
+
+def test_a_damaged_read_model_poisons_no_checkpoint_and_heals_across_restarts(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """The finding: the checkpointer copied a flipped block into the archive, every restart
+    restored it and the damage came back, a ~4 MB ``read_model.damaged-*`` a round."""
+    every = ("--history-checkpoint-every", "1s")
+    checkpoints = data_dir / "archive" / "history" / "checkpoints"
+    node = Serve(data_dir, *every)
+    try:
+        assert node.wait_ready(), node.stderr
+        deadline = time.monotonic() + START_S
+        while not list(checkpoints.glob("*.json")):  # a good one, of the whole model
+            assert time.monotonic() < deadline, node.stderr
+            time.sleep(0.1)
+    finally:
+        assert node.stop() == 0
+    created = everything()
+    for round_ in range(3):
+        corruption.damage(data_dir / "node" / "read_model")
+        node = Serve(data_dir, *every)
+        try:
+            assert node.wait_ready(), node.stderr
+            # Something new for the checkpointer to take, before any query meets the damage.
+            body = {"name": f"new-{round_}", "schedule": "0 3 * * *", "target": "pull://x"}
+            assert httpx.post(f"{node.url}/v1/jobs", json=body, headers=A).status_code == 201
+            created.add(f"new-{round_}")
+            time.sleep(1.5)
+            deadline = time.monotonic() + START_S
+            while node.jobs() != created:  # 503 while it refills, then every job
+                assert time.monotonic() < deadline, (round_, node.stderr)
+                time.sleep(0.1)
+            time.sleep(2.5)  # two checkpoint passes of the healed model
+        finally:
+            assert node.stop() == 0
+        assert "refused" in node.stderr or "set aside" in node.stderr, node.stderr
+        # Every checkpoint left restores whole: none is of a damaged model.
+        store = DirectoryStore(data_dir / "archive")
+        for key in hc.manifests(store):
+            manifest = hc._manifest(store, key)
+            target = tmp_path / f"r{round_}" / key.rpartition("/")[2] / "read_model"
+            target.parent.mkdir(parents=True)
+            hc._unpack(store, manifest, target)  # CheckpointDamaged if it were
+    assert len(list((data_dir / "node").glob("read_model.damaged-*"))) <= aside.KEPT
 
 
 # -- starting -------------------------------------------------------------------------------------

@@ -89,11 +89,14 @@ def test_a_node_without_a_read_model_reads_the_log_only_after_the_checkpoint(
         history_store=store,
         history_window_ms=None,
     )
+    # Until it has folded the log as it ended at the start, its history says it is refilling.
+    assert node.history.refilling() == {p: (taken.positions[p], ends[p]) for p in range(PARTITIONS)}
     node.start()
     try:
         assert node.history.wait_until(
             lambda: all(node.history.position(p) >= ends[p] for p in range(PARTITIONS)), 30
         )
+        assert node.history.refilling() == {}
         assert node.metrics.history_restores._value.get() == 1
         assert node.metrics.history_start_fold._value.get() == sum(ends) - sum(
             taken.positions.values()

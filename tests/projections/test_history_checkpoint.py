@@ -17,6 +17,7 @@ from core import events as ev
 from core.errors import StoreDamaged
 from eventlog.embedded import EmbeddedLog
 from eventlog.port import EventLog, Record
+from node.history_checkpointer import HistoryCheckpointer
 from projections import history_checkpoint as hc
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.views import RUN_STATES
@@ -652,3 +653,103 @@ def test_a_stale_lease_renewed_while_the_collector_looks_keeps_its_files(tmp_pat
     collected = hc.collect(store, now_ms=now)
     assert collected.files == 0 and collected.leases == 0
     assert store.list(hc.FILES) == [hc.FILES + mine] and store.list(hc.LEASES) == [key]
+
+
+# -- a damaged model poisons no checkpoint ----------------------------------------------------
+
+
+class Refusals(Counted):
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    def history_checkpoint_refused(self) -> None:
+        self.refused += 1
+
+    def history_checkpoint_collected(self, collected: hc.Collected) -> None:
+        pass
+
+
+class At:
+    def now_ms(self) -> int:
+        return 5_000
+
+
+def damaged_model(history: Partly, data_dir: Path, store: DirectoryStore) -> hc.Taken:
+    """A model at ``data_dir`` with a good checkpoint of it at 40%, then folded to 80% and a
+    block of its largest table file flipped (closed); the good checkpoint."""
+    history.append_upto(0.4)
+    model = folded(history, data_dir)
+    good = hc.take(model, store, data_dir, node_id="n", now_ms=1000)
+    history.append_upto(0.8)
+    ReadModelRunner(history.log, model).run_once()
+    model.close()
+    corruption.damage(data_dir / "read_model")
+    return good
+
+
+def test_a_damaged_model_is_not_checkpointed_but_set_aside_and_refilled_from_a_good_one(
+    history: Partly, tmp_path: Path
+) -> None:
+    """The finding: the checkpointer copied a flipped block into the archive (its hashes
+    matched what it copied), the node restored it after every restart, and the good
+    checkpoints rotated out."""
+    store = DirectoryStore(tmp_path / "archive")
+    good = damaged_model(history, tmp_path / "n", store)
+    model, restored = hc.open_model(tmp_path / "n", store)
+    assert restored is None  # RocksDB opens it: the damage is in a data block
+    counted = Refusals()
+    checkpointer = HistoryCheckpointer(
+        model,
+        store,
+        tmp_path / "n",
+        node_id="n",
+        clock=At(),  # type: ignore[arg-type]
+        writes=lambda: True,
+        lag=lambda: 0,
+        metrics=counted,
+    )
+    with model:
+        assert checkpointer.tick() is None
+        assert counted.refused == 1 and hc.manifests(store) == [good.key]
+        assert model.set_asides == 1  # and refilled from the good one, then the tail
+        history.append_upto(1.0)
+        with ReadModelRunner(history.log, model):
+            for p in range(PARTITIONS):
+                assert model.wait_for(p, history.appended[p] - 1, timeout_s=30)
+            with folded(history, tmp_path / "z") as from_zero:
+                assert views(model, history) == views(from_zero, history)
+                assert model.dump() == from_zero.dump()
+        taken = checkpointer.tick()  # whole again: checkpointed
+        assert taken is not None and taken.positions == model.positions()
+    assert not list((tmp_path / "n").glob("read_model.refill*"))
+
+
+def test_a_checkpoint_of_a_damaged_model_is_dropped_and_the_good_one_restored(
+    history: Partly, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint an earlier build took of a damaged model: every file matches its SHA-256,
+    but its tables fail RocksDB's checksums. A restore passes over it and drops it, so no
+    later start (nor a refill) fetches it again."""
+    store = DirectoryStore(tmp_path / "archive")
+    good = damaged_model(history, tmp_path / "w", store)
+    with monkeypatch.context() as unchecked:  # as taken before checkpoints were checked
+        unchecked.setattr(hc, "unreadable_tables", lambda tables, scratch: {})
+        with ReadModel(tmp_path / "w" / "read_model") as model:
+            poisoned = hc.take(model, store, tmp_path / "w", node_id="n", now_ms=2000)
+    assert hc.manifests(store) == [good.key, poisoned.key]
+
+    counted = Counted()
+    model, restored = hc.open_model(tmp_path / "n", store, counted)
+    assert restored is not None and restored.key == good.key
+    assert counted.unusable == 1 and hc.manifests(store) == [good.key]
+    assert store.list(hc.DROPPED)  # its files go after the grace period, as a pruned one's
+    with model:
+        history.append_upto(1.0)
+        ReadModelRunner(history.log, model).run_once()
+        with folded(history, tmp_path / "z") as from_zero:
+            assert views(model, history) == views(from_zero, history)
+    again = Counted()
+    assert hc.restore(store, tmp_path / "m" / "read_model", again) is not None
+    assert again.unusable == 0
+    assert not (tmp_path / "n" / "read_model.restoring").exists()

@@ -858,3 +858,28 @@ def test_a_run_materialised_ahead_is_the_jobs_next_run_until_its_slot(tmp_path: 
         feed(model, sim, start=fed)
         job = model.job("t1", "j")
         assert job is not None and job.ahead_slot is None and job.next_slot == slot
+
+
+def test_a_model_is_refilling_until_it_folds_what_it_held_or_finds_nothing_more(
+    tmp_path: Path,
+) -> None:
+    """The hold a node puts on its model at start (the log's end then), and the one a
+    set-aside puts (what it held): history of those partitions is incomplete until the fold
+    gets there, or finds no record past where it is (Kafka's end counts its transaction
+    markers: offsets no event takes)."""
+    log = EmbeddedLog.open(tmp_path / "log", 2)
+    writers = Writers(log)
+    writers.append(0, busy_partition(5, steps=40, partition=0).log, chunk=10)
+    end = log.end_offset("events", 0)
+    with ReadModel.open(tmp_path / "n") as model:
+        model.hold_until({0: end, 1: 0})
+        assert model.refilling() == {0: (0, end)}
+        ReadModelRunner(log, model).run_once()
+        assert model.refilling() == {}
+        model.set_aside(StoreDamaged("read model: a block checksum mismatch"))
+        assert model.refilling() == {0: (0, end)}  # until it holds again what it held
+        model.hold_until({1: 3})  # more than partition 1 will ever hold: the markers' case
+        ReadModelRunner(log, model).run_once()
+        assert model.refilling() == {}
+    writers.close()
+    log.close()
