@@ -603,6 +603,14 @@ def _serve(args: argparse.Namespace) -> int:
 
             snapshots = FileSnapshots(data_dir / "snapshots")
         target_kafka = args.target_kafka
+        # This worker's stores ahead of the log (exit 3: the parent stops, 'A damaged log').
+        integrity.check_not_ahead(
+            raw_log,
+            node_dir(data_dir, args.worker_index),
+            snapshots,
+            history_store,
+            where=str(data_dir / "log"),
+        )
     else:
         raw_log = EmbeddedLog.open(
             data_dir / "log",

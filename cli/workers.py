@@ -318,6 +318,7 @@ def serve_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
         load_tokens,
         make_private_dir,
     )
+    from core.errors import LogCorrupted
     from node.supervisor import Supervisor
 
     os.umask(0o077)
@@ -334,6 +335,11 @@ def serve_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
     stop = threading.Event()
     damaged: list[BaseException] = []
     supervisor = Supervisor()
+
+    def found_damaged() -> None:  # a worker stopped on a damaged log (exit 3): so does the node
+        damaged.append(LogCorrupted("a worker process found the log damaged; see its log"))
+        stop.set()
+
     closing: list[Callable[[], None]] = []
     log_socket = data_dir / LOG_SOCKET
     try:
@@ -347,7 +353,7 @@ def serve_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 worker_argv(argv, index, listener.fileno(), log_socket),
                 listener.fileno(),
                 drain_s=args.drain_sec,
-                on_damaged=stop.set,
+                on_damaged=found_damaged,
             )
             for index in range(args.workers)
         ]
