@@ -319,11 +319,12 @@ class Executors(Dispatcher):
 
     async def _run(self, runner: PartitionRunner, lease: ev.LeaseGranted, spec: JobSpec) -> None:
         try:
-            if time.time() * 1000 >= lease.lease_expires_at:
+            if time.time() * 1000 >= lease.lease_expires_at - BEAT_MARGIN_S * 1000:
                 # The node stood still between granting the lease and calling (a pause, a
-                # stop): the run may be someone else's by now. Make no call, and say so: the
-                # target saw nothing, so even a critical run may be tried again (if the expiry
-                # was decided first, this is refused and the expiry stands).
+                # stop): the run may be someone else's by now, or will be before a heartbeat
+                # could renew the lease. Make no call, and say so: the target saw nothing, so
+                # even a critical run may be tried again (if the expiry was decided first,
+                # this is refused and the expiry stands).
                 log.warning("run %s: its lease ran out before the call started", lease.run_id)
                 result = Result(Outcome.FAILED, NOT_CALLED)
                 await self._complete(lease, spec, result)
@@ -461,8 +462,23 @@ def heartbeat_interval(spec: JobSpec) -> float:
     return max(0.2, spec.lease_sec / 3)
 
 
+# A heartbeat sent this long before the lease runs out is decided before it does: the time a
+# beat takes to reach its partition's owner and be decided, with room for a busy node.
+BEAT_MARGIN_S = 0.25
+
+
+def first_beat_s(lease: ev.LeaseGranted, spec: JobSpec, now_ms: float) -> float:
+    """When a call's first heartbeat is due, from now: a third of its lease, or sooner if the
+    lease would run out first. A call that starts late (its node was busy) has less than its
+    lease left, and an outcome arriving after the lease is an unknown one (a critical run set
+    aside for a person): the beat renews the lease while the call runs."""
+    left_s = (lease.lease_expires_at - now_ms) / 1000
+    return max(0.0, min(heartbeat_interval(spec), left_s - BEAT_MARGIN_S))
+
+
 class _LeaseKeeper:
-    """Heartbeats a call's lease from a third of the lease on, while the call runs."""
+    """Heartbeats a call's lease while the call runs, from a third of the lease on, or sooner
+    when less than that is left of it (:func:`first_beat_s`)."""
 
     def __init__(
         self,
@@ -475,7 +491,7 @@ class _LeaseKeeper:
         self._beating: asyncio.Task[bool] | None = None
         loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = loop.call_later(
-            heartbeat_interval(spec), self._start
+            first_beat_s(lease, spec, time.time() * 1000), self._start
         )
 
     def _start(self) -> None:

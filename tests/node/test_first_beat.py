@@ -1,0 +1,45 @@
+"""A call that starts late in its lease has its lease renewed before it runs out, so a quick
+call's outcome is never an unknown one (a critical run set aside) for a start that was late."""
+
+from __future__ import annotations
+
+from core import events as ev
+from core.jobs import HttpTarget, JobSpec
+from node.executors import BEAT_MARGIN_S, first_beat_s, heartbeat_interval
+
+SPEC = JobSpec(
+    name="j",
+    tenant="team-a",
+    target=HttpTarget(url="https://hooks.example.com/x"),
+    run_at=1_000,
+    lease_sec=1,
+    timeout_sec=0.3,
+    critical=True,
+)
+
+
+def lease(expires_at: int) -> ev.LeaseGranted:
+    return ev.LeaseGranted(
+        at=0,
+        job_id="j",
+        tenant="team-a",
+        run_id="j.1000",
+        scheduled_for=1_000,
+        attempt=1,
+        fencing_token=1,
+        worker_id="n1/executor",
+        lease_expires_at=expires_at,
+        lateness_ms=0,
+    )
+
+
+def test_a_call_started_on_time_beats_at_a_third_of_its_lease() -> None:
+    assert first_beat_s(lease(11_000), SPEC, now_ms=10_000) == heartbeat_interval(SPEC)
+
+
+def test_a_call_started_late_beats_before_its_lease_runs_out() -> None:
+    # 0.7 s of a 1 s lease gone before the call started (the finding): 0.3 s are left
+    due = first_beat_s(lease(10_300), SPEC, now_ms=10_000)
+    assert due == 0.3 - BEAT_MARGIN_S
+    assert due < 0.3  # decided before the lease instant, so the outcome finds it live
+    assert first_beat_s(lease(10_100), SPEC, now_ms=10_000) == 0.0  # at once
