@@ -2,13 +2,15 @@
 heartbeats, completes them with its fencing token, and records everything it did.
 
 ``python -m tools.chaos worker --worker-id w1 --pool chaos --node URL ... --record w1.jsonl``
-runs ``--threads`` loops, each ``claim → work (heartbeat every third of the lease) →
-complete``. Records (:mod:`tools.chaos.records`, so a SIGKILL loses none)::
+runs ``--threads`` loops, each ``claim (reaching 3 s ahead) → wait for the start, checking
+the lease 1 s before it → work (heartbeat every third of the lease) → complete``. Records
+(:mod:`tools.chaos.records`, so a SIGKILL loses none)::
 
     {"kind": "work", "worker": id, "run": ..., "job": ..., "slot": ms, "attempt": n,
      "token": t, "key": ..., "at": ms}                       # the work began: the delivery
     {"kind": "heartbeat", "run": ..., "token": t, "status": 200|409|..., "at": ms}
     {"kind": "abandon", "run": ..., "token": t, "at": ms}    # a heartbeat said the lease is gone
+    {"kind": "withdrawn", "run": ..., "token": t, "at": ms}  # the check before the start: gone
     {"kind": "complete", "run": ..., "token": t, "outcome": "succeeded"|"failed",
      "status": 200|409|..., "at": ms}
 
@@ -36,6 +38,10 @@ from tools.chaos.records import Recorder
 CLAIM_IDLE_S = 1.0
 RETRY_S = 0.2  # a node that did not answer: try the next one after this long
 COMPLETE_TRIES = 3
+# Claims reach this far ahead (leases granted ahead, as the SDK's Worker asks for them); the
+# lease is checked this long before the start.
+AHEAD_SEC = 3
+CHECK_S = 1.0
 
 
 def _ms() -> int:
@@ -92,8 +98,15 @@ class PullWorker:
     def _loop(self) -> None:
         while not self._over():
             response = self._post(
-                "/v1/workers/claim", {"pool": self.pool, "worker_id": self.worker_id, "limit": 1}
+                "/v1/workers/claim",
+                {
+                    "pool": self.pool,
+                    "worker_id": self.worker_id,
+                    "limit": 1,
+                    "ahead_sec": AHEAD_SEC,
+                },
             )
+            received = time.monotonic()
             if response is None or response.status_code != 200:
                 self.done.wait(RETRY_S)
                 continue
@@ -102,7 +115,33 @@ class PullWorker:
                 self.done.wait(CLAIM_IDLE_S)
                 continue
             for run in runs:
-                self._work(run)
+                if self._until_start(run, received):
+                    self._work(run)
+
+    def _until_start(self, run: dict[str, Any], received: float) -> bool:
+        """A run leased ahead (``start_in_ms``): wait for its start by this process's monotonic
+        clock from the answer's arrival, never reading the wall clock against the node's,
+        checking the lease ``CHECK_S`` before it as the SDK's Worker does; False when the check
+        says it was withdrawn or cancelled meanwhile."""
+        start_in = run.get("start_in_ms")
+        if not start_in:
+            return True
+        start = received + start_in / 1000
+        if (wait := start - CHECK_S - time.monotonic()) > 0:
+            time.sleep(wait)  # the worker's own timer: nothing else to wait on
+        check = self._post(
+            f"/v1/runs/{run['run_id']}/heartbeat",
+            {"fencing_token": run["fencing_token"], "check": True},
+        )
+        if check is not None and check.status_code == 409:
+            self.recorder.write(
+                {"kind": "withdrawn", "run": run["run_id"], "token": run["fencing_token"],
+                 "at": _ms()}
+            )  # fmt: skip
+            return False
+        if (wait := start - time.monotonic()) > 0:
+            time.sleep(wait)
+        return True
 
     def _work(self, run: dict[str, Any]) -> None:
         key = run["idempotency_key"]
