@@ -65,6 +65,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refusal is not None:
             return
+        # A read that would take a head past the bound is parsed only up to it: whatever
+        # follows (the rest of a field too long, a line the parser would call malformed) is
+        # refused for its size, whichever way the socket happened to split it.
+        room = MAX_HEAD_BYTES + 1 - self._head_bytes
+        if self._in_head and len(data) > room:
+            self._read(data[:room])
+            if self._refusal is None:  # the head ended within the bound: the rest is its own
+                self._read(data[room:])
+            return
+        self._read(data)
+
+    def _read(self, data: bytes) -> None:
+        if not data or self._refusal is not None:
+            return
         in_head, self._ended_in_read = self._in_head, False
         super().data_received(data)
         if self._refusal is not None or not (in_head and self._in_head) or self._ended_in_read:

@@ -116,6 +116,16 @@ def test_a_head_over_the_bound_in_small_pieces_is_refused(port: int) -> None:
     assert called == []
 
 
+def test_a_head_over_the_bound_is_refused_for_its_size_in_one_read_too(port: int) -> None:
+    # The same head sent whole, so that reads bring its malformed end together with the bytes
+    # that take it over the bound: still refused for its size (431), not as malformed (400).
+    called.clear()
+    whole = head(b"X-Big: " + b"a" * 1000) + b"b" * 100_000 + b"\r\n\r\n"
+    for _ in range(5):
+        assert ask(port, whole) == [b"HTTP/1.1 431 Request Header Fields Too Large"]
+    assert called == []
+
+
 @pytest.mark.parametrize(
     ("fields", "status"),
     [
