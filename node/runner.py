@@ -576,9 +576,6 @@ class PartitionRunner:
         times.append_s = saving - appending
         _answer(answers, events, offsets)
         self._dispatch(events, starting)
-        for event in events:
-            if isinstance(event, ev.RunCancelled):  # a call armed ahead is not made
-                self._dispatcher.cancelled(event.run_id)
         assert self._store is not None
         self._store.save(self.state, list(zip(offsets, events, strict=True)))
         self._snapshot_if_due(len(events))
@@ -621,6 +618,19 @@ class PartitionRunner:
             return held
 
         for event in events:
+            if isinstance(event, ev.RunStarted) and event.trigger is ev.Trigger.SCHEDULE:
+                # a run leased or armed ahead: granted in time, started (as reported) late
+                run = runs.get(event.run_id)
+                late_ms = 0 if run is None else event.started_at - run.available_at
+                if late_ms > THRESHOLD_S * 1000:
+                    self._on_late(
+                        self.partition,
+                        "start",
+                        late_ms,
+                        "leased ahead in time, started late where it runs (its executor"
+                        " process or pull worker was busy, or the worker away)",
+                    )
+                continue
             if not isinstance(event, ev.LeaseGranted) or event.trigger is not ev.Trigger.SCHEDULE:
                 continue
             run = runs.get(event.run_id)
@@ -712,9 +722,14 @@ class PartitionRunner:
         self._release(starting)
 
     def _dispatch(self, events: list[AnyEvent], starting: dict[str, str]) -> None:
+        """Start the leases granted here; tell the executors of runs cancelled (a call armed
+        ahead for one is not made)."""
         for event in events:
-            if isinstance(event, ev.LeaseGranted) and event.run_id in starting:
-                self._dispatch_one(event, starting[event.run_id])
+            if isinstance(event, ev.LeaseGranted):
+                if event.run_id in starting:
+                    self._dispatch_one(event, starting[event.run_id])
+            elif isinstance(event, ev.RunCancelled):
+                self._dispatcher.cancelled(event.run_id)
 
     def _dispatch_one(self, lease: ev.LeaseGranted, tenant: str) -> None:
         try:

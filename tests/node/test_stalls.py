@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from core import events as ev
 from core.clock import FakeClock
-from core.commands import ClaimRuns, PutJob
+from core.commands import ClaimRuns, HeartbeatRun, PutJob
 from core.errors import CronlogError
 from core.jobs import HttpTarget, JobSpec, PullTarget
 from core.state import RunState
@@ -61,12 +61,21 @@ class Told:
         self.any.set()
 
 
-def runner_on(clock: FakeClock, dispatcher: Dispatcher, told: Told) -> PartitionRunner:
+def runner_on(
+    clock: FakeClock, dispatcher: Dispatcher, told: Told, lead_ms: int = 0
+) -> PartitionRunner:
     log = MemoryLog(1)
     member = log.join(Owner())
     member.poll(0)
     runner = PartitionRunner(
-        0, log, member.writer(0), lambda: MemoryStateStore(0), clock, dispatcher, on_late=told
+        0,
+        log,
+        member.writer(0),
+        lambda: MemoryStateStore(0),
+        clock,
+        dispatcher,
+        on_late=told,
+        lead_ms=lead_ms,
     )
     runner.start()
     return runner
@@ -143,6 +152,29 @@ def test_a_pull_run_nobody_claimed_in_time_is_told_as_the_claims() -> None:
     [(_, kind, late_ms, cause)] = told.late
     assert (kind, late_ms) == ("claim", 4999)
     assert "no claim of its pool reached the partition sooner" in cause
+
+
+def test_a_run_leased_ahead_in_time_but_started_late_is_told_where_it_ran() -> None:
+    clock = FakeClock(START)
+    told = Told()
+    runner = runner_on(clock, NoRoom(), told, lead_ms=30_000)  # materialised ahead
+    try:
+        spec = JobSpec(name="p", tenant="team-a", target=PullTarget(pool="q"), run_at=START + 5000)
+        decide(runner, PutJob(job_id="p", spec=spec))
+        claim = ClaimRuns(tenant="team-a", pool="q", worker_id="w", limit=1, horizon_ms=5000)
+        [lease] = decide(runner, claim).events
+        assert isinstance(lease, ev.LeaseGranted) and lease.start_at == START + 5000
+        clock.advance(9000)  # the worker started it 4 s after its start, and says so
+        beat = HeartbeatRun(
+            run_id=lease.run_id, fencing_token=lease.fencing_token, started_late_ms=4000
+        )
+        assert ev.RunStarted in [type(e) for e in decide(runner, beat).events]
+        assert told.any.wait(10)
+    finally:
+        runner.stop()
+    [(_, kind, late_ms, cause)] = told.late  # the grant, in time, is not told
+    assert (kind, late_ms) == ("start", 4000)
+    assert "started late where it runs" in cause
 
 
 def test_late_starts_are_one_line_per_partition_and_cause(
