@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from node.worker import OneShot, PeriodicWorker, Worker
 
@@ -124,7 +124,6 @@ class WorkerProcess(Worker):
         self._drain_s = drain_s
         self._on_damaged = on_damaged
         self.process: subprocess.Popen[bytes] | None = None
-        self.starts = 0
         self._ending = False
 
     def begin_stop(self) -> None:
@@ -134,11 +133,6 @@ class WorkerProcess(Worker):
         process = self.process
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
-
-    @property
-    def pid(self) -> int | None:
-        process = self.process
-        return None if process is None else process.pid
 
     def _run(self, stopping: threading.Event) -> None:
         # A session of its own: a terminal's Ctrl-C reaches the parent alone, which stops the
@@ -150,7 +144,6 @@ class WorkerProcess(Worker):
             env={**os.environ, PARENT_PID: str(os.getpid())},
         )
         self.process = process
-        self.starts += 1
         log.info("worker %d started (pid %d)", self.index, process.pid)
         while not stopping.wait(LOOK_S):
             code = process.poll()
@@ -273,21 +266,42 @@ class FloorReport(PeriodicWorker):
         os.replace(tmp, self._path)
 
 
-def reported_floor(data_dir: Path, workers: int, partitions: int) -> Callable[[int], int | None]:
+def reported_floor(
+    data_dir: Path,
+    workers: int,
+    *,
+    fresh_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Callable[[int], int | None]:
     """The parent's recovery floor of a partition, from the workers' reports: the least of
     every worker's read-model position and of every owner's floor; None (prune nothing) while
     a worker has not reported, or no report owns the partition, or one says its floor is
-    unknown."""
+    unknown. The reports are read once for a retention pass over every partition (again when
+    they are older than ``fresh_s``), not once a partition."""
+    read_at: float | None = None
+    reports: list[dict[str, Any]] | None = None
+
+    def load() -> list[dict[str, Any]] | None:
+        nonlocal read_at, reports
+        now = clock()
+        if read_at is None or now - read_at >= fresh_s:
+            read_at, reports = now, []
+            for index in range(workers):
+                try:
+                    reports.append(json.loads(floor_path(data_dir, index).read_text()))
+                except (OSError, ValueError):
+                    reports = None  # one has not reported (or not readably): keep everything
+                    break
+        return reports
 
     def floor(partition: int) -> int | None:
         key = str(partition)
         lowest: int | None = None
         owners = 0
-        for index in range(workers):
-            try:
-                report = json.loads(floor_path(data_dir, index).read_text())
-            except (OSError, ValueError):
-                return None
+        reports = load()
+        if reports is None:
+            return None
+        for report in reports:
             position = report.get("read_model", {}).get(key)
             if position is None:
                 return None
@@ -450,7 +464,7 @@ def _serve_log(
         EmbeddedRetention(
             raw_log,
             retention,
-            reported_floor(data_dir, args.workers, raw_log.num_partitions),
+            reported_floor(data_dir, args.workers),
             metrics,
             archiver=archiver,
             interval_s=args.retention_check / 1000,

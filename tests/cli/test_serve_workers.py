@@ -136,7 +136,13 @@ def write_report(
 
 
 def test_the_parent_prunes_below_every_worker_s_report_only(tmp_path: Path) -> None:
-    floor = reported_floor(tmp_path, workers=2, partitions=2)
+    now = [0.0]
+
+    def clock() -> float:  # every call a second later: each look reads the reports again
+        now[0] += 1.0
+        return now[0]
+
+    floor = reported_floor(tmp_path, workers=2, clock=clock)
     assert floor(0) is None  # nobody has reported: nothing is pruned
     write_report(tmp_path, 0, {0: 500, 1: 400}, {0: 300})
     assert floor(0) is None  # worker 1 has not reported
@@ -149,3 +155,11 @@ def test_the_parent_prunes_below_every_worker_s_report_only(tmp_path: Path) -> N
     assert floor(1) is None  # its owner does not know its floor
     write_report(tmp_path, 1, {0: 200}, {1: 700})
     assert floor(1) is None  # worker 1's read model has no position on partition 1 yet
+
+
+def test_a_retention_pass_reads_each_report_once(tmp_path: Path) -> None:
+    write_report(tmp_path, 0, {0: 5, 1: 6}, {0: 5, 1: 6})
+    floor = reported_floor(tmp_path, workers=1, clock=lambda: 0.0)
+    assert (floor(0), floor(1)) == (5, 6)
+    floor_path(tmp_path, 0).unlink()  # gone within the pass: what was read still holds
+    assert floor(1) == 6
