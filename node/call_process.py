@@ -42,7 +42,7 @@ import msgspec
 from core import events as ev
 from core.commands import Outcome
 from core.jobs import JobSpec
-from node.calls import NOT_CALLED, CallerConfig, Result, wait_for_start
+from node.calls import NOT_CALLED, CallerConfig, Result, call_at_start
 
 log = logging.getLogger(__name__)
 
@@ -254,10 +254,7 @@ async def _serve(fd: int) -> None:
             else:
                 # A call armed ahead waits for its start here, in this process, on its own
                 # timer: at the instant the node has nothing left to do for it.
-                late_ms = await wait_for_start(message.lease)
-                result = await caller.call(message.lease, message.spec)
-                if late_ms is not None:
-                    result = msgspec.structs.replace(result, started_late_ms=late_ms)
+                result = await call_at_start(caller, message.lease, message.spec)
         except asyncio.CancelledError:
             return  # the node abandoned it and expects nothing
         finally:

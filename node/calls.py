@@ -11,13 +11,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from core.commands import Outcome
 from core.egress import EgressPolicy
 from core.events import LeaseGranted
+from core.jobs import JobSpec
 from core.turns import Turns
 from node.admission import DEFAULT_ROOM
 
@@ -118,6 +119,20 @@ async def wait_for_start(lease: LeaseGranted) -> int | None:
     while (now := time.time() * 1000) < lease.start_at:
         await asyncio.sleep((lease.start_at - now) / 1000)
     return max(0, round(now - lease.start_at))
+
+
+class _Calls(Protocol):
+    async def call(self, lease: LeaseGranted, spec: JobSpec) -> Result: ...
+
+
+async def call_at_start(caller: _Calls, lease: LeaseGranted, spec: JobSpec) -> Result:
+    """``caller``'s call for ``lease``, made at the lease's start (a call armed ahead waits for
+    it: :func:`wait_for_start`), the result saying how late that start was."""
+    late_ms = await wait_for_start(lease)
+    result = await caller.call(lease, spec)
+    if late_ms is None:
+        return result
+    return msgspec.structs.replace(result, started_late_ms=late_ms)
 
 
 def classify(status: int, retry_after: str | None = None, text: str = "") -> Result:

@@ -33,8 +33,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, assert_never
 from urllib.parse import urlsplit
 
-import msgspec
-
 from core import events as ev
 from core.commands import AnyCommand, CompleteRun, HeartbeatRun, Outcome
 from core.egress import EgressPolicy
@@ -50,9 +48,9 @@ from node.calls import (
     NOT_CALLED,
     CallerConfig,
     Result,
+    call_at_start,
     classify,
     retry_after_ms,
-    wait_for_start,
 )
 from node.handoff import Handoff
 from node.runner import Dispatcher, PartitionRunner
@@ -378,7 +376,7 @@ class Executors(Dispatcher):
         if self._processes is not None:
             return self._processes.submit(lease, spec)
         assert self._caller is not None  # there is one exactly when there are no processes
-        return asyncio.ensure_future(_armed(self._caller, lease, spec))
+        return asyncio.ensure_future(call_at_start(self._caller, lease, spec))
 
     async def _ask(self, command: AnyCommand) -> CronlogError | None:
         """Have the partition's owner decide ``command``, wherever it runs now (the node routes
@@ -447,15 +445,6 @@ class Executors(Dispatcher):
         executors' loop: ``asyncio.run_coroutine_threadsafe(executors.call(...), loop)``), in
         an executor process when there are some."""
         return await self._start_call(lease, spec)
-
-
-async def _armed(caller: Caller, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
-    """A call made here, armed ahead or not: waits for the lease's start, then calls."""
-    late_ms = await wait_for_start(lease)
-    result = await caller.call(lease, spec)
-    if late_ms is None:
-        return result
-    return msgspec.structs.replace(result, started_late_ms=late_ms)
 
 
 def heartbeat_interval(spec: JobSpec) -> float:
