@@ -173,7 +173,12 @@ class LogServer:
                 log.exception("log server %s: accept failed", self._path)
                 time.sleep(0.1)  # a persistent failure (no file descriptors left) must not spin
                 continue
-            if not _same_user(sock):
+            try:
+                same_user = _same_user(sock)
+            except Exception:  # the one accepting thread must not end on one peer's account
+                log.exception("log server %s: could not tell a peer's user", self._path)
+                same_user = False
+            if not same_user:
                 log.warning("log server %s: refused a peer of another user", self._path)
                 sock.close()
                 continue
