@@ -31,6 +31,7 @@ place left answers ``{"results": [{"index": 0, "status": 201, ...}, {"index": 1,
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Annotated, Any
 
 import msgspec
@@ -181,13 +182,13 @@ async def create_jobs(request: Request) -> Response:
         try:
             body = as_type(item, NewJob)
             key = None if batch_key is None else f"{batch_key}#{i}"
-            job_id, command = new_job(call, targets, body, key)
+            job_id, command = await new_job(call, targets, body, key)
             if command is not None:
                 commands.append((i, command))
                 if is_fresh(body, key):
                     fresh.add(job_id)
             else:  # its job has finished with this definition: there as given
-                view = call.scheduler.history.job(call.tenant, job_id)
+                view = await call.scheduler.reader.job(call.tenant, job_id)
                 version = None if view is None else view.version
                 results[i] = JobResult(index=i, status=200, job_id=team_id(job_id), version=version)
         except (ApiError, msgspec.ValidationError, CronlogError) as err:
@@ -195,7 +196,9 @@ async def create_jobs(request: Request) -> Response:
         except RecursionError:
             results[i] = _refused(i, too_deep("payload"))
     quota: JobQuota = request.state.quota
-    with quota.admit_many(call, [command.job_id for _, command in commands], fresh) as admitted:
+    async with quota.admit_many(
+        call, [command.job_id for _, command in commands], fresh
+    ) as admitted:
         sent = []
         for (i, command), ok in zip(commands, admitted, strict=True):
             if ok:
@@ -224,18 +227,26 @@ async def _settle(
     """Each sent item's result from its answer. An item that decided nothing found its job as
     an earlier request (or item) left it; as for one create, it is waited for briefly if this
     node's read model has not folded it yet."""
-    history = call.scheduler.history
-    unseen = [
-        command.job_id
-        for (_, command), answer in zip(sent, answers, strict=True)
-        if answer == [] and history.job(call.tenant, command.job_id) is None
+    history = call.scheduler.reader
+    repeated = [
+        command.job_id for (_, command), answer in zip(sent, answers, strict=True) if answer == []
     ]
-    if unseen:
-        await asyncio.to_thread(
-            history.wait_until,
-            lambda: all(history.job(call.tenant, job_id) is not None for job_id in unseen),
-            CATCH_UP_S,
+    views = dict(
+        zip(
+            repeated,
+            await asyncio.gather(*(history.job(call.tenant, job_id) for job_id in repeated)),
+            strict=True,
         )
+    )
+    deadline = time.monotonic() + CATCH_UP_S  # one wait for them all, as one create waits
+    for job_id, view in views.items():
+        if view is None:
+
+            async def readable(job_id: str = job_id) -> bool:
+                return await history.job(call.tenant, job_id) is not None
+
+            if await history.until(job_id, readable, max(0.0, deadline - time.monotonic())):
+                views[job_id] = await history.job(call.tenant, job_id)
     for (i, command), answer in zip(sent, answers, strict=True):
         job_id = team_id(command.job_id)
         if isinstance(answer, CronlogError):
@@ -245,7 +256,7 @@ async def _settle(
         if registered is not None:
             results[i] = JobResult(index=i, status=201, job_id=job_id, version=registered.version)
             continue
-        view = history.job(call.tenant, command.job_id)
+        view = views.get(command.job_id)
         if view is None:
             results[i] = JobResult(
                 index=i,

@@ -49,7 +49,7 @@ async def preview_change(request: Request) -> Response:
     job_id = call.job_id(request.path_params["job_id"])
     body = await decode(request, JobFields)
     n = query_int(request, 10, MAX_PREVIEW, "n")
-    view = job_view(call, job_id)
+    view = await job_view(call, job_id)
     spec = spec_of(body, call.tenant, base=view.spec, scope=call.job_id)
     now = call.scheduler.now_ms()
     changed = msgspec.structs.replace(

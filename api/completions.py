@@ -136,7 +136,7 @@ async def complete_runs(request: Request) -> Response:
     answers = await call.scheduler.execute_many([command for _, command in sent])
     for (i, command), answer in zip(sent, answers, strict=True):
         if isinstance(answer, LeaseLost):
-            refusal = lease_refused(call, command.run_id, answer)
+            refusal = await lease_refused(call, command.run_id, answer)
             results[i] = CompletionResult(
                 index=i, status=refusal.status, run_id=team_id(command.run_id), error=refusal.body
             )

@@ -76,17 +76,17 @@ def _bounds(body: ReplayFilterIn) -> tuple[int | None, int | None]:
     return after, before
 
 
-def _matching(call: Call, body: ReplayFilterIn) -> tuple[list[str], int, str | None]:
+async def _matching(call: Call, body: ReplayFilterIn) -> tuple[list[str], int, str | None]:
     """The log ids of the dead runs ``body`` names (up to its limit), how many dead runs were
     looked at, and the cursor to go on from (None: the list was read to its end)."""
     after, before = _bounds(body)
     job_id = None if body.job_id is None else call.job_id(body.job_id)
-    history = call.scheduler.history
+    history = call.scheduler.reader
     matched: list[str] = []
     scanned = 0
     cursor = body.cursor
     while scanned < MAX_SCAN:
-        keys = history.run_keys(call.tenant, "dead", cursor, min(1000, MAX_SCAN - scanned))
+        keys = await history.run_keys(call.tenant, "dead", cursor, min(1000, MAX_SCAN - scanned))
         if not keys:
             return matched, scanned, None
         for next_cursor, slot, run_id in keys:
@@ -102,7 +102,7 @@ def _matching(call: Call, body: ReplayFilterIn) -> tuple[list[str], int, str | N
             if job_id is not None and job_id_of_run(run_id) != job_id:
                 continue
             if body.reason is not None:
-                run = history.run(call.tenant, run_id)
+                run = await history.run(call.tenant, run_id)
                 if run is None or run.dead_reason != body.reason:
                     continue
             matched.append(run_id)
@@ -124,7 +124,7 @@ async def _replay(call: Call, run_id: str, slots: asyncio.Semaphore) -> ReplayRe
 async def replay_dead_runs(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, ReplayFilterIn)
-    matched, scanned, cursor = _matching(call, body)
+    matched, scanned, cursor = await _matching(call, body)
     refused: list[ReplayRefused] = []
     if not body.dry_run:
         slots = asyncio.Semaphore(AT_ONCE)

@@ -60,11 +60,11 @@ class Call:
         unless the team owns a job of that bare id from before ids were scoped (and no scoped
         one)."""
         scoped = log_job_id(self.tenant, job_id)
-        history = self.scheduler.history
+        history = self.scheduler.reader
         if (
             history.has_unscoped_ids()
-            and history.job(self.tenant, scoped) is None
-            and history.job(self.tenant, job_id) is not None
+            and history.job_here(self.tenant, scoped) is None
+            and history.job_here(self.tenant, job_id) is not None
         ):
             return job_id
         return scoped
@@ -304,7 +304,7 @@ def history_complete(call: Call, job_id: str | None = None) -> None:
     held when the node started (or what it held before it was set aside as damaged): on the
     job's partition, or on any for a listing (``job_id`` None). An answer now could say a job
     that exists is not found, or list none of its runs."""
-    refilling = call.scheduler.history.refilling()
+    refilling = call.scheduler.reader.refilling()
     if job_id is not None and refilling:
         partition = partition_for(job_id, call.scheduler.num_partitions)
         refilling = {partition: refilling[partition]} if partition in refilling else {}
@@ -318,10 +318,10 @@ def history_complete(call: Call, job_id: str | None = None) -> None:
         )
 
 
-def job_view(call: Call, job_id: str) -> JobView:
+async def job_view(call: Call, job_id: str) -> JobView:
     """The job whose log id is ``job_id``, if it is the caller's."""
     history_complete(call, job_id)
-    view = call.scheduler.history.job(call.tenant, job_id)
+    view = await call.scheduler.reader.job(call.tenant, job_id)
     if view is None:
         raise NotFound(f"job {team_id(job_id)} not found")
     return view
@@ -334,7 +334,7 @@ async def on_job(call: Call, job_id: str, command: AnyCommand) -> list[AnyEvent]
     try:
         return await call.scheduler.execute(command)
     except NotFound:
-        view = call.scheduler.history.job(call.tenant, job_id)
+        view = await call.scheduler.reader.job(call.tenant, job_id)
         if view is None:
             raise
         raise Conflict(
@@ -342,43 +342,43 @@ async def on_job(call: Call, job_id: str, command: AnyCommand) -> list[AnyEvent]
         ) from None
 
 
-def run_view(call: Call, run_id: str) -> RunView:
+async def run_view(call: Call, run_id: str) -> RunView:
     """The run whose log id is ``run_id``, if it is the caller's."""
     history_complete(call, job_id_of_run(run_id))
-    view = call.scheduler.history.run(call.tenant, run_id)
+    view = await call.scheduler.reader.run(call.tenant, run_id)
     if view is None:
         raise NotFound(f"run {team_id(run_id)} not found")
     return view
 
 
-def lease_refused(call: Call, run_id: str, err: LeaseLost) -> ApiError:
+async def lease_refused(call: Call, run_id: str, err: LeaseLost) -> ApiError:
     """What a refused command of a run's lease (a heartbeat, an outcome) answers. The partition
     decides first (it holds the lease and knows whose run it is); only a refusal asks the read
     model, which may not have folded the run yet: a run the team does not have (another
     team's, or none) is a 404, never a lease error that would say it exists; else a 409 that
     says whether the run was cancelled (stop) or reclaimed (someone else has it)."""
     history_complete(call, job_id_of_run(run_id))
-    now = call.scheduler.history.run(call.tenant, run_id)
+    now = await call.scheduler.reader.run(call.tenant, run_id)
     if now is None:
         return ApiError(404, "not_found", f"run {team_id(run_id)} not found")
     return ApiError(409, "lease_lost", str(err), cancelled=now.state == "cancelled")
 
 
-def job_response(call: Call, job_id: str, status: int = 200) -> Response:
+async def job_response(call: Call, job_id: str, status: int = 200) -> Response:
     history_complete(call, job_id)
-    newest = call.scheduler.history.latest_run(call.tenant, job_id)
+    newest = await call.scheduler.reader.latest_run(call.tenant, job_id)
     now = call.scheduler.now_ms()
-    return json_response(job_out(job_view(call, job_id), now, newest), status)
+    return json_response(job_out(await job_view(call, job_id), now, newest), status)
 
 
-def sourced_run(call: Call, run_id: str) -> SourcedRun:
+async def sourced_run(call: Call, run_id: str) -> SourcedRun:
     """The caller's run from the read model or, past the history window, the archive; a run
     past the window with no archive is gone, and the 404 says so."""
     history_complete(call, job_id_of_run(run_id))
-    history = call.scheduler.run_history
-    found = history.run(call.tenant, run_id)
+    history = call.scheduler.reader
+    found = await history.sourced_run(call.tenant, run_id)
     if found is None:
-        if history.archived is None and history.past_window(run_id):
+        if not history.archived and history.past_window(run_id):
             raise NotFound(
                 f"run {team_id(run_id)} not found: runs older than the history window "
                 "(--history-window) leave history, and with archiving off (--no-archive) they "
@@ -388,8 +388,8 @@ def sourced_run(call: Call, run_id: str) -> SourcedRun:
     return found
 
 
-def run_response(call: Call, run_id: str, status: int = 200) -> Response:
-    found = sourced_run(call, run_id)
+async def run_response(call: Call, run_id: str, status: int = 200) -> Response:
+    found = await sourced_run(call, run_id)
     return json_response(run_out(found.view, found.source), status)
 
 

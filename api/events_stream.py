@@ -250,7 +250,7 @@ async def _stream(
     while True:  # each turn reads what is new, or waits for a wake (bounded by the keepalive)
         seen = wakeups.events.version
         if until is None:
-            for p, position in scheduler.history.positions().items():
+            for p, position in scheduler.reader.positions().items():
                 if p < partitions:
                     known[p] = max(known[p], position)
         progressed = False

@@ -155,7 +155,7 @@ async def heartbeat_runs(request: Request) -> Response:
     answers = await call.scheduler.execute_many([command for _, command in sent], visible=False)
     for (i, command), answer in zip(sent, answers, strict=True):
         if isinstance(answer, LeaseLost):
-            refusal = lease_refused(call, command.run_id, answer)
+            refusal = await lease_refused(call, command.run_id, answer)
             results[i] = HeartbeatResult(
                 index=i, status=refusal.status, run_id=team_id(command.run_id), error=refusal.body
             )

@@ -117,7 +117,7 @@ def is_fresh(body: NewJob, key: str | None = None) -> bool:
     return body.job_id is UNSET and body.idempotency_key is UNSET and key is None
 
 
-def new_job(
+async def new_job(
     call: Call, policy: TargetCheck, body: NewJob, key: str | None = None
 ) -> tuple[str, PutJob | None]:
     """The job ``body`` names and the create it asks for, checked as every create is; a
@@ -139,7 +139,7 @@ def new_job(
         job_id = log_job_id(call.tenant, random_job_id())
     spec = spec_of(body, call.tenant, scope=call.job_id)
     policy.check_target(spec.tenant, spec.target)
-    existing = None if is_fresh(body, key) else call.scheduler.history.job(call.tenant, job_id)
+    existing = None if is_fresh(body, key) else await call.scheduler.reader.job(call.tenant, job_id)
     if existing is not None and existing.status in ("cancelled", "finished"):
         # A repeat of a create whose job is over, answered as the partition answers it while it
         # holds the job, and after it forgot the job too (it would register it again).
@@ -149,7 +149,7 @@ def new_job(
             raise Conflict(f"job {team_id(job_id)} exists with another definition")
         return job_id, None
     not_past(call, body, spec, existing.spec if existing else None)
-    check_definition(call, job_id, spec, existing.spec if existing else None)
+    await check_definition(call, job_id, spec, existing.spec if existing else None)
     # create_only: a repeat with the same body changes nothing, another body is a conflict
     return job_id, PutJob(job_id=job_id, spec=spec, create_only=True)
 
@@ -157,11 +157,11 @@ def new_job(
 async def create_job(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, NewJob)
-    job_id, command = new_job(call, request.state.egress, body)
+    job_id, command = await new_job(call, request.state.egress, body)
     if command is None:
-        return job_response(call, job_id)
+        return await job_response(call, job_id)
     quota: JobQuota = request.state.quota
-    with quota.admit(call, job_id, fresh=is_fresh(body)):
+    async with quota.admit(call, job_id, fresh=is_fresh(body)):
         events = await call.scheduler.execute(command)
     return await _upserted(call, job_id, events)
 
@@ -173,11 +173,11 @@ async def put_job(request: Request) -> Response:
     body = await decode(request, JobDefinition)
     spec = within_egress(request, spec_of(body, call.tenant, scope=call.job_id))
     expected = expected_version(request)
-    existing = call.scheduler.history.job(call.tenant, job_id)
+    existing = await call.scheduler.reader.job(call.tenant, job_id)
     not_past(call, body, spec, existing.spec if existing else None)
-    check_definition(call, job_id, spec, existing.spec if existing else None)
+    await check_definition(call, job_id, spec, existing.spec if existing else None)
     quota: JobQuota = request.state.quota
-    with quota.admit(call, job_id):
+    async with quota.admit(call, job_id):
         events = await call.scheduler.execute(
             PutJob(job_id=job_id, spec=spec, expected_version=expected)
         )
@@ -192,19 +192,20 @@ async def _upserted(call: Call, job_id: str, events: list[AnyEvent]) -> Response
     folded it yet. It is waited for briefly; "not found" would be false, so unavailable it is.
     """
     created = any(isinstance(e, JobRegistered) for e in events)
-    history = call.scheduler.history
-    if not events and history.job(call.tenant, job_id) is None:
-        await asyncio.to_thread(
-            history.wait_until, lambda: history.job(call.tenant, job_id) is not None, CATCH_UP_S
-        )
-        if history.job(call.tenant, job_id) is None:
+    history = call.scheduler.reader
+    if not events and await history.job(call.tenant, job_id) is None:
+
+        async def readable() -> bool:
+            return await history.job(call.tenant, job_id) is not None
+
+        if not await history.until(job_id, readable, CATCH_UP_S):
             raise Unavailable(f"job {team_id(job_id)} exists but is not readable yet; try again")
-    return job_response(call, job_id, 201 if created else 200)
+    return await job_response(call, job_id, 201 if created else 200)
 
 
 async def get_job(request: Request) -> Response:
     call = authenticate(request)
-    return job_response(call, call.job_id(request.path_params["job_id"]))
+    return await job_response(call, call.job_id(request.path_params["job_id"]))
 
 
 def query_tag(request: Request) -> str | None:
@@ -217,8 +218,8 @@ def query_tag(request: Request) -> str | None:
 async def list_jobs(request: Request) -> Response:
     call = authenticate(request)
     history_complete(call)
-    history = call.scheduler.history
-    page = history.jobs(
+    history = call.scheduler.reader
+    page = await history.jobs(
         call.tenant,
         query_choice(request, "status", JOB_STATUSES),
         page_size(call, request, 50),
@@ -227,7 +228,8 @@ async def list_jobs(request: Request) -> Response:
         tag=query_tag(request),
     )
     now = call.scheduler.now_ms()
-    jobs = [job_out(v, now, history.latest_run(call.tenant, v.job_id)) for v in page.items]
+    newest = await asyncio.gather(*(history.latest_run(call.tenant, v.job_id) for v in page.items))
+    jobs = [job_out(v, now, run) for v, run in zip(page.items, newest, strict=True)]
     return json_response(JobPage(jobs=jobs, next_cursor=page.next_cursor))
 
 
@@ -242,13 +244,13 @@ async def patch_job(request: Request) -> Response:
     job_id = call.job_id(request.path_params["job_id"])
     body = await decode(request, JobPatch)
     expected = expected_version(request, None if body.version is UNSET else body.version)
-    view = job_view(call, job_id)
+    view = await job_view(call, job_id)
     if expected is not None and expected != view.version:
         raise Conflict(f"job {team_id(job_id)} is at version {view.version}, not {expected}")
     if _changes_definition(body):
         spec = within_egress(request, spec_of(body, call.tenant, base=view.spec, scope=call.job_id))
         not_past(call, body, spec, view.spec)
-        check_definition(call, job_id, spec, view.spec)
+        await check_definition(call, job_id, spec, view.spec)
         # The merge read view.spec: writing it back is conditional on nothing having changed since.
         events = await call.scheduler.execute(
             PutJob(job_id=job_id, spec=spec, expected_version=view.version)
@@ -262,7 +264,7 @@ async def patch_job(request: Request) -> Response:
         await on_job(
             call, job_id, ResumeJob(job_id=job_id, tenant=call.tenant, expected_version=expected)
         )
-    return job_response(call, job_id)
+    return await job_response(call, job_id)
 
 
 async def delete_job(request: Request) -> Response:
@@ -276,17 +278,16 @@ async def delete_job(request: Request) -> Response:
     except NotFound:
         # Forgotten by its partition a retention after it ended (docs/architecture.md): a
         # repeated delete still answers with the job, as it did before.
-        if call.scheduler.history.job(call.tenant, job_id) is None:
+        if await call.scheduler.reader.job(call.tenant, job_id) is None:
             raise
-    return job_response(call, job_id)
+    return await job_response(call, job_id)
 
 
 async def job_runs(request: Request) -> Response:
     call = authenticate(request)
     job_id = call.job_id(request.path_params["job_id"])
-    job_view(call, job_id)
-    page = await asyncio.to_thread(  # past the hot window it reads the archive
-        call.scheduler.run_history.runs_of,
+    await job_view(call, job_id)
+    page = await call.scheduler.reader.runs_of(  # past the hot window: the archive
         call.tenant,
         job_id,
         page_size(call, request, 20),
@@ -334,7 +335,7 @@ async def job_slots(request: Request) -> Response:
     of that range would trigger (the slots that have come and have no run)."""
     call = authenticate(request)
     job_id = call.job_id(request.path_params["job_id"])
-    view = job_view(call, job_id)
+    view = await job_view(call, job_id)
     limit = query_int(request, MAX_SLOTS, MAX_SLOTS)
     start, end = (parse_rfc3339(_required(request, name), name) for name in ("from", "to"))
     if end < start:
@@ -346,8 +347,11 @@ async def job_slots(request: Request) -> Response:
     slots = slots_between(view.spec, start - 1, end, _anchor(view), limit + 1)
     now = call.scheduler.now_ms()
     out = []
-    for slot in slots[:limit]:
-        run = call.scheduler.history.run(call.tenant, run_id_of(job_id, slot))
+    history = call.scheduler.reader
+    runs = await asyncio.gather(
+        *(history.run(call.tenant, run_id_of(job_id, slot)) for slot in slots[:limit])
+    )
+    for slot, run in zip(slots[:limit], runs, strict=True):
         out.append(
             SlotOut(
                 scheduled_for=to_rfc3339(slot),
@@ -373,7 +377,7 @@ def fire_list(timezone: str, fires: list[int]) -> list[FireTime]:
 
 async def preview_job(request: Request) -> Response:
     call = authenticate(request)
-    view = job_view(call, call.job_id(request.path_params["job_id"]))
+    view = await job_view(call, call.job_id(request.path_params["job_id"]))
     n = query_int(request, 10, MAX_PREVIEW, "n")
     spec: JobSpec = view.spec
     fires = fire_times(view, call.scheduler.now_ms(), n)

@@ -25,8 +25,9 @@ Upstream jobs
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator, Sequence
-from contextlib import contextmanager
+import asyncio
+from collections.abc import AsyncIterator, Container, Sequence
+from contextlib import asynccontextmanager
 
 from api.edge import Call
 from api.errors import ApiError
@@ -41,50 +42,50 @@ class JobQuota:
     def __init__(self) -> None:
         self._admitted: dict[str, int] = {}
 
-    @contextmanager
-    def admit(self, call: Call, job_id: str, *, fresh: bool = False) -> Iterator[None]:
+    @asynccontextmanager
+    async def admit(self, call: Call, job_id: str, *, fresh: bool = False) -> AsyncIterator[None]:
         """Hold a place for ``job_id`` while the block creates it; 403 when the tenant has none
         left. A job the tenant has already is no create and takes no place. ``fresh``: the id
         was drawn for this create, so no job has it (the read model is not asked)."""
-        with self.admit_many(call, [job_id], fresh={job_id} if fresh else frozenset()) as admitted:
+        fresh_ids = {job_id} if fresh else frozenset()
+        async with self.admit_many(call, [job_id], fresh=fresh_ids) as admitted:
             if not admitted[0]:
                 raise quota_exceeded(call)
             yield
 
-    @contextmanager
-    def admit_many(
+    @asynccontextmanager
+    async def admit_many(
         self, call: Call, job_ids: Sequence[str], fresh: Container[str] = frozenset()
-    ) -> Iterator[list[bool]]:
+    ) -> AsyncIterator[list[bool]]:
         """Hold a place for each new job of ``job_ids`` (a batch) while the block creates them,
         in order, while the tenant has places left: the block is given, for each id, whether
         it was admitted. An id the tenant has already, or one named earlier in the list, takes
         no place; an id of ``fresh`` was drawn for this create and is new without asking."""
-        history = call.scheduler.history
-        room = (
-            call.limits.max_jobs
-            - history.job_count(call.tenant)
-            - self._admitted.get(call.tenant, 0)
-        )
+        history = call.scheduler.reader
+        # What the history says first: from here to the reservation nothing awaits.
+        held = await history.job_count(call.tenant)
+        asked = [job_id for job_id in dict.fromkeys(job_ids) if job_id not in fresh]
+        views = await asyncio.gather(*(history.job(call.tenant, job_id) for job_id in asked))
+        known = {job_id for job_id, view in zip(asked, views, strict=True) if view is not None}
+        room = call.limits.max_jobs - held - self._admitted.get(call.tenant, 0)
         new: set[str] = set()
         admitted: list[bool] = []
         for job_id in job_ids:
-            if job_id in new or (
-                job_id not in fresh and history.job(call.tenant, job_id) is not None
-            ):
+            if job_id in new or job_id in known:
                 admitted.append(True)
             elif len(new) < room:
                 new.add(job_id)
                 admitted.append(True)
             else:
                 admitted.append(False)
-        held = len(new)
-        if held:
-            self._admitted[call.tenant] = self._admitted.get(call.tenant, 0) + held
+        placed = len(new)
+        if placed:
+            self._admitted[call.tenant] = self._admitted.get(call.tenant, 0) + placed
         try:
             yield admitted
         finally:
-            if held:
-                left = self._admitted[call.tenant] - held
+            if placed:
+                left = self._admitted[call.tenant] - placed
                 if left:
                     self._admitted[call.tenant] = left
                 else:
@@ -100,7 +101,7 @@ def quota_exceeded(call: Call) -> ApiError:
     )
 
 
-def check_definition(call: Call, job_id: str, spec: JobSpec, before: JobSpec | None) -> None:
+async def check_definition(call: Call, job_id: str, spec: JobSpec, before: JobSpec | None) -> None:
     """The tenant's bounds on ``job_id``'s definition (``before``: its current one, if any);
     :class:`InvalidDefinition` names the field."""
     limits = call.limits
@@ -114,7 +115,7 @@ def check_definition(call: Call, job_id: str, spec: JobSpec, before: JobSpec | N
             raise InvalidDefinition(f"depends_on[{i}]", "a job cannot wait for itself")
         if upstream in known:
             continue
-        view = call.scheduler.history.job(call.tenant, upstream)
+        view = await call.scheduler.reader.job(call.tenant, upstream)
         if view is None:
             raise InvalidDefinition(
                 f"depends_on[{i}]",

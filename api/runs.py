@@ -69,8 +69,7 @@ async def trigger_run(request: Request) -> Response:
     slot = (
         None if body.scheduled_for is None else parse_rfc3339(body.scheduled_for, "scheduled_for")
     )
-    # A slot past the history window is looked up in the archive: off the event loop.
-    known = await asyncio.to_thread(_triggered, call, job_id, key, slot)
+    known = await _triggered(call, job_id, key, slot)
     if known is not None:
         return json_response(run_out(known))
     events = await on_job(
@@ -80,31 +79,33 @@ async def trigger_run(request: Request) -> Response:
     )
     made = next((e for e in events if isinstance(e, RunMaterialised)), None)
     if made is not None:
-        return run_response(call, made.run_id, 201)
+        return await run_response(call, made.run_id, 201)
     if key is None and slot is None:
         # "Now" was a slot whose run exists, to the millisecond; which instant the partition
         # read as now is not known here.
         raise Conflict(f"a run of job {team_id(job_id)} for this instant exists already; try again")
-    known = _triggered(call, job_id, key, slot)
+    known = await _triggered(call, job_id, key, slot)
     if known is None:
-        await asyncio.to_thread(
-            call.scheduler.history.wait_until,
-            lambda: _triggered(call, job_id, key, slot) is not None,
-            CATCH_UP_S,
-        )
-        known = _triggered(call, job_id, key, slot)
+
+        async def readable() -> bool:
+            return await _triggered(call, job_id, key, slot) is not None
+
+        if await call.scheduler.reader.until(job_id, readable, CATCH_UP_S):
+            known = await _triggered(call, job_id, key, slot)
     if known is None:
         raise Unavailable(f"the run a trigger of job {team_id(job_id)} names is not readable yet")
     return json_response(run_out(known))
 
 
-def _triggered(call: Call, job_id: str, key: str | None, slot: Millis | None) -> RunView | None:
+async def _triggered(
+    call: Call, job_id: str, key: str | None, slot: Millis | None
+) -> RunView | None:
     """The run a trigger names, as the read model knows it: the key's run, else the slot's."""
-    history = call.scheduler.history
-    known = None if key is None else history.run_by_key(call.tenant, job_id, key)
+    history = call.scheduler.reader
+    known = None if key is None else await history.run_by_key(call.tenant, job_id, key)
     if known is None and slot is not None:
         # A slot past the hot window may have run: the archive says so (never run it twice).
-        found = call.scheduler.run_history.run(call.tenant, run_id_of(job_id, slot))
+        found = await history.sourced_run(call.tenant, run_id_of(job_id, slot))
         known = None if found is None else found.view
     return known
 
@@ -112,14 +113,13 @@ def _triggered(call: Call, job_id: str, key: str | None, slot: Millis | None) ->
 async def get_run(request: Request) -> Response:
     call = authenticate(request)
     run_id = call.run_id(request.path_params["run_id"])
-    # Past the hot window the answer is read from the archive: off the event loop.
-    return await asyncio.to_thread(run_response, call, run_id)
+    return await run_response(call, run_id)  # past the hot window: from the archive
 
 
 async def list_runs(request: Request) -> Response:
     call = authenticate(request)
     history_complete(call)
-    page = call.scheduler.history.runs(
+    page = await call.scheduler.reader.runs(
         call.tenant,
         query_choice(request, "state", RUN_STATES) or "dead",
         page_size(call, request, 50),
@@ -140,22 +140,22 @@ async def list_runs(request: Request) -> Response:
 async def cancel_run(request: Request) -> Response:
     call = authenticate(request)
     run_id = call.run_id(request.path_params["run_id"])
-    view = sourced_run(call, run_id).view
+    view = (await sourced_run(call, run_id)).view
     if view.state == "succeeded":
         raise Conflict(f"run {team_id(run_id)} already succeeded")
     if view.state != "cancelled":
         await call.scheduler.execute(CancelRun(run_id=run_id, tenant=call.tenant))
-    return run_response(call, run_id)
+    return await run_response(call, run_id)
 
 
 async def replay_run(request: Request) -> Response:
     call = authenticate(request)
     run_id = call.run_id(request.path_params["run_id"])
-    view = sourced_run(call, run_id).view
+    view = (await sourced_run(call, run_id)).view
     if view.state != "dead":
         raise Conflict(f"run {team_id(run_id)} is {view.state}; only a dead run can be replayed")
     await call.scheduler.execute(ReplayRun(run_id=run_id, tenant=call.tenant))
-    return run_response(call, run_id)
+    return await run_response(call, run_id)
 
 
 # -- pull workers ------------------------------------------------------------------------------
@@ -174,8 +174,12 @@ async def claim(request: Request) -> Response:
         )
     runs = []
     now = call.scheduler.now_ms()
+    job_ids = list(dict.fromkeys(lease.job_id for lease in leases))
+    history = call.scheduler.reader
+    views = await asyncio.gather(*(history.job(call.tenant, job_id) for job_id in job_ids))
+    jobs = dict(zip(job_ids, views, strict=True))
     for lease in leases:
-        job = call.scheduler.history.job(call.tenant, lease.job_id)
+        job = jobs[lease.job_id]
         if job is None:  # the port promised the read model caught up: it did not
             raise Unavailable(f"job {team_id(lease.job_id)} of a granted lease is not readable yet")
         runs.append(claimed(lease, job.spec, now))
@@ -231,7 +235,7 @@ async def _fenced(call: Call, run_id: str, command: HeartbeatRun | CompleteRun) 
     try:
         return await call.scheduler.execute(command)
     except LeaseLost as e:
-        raise lease_refused(call, run_id, e) from None
+        raise await lease_refused(call, run_id, e) from None
 
 
 async def heartbeat(request: Request) -> Response:
@@ -253,4 +257,4 @@ async def complete(request: Request) -> Response:
     run_id = call.run_id(request.path_params["run_id"])
     body = await decode(request, CompleteIn)
     await _fenced(call, run_id, complete_run(run_id, body, call.tenant))
-    return run_response(call, run_id)
+    return await run_response(call, run_id)

@@ -4,7 +4,7 @@ in-process reference implementation the API tests run against.
 Invariants every implementation keeps:
 
 1. **Durable, then visible.** :meth:`Scheduler.execute` returns only once the events it decided
-   are in the log *and* the read model (:attr:`Scheduler.history`) reflects them, so a client that
+   are in the log *and* the history (:attr:`Scheduler.reader`) reflects them, so a client that
    reads after a write sees the write. (:meth:`Scheduler.execute_many` with ``visible=False``
    answers once they are durable: for a caller whose answer reads nothing back.)
 2. **One owner decides.** A command goes to the partition that owns its job (the job id, or the
@@ -28,9 +28,8 @@ from core.commands import AnyCommand
 from core.errors import CronlogError, Unavailable
 from core.events import AnyEvent, LeaseGranted
 from eventlog.port import Record
+from node.history_reader import HistoryReader
 from projections.decoding import EventDecoder
-from projections.history import History
-from projections.read_model import ReadModel
 from projections.wakeups import Wakeups
 
 __all__ = ["Scheduler", "Unavailable"]
@@ -56,7 +55,7 @@ class Scheduler(Protocol):
         fold them: for a caller that answers from the events alone (a batch of heartbeats,
         whose answer is the new lease expiry of each ``Heartbeat``) and so should not wait on
         a read model that lags under load. Such a caller cannot read its own writes from
-        :attr:`history` when the call returns."""
+        :attr:`reader` when the call returns."""
         ...
 
     async def claim(
@@ -101,11 +100,7 @@ class Scheduler(Protocol):
         ...
 
     @property
-    def history(self) -> ReadModel:
-        """The read model (queries)."""
-        ...
-
-    @property
-    def run_history(self) -> History:
-        """Runs from the read model, and past its hot window from the archive (saying which)."""
+    def reader(self) -> HistoryReader:
+        """History: jobs, runs (past the hot window from the archive, saying which), listings
+        and figures, from wherever each partition's history is kept (:mod:`node.history_reader`)."""
         ...

@@ -90,8 +90,8 @@ async def team_stats(request: Request) -> Response:
     now = call.scheduler.now_ms()
     until = now - now % MINUTE_MS + MINUTE_MS  # the current minute is the last one shown
     since = until - window * MINUTE_MS
-    history = call.scheduler.history
-    minutes = history.minutes(call.tenant, since, until)
+    history = call.scheduler.reader
+    minutes = await history.minutes(call.tenant, since, until)
     step_ms = step * MINUTE_MS
     buckets: list[list[Minute]] = [[] for _ in range(-(-window // step))]
     for at, minute in minutes:
@@ -109,6 +109,6 @@ async def team_stats(request: Request) -> Response:
             step_min=step,
             points=points,
             total=_figures(merged(m for _, m in minutes)),
-            runs_by_state=history.counts(call.tenant),
+            runs_by_state=await history.counts(call.tenant),
         )
     )

@@ -23,5 +23,5 @@ class TeamOut(msgspec.Struct, kw_only=True):
 async def get_team(request: Request) -> Response:
     call = authenticate(request)
     history_complete(call)
-    jobs = call.scheduler.history.job_count(call.tenant)
+    jobs = await call.scheduler.reader.job_count(call.tenant)
     return json_response(TeamOut(tenant=call.tenant, jobs=jobs, limits=call.limits))

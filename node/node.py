@@ -76,6 +76,7 @@ from node.claims import ReadyHints, split
 from node.executors import Executors
 from node.handoff import handoff_to
 from node.history_checkpointer import HistoryCheckpointer
+from node.history_reader import Held, HistoryReader
 from node.hot_window import (
     DEFAULT_INTERVAL_S,
     DEFAULT_WINDOW_MS,
@@ -248,6 +249,8 @@ class Node:
             if archive is None
             else ArchivedRuns(log_, archive, EventDecoder("history", self.metrics.foreign)),
         )
+        every = Held(self._history, self._run_history)  # one model folds every partition
+        self._reader = HistoryReader(self._log.num_partitions, lambda p: every, lambda: [every])
         self.executors.route = self._decide
         self.executors.on_process_failed = self.metrics.thread_failures.labels(
             "executor-process"
@@ -618,6 +621,10 @@ class Node:
     @property
     def run_history(self) -> History:
         return self._run_history
+
+    @property
+    def reader(self) -> HistoryReader:
+        return self._reader
 
     def now_ms(self) -> int:
         return self._clock.now_ms()

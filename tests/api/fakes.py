@@ -38,6 +38,7 @@ from core.events import AnyEvent, LeaseGranted, decode, encode
 from core.partition import Partition
 from core.state import RunStatus
 from eventlog.port import Record, partition_for
+from node.history_reader import Held, HistoryReader
 from node.hot_window import DEFAULT_WINDOW_MS
 from projections.decoding import EventDecoder
 from projections.history import ArchivedRuns, History
@@ -74,6 +75,12 @@ class FakeScheduler:
         # Its events stream is never pruned: it stands for archive + log alike.
         self._run_history = History(
             history, clock, DEFAULT_WINDOW_MS, ArchivedRuns(self, None, EventDecoder("history"))
+        )
+        # one model holds every partition (a test may swap it: read it each time)
+        self._reader = HistoryReader(
+            PARTITIONS,
+            lambda p: Held(self._history, self._run_history),
+            lambda: [Held(self._history, self._run_history)],
         )
 
     # -- the port ---------------------------------------------------------------------------
@@ -164,6 +171,10 @@ class FakeScheduler:
     @property
     def run_history(self) -> History:
         return self._run_history
+
+    @property
+    def reader(self) -> HistoryReader:
+        return self._reader
 
     # -- driving it -------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -270,11 +270,11 @@ class LaggingReadModel(ReadModel):
             for event, partition, offset in held:
                 super().process(event, partition, offset)
 
-    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+    def wait_for(self, partition: int, offset: int, timeout_s: float) -> bool:
         self.waits += 1
         if self.arrives:
             threading.Thread(target=self.catch_up).start()
-        return super().wait_until(predicate, timeout_s)
+        return super().wait_for(partition, offset, timeout_s)
 
 
 @dataclass

@@ -1,0 +1,360 @@
+"""What the API reads history through: each partition's answer from wherever it is kept.
+
+Where a partition's history is kept is the node's business (docs/architecture.md, "History
+kept with its partition"): on every node, in one read model folding every partition
+(``--history-on every-node``), or with the partition, by its owner alone (``owner``). The API
+asks :class:`HistoryReader` and never knows which:
+
+- **A job's own questions** (the job, a run, its runs, its skipped slots) go to the job's
+  partition (``partition_for(job_id)``): answered here when this node holds that partition's
+  history, else asked of its owner through the log (:mod:`node.wire`'s ``Query``), one hop, as
+  a forwarded command is.
+- **A team's listings** (its jobs, its runs by state, its dead letters) and **sums** (counts,
+  figures, the jobs quota) are asked of every partition: the partitions whose history this node
+  holds in one model are asked once together, every other partition of its owner, all at once,
+  and the answers are merged (:mod:`projections.merging`: in the listing's order, with a cursor
+  that is a position in that order, valid on any node and across partitions moving).
+- **Never a silent gap.** A partition whose history is being filled (its owner took it over
+  moments ago, or its model was set aside) answers ``HistoryRefilling``, and an owner that does
+  not answer in time ``Unavailable``: the whole answer is a 503 with ``Retry-After``, never a
+  listing without that partition's runs or a "not found" for a job that exists.
+- **Read your writes.** A write this node forwarded is answered once durable; a later question
+  about that partition carries the offset of the last write (``after``), and the owner answers
+  once its history has folded past it.
+
+Answers are computed by :func:`answer`, here for a local partition and on the owner for a
+remote one, so the two cannot differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from core.decide import job_id_of_run
+from core.errors import InvalidDefinition, Unavailable
+from eventlog.port import partition_for
+from projections.figures import Minute
+from projections.history import History, HistoryPage, SourcedRun
+from projections.merging import merge_keyed, merge_minutes, merge_pages, sum_counts
+from projections.model_keys import run_key
+from projections.read_model import ReadModel
+from projections.views import JobView, Page, RunView, SkipView
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The history of one or more partitions this node answers for: their read model, and the
+    run history over it (which reads past the hot window from the archive)."""
+
+    model: ReadModel
+    runs: History
+
+
+# What a partition is asked: a name, its arguments (JSON values), and the type of its answer.
+Ask = Callable[[int, str, list[Any], int], Awaitable[msgspec.Raw]]
+
+
+def _job(held: Held, tenant: str, job_id: str) -> JobView | None:
+    return held.model.job(tenant, job_id)
+
+
+def _skipped(held: Held, tenant: str, job_id: str, limit: int) -> list[SkipView]:
+    return held.model.skipped(tenant, job_id, limit)
+
+
+def _run(held: Held, tenant: str, run_id: str) -> RunView | None:
+    return held.model.run(tenant, run_id)
+
+
+def _latest_run(held: Held, tenant: str, job_id: str) -> RunView | None:
+    return held.model.latest_run(tenant, job_id)
+
+
+def _run_by_key(held: Held, tenant: str, job_id: str, key: str) -> RunView | None:
+    return held.model.run_by_key(tenant, job_id, key)
+
+
+def _sourced_run(held: Held, tenant: str, run_id: str) -> SourcedRun | None:
+    return held.runs.run(tenant, run_id)
+
+
+def _runs_of(held: Held, tenant: str, job_id: str, limit: int, cursor: str | None) -> HistoryPage:
+    return held.runs.runs_of(tenant, job_id, limit, cursor)
+
+
+def _jobs(
+    held: Held,
+    tenant: str,
+    status: Any,
+    limit: int,
+    cursor: str | None,
+    search: str | None,
+    tag: str | None,
+) -> Page[JobView]:
+    return held.model.jobs(tenant, status, limit, cursor, search, tag)
+
+
+def _runs(held: Held, tenant: str, state: Any, limit: int, cursor: str | None) -> Page[RunView]:
+    return held.model.runs(tenant, state, limit, cursor)
+
+
+def _run_keys(
+    held: Held, tenant: str, state: Any, cursor: str | None, limit: int
+) -> list[tuple[str, int, str]]:
+    return held.model.run_keys(tenant, state, cursor, limit)
+
+
+def _job_count(held: Held, tenant: str) -> int:
+    return held.model.job_count(tenant)
+
+
+def _counts(held: Held, tenant: str) -> dict[str, int]:
+    return held.model.counts(tenant)
+
+
+def _minutes(held: Held, tenant: str, since: int, until: int) -> list[tuple[int, Minute]]:
+    return held.model.minutes(tenant, since, until)
+
+
+def _dependants(held: Held, tenant: str, upstream: str) -> list[str]:
+    return held.model.dependants(tenant, upstream)
+
+
+@dataclass(frozen=True, slots=True)
+class _Question:
+    compute: Callable[..., Any]
+    answer_type: Any
+    blocking: bool = False  # may read the archive: off the event loop
+
+
+QUESTIONS: dict[str, _Question] = {
+    "job": _Question(_job, JobView | None),
+    "skipped": _Question(_skipped, list[SkipView]),
+    "run": _Question(_run, RunView | None),
+    "latest_run": _Question(_latest_run, RunView | None),
+    "run_by_key": _Question(_run_by_key, RunView | None),
+    "sourced_run": _Question(_sourced_run, SourcedRun | None, blocking=True),
+    "runs_of": _Question(_runs_of, HistoryPage, blocking=True),
+    "jobs": _Question(_jobs, Page[JobView]),
+    "runs": _Question(_runs, Page[RunView]),
+    "run_keys": _Question(_run_keys, list[tuple[str, int, str]]),
+    "job_count": _Question(_job_count, int),
+    "counts": _Question(_counts, dict[str, int]),
+    "minutes": _Question(_minutes, list[tuple[int, Minute]]),
+    "dependants": _Question(_dependants, list[str]),
+}
+
+_encoder = msgspec.json.Encoder()
+
+
+def answer(held: Held, name: str, args: Sequence[Any]) -> bytes:
+    """The JSON answer to question ``name`` with ``args`` from ``held`` (on the owner of a
+    partition another node asked about); InvalidDefinition for a question not known."""
+    question = QUESTIONS.get(name)
+    if question is None:
+        raise InvalidDefinition("query", f"{name!r} is not a history question")
+    return _encoder.encode(question.compute(held, *args))
+
+
+class HistoryReader:
+    """The API's history (see the module's docstring). ``held(p)`` is the history this node
+    keeps for partition ``p`` (raising ``HistoryRefilling`` while it is incomplete) or None when
+    another node keeps it; ``ask(p, name, args, after)`` asks that node, for a partition whose
+    last write from here was at offset ``after``."""
+
+    def __init__(
+        self,
+        num_partitions: int,
+        held: Callable[[int], Held | None],
+        models: Callable[[], list[Held]],
+        ask: Ask | None = None,
+        written: Callable[[int], int] | None = None,
+    ) -> None:
+        self.num_partitions = num_partitions
+        self._held = held
+        self._models = models
+        self._ask = ask
+        self._written = written or (lambda p: -1)
+
+    # -- what this node's own models say (no question asked elsewhere) ---------------------
+
+    def refilling(self) -> dict[int, tuple[int, int]]:
+        """The partitions whose history kept here is incomplete (``ReadModel.refilling``)."""
+        found: dict[int, tuple[int, int]] = {}
+        for held in self._models():
+            found.update(held.model.refilling())
+        return found
+
+    def positions(self) -> dict[int, int]:
+        """How far the history kept here has folded each partition it keeps."""
+        found: dict[int, int] = {}
+        for held in self._models():
+            found.update(held.model.positions())
+        return found
+
+    def has_unscoped_ids(self) -> bool:
+        """Whether a model kept here holds a job id from before ids were scoped."""
+        return any(held.model.has_unscoped_ids() for held in self._models())
+
+    def job_here(self, tenant: str, job_id: str) -> JobView | None:
+        """The job as the history kept here knows it (None also when it is kept elsewhere):
+        for the choice between a bare and a scoped id, which only old models need."""
+        try:
+            held = self._held(self._of_job(job_id))
+        except Unavailable:
+            return None
+        return None if held is None else held.model.job(tenant, job_id)
+
+    @property
+    def archived(self) -> bool:
+        """Whether runs past the hot window are read from an archive (else they are gone)."""
+        return any(held.runs.archived is not None for held in self._models())
+
+    def past_window(self, run_id: str) -> bool:
+        """Whether the run's slot is before the hot window (it may have left history)."""
+        return any(held.runs.past_window(run_id) for held in self._models()[:1])
+
+    async def until(
+        self, job_id: str, check: Callable[[], Awaitable[bool]], timeout_s: float
+    ) -> bool:
+        """Whether ``check()`` holds within ``timeout_s``, asked again each time the job's
+        partition's history kept here folds more. Kept elsewhere, it is asked once: the owner
+        answers only once it has folded this node's last write to the partition."""
+        partition = self._of_job(job_id)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            if await check():
+                return True
+            held = self._held(partition)
+            remaining = deadline - asyncio.get_running_loop().time()
+            if held is None or remaining <= 0:
+                return False
+            at = held.model.position(partition)
+            await asyncio.to_thread(held.model.wait_for, partition, at, remaining)
+
+    # -- a job's questions: its partition's --------------------------------------------------
+
+    async def job(self, tenant: str, job_id: str) -> JobView | None:
+        found: JobView | None = await self._one(self._of_job(job_id), "job", [tenant, job_id])
+        return found
+
+    async def skipped(self, tenant: str, job_id: str, limit: int = 50) -> list[SkipView]:
+        found: list[SkipView] = await self._one(
+            self._of_job(job_id), "skipped", [tenant, job_id, limit]
+        )
+        return found
+
+    async def run(self, tenant: str, run_id: str) -> RunView | None:
+        found: RunView | None = await self._one(self._of_run(run_id), "run", [tenant, run_id])
+        return found
+
+    async def latest_run(self, tenant: str, job_id: str) -> RunView | None:
+        found: RunView | None = await self._one(
+            self._of_job(job_id), "latest_run", [tenant, job_id]
+        )
+        return found
+
+    async def run_by_key(self, tenant: str, job_id: str, key: str) -> RunView | None:
+        found: RunView | None = await self._one(
+            self._of_job(job_id), "run_by_key", [tenant, job_id, key]
+        )
+        return found
+
+    async def sourced_run(self, tenant: str, run_id: str) -> SourcedRun | None:
+        """The run from the read model or, past the hot window, the archive."""
+        found: SourcedRun | None = await self._one(
+            self._of_run(run_id), "sourced_run", [tenant, run_id]
+        )
+        return found
+
+    async def runs_of(
+        self, tenant: str, job_id: str, limit: int = 20, cursor: str | None = None
+    ) -> HistoryPage:
+        """A job's runs, newest slot first, on past the hot window into the archive."""
+        found: HistoryPage = await self._one(
+            self._of_job(job_id), "runs_of", [tenant, job_id, limit, cursor]
+        )
+        return found
+
+    # -- a team's listings and sums: every partition's -------------------------------------
+
+    async def jobs(
+        self,
+        tenant: str,
+        status: Any = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        search: str | None = None,
+        tag: str | None = None,
+    ) -> Page[JobView]:
+        pages = await self._every("jobs", [tenant, status, limit, cursor, search, tag])
+        return merge_pages(pages, lambda view: view.job_id.encode(), limit)
+
+    async def runs(
+        self, tenant: str, state: Any, limit: int = 20, cursor: str | None = None
+    ) -> Page[RunView]:
+        pages = await self._every("runs", [tenant, state, limit, cursor])
+        return merge_pages(pages, lambda run: run_key(run.scheduled_for, run.run_id), limit)
+
+    async def run_keys(
+        self, tenant: str, state: Any, cursor: str | None, limit: int
+    ) -> list[tuple[str, int, str]]:
+        return merge_keyed(await self._every("run_keys", [tenant, state, cursor, limit]), limit)
+
+    async def job_count(self, tenant: str) -> int:
+        return sum(await self._every("job_count", [tenant]))
+
+    async def counts(self, tenant: str) -> dict[str, int]:
+        return sum_counts(await self._every("counts", [tenant]))
+
+    async def minutes(self, tenant: str, since: int, until: int) -> list[tuple[int, Minute]]:
+        return merge_minutes(await self._every("minutes", [tenant, since, until]))
+
+    async def dependants(self, tenant: str, upstream: str) -> list[str]:
+        found = await self._every("dependants", [tenant, upstream])
+        return sorted({job for listed in found for job in listed})
+
+    # -- asking ------------------------------------------------------------------------------
+
+    def _of_job(self, job_id: str) -> int:
+        return partition_for(job_id, self.num_partitions)
+
+    def _of_run(self, run_id: str) -> int:
+        return self._of_job(job_id_of_run(run_id))
+
+    async def _one(self, partition: int, name: str, args: list[Any]) -> Any:
+        held = self._held(partition)
+        question = QUESTIONS[name]
+        if held is not None:
+            if question.blocking:
+                return await asyncio.to_thread(question.compute, held, *args)
+            return question.compute(held, *args)
+        return await self._remote(partition, name, args)
+
+    async def _every(self, name: str, args: list[Any]) -> list[Any]:
+        """Question ``name`` of every partition: once of each model held here (one may hold
+        several partitions), once of each other partition's owner, all at once."""
+        question = QUESTIONS[name]
+        models: dict[int, Held] = {}
+        remote: list[int] = []
+        for p in range(self.num_partitions):
+            held = self._held(p)  # HistoryRefilling for a partition being filled: a 503
+            if held is None:
+                remote.append(p)
+            else:
+                models.setdefault(id(held.model), held)
+        answers = [question.compute(held, *args) for held in models.values()]
+        if remote:
+            answers += await asyncio.gather(*(self._remote(p, name, args) for p in remote))
+        return answers
+
+    async def _remote(self, partition: int, name: str, args: list[Any]) -> Any:
+        if self._ask is None:
+            raise Unavailable(f"the history of partition {partition} is not kept here")
+        raw = await self._ask(partition, name, args, self._written(partition))
+        return msgspec.json.decode(raw, type=QUESTIONS[name].answer_type)
