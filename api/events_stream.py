@@ -23,7 +23,9 @@ jobs may come in another order than they were decided.
 **Following.** Without ``follow`` the stream ends once it has reached the end the log had when
 it started (or after ``limit`` events): a read of history. With ``follow=true`` it stays open
 and sends each new event as the read model folds it (woken by ``projections.wakeups``, never
-polling), with a comment every ``KEEPALIVE_S`` when idle (and the cursor, when filtered-out
+polling; a partition whose history is kept by another node, ``--history-on owner``, folds
+nothing here, so for those the stream looks at the log's end every ``ELSEWHERE_S``), with a
+comment every ``KEEPALIVE_S`` when idle (and the cursor, when filtered-out
 events moved it). It ends when the server stops; a client resumes with the last ``id``.
 
 **Bounded.** A stream reads at most ``READ_BATCH`` records of one partition at a time, and
@@ -62,6 +64,9 @@ from eventlog.port import Record
 
 READ_BATCH = 100  # records of one partition read (and held) at a time
 KEEPALIVE_S = 15.0
+# A partition whose history another node keeps (--history-on owner) folds nothing here to wake
+# a stream: a following stream looks at where that partition's log ends this often.
+ELSEWHERE_S = 0.25
 RETRY_MS = 2000  # how long a client waits before it reconnects (the ``retry:`` field)
 DEFAULT_LIMIT = 1000  # events a stream that does not follow sends at most, unless told
 MAX_LIMIT = 100_000
@@ -246,13 +251,19 @@ async def _stream(
     known = list(ends)
     sent = 0
     sent_cursor = format_cursor(cursor)
+    elsewhere: list[int] = []
+    idle_s = 0.0
     yield f"retry: {RETRY_MS}\n\n".encode()
     while True:  # each turn reads what is new, or waits for a wake (bounded by the keepalive)
         seen = wakeups.events.version
         if until is None:
-            for p, position in scheduler.reader.positions().items():
+            kept = scheduler.reader.positions()
+            elsewhere = [p for p in range(partitions) if p not in kept]
+            for p, position in kept.items():
                 if p < partitions:
                     known[p] = max(known[p], position)
+            for p in elsewhere:
+                known[p] = max(known[p], await run_in_threadpool(scheduler.events_end, p))
         progressed = False
         for p in range(partitions):
             end = known[p] if until is None else until[p]
@@ -278,14 +289,20 @@ async def _stream(
                 if limit and sent >= limit:
                     return
         if progressed:
+            idle_s = 0.0
             continue
         if until is not None or wakeups.closed:
             if until is not None and format_cursor(cursor) != sent_cursor:
                 yield f"id: {format_cursor(cursor)}\n\n".encode()  # resume after the filtered
             return
-        if not await wakeups.sleep(wakeups.events, seen, KEEPALIVE_S):
+        wait_s = min(ELSEWHERE_S, KEEPALIVE_S - idle_s) if elsewhere else KEEPALIVE_S - idle_s
+        if await wakeups.sleep(wakeups.events, seen, wait_s):
+            continue
+        idle_s += wait_s
+        if idle_s >= KEEPALIVE_S:
             # Idle: a comment keeps proxies from closing the connection, and an id alone moves
             # the client's resume point past events it was not sent (it dispatches nothing).
+            idle_s = 0.0
             line = b": keepalive\n"
             if format_cursor(cursor) != sent_cursor:
                 sent_cursor = format_cursor(cursor)

@@ -224,6 +224,8 @@ async def _claim_waiting(
             ]
             if due:  # a millisecond late, so the partition's clock has passed it too
                 remaining = min(remaining, (min(due) - now + 1) / 1000)
+            # runs of partitions whose history other nodes keep wake it too
+            scheduler.watch_elsewhere(call.tenant, body.pool, deadline - loop.time())
             await wakeups.sleep(signal, seen, remaining)
             if await gone():
                 return []

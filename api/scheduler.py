@@ -71,6 +71,12 @@ class Scheduler(Protocol):
         time); a claim reaching ``horizon_ms`` ahead can take it that long before it."""
         ...
 
+    def watch_elsewhere(self, tenant: str, pool: str, wait_s: float) -> None:
+        """A claim of ``pool`` waits up to ``wait_s``: make runs that become ready on
+        partitions whose history is kept elsewhere wake it (:attr:`wakeups`) as runs folded
+        here do (on the API's loop; a no-op where every partition's history is here)."""
+        ...
+
     @property
     def wakeups(self) -> Wakeups:
         """Signals for waiting requests, bumped as the read model folds."""

@@ -18,7 +18,7 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from archive.reading import ArchivedLog
 from cli import background
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from core.egress import EgressPolicy
     from eventlog.port import EventLog
     from eventlog.snapshots import SnapshotStore
+    from node.owned_history import HistoryOn
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
 
@@ -233,6 +234,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         " archive directory and folds only the events after it (docs/operations.md)",
     )
     history.add_argument(
+        "--history-on",
+        choices=("every-node", "owner"),
+        default=None,
+        help="where each partition's history (its runs, dead letters, figures) is kept:"
+        " every-node folds every partition into one read model on every node (and every"
+        " worker process); owner folds each partition only where it is owned and asks its"
+        " owner about the others (docs/architecture.md, 'History kept with its partition')."
+        " Default: owner with --workers above 1, else every-node",
+    )
+    history.add_argument(
         "--history-checkpoint-every",
         type=_period_ms,
         default="2m",
@@ -337,6 +348,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         " log costs more than the requests)",
     )
     return serve
+
+
+def history_on(args: argparse.Namespace) -> HistoryOn:
+    """Where history is kept (``--history-on``): as asked, else with the partition's owner
+    when the node runs several worker processes (each would otherwise fold every partition)."""
+    if args.history_on is not None:
+        return cast("HistoryOn", args.history_on)
+    return "owner" if args.workers > 1 else "every-node"
 
 
 def _period_ms(text: str) -> int:
@@ -656,6 +675,7 @@ def _serve(args: argparse.Namespace) -> int:
         history_checkpoints_kept=args.history_checkpoints_kept,
         history_checkpoint_grace_ms=args.history_checkpoint_grace,
         history_window_ms=args.history_window,
+        history_on=history_on(args),
         archive=archive,
     )
     # Of a node's worker processes, the first speaks for them all (the parent says where).

@@ -256,7 +256,9 @@ class FloorReport(PeriodicWorker):
 
     def _pass(self) -> None:
         report = {
-            "read_model": {str(p): o for p, o in self._node.history.durable_positions().items()},
+            "read_model": {str(p): o for p, o in self._node.history_positions().items()},
+            # "owner": the read model holds the partitions it keeps only, and binds no other
+            "history_on": self._node.history_on,
             "owned": {str(p): self._node.recovery_floor(p) for p in self._node.owned()},
             "at": time.time(),
         }
@@ -304,14 +306,18 @@ def reported_floor(
         for report in reports:
             position = report.get("read_model", {}).get(key)
             if position is None:
-                return None
-            lowest = position if lowest is None else min(lowest, position)
+                if report.get("history_on") == "owner":
+                    pass  # it keeps that partition's history nowhere: no bound from it
+                else:
+                    return None
+            else:
+                lowest = position if lowest is None else min(lowest, position)
             owned = report.get("owned", {})
             if key in owned:
                 if owned[key] is None:
                     return None
                 owners += 1
-                lowest = min(lowest, owned[key])
+                lowest = owned[key] if lowest is None else min(lowest, owned[key])
         return lowest if owners else None
 
     return floor

@@ -125,6 +125,15 @@ def _dependants(held: Held, tenant: str, upstream: str) -> list[str]:
     return held.model.dependants(tenant, upstream)
 
 
+def _dependants_many(held: Held, upstreams: list[tuple[str, str]]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for tenant, upstream in upstreams:
+        dependants = held.model.dependants(tenant, upstream)
+        if dependants:
+            found[upstream] = dependants
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class _Question:
     compute: Callable[..., Any]
@@ -147,6 +156,7 @@ QUESTIONS: dict[str, _Question] = {
     "counts": _Question(_counts, dict[str, int]),
     "minutes": _Question(_minutes, list[tuple[int, Minute]]),
     "dependants": _Question(_dependants, list[str]),
+    "dependants_many": _Question(_dependants_many, dict[str, list[str]]),
 }
 
 _encoder = msgspec.json.Encoder()
@@ -318,6 +328,15 @@ class HistoryReader:
     async def dependants(self, tenant: str, upstream: str) -> list[str]:
         found = await self._every("dependants", [tenant, upstream])
         return sorted({job for listed in found for job in listed})
+
+    async def dependants_many(self, upstreams: list[tuple[str, str]]) -> dict[str, list[str]]:
+        """The live dependants of each ``(tenant, upstream job)`` that has any, in one
+        question to each partition (the relay asks for a batch of successes at once)."""
+        found: dict[str, set[str]] = {}
+        for answer in await self._every("dependants_many", [upstreams]):
+            for upstream, dependants in answer.items():
+                found.setdefault(upstream, set()).update(dependants)
+        return {upstream: sorted(jobs) for upstream, jobs in found.items()}
 
     # -- asking ------------------------------------------------------------------------------
 

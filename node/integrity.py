@@ -73,9 +73,11 @@ def check_not_ahead(
             ahead.append(
                 (partition, f"the newest snapshot of partition {partition}", newest.offset)
             )
-    for partition, held in sorted(_model_positions(data_dir / "read_model").items()):
-        if held > ends.get(partition, 0):
-            ahead.append((partition, "the read model", held))
+    models = [data_dir / "read_model", *sorted((data_dir / "history").glob("p*/read_model"))]
+    for model in models:  # one of every partition, or one a partition (--history-on owner)
+        for partition, held in sorted(_model_positions(model).items()):
+            if held > ends.get(partition, 0):
+                ahead.append((partition, "the read model", held))
     if history_store is not None:
         manifest = history_checkpoint.newest(history_store)
         for partition, held in sorted((manifest.positions if manifest else {}).items()):

@@ -40,7 +40,9 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -77,6 +79,7 @@ from node.executors import Executors
 from node.handoff import handoff_to
 from node.history_checkpointer import HistoryCheckpointer
 from node.history_reader import Held, HistoryReader
+from node.history_reader import answer as history_answer
 from node.hot_window import (
     DEFAULT_INTERVAL_S,
     DEFAULT_WINDOW_MS,
@@ -84,6 +87,8 @@ from node.hot_window import (
     HotWindowMetrics,
 )
 from node.metrics import Gauges, NodeMetrics, TimedWriter
+from node.owned_history import HistoryOn, HotWindows, OwnedHistory
+from node.ready_watch import ReadyWatches, Watching
 from node.relay import DependencyRelay, RelayMetrics
 from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
@@ -95,6 +100,7 @@ from node.worker import Unwatched, Worker, backoff_s
 from projections import history_checkpoint
 from projections.decoding import EventDecoder
 from projections.history import ArchivedRuns, History
+from projections.model_fold import ReadyRun
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
 from projections.wakeups import Wakeups
@@ -103,6 +109,10 @@ log = logging.getLogger(__name__)
 
 READ_YOUR_WRITES_S = 5.0
 FORWARD_TIMEOUT_S = 10.0
+# A question about another owner's history waits this long for its answer (the owner may first
+# wait up to READ_YOUR_WRITES_S for its history to fold the asker's last write).
+QUERY_TIMEOUT_S = 8.0
+QUERY_THREADS = 4  # the threads answering other nodes' questions about history kept here
 # A claim's ask of another node's partition: short, so a slow or lost owner delays a pull
 # worker's claim by this much at most, once (all such asks of a claim go at once). A lease
 # granted after it ran out is never handed out, and runs out unused.
@@ -159,6 +169,7 @@ class Node:
         history_checkpoint_every_s: float = history_checkpoint.DEFAULT_EVERY_S,
         history_checkpoints_kept: int = history_checkpoint.DEFAULT_KEEP,
         history_checkpoint_grace_ms: int = history_checkpoint.DEFAULT_GRACE_MS,
+        history_on: HistoryOn = "every-node",
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """``monotonic``: the clock the supervisor times its restarts by (seconds).
@@ -167,7 +178,10 @@ class Node:
         and folds only the tail, and the owner of partition 0 writes one every
         ``history_checkpoint_every_s``; files nothing names are collected once
         ``history_checkpoint_grace_ms`` is over. None: every new read model folds from the
-        first event."""
+        first event. ``history_on``: where history is kept, ``every-node`` (one read model
+        folding every partition) or ``owner`` (a model per partition this node owns,
+        :mod:`node.owned_history`; other partitions' history is asked of their owners)."""
+        self.history_on = history_on
         self.node_id = node_id
         self._retention_ms = retention_ms
         self._lead_ms = lead_ms  # how long before its slot a run is materialised (core.partition)
@@ -193,10 +207,17 @@ class Node:
         self._mailbox: Mailbox | None = None
         self._waiting: dict[str, Callable[[wire.Reply], None]] = {}
         self.metrics = NodeMetrics()
-        self._history, restored = history_checkpoint.open_model(
-            self._data_dir, history_store, self.metrics
-        )
-        self._report_history_start(restored)
+        self._owned_history: OwnedHistory | None = None
+        self._history: ReadModel | None = None
+        if history_on == "every-node":
+            self._history, restored = history_checkpoint.open_model(
+                self._data_dir, history_store, self.metrics
+            )
+            self._report_history_start(self._history, restored)
+        # the offset of this node's last write to each partition whose history is kept
+        # elsewhere: a later question about it waits until its owner has folded that far
+        self._written: dict[int, int] = {}
+        self._queries = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="history-query")
         self._decisions = decisions.DecisionLog(
             on_dropped=self.metrics.decision_lines_dropped.inc,
             on_failed=self.metrics.thread_failures.labels("decision-log").inc,
@@ -208,17 +229,22 @@ class Node:
         # One decoder per reader of the events stream, so each foreign record is counted once.
         self._recovery_decoder = EventDecoder("recovery", self.metrics.foreign)
         self._stream_decoder = EventDecoder("events_stream", self.metrics.foreign)
-        self._history_runner = ReadModelRunner(
-            log_,
-            self._history,
-            on_failed=lambda p, err: self.metrics.thread_failures.labels("read-model").inc(),
-            decoder=EventDecoder("read_model", self.metrics.foreign),
-            # History far behind waits while partitions recover: their first fires come first.
-            defer_while=self._recovering,
+        history_decoder = EventDecoder("read_model", self.metrics.foreign)
+        self._history_runner = (
+            None
+            if self._history is None
+            else ReadModelRunner(
+                log_,
+                self._history,
+                on_failed=lambda p, err: self.metrics.thread_failures.labels("read-model").inc(),
+                decoder=history_decoder,
+                # History far behind waits while partitions recover: their first fires first.
+                defer_while=self._recovering,
+            )
         )
         self._relay = DependencyRelay(
             log_,
-            self._history,
+            lambda: self._reader,
             self.execute,
             EventDecoder("relay", self.metrics.foreign),
             # A relay stops retrying once its partition is owned elsewhere: the new owner
@@ -231,7 +257,7 @@ class Node:
         # answers (read through log_, which is archive + log when there is an archive).
         self.hot_window = (
             None
-            if history_window_ms is None
+            if history_window_ms is None or self._history is None
             else HotWindow(
                 self._history,
                 history_window_ms,
@@ -241,21 +267,48 @@ class Node:
                 interval_s=min(DEFAULT_INTERVAL_S, max(0.1, history_window_ms / 10_000)),
             )
         )
-        self._run_history = History(
-            self._history,
-            self._clock,
-            history_window_ms,
+        archived = (
             None
             if archive is None
-            else ArchivedRuns(log_, archive, EventDecoder("history", self.metrics.foreign)),
+            else ArchivedRuns(log_, archive, EventDecoder("history", self.metrics.foreign))
         )
-        every = Held(self._history, self._run_history)  # one model folds every partition
-        self._reader = HistoryReader(self._log.num_partitions, lambda p: every, lambda: [every])
+        self._wakeups = Wakeups(self._clock.now_ms)
+        self._ready_hints = ReadyHints()
+        # Watches of ready runs between nodes that keep history with its partition
+        # (node.ready_watch): those other nodes placed here, and those placed from here.
+        self._watches = ReadyWatches(self._clock.now_ms)
+        self._watching = Watching()
+        self._watch_tasks: set[asyncio.Task[None]] = set()
+        self._reader: HistoryReader
+        if self._history is not None:
+            every = Held(
+                self._history, History(self._history, self._clock, history_window_ms, archived)
+            )
+            self._reader = HistoryReader(self._log.num_partitions, lambda p: every, lambda: [every])
+        else:
+            self._owned_history = OwnedHistory(
+                log_,
+                self._data_dir,
+                self._clock,
+                window_ms=history_window_ms,
+                archived=archived,
+                observers=[self._wakeups, self._ready_hints, self._watches],
+                decoder=history_decoder,
+                on_failed=lambda p, err: self.metrics.thread_failures.labels("read-model").inc(),
+                defer_while=self._recovering,
+                window_metrics=HotWindowMetrics(self.metrics.registry),
+            )
+            self._reader = HistoryReader(
+                self._log.num_partitions,
+                self._owned_history.held,
+                self._owned_history.kept,
+                ask=self._ask_history,
+                written=lambda p: self._written.get(p, -1),
+            )
         self.executors.route = self._decide
         self.executors.on_process_failed = self.metrics.thread_failures.labels(
             "executor-process"
         ).inc
-        self._wakeups = Wakeups(self._clock.now_ms)
         # Partitions this node does not own, followed so that taking one over is quick.
         self.standby = StandbyFollower(
             log_,
@@ -265,11 +318,13 @@ class Node:
             snapshots,
             on_failed=lambda p, err: self.metrics.thread_failures.labels("standby").inc(),
         )
-        self._history.observe(self._wakeups)
+        if self._history is not None:
+            self._history.observe(self._wakeups)
+            self._history.observe(self._ready_hints)
         # One node writes read-model checkpoints for every node to start from.
         self.history_checkpointer = (
             None
-            if history_store is None
+            if history_store is None or self._history is None
             else HistoryCheckpointer(
                 self._history,
                 history_store,
@@ -277,15 +332,13 @@ class Node:
                 node_id=node_id,
                 clock=self._clock,
                 writes=lambda: 0 in self._runners,
-                lag=lambda: sum(self._history.lag(self._log).values()),
+                lag=self._history_lag,
                 every_s=history_checkpoint_every_s,
                 keep=history_checkpoints_kept,
                 grace_ms=history_checkpoint_grace_ms,
                 metrics=self.metrics,
             )
         )
-        self._ready_hints = ReadyHints()
-        self._history.observe(self._ready_hints)
         # A partition behind its timers, a run started late, the process standing still: each
         # logged with its cause and counted (node.stalls).
         stall_metrics = StallMetrics(self.metrics.registry)
@@ -310,9 +363,17 @@ class Node:
             self.stall_watch,
             self.snapshotter,
             Unwatched("executors", self.executors.start, self.executors.stop),
-            Unwatched("read-model", self._history_runner.start, self._history_runner.stop),
+            None
+            if self._history_runner is None
+            else Unwatched("read-model", self._history_runner.start, self._history_runner.stop),
             self.history_checkpointer,
             self.hot_window,
+            None
+            if self._owned_history is None or history_window_ms is None
+            else HotWindows(
+                self._owned_history,
+                interval_s=min(DEFAULT_INTERVAL_S, max(0.1, history_window_ms / 10_000)),
+            ),
             self._relay,
             # Without these two the node answers nothing: readiness waits for them.
             Worker(
@@ -343,7 +404,11 @@ class Node:
             )
         self._stopping.set()
         self.services.stop()
-        self._history.close()
+        if self._history is not None:
+            self._history.close()
+        self._queries.shutdown(wait=True, cancel_futures=True)
+        if self._owned_history is not None:
+            self._owned_history.close()
 
     def _open_mailbox(self) -> None:
         if self._mailbox is None:
@@ -399,10 +464,48 @@ class Node:
             log.warning("partition %d: undecodable command at %d skipped", partition, offset)
             runner.submit(Request(_NOTHING, offset=offset))  # still move the position past it
             return
+        if envelope.command is None:
+            runner.submit(Request(_NOTHING, offset=offset))  # the position moves past it
+            if envelope.query is not None and envelope.reply_to is not None:
+                self._queries.submit(
+                    self._answer, partition, envelope.query, envelope.reply_to, envelope.request_id
+                )
+            return
         reply = None
         if envelope.reply_to is not None and envelope.request_id is not None:
             reply = self._replier(envelope.reply_to, envelope.request_id)
         runner.submit(Request(envelope.command, reply=reply, offset=offset))
+
+    def _answer(
+        self, partition: int, query: wire.Query, node_id: str, request_id: str | None
+    ) -> None:
+        """(On a query thread.) Answer another node's question about the history of a
+        partition kept here, once that history has folded past the asker's last write."""
+        if query.name == "watch_ready":
+            self._watched(partition, query, node_id, request_id)
+            return
+        try:
+            try:
+                held = None if self._owned_history is None else self._owned_history.held(partition)
+                if held is None:
+                    raise Unavailable(f"the history of partition {partition} is not kept here")
+                if query.after >= 0 and not held.model.wait_for(
+                    partition, query.after, READ_YOUR_WRITES_S
+                ):
+                    raise Unavailable(
+                        f"partition {partition}: the history has not folded the last write yet"
+                    )
+                message = wire.Reply(
+                    request_id=request_id or "",
+                    answer=msgspec.Raw(history_answer(held, query.name, list(query.args))),
+                )
+            except CronlogError as err:
+                message = wire.refusal(request_id or "", err)
+            if request_id is not None:
+                self._log.send_reply(node_id, wire.encode(message))
+        except Exception:
+            self.metrics.thread_failures.labels("history-query").inc()
+            log.exception("partition %d: answering a history question failed", partition)
 
     def _replier(self, node_id: str, request_id: str) -> Callable[[Decided | CronlogError], None]:
         def send(result: Decided | CronlogError) -> None:
@@ -435,8 +538,8 @@ class Node:
             for raw in raws:
                 try:
                     reply = wire.decode_reply(raw)
-                except msgspec.ValidationError:
-                    log.warning("undecodable reply skipped")
+                except msgspec.ValidationError as err:
+                    log.warning("undecodable reply skipped: %s", err)
                     continue
                 with self._lock:
                     waiting = self._waiting.pop(reply.request_id, None)
@@ -447,6 +550,8 @@ class Node:
 
     def assigned(self, partitions: list[int]) -> None:
         for p in partitions:
+            if self._owned_history is not None:
+                self._owned_history.gain(p)
             self._start_runner(p)
         self._assigned.set()
         with self._ownership:
@@ -500,20 +605,20 @@ class Node:
             return 0
         return floor or None
 
-    def _report_history_start(self, restored: history_checkpoint.Restored | None) -> None:
+    def _report_history_start(
+        self, model: ReadModel, restored: history_checkpoint.Restored | None
+    ) -> None:
         """Say where the read model starts from and how much it has to fold to catch up; it
         answers for no partition before it has folded the log as it ends now (refilling)."""
         try:
             log_ = self._log
-            self._history.hold_until(
-                {p: log_.end_offset("events", p) for p in range(log_.num_partitions)}
-            )
-            tail = sum(self._history.lag(self._log).values())
+            model.hold_until({p: log_.end_offset("events", p) for p in range(log_.num_partitions)})
+            tail = sum(model.lag(self._log).values())
         except CronlogError as err:
             log.warning("read model: how far behind the log it starts is unknown: %s", err)
             tail = -1
         self.metrics.history_start(restored, tail)
-        held = sum(self._history.positions().values())
+        held = sum(model.positions().values())
         if restored is not None:
             log.info(
                 "read model restored from history checkpoint %s (%d events, %.1f MB in %.2f s);"
@@ -577,6 +682,10 @@ class Node:
     def revoked(self, partitions: list[int]) -> None:
         reason = "the node is stopping" if self._stopping.is_set() else "the partition was revoked"
         self._stop_runners(partitions, reason, self._stop_wait_s)
+        if self._owned_history is not None:
+            for p in partitions:
+                self._owned_history.lose(p)
+                self._watches.lost(p)
         if self.snapshotter is not None:
             for p in partitions:  # its snapshot writer (Kafka: a producer) is not needed here
                 self.snapshotter.release(p)
@@ -616,11 +725,42 @@ class Node:
 
     @property
     def history(self) -> ReadModel:
+        """The read model of every partition (``--history-on every-node``; tools and tests)."""
+        if self._history is None:
+            raise CronlogError("history is kept with each partition here: see node.reader")
         return self._history
 
-    @property
-    def run_history(self) -> History:
-        return self._run_history
+    def history_positions(self) -> dict[int, int]:
+        """How far the history kept here has folded each partition it keeps, as it would
+        reopen after a crash: retention prunes no partition's log above it."""
+        if self._history is not None:
+            return self._history.durable_positions()
+        assert self._owned_history is not None
+        found: dict[int, int] = {}
+        for p in self._owned_history.partitions():
+            model = self._owned_history.model(p)
+            if model is not None:
+                found[p] = model.durable_positions().get(p, 0)
+        return found
+
+    def _history_model(self, partition: int) -> ReadModel | None:
+        """The model that folds ``partition`` here, if one does."""
+        if self._history is not None:
+            return self._history
+        assert self._owned_history is not None
+        return self._owned_history.model(partition)
+
+    def _history_lag(self) -> int:
+        """Events the history kept here has still to fold, over every partition it keeps."""
+        if self._history is not None:
+            return sum(self._history.lag(self._log).values())
+        assert self._owned_history is not None
+        lag = 0
+        for p in self._owned_history.partitions():
+            model = self._owned_history.model(p)
+            if model is not None:
+                lag += max(0, self._log.end_offset("events", p) - model.position(p))
+        return lag
 
     @property
     def reader(self) -> HistoryReader:
@@ -744,7 +884,10 @@ class Node:
         runner = self._runners.get(partition)
         state_store = None if runner is None else runner.checkpoint()
         try:
-            read_model: int | None = self._history.durable_positions().get(partition, 0)
+            model = self._history_model(partition)
+            read_model: int | None = (
+                None if model is None else model.durable_positions().get(partition, 0)
+            )
         except Exception as err:  # closed or damaged: unknown, so nothing is pruned
             log.warning("read model checkpoint unknown: %s", err)
             read_model = None
@@ -780,7 +923,7 @@ class Node:
                 g.recoveries[runner.partition] = runner.last_recovery
         g.oldest_ready_age_s = 0.0 if oldest is None else (now - oldest) / 1000
         try:
-            g.read_model_lag = sum(self._history.lag(self._log).values())
+            g.read_model_lag = self._history_lag()
         except CronlogError as err:
             log.warning("read model lag unknown: %s", err)
             g.read_model_lag = -1
@@ -947,9 +1090,18 @@ class Node:
         """Wait until the read model holds the events at ``offsets``, so the caller reads its
         own writes; :class:`NotYetReadable` (with the decided ``events``) when it does not in
         time."""
-        if offsets and self._history.position(partition) <= offsets[-1]:
+        if not offsets:
+            return
+        model = self._history_model(partition)
+        if model is None:
+            # Kept by the partition's owner: the next question about the partition asks it
+            # to answer once its history has folded this far.
+            with self._lock:
+                self._written[partition] = max(self._written.get(partition, -1), offsets[-1])
+            return
+        if model.position(partition) <= offsets[-1]:
             caught_up = await self._wakeups.folded_past(
-                partition, offsets[-1], self._history.position, READ_YOUR_WRITES_S
+                partition, offsets[-1], model.position, READ_YOUR_WRITES_S
             )
             if not caught_up:
                 # The write is durable, but an answer read from the read model now would not
@@ -967,6 +1119,109 @@ class Node:
         timeout_s: float = FORWARD_TIMEOUT_S,
     ) -> list[ev.AnyEvent]:
         """Ask the partition's owner, wherever it runs, through the log."""
+        reply = await self._through_log(
+            partition,
+            lambda request_id: wire.Envelope(
+                command=command, request_id=request_id, reply_to=self.node_id
+            ),
+            timeout_s,
+        )
+        if visible:
+            await self._visible(partition, reply.offsets, reply.events)
+        return reply.events
+
+    async def _ask_history(
+        self, partition: int, name: str, args: list[Any], after: int
+    ) -> msgspec.Raw:
+        """A question about the history of a partition kept by its owner elsewhere
+        (:mod:`node.history_reader`), through the log as a forwarded command goes."""
+        query = wire.Query(name=name, args=args, after=after)
+        reply = await self._through_log(
+            partition,
+            lambda request_id: wire.Envelope(
+                query=query, request_id=request_id, reply_to=self.node_id
+            ),
+            QUERY_TIMEOUT_S,
+        )
+        return reply.answer
+
+    def _watched(
+        self, partition: int, query: wire.Query, node_id: str, request_id: str | None
+    ) -> None:
+        """(On a query thread.) Another node's claim watches a pool on a partition owned here
+        (:mod:`node.ready_watch`): answered now if the partition holds a run of it, else at the
+        first fold of one."""
+
+        def send(at: int | None) -> None:
+            if request_id is not None:
+                answer = msgspec.Raw(msgspec.json.encode(at))
+                message = wire.Reply(request_id=request_id, answer=answer)
+                try:
+                    self._log.send_reply(node_id, wire.encode(message))
+                except CronlogError as err:  # the asker watches again on its next turn
+                    log.info("partition %d: a ready watch's answer was lost: %s", partition, err)
+
+        try:
+            tenant, pool, until_ms = str(query.args[0]), str(query.args[1]), int(query.args[2])
+        except (IndexError, TypeError, ValueError):
+            log.warning("partition %d: a malformed ready watch was passed over", partition)
+            return
+        runner = self._runners.get(partition)
+        if runner is None:
+            send(None)
+            return
+        self._watches.add(
+            tenant, pool, partition, until_ms, send, _earliest_ready(runner.state, pool, tenant)
+        )
+
+    def watch_elsewhere(self, tenant: str, pool: str, wait_s: float) -> None:
+        """A claim of ``pool`` found nothing and waits up to ``wait_s``: watch the pool on the
+        partitions this node neither owns nor folds (history kept with its partition), so a run
+        that becomes ready there wakes the claim as a run folded here would
+        (:mod:`node.ready_watch`). On the API's loop; a no-op where every partition is folded
+        here."""
+        if self._owned_history is None or wait_s <= 0:
+            return
+        elsewhere = [p for p in range(self._log.num_partitions) if p not in self._runners]
+        until_ms = self._clock.now_ms() + round(wait_s * 1000)
+        loop = asyncio.get_running_loop()
+        for p in self._watching.start(tenant, pool, elsewhere):
+            task = loop.create_task(self._watch(p, tenant, pool, until_ms, wait_s))
+            self._watch_tasks.add(task)
+            task.add_done_callback(self._watch_tasks.discard)
+
+    async def _watch(
+        self, partition: int, tenant: str, pool: str, until_ms: int, wait_s: float
+    ) -> None:
+        answered = False
+        try:
+            query = wire.Query(name="watch_ready", args=[tenant, pool, until_ms])
+            reply = await self._through_log(
+                partition,
+                lambda request_id: wire.Envelope(
+                    query=query, request_id=request_id, reply_to=self.node_id
+                ),
+                wait_s + 1.0,
+            )
+            at = msgspec.json.decode(reply.answer, type=int | None)
+            answered = True
+            if at is not None:
+                ready = [ReadyRun(tenant, pool, at, partition)]
+                self._ready_hints.folded({}, ready)
+                self._wakeups.folded({}, ready)
+        except CronlogError as err:  # no answer: the claim's next turn watches again
+            log.debug("partition %d: a ready watch ended: %s", partition, err)
+        except Exception:
+            self.metrics.thread_failures.labels("ready-watch").inc()
+            log.exception("partition %d: a ready watch failed", partition)
+        finally:
+            self._watching.ended(tenant, pool, partition, answered)
+
+    async def _through_log(
+        self, partition: int, envelope: Callable[[str], wire.Envelope], timeout_s: float
+    ) -> wire.Reply:
+        """Submit ``envelope(request_id)`` to the partition's commands and wait for the reply
+        in this node's mailbox (a refusal raised as the error it names)."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[wire.Reply] = loop.create_future()
         request_id = uuid.uuid4().hex
@@ -982,9 +1237,8 @@ class Node:
 
         with self._lock:
             self._waiting[request_id] = deliver_from_thread
-        envelope = wire.Envelope(command=command, request_id=request_id, reply_to=self.node_id)
         try:
-            await asyncio.to_thread(self._log.submit, partition, wire.encode(envelope))
+            await asyncio.to_thread(self._log.submit, partition, wire.encode(envelope(request_id)))
             reply = await asyncio.wait_for(answer, timeout_s)
         except TimeoutError:
             raise Unavailable(f"no answer from the owner of partition {partition}") from None
@@ -994,9 +1248,7 @@ class Node:
         err = wire.error_of(reply)
         if err is not None:
             raise err
-        if visible:
-            await self._visible(partition, reply.offsets, reply.events)
-        return reply.events
+        return reply
 
     async def claim(
         self, tenant: str, pool: str, worker_id: str, limit: int, horizon_ms: int = 0
@@ -1162,6 +1414,24 @@ def _not_yet_ready(
     ):
         return run.available_at
     return None
+
+
+def _earliest_ready(state: PartitionState, pool: str, tenant: str) -> int | None:
+    """When the team's earliest run of ``pool`` in this partition is (or becomes) ready, as
+    the partition's state holds it now; None: it holds none. Read off the runner's thread."""
+    entries = list(state.ready.get(pool, ())[:NEXT_READY_SCAN])
+    entries += [e[1:] for e in state.later.get(pool, ())[:NEXT_READY_SCAN]]
+    earliest: int | None = None
+    for entry in entries:
+        run = state.runs.get(entry[2])
+        if (
+            run is not None
+            and run.tenant == tenant
+            and (earliest is None or run.available_at < earliest)
+            and state.is_ready_entry_live(entry, pool)
+        ):
+            earliest = run.available_at
+    return earliest
 
 
 def _no_snapshot(partition: int) -> int | None:

@@ -2,7 +2,8 @@
 
 A job with ``depends_on`` may live in another partition than its upstream jobs, so the owner of
 the upstream's partition, right after a ``RunCompleted`` is durable, sends an
-``UpstreamSucceeded`` request to each dependant (found in the read model's dependants index),
+``UpstreamSucceeded`` request to each dependant (found in every partition's dependants index,
+one question a batch: ``node.history_reader``),
 through the node like any other request: to a local runner, or forwarded to the owner.
 
 Delivery is at least once, and a success is never dropped without a word. Each relay (one
@@ -47,9 +48,9 @@ from core.commands import AnyCommand, UpstreamSucceeded
 from core.errors import CronlogError, LogCorrupted, NotFound, Pruned
 from eventlog.port import EventLog, Record
 from node.handoff import Handoff
+from node.history_reader import HistoryReader
 from node.worker import ThreadWorker, backoff_s
 from projections.decoding import EventDecoder
-from projections.read_model import ReadModel
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class DependencyRelay(ThreadWorker):
     def __init__(
         self,
         log_: EventLog,
-        history: ReadModel,
+        history: Callable[[], HistoryReader],
         execute: Callable[[AnyCommand], Awaitable[list[ev.AnyEvent]]],
         decoder: EventDecoder | None = None,
         *,
@@ -113,8 +114,10 @@ class DependencyRelay(ThreadWorker):
         metrics: RelayMetrics | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        """``owns(partition)``: whether this node owns that partition now (asked before each
-        retry). ``sleep``: the backoff's wait, on the relay's loop (tests drive it)."""
+        """``history()``: where the dependants are looked up (every partition's history,
+        wherever it is kept). ``owns(partition)``: whether this node owns that partition now
+        (asked before each retry). ``sleep``: the backoff's wait, on the relay's loop (tests
+        drive it)."""
         self._log = log_
         self._history = history
         self._execute = execute
@@ -290,7 +293,7 @@ class DependencyRelay(ThreadWorker):
         found = await self._retried(
             partition,
             f"lookup of the dependants of {len(completed)} successes of partition {partition}",
-            partial(asyncio.to_thread, self._dependants_of, completed),
+            partial(self._dependants_of, completed),
         )
         for event, dependants in found:
             for job_id in dependants:
@@ -302,15 +305,12 @@ class DependencyRelay(ThreadWorker):
                 what = f"relay of {event.run_id}'s success to {job_id}"
                 self._task(partition, what, partial(self._relay, partition, what, command))
 
-    def _dependants_of(
+    async def _dependants_of(
         self, completed: list[ev.RunCompleted]
     ) -> list[tuple[ev.RunCompleted, list[str]]]:
-        found = []
-        for event in completed:
-            dependants = self._history.dependants(event.tenant, event.job_id)
-            if dependants:
-                found.append((event, dependants))
-        return found
+        upstreams = list(dict.fromkeys((event.tenant, event.job_id) for event in completed))
+        dependants = await self._history().dependants_many(upstreams)
+        return [(e, dependants[e.job_id]) for e in completed if e.job_id in dependants]
 
     async def _relay(self, partition: int, what: str, command: UpstreamSucceeded) -> None:
         await self._retried(partition, what, partial(self._send, command))

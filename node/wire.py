@@ -2,10 +2,14 @@
 
 A request is a command wrapped with who asked (``reply_to``) and a request id; the owner of the
 partition decides it and, once the events are durable, sends a :class:`Reply` to the asking
-node's mailbox. Both are JSON, like events.
+node's mailbox. A request may instead carry a :class:`Query`, a question about the partition's
+history (``node.history_reader``) for its owner, where that history is kept with the partition;
+the reply's ``answer`` is the answer's JSON. Both are JSON, like events.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 
@@ -14,8 +18,19 @@ from core.commands import AnyCommand
 from core.events import AnyEvent
 
 
+class Query(msgspec.Struct, frozen=True, kw_only=True):
+    """A question for the partition's history: its name and arguments (``QUESTIONS`` of
+    :mod:`node.history_reader`), answered once the history has folded past ``after`` (the
+    asking node's last write to the partition; -1: none)."""
+
+    name: str
+    args: list[Any]
+    after: int = -1
+
+
 class Envelope(msgspec.Struct, frozen=True, kw_only=True):
-    command: AnyCommand
+    command: AnyCommand | None = None  # None: a query
+    query: Query | None = None
     request_id: str | None = None
     reply_to: str | None = None  # the node waiting for the outcome
 
@@ -27,6 +42,7 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None  # the core.errors class name of a refusal
     message: str = ""
     field: str | None = None  # of an InvalidDefinition
+    answer: msgspec.Raw = msgspec.Raw(b"null")  # a query's, as JSON
 
 
 _envelopes = msgspec.json.Decoder(Envelope)
@@ -41,6 +57,7 @@ _REFUSALS: dict[str, type[errors.CronlogError]] = {
         errors.LeaseLost,
         errors.Fenced,
         errors.Unavailable,
+        errors.HistoryRefilling,
         errors.CronlogError,
     )
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from core.errors import CronlogError, LogCorrupted, StoreDamaged
 from eventlog.port import EventLog
@@ -60,8 +60,12 @@ class ReadModelRunner:
         decoder: EventDecoder | None = None,
         defer_while: Callable[[], bool] | None = None,
         defer_for_s: float = DEFER_FOR_S,
+        partitions: Sequence[int] | None = None,
     ) -> None:
         self._log = log_
+        # the partitions it follows: every one of the log's (a model of every partition), or
+        # those given (history kept with its partition: a model of one)
+        self._partitions = None if partitions is None else list(partitions)
         self._model = model
         self._batch_size = batch_size
         self._poll_s = poll_s
@@ -78,7 +82,7 @@ class ReadModelRunner:
         """Fold in everything there is now; returns how many records were read. ``on_batch``
         is told how many each batch read (a tool's progress)."""
         total = 0
-        for partition in range(self._log.num_partitions):
+        for partition in self.partitions:
             while True:
                 generation = self._model.generation
                 position = self._model.position(partition)
@@ -98,10 +102,16 @@ class ReadModelRunner:
         self._defer_until = time.monotonic() + self._defer_for_s
         self._threads = [
             threading.Thread(target=self._follow, args=(p,), name=f"read-model:p{p}", daemon=True)
-            for p in range(self._log.num_partitions)
+            for p in self.partitions
         ]
         for thread in self._threads:
             thread.start()
+
+    @property
+    def partitions(self) -> list[int]:
+        if self._partitions is None:
+            return list(range(self._log.num_partitions))
+        return self._partitions
 
     def stop(self) -> None:
         self._stopping.set()

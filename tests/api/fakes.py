@@ -176,6 +176,9 @@ class FakeScheduler:
     def reader(self) -> HistoryReader:
         return self._reader
 
+    def watch_elsewhere(self, tenant: str, pool: str, wait_s: float) -> None:
+        pass  # one read model folds every partition
+
     # -- driving it -------------------------------------------------------------------------
 
     def advance(self, ms: Millis) -> None:

@@ -23,10 +23,10 @@ from tests.projections.histories import Writers
 
 
 class Dependants:
-    """The read model's dependants index, as the relay asks it."""
+    """Every partition's dependants index, as the relay asks it."""
 
-    def dependants(self, tenant: str, upstream_job_id: str) -> list[str]:
-        return [f"after-{upstream_job_id}"]
+    async def dependants_many(self, upstreams: list[tuple[str, str]]) -> dict[str, list[str]]:
+        return {upstream: [f"after-{upstream}"] for _, upstream in upstreams}
 
 
 def completed(job_id: str, slot: int, fencing_token: int = 0) -> bytes:
@@ -72,7 +72,7 @@ def test_recovery_relays_past_a_foreign_record_and_reports_it() -> None:
     seen: list[ForeignRecord] = []
     relay = DependencyRelay(
         log,
-        Dependants(),  # type: ignore[arg-type]
+        lambda: Dependants(),  # type: ignore[arg-type,return-value]
         execute,
         EventDecoder("relay", seen.append),
         owns=lambda partition: True,
@@ -138,7 +138,7 @@ def relay_of(
 ) -> DependencyRelay:
     relay = DependencyRelay(
         log or MemoryLog(1),
-        Dependants(),  # type: ignore[arg-type]
+        lambda: Dependants(),  # type: ignore[arg-type,return-value]
         execute,
         owns=owns,
         metrics=RelayMetrics(registry),

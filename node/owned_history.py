@@ -1,0 +1,185 @@
+"""History kept with its partition: one read model per partition this node owns.
+
+With ``--history-on owner`` a node folds only the events of the partitions it owns, each into
+a read model of its own under ``<data>/history/p<N>/read_model`` (docs/architecture.md,
+"History kept with its partition"). Taking a partition over opens its model (empty on a node
+that never held it, or as this node left it) and a follower that folds from the model's
+position through the archive and the log; until it has folded what the log held at the
+takeover, the partition's history answers :class:`~core.errors.HistoryRefilling` (a 503 with
+``Retry-After``), never an incomplete answer. Losing the partition stops the follower and
+closes the model; its directory stays, so taking it back folds only what happened meanwhile.
+
+A model of one partition holds that partition's jobs, runs, counts and figures only, so the
+sums and listings over several (:mod:`projections.merging`) add nothing twice. The hot window
+forgets in each model as it does in one (:class:`HotWindows`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from core.clock import Clock
+from core.errors import CronlogError, HistoryRefilling
+from eventlog.port import EventLog
+from node.history_reader import Held
+from node.hot_window import HotWindow, HotWindowMetrics
+from node.worker import PeriodicWorker
+from projections.decoding import EventDecoder
+from projections.history import ArchivedRuns, History
+from projections.model_fold import Observer
+from projections.read_model import ReadModel, ReadModelRunner
+
+log = logging.getLogger(__name__)
+
+HistoryOn = Literal["every-node", "owner"]  # where a node keeps history (--history-on)
+
+
+@dataclass(slots=True)
+class _Kept:
+    model: ReadModel
+    runner: ReadModelRunner
+    held: Held
+    window: HotWindow | None
+
+
+class OwnedHistory:
+    """The read models of the partitions this node owns (see the module's docstring).
+    ``gain`` and ``lose`` are called as ownership moves (on the membership's thread)."""
+
+    def __init__(
+        self,
+        log_: EventLog,
+        data_dir: Path,
+        clock: Clock,
+        *,
+        window_ms: int | None,
+        archived: ArchivedRuns | None,
+        observers: list[Observer],
+        decoder: EventDecoder,
+        on_failed: Callable[[int, BaseException], None] | None = None,
+        defer_while: Callable[[], bool] | None = None,
+        window_metrics: HotWindowMetrics | None = None,
+    ) -> None:
+        self._log = log_
+        self._dir = data_dir / "history"
+        self._clock = clock
+        self._window_ms = window_ms
+        self._archived = archived
+        self._observers = observers
+        self._decoder = decoder
+        self._on_failed = on_failed
+        self._defer_while = defer_while
+        self._window_metrics = window_metrics or HotWindowMetrics()
+        self._lock = threading.Lock()
+        self._kept: dict[int, _Kept] = {}
+        self._closed = False
+
+    def gain(self, partition: int) -> None:
+        """Keep ``partition``'s history from now on: open its model and fold the log into it.
+        It answers nothing until it has folded what the log holds now."""
+        with self._lock:
+            if self._closed or partition in self._kept:
+                return
+            model = ReadModel.open(self._dir / f"p{partition}")
+            try:
+                model.hold_until({partition: self._log.end_offset("events", partition)})
+            except CronlogError as err:  # the end unknown: it answers once it has read it
+                log.warning("partition %d: where its log ends is unknown: %s", partition, err)
+                model.hold_until({partition: 1 << 62})
+            for observer in self._observers:
+                model.observe(observer)
+            runner = ReadModelRunner(
+                self._log,
+                model,
+                on_failed=self._on_failed,
+                decoder=self._decoder,
+                defer_while=self._defer_while,
+                partitions=[partition],
+            )
+            window = (
+                None
+                if self._window_ms is None
+                else HotWindow(model, self._window_ms, self._clock, self._window_metrics)
+            )
+            held = Held(model, History(model, self._clock, self._window_ms, self._archived))
+            self._kept[partition] = _Kept(model, runner, held, window)
+            runner.start()
+        log.info(
+            "partition %d: its history is kept here from offset %d",
+            partition,
+            model.position(partition),
+        )
+
+    def lose(self, partition: int) -> None:
+        """Stop keeping ``partition``'s history (it moved away): its follower stops and its
+        model closes; the files stay for a later return."""
+        with self._lock:
+            kept = self._kept.pop(partition, None)
+        if kept is not None:
+            kept.runner.stop()
+            kept.model.close()
+
+    def held(self, partition: int) -> Held | None:
+        """The partition's history if kept here (None: another node keeps it);
+        HistoryRefilling while it has not folded what the log held when it was taken over."""
+        kept = self._kept.get(partition)
+        if kept is None:
+            return None
+        refilling = kept.model.refilling().get(partition)
+        if refilling is not None:
+            at, floor = refilling
+            raise HistoryRefilling(
+                f"the history of partition {partition} is being filled here ({at} of {floor}"
+                " events); try again shortly"
+            )
+        return kept.held
+
+    def kept(self) -> list[Held]:
+        return [kept.held for kept in list(self._kept.values())]
+
+    def model(self, partition: int) -> ReadModel | None:
+        kept = self._kept.get(partition)
+        return None if kept is None else kept.model
+
+    def partitions(self) -> list[int]:
+        return sorted(self._kept)
+
+    def windows(self) -> list[HotWindow]:
+        return [kept.window for kept in list(self._kept.values()) if kept.window is not None]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            kept, self._kept = list(self._kept.values()), {}
+        for one in kept:
+            one.runner.stop()
+            one.model.close()
+
+
+class HotWindows(PeriodicWorker):
+    """The hot window (:mod:`node.hot_window`) of every partition's model kept here, one
+    pass over each every ``interval_s``."""
+
+    _thread_name = "history-window"
+
+    def __init__(self, owned: OwnedHistory, interval_s: float) -> None:
+        self._owned = owned
+        self.interval_s = interval_s
+
+    def run_once(self) -> None:
+        for window in self._owned.windows():
+            window.run_once()
+
+    def _pass(self) -> None:
+        self.run_once()
+
+    def _interval_s(self) -> float:
+        return self.interval_s
+
+    def _failed(self) -> None:
+        log.exception("history window: a pass failed; the next one tries again")

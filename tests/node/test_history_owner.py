@@ -1,0 +1,189 @@
+"""History kept with its partition (``history_on="owner"``): each node folds only the partitions
+it owns, and answers the rest by asking their owners through the log.
+
+Two nodes are members of one embedded log's group (the log server, as ``cronlog serve
+--workers 2`` runs them), so each owns half of the four partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from core.commands import PauseJob, PutJob, TriggerRun
+from core.errors import HistoryRefilling, Unavailable
+from core.jobs import JobSpec, PullTarget
+from eventlog.embedded import EmbeddedLog
+from eventlog.log_server import LogServer
+from eventlog.port import partition_for
+from eventlog.remote import RemoteLog
+from node.node import Node
+
+PARTITIONS = 4
+TENANT = "team-a"
+
+
+@dataclass
+class Pair:
+    a: Node
+    b: Node
+    log: EmbeddedLog
+    server: LogServer
+    tmp: Path
+
+
+def spec(name: str) -> JobSpec:
+    return JobSpec(
+        name=name,
+        tenant=TENANT,
+        target=PullTarget(pool="p"),  # type: ignore[arg-type]
+        schedule="0 0 * * *",
+    )
+
+
+_clients: list[RemoteLog] = []
+
+
+def _node(server: LogServer, tmp: Path, name: str) -> Node:
+    client = RemoteLog(server.path, name)
+    _clients.append(client)
+    node = Node(client, tmp / name, node_id=name, history_on="owner")
+    node.start()
+    return node
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[Pair]:
+    log = EmbeddedLog.open(tmp_path / "log", PARTITIONS)
+    server = LogServer(log, tmp_path / "log.sock")
+    a = _node(server, tmp_path, "w0")
+    b = _node(server, tmp_path, "w1")
+    assert a.wait_owned(lambda owned: len(owned) == 2, 20)
+    assert b.wait_owned(lambda owned: len(owned) == 2, 20)
+    assert a.wait_ready(20) and b.wait_ready(20)
+    pair = Pair(a, b, log, server, tmp_path)
+    yield pair
+    for node in (pair.a, pair.b):
+        node.stop(drain_s=0)
+    while _clients:
+        _clients.pop().close()
+    server.close()
+    log.close()
+
+
+def ids_over_every_partition(n: int) -> list[str]:
+    return [f"{TENANT}/job-{i:03d}" for i in range(n)]
+
+
+async def _eventually(check, timeout_s: float = 10.0):  # type: ignore[no-untyped-def]
+    """``check()``'s answer once it stops saying the history is not ready (refilling, or its
+    owner not answering yet)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await check()
+        except (HistoryRefilling, Unavailable):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+def test_each_node_folds_only_its_own_partitions_and_answers_for_all(pair: Pair) -> None:
+    ids = ids_over_every_partition(24)
+    assert {partition_for(i, PARTITIONS) for i in ids} == set(range(PARTITIONS))
+
+    async def scenario() -> None:
+        for job_id in ids:  # created through node a: half forwarded to b
+            await pair.a.execute(PutJob(job_id=job_id, spec=spec(job_id)))
+        for node in (pair.a, pair.b):
+            # every job, from either node, whichever keeps it
+            for job_id in ids:
+                view = await node.reader.job(TENANT, job_id)
+                assert view is not None and view.name == job_id
+            assert await node.reader.job_count(TENANT) == len(ids)
+            # a listing merged from both nodes' models, paged: each job once, in order
+            listed: list[str] = []
+            cursor = None
+            while True:
+                page = await node.reader.jobs(TENANT, limit=5, cursor=cursor)
+                listed += [view.job_id for view in page.items]
+                if page.next_cursor is None:
+                    break
+                cursor = page.next_cursor
+            assert listed == sorted(ids)
+
+    asyncio.run(scenario())
+    # and each model holds its own partitions' jobs only
+    for node in (pair.a, pair.b):
+        owned = node.owned()
+        for p, position in node.history_positions().items():
+            assert p in owned and position > 0
+        assert set(node.history_positions()) == set(owned)
+
+
+def test_a_write_through_a_node_is_read_back_there_at_once(pair: Pair) -> None:
+    elsewhere = next(
+        i for i in ids_over_every_partition(40) if partition_for(i, PARTITIONS) in pair.b.owned()
+    )
+
+    async def scenario() -> None:
+        await pair.a.execute(PutJob(job_id=elsewhere, spec=spec("x")))
+        for _ in range(5):  # a pause through a, read back at once through a (kept by b)
+            await pair.a.execute(PauseJob(job_id=elsewhere, tenant=TENANT))
+            view = await pair.a.reader.job(TENANT, elsewhere)
+            assert view is not None and view.status == "paused"
+            await pair.a.execute(PutJob(job_id=elsewhere, spec=spec("x")))  # no change
+            await pair.a.execute(
+                PutJob(job_id=elsewhere, spec=spec("y"))
+            )  # a new definition resumes nothing, but changes the name
+            view = await pair.a.reader.job(TENANT, elsewhere)
+            assert view is not None and view.name == "y"
+            await pair.a.execute(PutJob(job_id=elsewhere, spec=spec("x")))
+
+    asyncio.run(scenario())
+
+
+def test_a_partition_that_moves_is_answered_by_its_new_owner(pair: Pair) -> None:
+    ids = ids_over_every_partition(24)
+
+    async def created() -> None:
+        for job_id in ids:
+            await pair.a.execute(PutJob(job_id=job_id, spec=spec(job_id)))
+
+    asyncio.run(created())
+    pair.b.stop(drain_s=0)  # its partitions move to a, which has never folded them
+    assert pair.a.wait_owned(lambda owned: len(owned) == PARTITIONS, 20)
+
+    async def after() -> None:
+        assert await _eventually(lambda: pair.a.reader.job_count(TENANT)) == len(ids)
+        page = await _eventually(lambda: pair.a.reader.jobs(TENANT, limit=100))
+        assert [view.job_id for view in page.items] == sorted(ids)
+
+    asyncio.run(after())
+    assert set(pair.a.history_positions()) == set(range(PARTITIONS))
+
+
+def test_a_waiting_claim_wakes_for_a_run_ready_on_a_partition_kept_elsewhere(pair: Pair) -> None:
+    """Node a folds nothing of b's partitions, so no fold of its own can wake a claim waiting
+    there for b's runs: its watch does (node.ready_watch), and the claim then gets the run."""
+    job_id = next(
+        i for i in ids_over_every_partition(40) if partition_for(i, PARTITIONS) in pair.b.owned()
+    )
+
+    async def scenario() -> None:
+        await pair.a.execute(PutJob(job_id=job_id, spec=spec("pulled")))
+        assert await pair.a.claim(TENANT, "p", "worker-1", 10) == []  # nothing ready yet
+        with pair.a.wakeups.pool(TENANT, "p") as signal:
+            seen = signal.version
+            pair.a.watch_elsewhere(TENANT, "p", 10.0)
+            await pair.a.execute(TriggerRun(job_id=job_id, tenant=TENANT))
+            assert await pair.a.wakeups.sleep(signal, seen, 10.0)  # woken, not timed out
+        leases = await pair.a.claim(TENANT, "p", "worker-1", 10)
+        assert [lease.job_id for lease in leases] == [job_id]
+
+    asyncio.run(scenario())
