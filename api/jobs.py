@@ -62,6 +62,7 @@ from core.errors import Conflict, InvalidDefinition, NotFound
 from core.events import AnyEvent, JobRegistered, JobUpdated
 from core.ids import log_job_id, team_id
 from core.jobs import (
+    MAX_NAME_CHARS,
     TAG,
     JobSpec,
     Target,
@@ -218,16 +219,21 @@ async def list_jobs(request: Request) -> Response:
     call = authenticate(request)
     history_complete(call)
     history = call.scheduler.history
+    q = query_text(request, "q", MAX_SEARCH_CHARS)
+    name = query_text(request, "name", MAX_NAME_CHARS)
     page = history.jobs(
         call.tenant,
         query_choice(request, "status", JOB_STATUSES),
         page_size(call, request, 50),
         request.query_params.get("cursor"),
-        search=query_text(request, "q", MAX_SEARCH_CHARS),
+        # Every job named ``name`` holds it: the search's page, cut to the exact name, is one
+        # the search itself could have answered (fewer than limit, the same next_cursor).
+        search=q or name,
         tag=query_tag(request),
     )
     now = call.scheduler.now_ms()
-    jobs = [job_out(v, now, history.latest_run(call.tenant, v.job_id)) for v in page.items]
+    views = [v for v in page.items if name is None or v.name == name]
+    jobs = [job_out(v, now, history.latest_run(call.tenant, v.job_id)) for v in views]
     return json_response(JobPage(jobs=jobs, next_cursor=page.next_cursor))
 
 

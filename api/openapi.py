@@ -33,7 +33,7 @@ from api import (
 )
 from api.errors import ErrorBody
 from api.instants import RFC3339
-from core.jobs import JOB_ID, TAG, TENANT
+from core.jobs import JOB_ID, MAX_NAME_CHARS, TAG, TENANT
 from projections.read_model import MAX_LIMIT
 from projections.views import JOB_STATUSES, RUN_STATES
 
@@ -67,6 +67,11 @@ _QUERY: dict[str, dict[str, Any]] = {
         "type": "string",
         "maxLength": wire.MAX_SEARCH_CHARS,
         "description": "only jobs whose name or id holds this text, in any case",
+    },
+    "name": {
+        "type": "string",
+        "maxLength": MAX_NAME_CHARS,
+        "description": "only jobs with exactly this name (names need not be unique)",
     },
     "tag": {
         "type": "string",
@@ -239,10 +244,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("GET", "/v1/jobs"): Operation(
         "List the tenant's jobs, each with the run of its newest slot; q finds those whose"
-        " name or id holds it, tag those labelled with it",
+        " name or id holds it, name those called exactly that, tag those labelled with it",
         response=wire.JobPage,
         errors=(422,),
-        query=("status", "q", "tag", "limit", "cursor"),
+        query=("status", "q", "name", "tag", "limit", "cursor"),
     ),
     ("PUT", "/v1/jobs/{job_id}"): Operation(
         "Create (201) or replace (200) a job; the same body again changes nothing",
