@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "log":
         from tools.replay.cli import main as replay_main
 
-        return replay_main(args.rest)
+        return replay_main(args.rest, prog="cronlog log")
     if args.command == "completion":
         from argcomplete import shell_integration
 
@@ -701,19 +701,30 @@ def _jobs_update(client: Any, args: argparse.Namespace) -> int:
         if args.output != "table":
             output.show(change, args.output)
             return 0
-        shown = output.builtins(change)
-        for name in ("before", "after"):
-            print(f"{name}:")
-            output.show(shown[name], "table", output.FIRE_COLUMNS, key="fires")
-        for name, sign in (("added", "+"), ("dropped", "-")):
-            for fire in shown[name]:
-                print(f"{sign} {fire['at']}  ({fire['local']})")
+        _show_change(output.builtins(change))
         print("dry run: nothing was changed", file=sys.stderr)
         return 0
     if args.if_version is not None:
         fields["version"] = args.if_version
     output.show(client.patch_job(args.job_id, JobPatch(**fields)), args.output)
     return 0
+
+
+def _show_change(change: dict[str, Any]) -> None:
+    """A change's fire times as one list: each time the job would fire after it, once, marked
+    ``+`` where the change adds it, and the times it drops marked ``-``."""
+    added = {f["at"] for f in change["added"]}
+    rows = [
+        {**f, "change": "+ added" if f["at"] in added else ""} for f in change["after"]["fires"]
+    ]
+    rows += [{**f, "change": "- dropped"} for f in change["dropped"]]
+    rows.sort(key=lambda f: f["at"])
+    output.show(rows, "table", [*output.FIRE_COLUMNS, ("CHANGE", lambda f: f["change"])])
+    until = change.get("compared_until")
+    print(
+        f"{len(change['added'])} added, {len(change['dropped'])} dropped"
+        + (f" (compared up to {until})" if until else "")
+    )
 
 
 def _jobs_trigger(client: Any, args: argparse.Namespace) -> int:
@@ -766,6 +777,22 @@ def _jobs_backfill(client: Any, args: argparse.Namespace) -> int:
 def _show(call: Callable[[Any, argparse.Namespace], Any], columns: Any = None, key: Any = None):  # type: ignore[no-untyped-def]
     def command(client: Any, args: argparse.Namespace) -> int:
         output.show(call(client, args), args.output, columns, key=key)
+        return 0
+
+    return command
+
+
+def _for_people(  # type: ignore[no-untyped-def]
+    call: Callable[[Any, argparse.Namespace], Any], table: Callable[[Any], None]
+):
+    """A command whose table is drawn by ``table``; JSON and YAML are the API's answer."""
+
+    def command(client: Any, args: argparse.Namespace) -> int:
+        answer = call(client, args)
+        if args.output == "table":
+            table(answer)
+        else:
+            output.show(answer, args.output)
         return 0
 
     return command
@@ -982,9 +1009,9 @@ _COMMANDS: dict[tuple[str, str], Callable[[Any, argparse.Namespace], int]] = {
     ("preview", "list"): _show(_preview, output.FIRE_COLUMNS, "fires"),
     ("tail", "list"): _tail,
     ("status", "list"): _status,
-    ("team", "list"): _show(lambda c, a: c.team()),
-    ("stats", "list"): _show(
-        lambda c, a: c.stats(window_min=a.window, step_min=a.step), output.STATS_COLUMNS, "points"
+    ("team", "list"): _for_people(lambda c, a: c.team(), output.show_team),
+    ("stats", "list"): _for_people(
+        lambda c, a: c.stats(window_min=a.window, step_min=a.step), output.show_stats
     ),
 }
 

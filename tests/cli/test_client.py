@@ -194,6 +194,14 @@ def test_tables_yaml_global_flags_version_and_completion(
     assert main(["preview", "0 9 * * 1-5", "--timezone", "Europe/London", "-n", "2", "-o",
                  "table", *flags]) == 0  # fmt: skip
     assert "+00:00" in capsys.readouterr().out
+    # The figures as a person reads them: busy steps and totals, not 60 rows of zeros.
+    assert main([*flags, "-o", "table", "stats", "--window", "60"]) == 0
+    figures = capsys.readouterr().out
+    assert "total" in figures and "without a run not shown" in figures
+    assert len(figures.splitlines()) < 20
+    assert main([*flags, "-o", "table", "team"]) == 0
+    team = capsys.readouterr().out
+    assert "max_jobs" in team and "{" not in team
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.startswith("cronlog ")
