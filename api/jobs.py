@@ -62,6 +62,7 @@ from core.errors import Conflict, InvalidDefinition, NotFound
 from core.events import AnyEvent, JobRegistered, JobUpdated
 from core.ids import log_job_id, team_id
 from core.jobs import (
+    MAX_NAME_CHARS,
     TAG,
     JobSpec,
     Target,
@@ -219,17 +220,22 @@ async def list_jobs(request: Request) -> Response:
     call = authenticate(request)
     history_complete(call)
     history = call.scheduler.reader
+    q = query_text(request, "q", MAX_SEARCH_CHARS)
+    name = query_text(request, "name", MAX_NAME_CHARS)
     page = await history.jobs(
         call.tenant,
         query_choice(request, "status", JOB_STATUSES),
         page_size(call, request, 50),
         request.query_params.get("cursor"),
-        search=query_text(request, "q", MAX_SEARCH_CHARS),
+        # Every job named ``name`` holds it: the search's page, cut to the exact name, is one
+        # the search itself could have answered (fewer than limit, the same next_cursor).
+        search=q or name,
         tag=query_tag(request),
     )
     now = call.scheduler.now_ms()
-    newest = await asyncio.gather(*(history.latest_run(call.tenant, v.job_id) for v in page.items))
-    jobs = [job_out(v, now, run) for v, run in zip(page.items, newest, strict=True)]
+    views = [v for v in page.items if name is None or v.name == name]
+    newest = await asyncio.gather(*(history.latest_run(call.tenant, v.job_id) for v in views))
+    jobs = [job_out(v, now, run) for v, run in zip(views, newest, strict=True)]
     return json_response(JobPage(jobs=jobs, next_cursor=page.next_cursor))
 
 

@@ -33,7 +33,7 @@ from api import (
 )
 from api.errors import ErrorBody
 from api.instants import RFC3339
-from core.jobs import JOB_ID, TAG, TENANT
+from core.jobs import JOB_ID, MAX_NAME_CHARS, TAG, TENANT
 from projections.read_model import MAX_LIMIT
 from projections.views import JOB_STATUSES, RUN_STATES
 
@@ -67,6 +67,11 @@ _QUERY: dict[str, dict[str, Any]] = {
         "type": "string",
         "maxLength": wire.MAX_SEARCH_CHARS,
         "description": "only jobs whose name or id holds this text, in any case",
+    },
+    "name": {
+        "type": "string",
+        "maxLength": MAX_NAME_CHARS,
+        "description": "only jobs with exactly this name (names need not be unique)",
     },
     "tag": {
         "type": "string",
@@ -205,6 +210,30 @@ _DESCRIPTIONS = {
 }
 
 
+# The groups of the document (Swagger UI at /docs shows one section each), in the order shown; an
+# operation's group is the first whose path prefix its path has (:func:`tag_of`).
+TAGS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("jobs", "Create, change, read and run jobs", ("/v1/jobs", "/v1/schedules")),
+    ("runs", "Runs and dead letters: read, cancel, replay", ("/v1/runs",)),
+    ("workers", "Pull workers: claim runs, extend leases, report outcomes", ("/v1/workers",)),
+    ("team", "The team's limits and figures", ("/v1/team", "/v1/stats")),
+    ("events", "The audit stream", ("/v1/events",)),
+    ("operator", "For the operator's tokens: metrics, time travel", ("/metrics", "/v1/operator")),
+    ("probes", "Liveness and readiness, without a token", ("/healthz", "/readyz")),
+)
+_WORKER_CALLS = ("/heartbeat", "/complete", "/v1/runs:heartbeat", "/v1/runs:complete")
+
+
+def tag_of(path: str) -> str:
+    """The group of the operation at ``path``: a worker's own calls on runs are the workers'."""
+    if path.endswith(_WORKER_CALLS):
+        return "workers"
+    for name, _, prefixes in TAGS:
+        if path.startswith(prefixes):
+            return name
+    raise ValueError(f"{path} is in no group of the document (openapi.TAGS)")
+
+
 @dataclass(frozen=True)
 class Operation:
     summary: str
@@ -239,10 +268,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("GET", "/v1/jobs"): Operation(
         "List the tenant's jobs, each with the run of its newest slot; q finds those whose"
-        " name or id holds it, tag those labelled with it",
+        " name or id holds it, name those called exactly that, tag those labelled with it",
         response=wire.JobPage,
         errors=(422,),
-        query=("status", "q", "tag", "limit", "cursor"),
+        query=("status", "q", "name", "tag", "limit", "cursor"),
     ),
     ("PUT", "/v1/jobs/{job_id}"): Operation(
         "Create (201) or replace (200) a job; the same body again changes nothing",
@@ -523,7 +552,11 @@ def _parameters(path: str, op: Operation) -> list[dict[str, Any]]:
 
 
 def _operation(path: str, op: Operation) -> dict[str, Any]:
-    out: dict[str, Any] = {"summary": op.summary, "parameters": _parameters(path, op)}
+    out: dict[str, Any] = {
+        "tags": [tag_of(path)],
+        "summary": op.summary,
+        "parameters": _parameters(path, op),
+    }
     if op.request is not None:
         out["requestBody"] = {"required": op.body_required, "content": _json_content(op.request)}
     responses: dict[str, Any] = {}
@@ -577,6 +610,7 @@ def document(routes: list[tuple[str, str]]) -> bytes:
         {
             "openapi": "3.1.0",
             "info": {"title": "cronlog", "version": "1"},
+            "tags": [{"name": name, "description": text} for name, text, _ in TAGS],
             "paths": paths,
             "components": {
                 "schemas": schemas,

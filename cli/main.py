@@ -54,6 +54,9 @@ CLEARABLE = (
 )
 
 
+MAX_COMPLETIONS = 200  # jobs a shell's completion asks the node for
+
+
 class UsageError(Exception):
     """A command that cannot be sent as given (exit 2)."""
 
@@ -110,8 +113,13 @@ def _job_fields(parser: argparse.ArgumentParser, *, whole: bool) -> None:
     when.add_argument("--schedule", help='5-field cron, e.g. "0 9 * * 1-5", or @daily')
     when.add_argument("--run-at", help="one instant (RFC 3339), e.g. 2026-12-01T09:00:00Z")
     when.add_argument("--every", type=float, metavar="SEC", help="an interval in seconds")
-    when.add_argument(
-        "--depends-on", action="append", metavar="JOB", help="run after these jobs (repeat)"
+    _complete_jobs(
+        when.add_argument(
+            "--depends-on",
+            action="append",
+            metavar="JOB",
+            help="run after these jobs, by id or name (repeat)",
+        )
     )
     g.add_argument("--seconds", help='the seconds of a per-second schedule, e.g. "*/10"')
     g.add_argument(
@@ -176,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--search", help="only jobs whose name or id holds this text")
     c.add_argument("--tag", help="only jobs labelled with this tag")
     _paging(c)
-    p.add(js, "get", "one job").add_argument("job_id")
+    _job_arg(p.add(js, "get", "one job"))
     c = p.add(js, "create", "a new job")
     id_or_key = c.add_mutually_exclusive_group()
     id_or_key.add_argument("--id", dest="job_id", help="choose the job's id")
@@ -199,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--if-version", type=int, help="only if the job is at this version")
     _job_fields(c, whole=True)
     c = p.add(js, "update", "change some fields of a job")
-    c.add_argument("job_id")
+    _job_arg(c)
     c.add_argument("--if-version", type=int, help="only if the job is at this version")
     c.add_argument("--clear", action="append", choices=CLEARABLE, help="set a field to null")
     c.add_argument(
@@ -215,22 +223,22 @@ def build_parser() -> argparse.ArgumentParser:
         ("cancel", "for good"),
     ):
         c = p.add(js, action, f"{action} a job ({text})")
-        c.add_argument("job_id")
+        _job_arg(c)
         if action == "cancel":
             c.add_argument("--if-version", type=int)
     c = p.add(js, "trigger", "run a job now, or one past slot")
-    c.add_argument("job_id")
+    _job_arg(c)
     c.add_argument("--at", help="the past slot to run (RFC 3339); default: now")
     c.add_argument("--idempotency-key", help="a repeat with the same key makes no new run")
     c = p.add(js, "preview", "a job's next fire times")
-    c.add_argument("job_id")
+    _job_arg(c)
     c.add_argument("-n", type=int, default=10)
     c = p.add(js, "slots", "a job's slots in a range and their runs")
-    c.add_argument("job_id")
+    _job_arg(c)
     c.add_argument("--from", dest="start", required=True)
     c.add_argument("--to", dest="end", required=True)
     c = p.add(js, "backfill", "run a job's missed past slots (a dry run unless --apply)")
-    c.add_argument("job_id")
+    _job_arg(c)
     c.add_argument("--from", dest="start", required=True, help="RFC 3339, inclusive")
     c.add_argument("--to", dest="end", required=True, help="RFC 3339, inclusive")
     c.add_argument("--apply", action="store_true", help="trigger them (default: only show)")
@@ -240,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs = p.add(sub, "runs", "list, inspect, cancel and replay runs; work a pull pool by hand")
     rs = runs.add_subparsers(dest="action", required=True, metavar="ACTION")
     c = p.add(rs, "list", "a job's runs, newest first, or every run in one state")
-    c.add_argument("job_id", nargs="?")
+    _job_arg(c, nargs="?")
     c.add_argument(
         "--state",
         choices=(
@@ -285,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = p.add(ds, "list", "dead runs (the default)")
     replay = p.add(ds, "replay", "requeue dead runs")
     for parser_ in (listing, replay):
-        parser_.add_argument("--job", help="only this job's")
+        _complete_jobs(parser_.add_argument("--job", help="only this job's (its id or name)"))
         parser_.add_argument(
             "--error-contains", metavar="TEXT", help="only those whose error has it"
         )
@@ -305,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--after", help="from this instant (default now)")
 
     c = p.add(sub, "tail", "follow the team's events live (GET /v1/events)")
-    c.add_argument("--job", help="only this job's events")
+    _complete_jobs(c.add_argument("--job", help="only this job's events (its id or name)"))
     c.add_argument("--from", dest="start", help="start, end (default) or an instant")
     c.add_argument("--cursor", help="resume after the event with this id")
     c.add_argument("--tenant", help="only this team's (the operator's token)")
@@ -335,6 +343,36 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("completion", help="a shell completion script: bash, zsh or fish")
     c.add_argument("shell", choices=("bash", "zsh", "fish"))
     return parser
+
+
+def _job_arg(parser: argparse.ArgumentParser, **kwargs: Any) -> None:
+    _complete_jobs(
+        parser.add_argument(
+            "job_id",
+            metavar="JOB",
+            help="the job's id, or its name when no job has that id and one job has that name",
+            **kwargs,
+        )
+    )
+
+
+def _complete_jobs(action: argparse.Action) -> None:
+    action.completer = _job_candidates  # type: ignore[attr-defined]  # argcomplete's hook
+
+
+def _job_candidates(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    """What a shell completes a job to: the ids and names of the team's jobs that begin with
+    what was typed, as the node lists them (nothing when it cannot be asked)."""
+    from cronlog_client import Client, CronlogError
+
+    try:
+        token = _token(parsed_args)
+        with Client(getattr(parsed_args, "url", DEFAULT_URL), token, timeout_s=3, retries=0) as c:
+            jobs = c.list_jobs(q=prefix or None, limit=MAX_COMPLETIONS).jobs
+    except (UsageError, CronlogError, OSError):
+        return []
+    words = {w for job in jobs for w in (job.job_id, job.name) if w.startswith(prefix)}
+    return sorted(words)
 
 
 def _paging(parser: argparse.ArgumentParser) -> None:
@@ -381,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "log":
         from tools.replay.cli import main as replay_main
 
-        return replay_main(args.rest)
+        return replay_main(args.rest, prog="cronlog log")
     if args.command == "completion":
         from argcomplete import shell_integration
 
@@ -430,6 +468,7 @@ def _client_command(args: argparse.Namespace) -> int:
 
     try:
         with Client(args.url, _token(args)) as client:
+            _resolve_job_names(client, args)
             return _COMMANDS[(args.command, getattr(args, "action", None) or "list")](client, args)
     except Unreachable as e:
         print(
@@ -445,6 +484,45 @@ def _client_command(args: argparse.Namespace) -> int:
     except CronlogError as e:
         print(f"cronlog: {e}", file=sys.stderr)
         return 1
+
+
+# -- a job by its name ---------------------------------------------------------------------------
+
+_IDS_ONLY = {("jobs", "create"), ("jobs", "put")}  # these name the id a job is to have
+
+
+def _resolve_job_names(client: Any, args: argparse.Namespace) -> None:
+    """Every job the command names, by id or by name, as its id."""
+    taken = (args.command, getattr(args, "action", None))
+    if getattr(args, "job_id", None) and taken not in _IDS_ONLY:
+        args.job_id = job_id_of(client, args.job_id)
+    if getattr(args, "job", None):
+        args.job = job_id_of(client, args.job)
+    if getattr(args, "depends_on", None):
+        args.depends_on = [job_id_of(client, j) for j in args.depends_on]
+
+
+def job_id_of(client: Any, text: str) -> str:
+    """The id of the job ``text`` names: the job whose id it is, else the one job the team
+    named so. Of several with that name, the one not cancelled is meant (a team that cancelled
+    a job and made another of the same name); more than one left is ambiguous, and the error
+    lists their ids. A name no job has is left as it is: the node answers 404 for it."""
+    from cronlog_client import ApiError
+
+    try:
+        return str(client.get_job(text).job_id)
+    except ApiError as e:
+        if e.status not in (400, 404):  # 400: not even an id's form, e.g. "daily report"
+            raise
+    named = list(client.iter_jobs(name=text, page_size=100))
+    if len(named) > 1:
+        named = [j for j in named if j.status != "cancelled"] or named
+    if len(named) == 1:
+        return str(named[0].job_id)
+    if not named:
+        return text
+    ids = ", ".join(f"{j.job_id} ({j.status})" for j in named)
+    raise UsageError(f"{len(named)} jobs are named {text!r}: {ids}; give one of their ids")
 
 
 # -- jobs ----------------------------------------------------------------------------------------
@@ -623,19 +701,30 @@ def _jobs_update(client: Any, args: argparse.Namespace) -> int:
         if args.output != "table":
             output.show(change, args.output)
             return 0
-        shown = output.builtins(change)
-        for name in ("before", "after"):
-            print(f"{name}:")
-            output.show(shown[name], "table", output.FIRE_COLUMNS, key="fires")
-        for name, sign in (("added", "+"), ("dropped", "-")):
-            for fire in shown[name]:
-                print(f"{sign} {fire['at']}  ({fire['local']})")
+        _show_change(output.builtins(change))
         print("dry run: nothing was changed", file=sys.stderr)
         return 0
     if args.if_version is not None:
         fields["version"] = args.if_version
     output.show(client.patch_job(args.job_id, JobPatch(**fields)), args.output)
     return 0
+
+
+def _show_change(change: dict[str, Any]) -> None:
+    """A change's fire times as one list: each time the job would fire after it, once, marked
+    ``+`` where the change adds it, and the times it drops marked ``-``."""
+    added = {f["at"] for f in change["added"]}
+    rows = [
+        {**f, "change": "+ added" if f["at"] in added else ""} for f in change["after"]["fires"]
+    ]
+    rows += [{**f, "change": "- dropped"} for f in change["dropped"]]
+    rows.sort(key=lambda f: f["at"])
+    output.show(rows, "table", [*output.FIRE_COLUMNS, ("CHANGE", lambda f: f["change"])])
+    until = change.get("compared_until")
+    print(
+        f"{len(change['added'])} added, {len(change['dropped'])} dropped"
+        + (f" (compared up to {until})" if until else "")
+    )
 
 
 def _jobs_trigger(client: Any, args: argparse.Namespace) -> int:
@@ -688,6 +777,22 @@ def _jobs_backfill(client: Any, args: argparse.Namespace) -> int:
 def _show(call: Callable[[Any, argparse.Namespace], Any], columns: Any = None, key: Any = None):  # type: ignore[no-untyped-def]
     def command(client: Any, args: argparse.Namespace) -> int:
         output.show(call(client, args), args.output, columns, key=key)
+        return 0
+
+    return command
+
+
+def _for_people(  # type: ignore[no-untyped-def]
+    call: Callable[[Any, argparse.Namespace], Any], table: Callable[[Any], None]
+):
+    """A command whose table is drawn by ``table``; JSON and YAML are the API's answer."""
+
+    def command(client: Any, args: argparse.Namespace) -> int:
+        answer = call(client, args)
+        if args.output == "table":
+            table(answer)
+        else:
+            output.show(answer, args.output)
         return 0
 
     return command
@@ -904,9 +1009,9 @@ _COMMANDS: dict[tuple[str, str], Callable[[Any, argparse.Namespace], int]] = {
     ("preview", "list"): _show(_preview, output.FIRE_COLUMNS, "fires"),
     ("tail", "list"): _tail,
     ("status", "list"): _status,
-    ("team", "list"): _show(lambda c, a: c.team()),
-    ("stats", "list"): _show(
-        lambda c, a: c.stats(window_min=a.window, step_min=a.step), output.STATS_COLUMNS, "points"
+    ("team", "list"): _for_people(lambda c, a: c.team(), output.show_team),
+    ("stats", "list"): _for_people(
+        lambda c, a: c.stats(window_min=a.window, step_min=a.step), output.show_stats
     ),
 }
 

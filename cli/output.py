@@ -4,13 +4,15 @@ programs.
 ``-o table`` (the default on a terminal) draws a table per listing and a two-column table per
 object; ``-o json`` (the default when standard output is not a terminal, so ``cronlog jobs list
 | jq`` just works) prints the API's own JSON; ``-o yaml`` the same as YAML. Instants are shown
-as the API writes them (RFC 3339, UTC).
+as the API writes them (RFC 3339, UTC); a table, being for reading, shows them to the second,
+never breaks an id or an instant over lines, cuts a long error to the line and folds the rest.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -81,17 +83,60 @@ def _console(out: TextIO) -> Any:
     return Console(file=out, soft_wrap=False, highlight=False)
 
 
+# Columns whose values are copied into the next command (ids) or compared down the page
+# (instants): a broken one is useless, so they keep their whole width and the others give way.
+WHOLE = frozenset(
+    {
+        "JOB",
+        "RUN",
+        "SCHEDULED FOR",
+        "STARTED",
+        "NEXT RUN",
+        "AT",
+        "UTC",
+        "LOCAL",
+        "SLOT",
+        "LEASE UNTIL",
+    }
+)
+ONE_LINE = frozenset({"ERROR"})  # cut to what fits: `runs get RUN` shows it whole
+_INSTANT = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{3}Z")
+
+
 def _table(rows: list[dict[str, Any]], columns: Sequence[Column], out: TextIO) -> None:
     from rich.table import Table
 
+    console = _console(out)
+    cells = [[_table_cell(pick(row)) for _, pick in columns] for row in rows]
+    widths = [max([len(name), *(len(r[i]) for r in cells)]) for i, (name, _) in enumerate(columns)]
+    # The others need at least their header's width; where that leaves no room for the whole
+    # ids and instants (a narrow terminal), every column folds alike.
+    least = [
+        w if name in WHOLE else min(w, len(name))
+        for (name, _), w in zip(columns, widths, strict=True)
+    ]
+    pin = sum(least) + 2 * (len(columns) - 1) <= console.width
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for name, _ in columns:
-        table.add_column(name, overflow="fold")
-    for row in rows:
-        table.add_row(*(_cell(pick(row)) for _, pick in columns))
-    _console(out).print(table)
+    for i, (name, _) in enumerate(columns):
+        if name in WHOLE and pin:
+            table.add_column(name, no_wrap=True, min_width=widths[i])
+        elif name in ONE_LINE:
+            # What the other columns leave of the line (2 between columns), at least a word.
+            others = sum(w + 2 for j, w in enumerate(widths) if j != i)
+            room = max(len(name), min(widths[i], console.width - others))
+            table.add_column(name, no_wrap=True, overflow="ellipsis", max_width=room)
+        else:
+            table.add_column(name, overflow="fold", min_width=min(widths[i], len(name)))
+    for row_cells in cells:
+        table.add_row(*row_cells)
+    console.print(table)
     if not rows:
         out.write("(none)\n")
+
+
+def _table_cell(value: Any) -> str:
+    """A value as a table shows it: an instant to the second (the JSON has its milliseconds)."""
+    return _INSTANT.sub(r"\1Z", _cell(value))
 
 
 def _fields(data: Any, out: TextIO) -> None:
@@ -162,9 +207,8 @@ RUN_COLUMNS: list[Column] = [
     ("STATE", lambda r: r["state"]),
     ("ATTEMPT", lambda r: r["attempt"]),
     ("SCHEDULED FOR", lambda r: r["scheduled_for"]),
-    ("STARTED", lambda r: r["started_at"]),
-    ("LATE MS", lambda r: r["lateness_ms"]),
-    ("ERROR", lambda r: (r["error"] or "")[:60] or None),
+    ("LATE MS", lambda r: r["lateness_ms"]),  # started: the slot and this much later
+    ("ERROR", lambda r: r["error"] or None),
 ]
 CLAIM_COLUMNS: list[Column] = [
     ("RUN", lambda r: r["run_id"]),
@@ -181,6 +225,45 @@ SLOT_COLUMNS: list[Column] = [
     ("SLOT", lambda s: s["scheduled_for"]),
     ("RUN", lambda s: s["run_id"]),
     ("STATE", lambda s: s["state"] or ("to trigger" if s["due"] else "future")),
+]
+
+
+def show_stats(stats: Any, out: TextIO | None = None) -> None:
+    """``cronlog stats`` as a table: the steps in which anything happened, then the window's
+    totals, then the runs by state now. A quiet step is a row of zeros: counted, not shown."""
+    out = out or sys.stdout
+    data = builtins(stats)
+    points = data["points"]
+    busy = [p for p in points if any(p[name] for name in _ACTIVITY)]
+    total = {**data["total"], "at": "total"}
+    _table([*busy, total], STATS_COLUMNS, out)
+    quiet = len(points) - len(busy)
+    step = data["step_min"]
+    out.write(
+        f"{data['since']} to {data['until']}, {len(points)} steps of {step} min"
+        + (f" ({quiet} without a run not shown)" if quiet else "")
+        + "\n"
+    )
+    states = ", ".join(f"{n} {s}" for s, n in data["runs_by_state"].items() if n)
+    out.write(f"runs now: {states or 'none'}\n")
+
+
+def show_team(team: Any, out: TextIO | None = None) -> None:
+    """``cronlog team`` as a table: the team, its jobs, then one limit a row."""
+    out = out or sys.stdout
+    data = builtins(team)
+    limits = data.pop("limits", {}) or {}
+    quota = limits.get("max_jobs")
+    data["jobs"] = f"{data['jobs']} of {quota} allowed" if quota else data["jobs"]
+    _fields(data, out)
+    out.write("limits:\n")
+    _table([{"limit": k, "value": v} for k, v in limits.items()], _LIMIT_COLUMNS, out)
+
+
+_ACTIVITY = ("started", "succeeded", "failed", "retried", "dead", "cancelled", "skipped")
+_LIMIT_COLUMNS: list[Column] = [
+    ("  LIMIT", lambda x: "  " + x["limit"]),
+    ("VALUE", lambda x: x["value"]),
 ]
 STATS_COLUMNS: list[Column] = [
     ("AT", lambda p: p["at"]),

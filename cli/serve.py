@@ -44,9 +44,22 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     serve: argparse.ArgumentParser = sub.add_parser(
         "serve", help="run a node (embedded log by default)"
     )
-    serve.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="where the node keeps its log, state, history and tokens (default"
+        f" {DEFAULT_DATA_DIR}, or CRONLOG_DATA_DIR)",
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address the API and the status UI listen on (default 127.0.0.1: this machine"
+        " only; 0.0.0.0 for every interface)",
+    )
+    serve.add_argument(
+        "--port", type=int, default=8080, help="the API's and the status UI's port (default 8080)"
+    )
     serve.add_argument(
         "--partitions",
         type=int,
@@ -58,7 +71,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="join a cluster on this Kafka instead of the embedded log",
     )
-    serve.add_argument("--node-id", default=socket.gethostname())
+    serve.add_argument(
+        "--node-id",
+        default=socket.gethostname(),
+        help="this node's name in logs, metrics and run attempts (default the host's name)",
+    )
     serve.add_argument("--topic-prefix", default="cronlog")
     serve.add_argument(
         "--replication-factor",

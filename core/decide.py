@@ -73,6 +73,7 @@ from core.events import (
     Trigger,
     UpstreamRecorded,
 )
+from core.ids import team_id
 from core.jobs import (
     JobSpec,
     MisfirePolicy,
@@ -161,14 +162,14 @@ def decide(state: PartitionState, command: AnyCommand, now: Millis) -> list[AnyE
 def _job(state: PartitionState, job_id: str, tenant: str | None) -> JobState:
     job = state.jobs.get(job_id)
     if job is None or (tenant is not None and job.spec.tenant != tenant):
-        raise NotFound(f"job {job_id} not found")
+        raise NotFound(f"job {team_id(job_id)} not found")
     return job
 
 
 def _run(state: PartitionState, run_id: str, tenant: str | None) -> RunState:
     run = state.runs.get(run_id)
     if run is None or (tenant is not None and run.tenant != tenant):
-        raise NotFound(f"run {run_id} not found")
+        raise NotFound(f"run {team_id(run_id)} not found")
     return run
 
 
@@ -197,12 +198,12 @@ def _ids(run: RunState, now: Millis, attempt: int | None = None) -> _RunIds:
 
 def _check_version(job: JobState, expected: int | None) -> None:
     if expected is not None and expected != job.version:
-        raise Conflict(f"job {job.job_id} is at version {job.version}, not {expected}")
+        raise Conflict(f"job {team_id(job.job_id)} is at version {job.version}, not {expected}")
 
 
 def _not_cancelled(job: JobState) -> None:
     if job.status is JobStatus.CANCELLED:
-        raise Conflict(f"job {job.job_id} is cancelled")
+        raise Conflict(f"job {team_id(job.job_id)} is cancelled")
 
 
 def _live_lease(run: RunState, token: int) -> None:
@@ -212,9 +213,11 @@ def _live_lease(run: RunState, token: int) -> None:
     expiry back; refusing an outcome then would turn a success into a retry, or into
     ``outcome_unknown`` for a critical job.)"""
     if run.status is RunStatus.CANCELLED and run.fencing_token == token:
-        raise LeaseLost(f"run {run.run_id} was cancelled: stop working on it")
+        raise LeaseLost(f"run {team_id(run.run_id)} was cancelled: stop working on it")
     if run.status is not RunStatus.RUNNING or run.fencing_token != token:
-        raise LeaseLost(f"fencing token {token} does not hold the lease on run {run.run_id}")
+        raise LeaseLost(
+            f"fencing token {token} does not hold the lease on run {team_id(run.run_id)}"
+        )
 
 
 # -- jobs --------------------------------------------------------------------------------------
@@ -240,7 +243,7 @@ def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
     job = state.jobs.get(cmd.job_id)
     if job is None:
         if cmd.expected_version not in (None, 0):
-            raise Conflict(f"job {cmd.job_id} does not exist yet")
+            raise Conflict(f"job {team_id(cmd.job_id)} does not exist yet")
         return [
             JobRegistered(
                 at=now,
@@ -251,12 +254,12 @@ def _put_job(state: PartitionState, cmd: PutJob, now: Millis) -> list[AnyEvent]:
             )
         ]
     if job.spec.tenant != spec.tenant:
-        raise NotFound(f"job {cmd.job_id} not found")
+        raise NotFound(f"job {team_id(cmd.job_id)} not found")
     _not_cancelled(job)
     if job.spec == compact_spec(spec):  # as the state holds a definition
         return []  # an upsert of the same definition changes nothing
     if cmd.create_only:
-        raise Conflict(f"job {cmd.job_id} exists with another definition")
+        raise Conflict(f"job {team_id(cmd.job_id)} exists with another definition")
     _check_version(job, cmd.expected_version)
     slot = next_slot_after_update(job.spec, spec, job.next_slot, now)
     events: list[AnyEvent] = []
@@ -727,7 +730,7 @@ def _start(state: PartitionState, cmd: StartRun, now: Millis) -> list[AnyEvent]:
         raise InvalidDefinition("horizon_ms", f"must be between 0 and {MAX_HORIZON_MS}")
     run = _run(state, cmd.run_id, None)
     if run.status is not RunStatus.PENDING or run.available_at > now + cmd.horizon_ms:
-        raise Conflict(f"run {run.run_id} is {run.status}, not ready")
+        raise Conflict(f"run {team_id(run.run_id)} is {run.status}, not ready")
     job = state.jobs[run.job_id]
     if _misfired_ahead(job, run, now):
         return _skipped_ahead(job, run, now)
@@ -906,7 +909,9 @@ def _replay(state: PartitionState, cmd: ReplayRun, now: Millis) -> list[AnyEvent
     run = _run(state, cmd.run_id, cmd.tenant)
     _not_cancelled(state.jobs[run.job_id])
     if run.status is not RunStatus.DEAD:
-        raise Conflict(f"run {run.run_id} is {run.status}; only a dead run can be replayed")
+        raise Conflict(
+            f"run {team_id(run.run_id)} is {run.status}; only a dead run can be replayed"
+        )
     return [
         *_yield_to_overlap(state, state.jobs[run.job_id], now),
         RunReplayed(**_ids(run, now, attempt=run.attempt + 1), available_at=now),

@@ -67,3 +67,16 @@ def test_every_route_lists_its_errors() -> None:
                 assert "404" in codes, f"{method} {path}"
             for code, response in op["responses"].items():
                 assert response["description"], f"{method} {path} {code}"
+
+
+def test_every_operation_is_in_one_named_group() -> None:
+    named = [t["name"] for t in DOCUMENT["tags"]]
+    groups: dict[str, list[str]] = {name: [] for name in named}
+    for path, operations in DOCUMENT["paths"].items():
+        for method, op in operations.items():
+            assert len(op["tags"]) == 1 and op["tags"][0] in named, f"{method} {path}"
+            groups[op["tags"][0]].append(f"{method.upper()} {path}")
+    assert all(groups.values()), groups  # no group is empty
+    assert "POST /v1/jobs" in groups["jobs"] and "GET /v1/runs" in groups["runs"]
+    assert "POST /v1/runs/{run_id}/complete" in groups["workers"]
+    assert "GET /healthz" in groups["probes"]

@@ -293,6 +293,28 @@ async def test_q_finds_jobs_by_name_or_id_in_any_case(api: Api) -> None:
     assert (long.status_code, long.json()["field"]) == (400, "q")
 
 
+async def test_name_finds_the_jobs_called_exactly_that(api: Api) -> None:
+    await api.a.put("/v1/jobs/report", json=job("report"))
+    await api.a.put("/v1/jobs/report-2", json=job("report"))
+    await api.a.put("/v1/jobs/weekly", json=job("weekly report"))
+    await api.a.put("/v1/jobs/upper", json=job("Report"))
+    await api.b.put("/v1/jobs/theirs", json=job("report"))
+    found = (await api.a.get("/v1/jobs", params={"name": "report"})).json()
+    assert [j["job_id"] for j in found["jobs"]] == ["report", "report-2"]
+    found = (await api.a.get("/v1/jobs", params={"name": "report", "q": "-2"})).json()
+    assert [j["job_id"] for j in found["jobs"]] == ["report-2"]
+    found = (await api.a.get("/v1/jobs", params={"name": "nightly"})).json()
+    assert found["jobs"] == []
+    long = await api.a.get("/v1/jobs", params={"name": "x" * 201})
+    assert (long.status_code, long.json()["field"]) == (400, "name")
+
+
+async def test_a_missing_job_is_named_as_the_team_names_it(api: Api) -> None:
+    r = await api.a.post("/v1/jobs/report/runs", json={})
+    assert r.status_code == 404
+    assert r.json()["message"] == "job report not found"
+
+
 async def test_a_search_page_looks_at_a_bounded_number_of_jobs(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -194,6 +194,14 @@ def test_tables_yaml_global_flags_version_and_completion(
     assert main(["preview", "0 9 * * 1-5", "--timezone", "Europe/London", "-n", "2", "-o",
                  "table", *flags]) == 0  # fmt: skip
     assert "+00:00" in capsys.readouterr().out
+    # The figures as a person reads them: busy steps and totals, not 60 rows of zeros.
+    assert main([*flags, "-o", "table", "stats", "--window", "60"]) == 0
+    figures = capsys.readouterr().out
+    assert "total" in figures and "without a run not shown" in figures
+    assert len(figures.splitlines()) < 20
+    assert main([*flags, "-o", "table", "team"]) == 0
+    team = capsys.readouterr().out
+    assert "max_jobs" in team and "{" not in team
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.startswith("cronlog ")
@@ -318,3 +326,71 @@ def test_apply_creates_a_files_jobs_in_batches(
     assert main(["jobs", "apply", "-f", str(as_json), "--url", node.url,
                  "--data-dir", str(node.data_dir)]) == 2  # fmt: skip
     assert "expected a list of jobs" in capsys.readouterr().err
+
+
+def test_a_job_is_named_by_its_id_or_by_the_name_the_team_chose(
+    node: Serve, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, report = cronlog(capsys, node, "jobs", "create", "--name", "report",
+                             "--every", "3600", "--target", "pull://reports")  # fmt: skip
+    assert status == 0, report
+    status, run = cronlog(capsys, node, "jobs", "trigger", "report")
+    assert status == 0 and run["job_id"] == report["job_id"], run
+    status, runs = cronlog(capsys, node, "runs", "list", "report")
+    assert status == 0 and run["run_id"] in [r["run_id"] for r in runs["runs"]]
+    status, paused = cronlog(capsys, node, "jobs", "pause", "report")
+    assert status == 0 and paused["job_id"] == report["job_id"]
+    status, fires = cronlog(capsys, node, "jobs", "preview", "report", "-n", "1")
+    assert status == 0 and len(fires["fires"]) == 1
+    # A name with a space is not an id's form; it is found all the same.
+    status, spaced = cronlog(capsys, node, "jobs", "create", "--name", "daily report",
+                             "--every", "3600", "--target", "pull://reports")  # fmt: skip
+    status, got = cronlog(capsys, node, "jobs", "get", "daily report")
+    assert status == 0 and got["job_id"] == spaced["job_id"]
+    # An id comes before a name: a job whose id is another's name is the one meant.
+    status, _ = cronlog(capsys, node, "jobs", "create", "--id", "daily", "--name", "report",
+                            "--every", "60", "--target", "pull://reports")  # fmt: skip
+    status, got = cronlog(capsys, node, "jobs", "get", "daily")
+    assert status == 0 and got["name"] == "report"
+    # Two live jobs of one name: the command says which ids, and sends nothing.
+    flags = ["--url", node.url, "--data-dir", str(node.data_dir)]
+    assert main(["jobs", "trigger", "report", *flags]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "2 jobs are named 'report'" in err and report["job_id"] in err and "daily" in err
+    # Cancelling one leaves the name to the other.
+    status, _ = cronlog(capsys, node, "jobs", "cancel", "daily")
+    status, run = cronlog(capsys, node, "jobs", "trigger", "report")
+    assert status == 0 and run["job_id"] == report["job_id"]
+    # A name no job has: the node's 404, naming the job as the team does (no tenant prefix).
+    status, missing = cronlog(capsys, node, "jobs", "trigger", "nightly-report")
+    assert status == 1 and missing["error"] == "not_found"
+    assert missing["message"] == "job nightly-report not found"
+    assert main(["-o", "table", "jobs", "trigger", "nightly-report", *flags]) == 1
+    assert "default/" not in capsys.readouterr().err
+
+
+def test_completion_offers_the_teams_job_ids_and_names(node: Serve, tmp_path: Path) -> None:
+    for job_id, name in (("rep-1", "report"), ("other", "repack"), ("x", "unrelated")):
+        assert main(["jobs", "create", "--id", job_id, "--name", name, "--every", "3600",
+                     "--target", "pull://p", "--url", node.url,
+                     "--data-dir", str(node.data_dir)]) == 0  # fmt: skip
+    answer = tmp_path / "candidates"
+    line = "cronlog jobs trigger re"
+    env = {
+        "_ARGCOMPLETE": "1",
+        "_ARGCOMPLETE_IFS": "\n",
+        "_ARGCOMPLETE_STDOUT_FILENAME": str(answer),
+        "COMP_LINE": line,
+        "COMP_POINT": str(len(line)),
+        "PATH": "/usr/bin:/bin",
+        "CRONLOG_URL": node.url,
+        "CRONLOG_DATA_DIR": str(node.data_dir),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main"],
+        env=env, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert set(answer.read_text().split("\n")) == {"rep-1", "report", "repack"}

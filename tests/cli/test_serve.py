@@ -225,3 +225,15 @@ def _claim(node: Serve, body: dict[str, object], wait_s: float = 5) -> list[dict
 
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+def test_serve_help_says_what_each_address_flag_is_and_its_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "where the node keeps its log" in text and "(default 127.0.0.1" in text
+    assert "(default 8080)" in text and "CRONLOG_DATA_DIR" in text

@@ -199,6 +199,8 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         page.get_by_test_id("nav-dead").click()
         dead_rows = page.get_by_test_id("dead").locator("tr[data-run]")
         expect(dead_rows.first).to_be_visible()
+        # a run's job by the name its team gave it (as characters), its id beneath
+        expect(dead_rows.first.get_by_test_id("job-name")).to_have_text(f"Export {EVIL}")
         shots("dead-letters")
         dead_before = dead_rows.count()
         first = dead_rows.first.get_attribute("data-run")
@@ -245,6 +247,7 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         expect(page.locator("h1")).to_contain_text("Report")
         saved = api.get("/v1/jobs/report").json()
         assert (saved["schedule"], saved["seconds"]) == ("*/30 * * * *", "0,30")
+        expect(page.get_by_test_id("facts")).to_contain_text("*/30 * * * * at seconds 0,30")
 
         # -- pause from the list; the search finds it
         page.get_by_test_id("nav-jobs").click()
@@ -256,11 +259,25 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         assert api.get("/v1/jobs/heartbeat").json()["status"] == "paused"
         page.get_by_test_id("search").fill("")
         expect(rows).to_have_count(3)
+        expect(page.locator("tr[data-job=report]")).to_contain_text("at seconds 0,30")
         shots("jobs")
         # -- find jobs by tag: typed, then by clicking a row's tag
         page.get_by_test_id("tag-filter").fill("team=reports")
         expect(rows).to_have_count(1)
         assert rows.first.get_attribute("data-job") == "report"
+        # the filters are in the URL: a reload (or the link, shared) opens the page filtered
+        page.get_by_test_id("status-filter").select_option("active")
+        expect(page).to_have_url(re.compile(r"#/jobs\?tag=team%3Dreports&status=active$"))
+        page.reload()
+        expect(page.get_by_test_id("tag-filter")).to_have_value("team=reports")
+        expect(page.get_by_test_id("status-filter")).to_have_value("active")
+        expect(rows).to_have_count(1)
+        page.goto(f"{node.url}/ui/#/jobs?q=heart")
+        expect(page.get_by_test_id("search")).to_have_value("heart")
+        expect(rows).to_have_count(1)
+        assert rows.first.get_attribute("data-job") == "heartbeat"
+        page.get_by_test_id("search").fill("")
+        expect(page).to_have_url(re.compile(r"#/jobs$"))
         page.get_by_test_id("tag-filter").fill("team=nobody")
         expect(page.get_by_test_id("jobs")).to_contain_text("No job matches.")
         page.get_by_test_id("tag-filter").fill("")
@@ -271,6 +288,16 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         shots("jobs-by-tag")
         page.get_by_test_id("tag-filter").fill("")
         expect(rows).to_have_count(3)
+
+        # -- the runs: it opens on a state that has runs, each named by its job's name
+        page.get_by_test_id("nav-runs").click()
+        run_rows = page.get_by_test_id("state-runs").locator("tr[data-run]")
+        expect(run_rows.first).to_be_visible()
+        expect(run_rows.first.get_by_test_id("job-name")).to_have_text(
+            re.compile(r"^(Heartbeat|Report|Export .*)$")
+        )
+        expect(page.locator(".tabs a.active .count")).not_to_have_text(" 0")
+        shots("runs")
 
         # -- the figures, from the team's own GET /v1/stats
         page.get_by_test_id("nav-figures").click()
@@ -283,6 +310,9 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         page.goto(f"{node.url}/docs")
         expect(page.locator(".opblock").first).to_be_visible()
         expect(page.locator("body")).to_contain_text("/v1/runs/replay")
+        for group in ("jobs", "runs", "workers", "team", "events", "probes"):
+            expect(page.locator(".opblock-tag", has_text=group).first).to_be_visible()
+        expect(page.locator(".opblock-tag", has_text="default")).to_have_count(0)
         shots("docs")
     finally:
         print(f"\nUI screenshots: {ARTIFACTS}")

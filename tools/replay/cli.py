@@ -41,9 +41,12 @@ DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronl
 DEFAULT_URL = os.environ.get("CRONLOG_URL", "http://127.0.0.1:8080")
 
 
-def parser() -> argparse.ArgumentParser:
+PROG = "python -m tools.replay"
+
+
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
-        prog="python -m tools.replay",
+        prog=prog,
         description="The operator's view of the log, and the tools that fold it (docs/replay.md).",
     )
     sub = root.add_subparsers(dest="command", required=True)
@@ -112,20 +115,23 @@ def main(
     *,
     clock: Clock | None = None,
     transport: httpx.BaseTransport | None = None,
+    prog: str | None = None,
 ) -> int:
     """Run one command. ``backfill`` reads ``clock`` (which slots are past) and sends its
-    requests through ``transport`` (tests replace both)."""
-    args = parser().parse_args(argv)
+    requests through ``transport`` (tests replace both). ``prog`` is the command as the user
+    typed it (``cronlog log``): usage and errors are prefixed with it (else ``replay:``)."""
+    args = parser(prog or PROG).parse_args(argv)
+    said = prog or "replay"
     try:
         return _run(args, clock or SystemClock(), transport)
     except LogCorrupted as exc:
-        print(f"replay: {exc}", file=sys.stderr)
+        print(f"{said}: {exc}", file=sys.stderr)
         return 3
     except ReplayError as exc:
-        print(f"replay: {exc}", file=sys.stderr)
+        print(f"{said}: {exc}", file=sys.stderr)
         return 2
     except CronlogError as exc:
-        print(f"replay: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"{said}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0

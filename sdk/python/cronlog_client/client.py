@@ -152,9 +152,21 @@ class _Requests:
 
     @staticmethod
     def list_jobs(
-        status: str | None, limit: int | None, cursor: str | None, q: str | None, tag: str | None
+        status: str | None,
+        limit: int | None,
+        cursor: str | None,
+        q: str | None,
+        tag: str | None,
+        name: str | None = None,
     ) -> _Request[JobPage]:
-        params = {"status": status, "limit": limit, "cursor": cursor, "q": q, "tag": tag}
+        params = {
+            "status": status,
+            "limit": limit,
+            "cursor": cursor,
+            "q": q,
+            "tag": tag,
+            "name": name,
+        }
         return _Request("GET", "/v1/jobs", JobPage, params=params)
 
     @staticmethod
@@ -651,10 +663,12 @@ class Client:
         cursor: str | None = None,
         q: str | None = None,
         tag: str | None = None,
+        name: str | None = None,
     ) -> JobPage:
         """A page of the team's jobs; ``q``: only those whose name or id holds it; ``tag``:
-        only those labelled with it."""
-        return self._send(_Requests.list_jobs(status, limit, cursor, q, tag))
+        only those labelled with it; ``name``: only those called exactly that (a page may hold
+        fewer than ``limit`` and still have a next one)."""
+        return self._send(_Requests.list_jobs(status, limit, cursor, q, tag, name))
 
     def iter_jobs(
         self,
@@ -663,10 +677,11 @@ class Client:
         page_size: int | None = None,
         q: str | None = None,
         tag: str | None = None,
+        name: str | None = None,
     ) -> Iterator[Job]:
         cursor = None
         while True:  # each page moves the cursor on; the last has none
-            page = self.list_jobs(status, limit=page_size, cursor=cursor, q=q, tag=tag)
+            page = self.list_jobs(status, limit=page_size, cursor=cursor, q=q, tag=tag, name=name)
             yield from page.jobs
             if page.next_cursor is None:
                 return
@@ -1063,8 +1078,9 @@ class AsyncClient:
         cursor: str | None = None,
         q: str | None = None,
         tag: str | None = None,
+        name: str | None = None,
     ) -> JobPage:
-        return await self._send(_Requests.list_jobs(status, limit, cursor, q, tag))
+        return await self._send(_Requests.list_jobs(status, limit, cursor, q, tag, name))
 
     async def iter_jobs(
         self,
@@ -1073,10 +1089,13 @@ class AsyncClient:
         page_size: int | None = None,
         q: str | None = None,
         tag: str | None = None,
+        name: str | None = None,
     ) -> AsyncIterator[Job]:
         cursor = None
         while True:
-            page = await self.list_jobs(status, limit=page_size, cursor=cursor, q=q, tag=tag)
+            page = await self.list_jobs(
+                status, limit=page_size, cursor=cursor, q=q, tag=tag, name=name
+            )
             for job in page.jobs:
                 yield job
             if page.next_cursor is None:

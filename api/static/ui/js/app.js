@@ -85,7 +85,10 @@ async function route() {
     try { team = await get("/v1/team"); } catch { /* a 401 lands on the sign-in page */ }
     if (!session.token()) return;
   }
-  const parts = hash.slice(2).split("/").map(decodeURIComponent);
+  // "#/jobs?q=report&status=paused": a view's filters ride after the "?", so a link keeps them.
+  const [path, query] = hash.split("?");
+  const params = new URLSearchParams(query || "");
+  const parts = path.slice(2).split("/").map(decodeURIComponent);
   let view;
   let tab = "#/jobs";
   if (parts[0] === "jobs" && parts[1] && parts[2] === "edit") view = editorView(parts[1]);
@@ -94,7 +97,7 @@ async function route() {
   else if (parts[0] === "runs") { view = runsView(parts[1]); tab = "#/runs"; }
   else if (parts[0] === "dead") { view = deadView(); tab = "#/dead"; }
   else if (parts[0] === "stats") { view = statsView(); tab = "#/stats"; }
-  else view = jobsView();
+  else view = jobsView(params);
   const main = shell(tab);
   main.append(view.el);
   current = view;

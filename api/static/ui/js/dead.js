@@ -2,7 +2,7 @@
 // (counted first with a dry run, then replayed on confirmation).
 
 import { get, post } from "./api.js";
-import { ago, badge, h, replace, utc } from "./dom.js";
+import { ago, badge, h, jobCell, namesOf, replace, utc } from "./dom.js";
 import { act, errorText } from "./ui.js";
 
 const PAGE = 50;
@@ -75,16 +75,17 @@ export function deadView() {
         cursor = page.next_cursor;
         if (!cursor) break;
       }
-      replace(body, runs.length ? runs.map(row) : h("tr", {}, h("td", { colspan: 7, class: "empty" }, "No dead letters. ")));
+      const nameOf = await namesOf((id) => get(`/v1/jobs/${encodeURIComponent(id)}`), runs.map((r) => r.job_id));
+      replace(body, runs.length ? runs.map((r) => row(r, nameOf)) : h("tr", {}, h("td", { colspan: 7, class: "empty" }, "No dead letters. ")));
       replace(more, cursor ? h("button", { class: "ghost", onclick: () => { pages += 1; this.refresh(); } }, "Show more") : "");
     },
   };
 }
 
-function row(run) {
+function row(run, nameOf) {
   const rid = encodeURIComponent(run.run_id);
   return h("tr", { "data-run": run.run_id },
-    h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(run.job_id)}` }, run.job_id), h("div", { class: "sub mono" }, run.run_id)),
+    h("td", {}, jobCell(run, nameOf)),
     h("td", { class: "mono" }, utc(run.scheduled_for)),
     h("td", {}, badge(run.dead_reason || "dead")),
     h("td", {}, String(run.attempts.length)),

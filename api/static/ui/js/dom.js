@@ -98,11 +98,39 @@ export function ms(value) {
 }
 
 export function when(job) {
+  // A per-second schedule fires at its seconds of each minute the expression names.
+  if (job.schedule && job.seconds) return `${job.schedule} at seconds ${job.seconds}`;
   if (job.schedule) return job.schedule;
   if (job.interval_sec) return `every ${seconds(job.interval_sec)}`;
   if (job.run_at) return `once at ${utc(job.run_at)}`;
   if (job.depends_on && job.depends_on.length) return `after ${job.depends_on.join(", ")}`;
   return "—";
+}
+
+// The names of jobs by id, for the pages that list runs (a run carries its job's id only).
+// Each id is asked once (GET /v1/jobs/<id>) and kept for the tab's life; an id that cannot be
+// read (a forgotten job) is shown as the id.
+const jobNames = new Map();
+
+export async function namesOf(getJob, jobIds) {
+  const missing = [...new Set(jobIds)].filter((id) => !jobNames.has(id));
+  await Promise.all(missing.map(async (id) => {
+    try {
+      jobNames.set(id, (await getJob(id)).name);
+    } catch {
+      jobNames.set(id, null);
+    }
+  }));
+  return (id) => jobNames.get(id) || null;
+}
+
+// A job's name linked to its page, its id beneath: how a run list names the run's job.
+export function jobCell(run, nameOf) {
+  const name = nameOf(run.job_id);
+  return [
+    h("a", { href: `#/jobs/${encodeURIComponent(run.job_id)}`, class: "job-name", "data-testid": "job-name" }, name || run.job_id),
+    h("div", { class: "sub mono" }, run.run_id),
+  ];
 }
 
 export function seconds(s) {

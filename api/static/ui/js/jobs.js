@@ -1,6 +1,7 @@
 // #/jobs: the team's jobs with their schedule, next fire time (the job's own timezone and
 // UTC), state, tags and newest run; search, a tag filter, a status filter, run now, pause and
-// resume.
+// resume. The filters are kept in the URL (#/jobs?q=...&tag=...&status=...), so a link to the
+// page opens it filtered as it was.
 
 import { get, patch, post } from "./api.js";
 import { ago, badge, h, inZone, ms, replace, target, utc, when } from "./dom.js";
@@ -9,14 +10,18 @@ import { act, go } from "./ui.js";
 const STATUSES = ["", "active", "paused", "finished", "cancelled"];
 const PAGE = 50;
 
-export function jobsView() {
+const FILTERS = ["q", "tag", "status"];
+
+export function jobsView(params = new URLSearchParams()) {
   const state = { q: "", tag: "", status: "", pages: 1 };
+  for (const name of FILTERS) state[name] = (params.get(name) || "").trim();
+  if (!STATUSES.includes(state.status)) state.status = "";
   const tiles = h("section", { class: "tiles", "data-testid": "tiles" });
   const body = h("tbody");
   const more = h("div", { class: "more" });
   const search = h("input", {
     type: "search", placeholder: "Find a job by name or id", "data-testid": "search",
-    "aria-label": "search",
+    "aria-label": "search", value: state.q,
   });
   let typing = null;
   search.addEventListener("input", () => {
@@ -25,7 +30,7 @@ export function jobsView() {
   });
   const tag = h("input", {
     type: "search", placeholder: "Tag, e.g. team=payments", "data-testid": "tag-filter",
-    "aria-label": "tag", spellcheck: "false",
+    "aria-label": "tag", spellcheck: "false", value: state.tag,
   });
   let typingTag = null;
   tag.addEventListener("input", () => {
@@ -35,7 +40,7 @@ export function jobsView() {
   // A tag shown on a row filters by it when clicked.
   const byTag = (value) => { tag.value = value; state.tag = value; state.pages = 1; view.refresh(); };
   const status = h("select", { "data-testid": "status-filter", "aria-label": "status" },
-    STATUSES.map((s) => h("option", { value: s }, s || "every status")));
+    STATUSES.map((s) => h("option", { value: s, selected: s === state.status }, s || "every status")));
   status.addEventListener("change", () => { state.status = status.value; state.pages = 1; view.refresh(); });
 
   const el = h("div", { class: "page" },
@@ -64,9 +69,20 @@ export function jobsView() {
     return { jobs, cursor };
   }
 
+  // The filters in the URL, replacing the entry (no new history step, no new route).
+  function keepInUrl() {
+    const kept = new URLSearchParams();
+    for (const name of FILTERS) if (state[name]) kept.set(name, state[name]);
+    const hash = kept.toString() ? `#/jobs?${kept}` : "#/jobs";
+    if (location.hash !== hash && (location.hash || "#/jobs").startsWith("#/jobs")) {
+      history.replaceState(null, "", hash);
+    }
+  }
+
   const view = {
     el,
     async refresh() {
+      keepInUrl();
       const [{ jobs, cursor }, stats, team] = await Promise.all([
         loadJobs(), get("/v1/stats", { window_min: 60 }), get("/v1/team"),
       ]);

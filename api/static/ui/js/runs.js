@@ -1,17 +1,22 @@
-// #/runs/<state>: the team's runs in one state (running by default), with cancel for live ones.
+// #/runs/<state>: the team's runs in one state, with cancel for live ones. Without a state it
+// opens on the first of OPENING that has runs now (running is empty most of the time), and each
+// tab says how many runs are in its state.
 
 import { get, post } from "./api.js";
-import { ago, badge, h, ms, replace, utc } from "./dom.js";
+import { ago, badge, h, jobCell, ms, namesOf, replace, utc } from "./dom.js";
 import { act } from "./ui.js";
 
 const STATES = ["running", "pending", "retrying", "blocked", "failed", "succeeded", "cancelled", "dead"];
 const LIVE = new Set(["blocked", "pending", "running", "failed", "retrying"]);
+const OPENING = ["running", "retrying", "failed", "dead", "succeeded", "pending"];
 
 export function runsView(state) {
-  const current = STATES.includes(state) ? state : "running";
+  let current = STATES.includes(state) ? state : null;
   const body = h("tbody");
-  const tabs = h("div", { class: "tabs" }, STATES.map((s) =>
-    h("a", { href: `#/runs/${s}`, class: s === current ? "active" : null, "data-testid": `runs-${s}` }, s)));
+  const tabs = h("div", { class: "tabs" });
+  const showTabs = (counts) => replace(tabs, STATES.map((s) =>
+    h("a", { href: `#/runs/${s}`, class: s === current ? "active" : null, "data-testid": `runs-${s}` },
+      s, counts && counts[s] !== undefined ? h("span", { class: "count" }, ` ${counts[s]}`) : null)));
   const el = h("div", { class: "page" },
     h("div", { class: "page-head" }, h("h1", {}, "Runs")),
     tabs,
@@ -22,17 +27,21 @@ export function runsView(state) {
   return {
     el,
     async refresh() {
+      const counts = (await get("/v1/stats", { window_min: 1 })).runs_by_state;
+      if (current === null) current = OPENING.find((s) => counts[s] > 0) || "running";
+      showTabs(counts);
       const page = await get("/v1/runs", { state: current, limit: 100 });
-      replace(body, page.runs.length ? page.runs.map(row) : h("tr", {}, h("td", { colspan: 8, class: "empty" }, `No ${current} runs.`)));
+      const nameOf = await namesOf((id) => get(`/v1/jobs/${encodeURIComponent(id)}`), page.runs.map((r) => r.job_id));
+      replace(body, page.runs.length ? page.runs.map((r) => row(r, nameOf)) : h("tr", {}, h("td", { colspan: 8, class: "empty" }, `No ${current} runs.`)));
     },
   };
 }
 
-function row(run) {
+function row(run, nameOf) {
   const rid = encodeURIComponent(run.run_id);
   const last = run.attempts[run.attempts.length - 1];
   return h("tr", { "data-run": run.run_id },
-    h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(run.job_id)}` }, run.job_id), h("div", { class: "sub mono" }, run.run_id)),
+    h("td", {}, jobCell(run, nameOf)),
     h("td", { class: "mono" }, utc(run.scheduled_for)),
     h("td", {}, badge(run.state)),
     h("td", {}, String(run.attempt)),
