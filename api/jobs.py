@@ -234,7 +234,7 @@ async def list_jobs(request: Request) -> Response:
     )
     now = call.scheduler.now_ms()
     views = [v for v in page.items if name is None or v.name == name]
-    newest = await asyncio.gather(*(history.latest_run(call.tenant, v.job_id) for v in views))
+    newest = await history.latest_runs(call.tenant, [v.job_id for v in views])
     jobs = [job_out(v, now, run) for v, run in zip(views, newest, strict=True)]
     return json_response(JobPage(jobs=jobs, next_cursor=page.next_cursor))
 

@@ -317,13 +317,16 @@ def aps(recorder: Recorder, jobs: int, tmp: Path, variant: str) -> dict[str, Any
 
 def _workers(name: str) -> list[str]:
     """The serve options a scenario's suffixes name: ``-wN`` (``--workers N``: ``http-w2``),
-    ``-aS`` (``--arm-ahead S``: ``http-a0``), in any order (``http-w2-a0``)."""
+    ``-aS`` (``--arm-ahead S``: ``http-a0``), ``-he``/``-ho`` (``--history-on every-node``
+    or ``owner``), in any order (``http-w2-a0``)."""
     out: list[str] = []
     for part in name.split("-")[1:]:
         if part[:1] == "w" and part[1:].isdigit():
             out += ["--workers", part[1:]]
         elif part[:1] == "a" and part[1:].replace(".", "", 1).isdigit():
             out += ["--arm-ahead", part[1:]]
+        elif part in ("he", "ho"):  # history on every node (process), or with its owner
+            out += ["--history-on", "every-node" if part == "he" else "owner"]
     return out
 
 

@@ -75,6 +75,10 @@ def _latest_run(held: Held, tenant: str, job_id: str) -> RunView | None:
     return held.model.latest_run(tenant, job_id)
 
 
+def _latest_runs(held: Held, tenant: str, job_ids: list[str]) -> list[RunView | None]:
+    return [held.model.latest_run(tenant, job_id) for job_id in job_ids]
+
+
 def _run_by_key(held: Held, tenant: str, job_id: str, key: str) -> RunView | None:
     return held.model.run_by_key(tenant, job_id, key)
 
@@ -146,6 +150,7 @@ QUESTIONS: dict[str, _Question] = {
     "skipped": _Question(_skipped, list[SkipView]),
     "run": _Question(_run, RunView | None),
     "latest_run": _Question(_latest_run, RunView | None),
+    "latest_runs": _Question(_latest_runs, list[RunView | None]),
     "run_by_key": _Question(_run_by_key, RunView | None),
     "sourced_run": _Question(_sourced_run, SourcedRun | None, blocking=True),
     "runs_of": _Question(_runs_of, HistoryPage, blocking=True),
@@ -160,6 +165,7 @@ QUESTIONS: dict[str, _Question] = {
 }
 
 _encoder = msgspec.json.Encoder()
+MAX_COUNTED = 10_000  # teams whose count of jobs kept elsewhere is remembered
 
 
 def answer(held: Held, name: str, args: Sequence[Any]) -> bytes:
@@ -190,6 +196,7 @@ class HistoryReader:
         self._models = models
         self._ask = ask
         self._written = written or (lambda p: -1)
+        self._counted: dict[str, tuple[float, int]] = {}  # a team's jobs kept elsewhere, when
 
     # -- what this node's own models say (no question asked elsewhere) ---------------------
 
@@ -269,6 +276,19 @@ class HistoryReader:
         )
         return found
 
+    async def latest_runs(self, tenant: str, job_ids: list[str]) -> list[RunView | None]:
+        """:meth:`latest_run` of each job, one question a partition (a page of jobs)."""
+        by_partition: dict[int, list[str]] = {}
+        for job_id in dict.fromkeys(job_ids):
+            by_partition.setdefault(self._of_job(job_id), []).append(job_id)
+        answers = await asyncio.gather(
+            *(self._one(p, "latest_runs", [tenant, ids]) for p, ids in by_partition.items())
+        )
+        found: dict[str, RunView | None] = {}
+        for ids, runs in zip(by_partition.values(), answers, strict=True):
+            found.update(zip(ids, runs, strict=True))
+        return [found[job_id] for job_id in job_ids]
+
     async def run_by_key(self, tenant: str, job_id: str, key: str) -> RunView | None:
         found: RunView | None = await self._one(
             self._of_job(job_id), "run_by_key", [tenant, job_id, key]
@@ -316,8 +336,25 @@ class HistoryReader:
     ) -> list[tuple[str, int, str]]:
         return merge_keyed(await self._every("run_keys", [tenant, state, cursor, limit]), limit)
 
-    async def job_count(self, tenant: str) -> int:
-        return sum(await self._every("job_count", [tenant]))
+    async def job_count(self, tenant: str, max_age_s: float = 0.0) -> int:
+        """The team's jobs that are not cancelled, over every partition. ``max_age_s``: the
+        part asked of other nodes may be an answer up to that old (the jobs quota takes one a
+        second old rather than ask every owner on every create); what is kept here is exact."""
+        if max_age_s <= 0:
+            every: list[int] = await self._every("job_count", [tenant])
+            return sum(every)
+        loop = asyncio.get_running_loop()
+        cached = self._counted.get(tenant)
+        elsewhere: int
+        if cached is not None and loop.time() - cached[0] <= max_age_s:
+            elsewhere = cached[1]
+        else:
+            elsewhere = sum(await self._every("job_count", [tenant], here=False))
+            self._counted[tenant] = (loop.time(), elsewhere)
+            if len(self._counted) > MAX_COUNTED:
+                self._counted.pop(next(iter(self._counted)))
+        here: list[int] = await self._every("job_count", [tenant], elsewhere=False)
+        return elsewhere + sum(here)
 
     async def counts(self, tenant: str) -> dict[str, int]:
         return sum_counts(await self._every("counts", [tenant]))
@@ -355,17 +392,21 @@ class HistoryReader:
             return question.compute(held, *args)
         return await self._remote(partition, name, args)
 
-    async def _every(self, name: str, args: list[Any]) -> list[Any]:
+    async def _every(
+        self, name: str, args: list[Any], *, here: bool = True, elsewhere: bool = True
+    ) -> list[Any]:
         """Question ``name`` of every partition: once of each model held here (one may hold
-        several partitions), once of each other partition's owner, all at once."""
+        several partitions), once of each other partition's owner, all at once (``here``,
+        ``elsewhere``: those parts only)."""
         question = QUESTIONS[name]
         models: dict[int, Held] = {}
         remote: list[int] = []
         for p in range(self.num_partitions):
             held = self._held(p)  # HistoryRefilling for a partition being filled: a 503
             if held is None:
-                remote.append(p)
-            else:
+                if elsewhere:
+                    remote.append(p)
+            elif here:
                 models.setdefault(id(held.model), held)
         answers = [question.compute(held, *args) for held in models.values()]
         if remote:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import node.node as node_module
 from core.commands import PauseJob, PutJob, TriggerRun
 from core.errors import HistoryRefilling, Unavailable
 from core.jobs import JobSpec, PullTarget
@@ -187,3 +188,30 @@ def test_a_waiting_claim_wakes_for_a_run_ready_on_a_partition_kept_elsewhere(pai
         assert [lease.job_id for lease in leases] == [job_id]
 
     asyncio.run(scenario())
+
+
+def test_a_listing_an_owner_does_not_answer_is_unavailable_never_partial(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = ids_over_every_partition(12)
+
+    async def created() -> None:
+        for job_id in ids:
+            await pair.a.execute(PutJob(job_id=job_id, spec=spec(job_id)))
+        newest = await pair.a.reader.latest_runs(TENANT, ids)  # one question a partition
+        assert newest == [None] * len(ids)
+
+    asyncio.run(created())
+    monkeypatch.setattr(node_module, "QUERY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(pair.b, "_answer", lambda *args: None)  # b stops answering
+
+    async def asked() -> None:
+        with pytest.raises(Unavailable):
+            await pair.a.reader.jobs(TENANT, limit=100)
+        with pytest.raises(Unavailable):
+            await pair.a.reader.job_count(TENANT)
+        # what a keeps itself still answers
+        mine = next(i for i in ids if partition_for(i, PARTITIONS) in pair.a.owned())
+        assert await pair.a.reader.job(TENANT, mine) is not None
+
+    asyncio.run(asked())
