@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from core.decide import job_id_of_run
-from core.errors import InvalidDefinition, Unavailable
+from core.errors import HistoryRefilling, InvalidDefinition, Unavailable
 from eventlog.port import partition_for
 from projections.figures import Minute
 from projections.history import History, HistoryPage, SourcedRun
@@ -165,6 +165,9 @@ QUESTIONS: dict[str, _Question] = {
 }
 
 _encoder = msgspec.json.Encoder()
+# A question about a partition whose history is being filled (taken over moments ago) waits
+# this long for it before it is answered 503 (HistoryRefilling).
+FILL_WAIT_S = 2.0
 MAX_COUNTED = 10_000  # teams whose count of jobs kept elsewhere is remembered
 
 
@@ -190,18 +193,24 @@ class HistoryReader:
         models: Callable[[], list[Held]],
         ask: Ask | None = None,
         written: Callable[[int], int] | None = None,
+        wait_filled: Callable[[int, float], bool] | None = None,
     ) -> None:
         self.num_partitions = num_partitions
         self._held = held
         self._models = models
         self._ask = ask
         self._written = written or (lambda p: -1)
+        self._wait_filled = wait_filled
         self._counted: dict[str, tuple[float, int]] = {}  # a team's jobs kept elsewhere, when
 
     # -- what this node's own models say (no question asked elsewhere) ---------------------
 
     def refilling(self) -> dict[int, tuple[int, int]]:
-        """The partitions whose history kept here is incomplete (``ReadModel.refilling``)."""
+        """The partitions whose history kept here is incomplete (``ReadModel.refilling``).
+        Kept with its owner, none: a question about a partition being filled waits for it
+        (``FILL_WAIT_S``) and only then answers HistoryRefilling itself."""
+        if self._wait_filled is not None:
+            return {}
         found: dict[int, tuple[int, int]] = {}
         for held in self._models():
             found.update(held.model.refilling())
@@ -383,8 +392,19 @@ class HistoryReader:
     def _of_run(self, run_id: str) -> int:
         return self._of_job(job_id_of_run(run_id))
 
+    async def _held_now(self, partition: int) -> Held | None:
+        """``held(partition)``; a partition whose history is being filled here (taken over
+        moments ago) is waited for up to ``FILL_WAIT_S`` first, rather than answered 503."""
+        try:
+            return self._held(partition)
+        except HistoryRefilling:
+            if self._wait_filled is None:
+                raise
+            await asyncio.to_thread(self._wait_filled, partition, FILL_WAIT_S)
+            return self._held(partition)
+
     async def _one(self, partition: int, name: str, args: list[Any]) -> Any:
-        held = self._held(partition)
+        held = await self._held_now(partition)
         question = QUESTIONS[name]
         if held is not None:
             if question.blocking:
@@ -402,7 +422,7 @@ class HistoryReader:
         models: dict[int, Held] = {}
         remote: list[int] = []
         for p in range(self.num_partitions):
-            held = self._held(p)  # HistoryRefilling for a partition being filled: a 503
+            held = await self._held_now(p)  # HistoryRefilling, still being filled: a 503
             if held is None:
                 if elsewhere:
                     remote.append(p)

@@ -78,7 +78,7 @@ from node.claims import ReadyHints, split
 from node.executors import Executors
 from node.handoff import handoff_to
 from node.history_checkpointer import HistoryCheckpointer
-from node.history_reader import Held, HistoryReader
+from node.history_reader import FILL_WAIT_S, Held, HistoryReader
 from node.history_reader import answer as history_answer
 from node.hot_window import (
     DEFAULT_INTERVAL_S,
@@ -304,6 +304,7 @@ class Node:
                 self._owned_history.kept,
                 ask=self._ask_history,
                 written=lambda p: self._written.get(p, -1),
+                wait_filled=self._owned_history.wait_filled,
             )
         self.executors.route = self._decide
         self.executors.on_process_failed = self.metrics.thread_failures.labels(
@@ -486,7 +487,10 @@ class Node:
             return
         try:
             try:
-                held = None if self._owned_history is None else self._owned_history.held(partition)
+                owned = self._owned_history
+                if owned is not None:
+                    owned.wait_filled(partition, FILL_WAIT_S)  # taken over moments ago?
+                held = None if owned is None else owned.held(partition)
                 if held is None:
                     raise Unavailable(f"the history of partition {partition} is not kept here")
                 if query.after >= 0 and not held.model.wait_for(

@@ -139,6 +139,15 @@ class OwnedHistory:
             )
         return kept.held
 
+    def wait_filled(self, partition: int, timeout_s: float) -> bool:
+        """Wait (blocking) up to ``timeout_s`` for the partition's history to have folded what
+        the log held when it was taken over; whether it has (False too when not kept here)."""
+        kept = self._kept.get(partition)
+        if kept is None:
+            return False
+        model = kept.model
+        return model.wait_until(lambda: partition not in model.refilling(), timeout_s)
+
     def kept(self) -> list[Held]:
         return [kept.held for kept in list(self._kept.values())]
 

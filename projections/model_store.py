@@ -94,6 +94,7 @@ class ModelStore:
         with self._moved:
             if generation == self._generation and self._floor.get(partition, 0) > at:
                 self._floor[partition] = at
+                self._moved.notify_all()  # a wait for the refill to end (wait_until) is over
 
     def refilling(self) -> dict[int, tuple[int, int]]:
         """The partitions whose history is incomplete as far as the node knows: each with how

@@ -59,7 +59,8 @@ def test_workers_share_the_partitions_and_a_killed_one_comes_back(tmp_path: Path
         wait_until(lambda: len(children(node.proc.pid)) == 2, 10, "two worker processes")
         first = children(node.proc.pid)
         # Each request lands on one worker or the other; every job is known to both (each
-        # worker's read model folds every partition) and runs once.
+        # worker keeps its own partitions' history and asks the other about the rest) and
+        # runs once.
         at = time.time() + 3
         ids = {create(node, f"before-{i}", target, at) for i in range(12)}
         for _ in range(6):  # new connections: the kernel hands them to either worker
@@ -106,7 +107,10 @@ def test_workers_share_the_partitions_and_a_killed_one_comes_back(tmp_path: Path
     assert not any(alive(pid) for pid in workers)  # SIGTERM stopped every worker
     for index in (0, 1):  # each said what retention must keep for it
         report = json.loads(floor_path(data, index).read_text())
-        assert report["read_model"] and all(o > 0 for o in report["read_model"].values())
+        # history kept with its partition: a worker's read models bind its own partitions only
+        assert report["history_on"] == "owner"
+        assert set(report["read_model"]) <= {"0", "1", "2", "3"}
+        assert all(o > 0 for o in report["read_model"].values())
         assert set(report["owned"]) <= {"0", "1", "2", "3"}
 
 
@@ -124,15 +128,33 @@ def test_a_worker_stops_when_its_parent_is_killed(tmp_path: Path) -> None:
 
 
 def write_report(
-    data: Path, index: int, read_model: dict[int, int], owned: dict[int, object]
+    data: Path,
+    index: int,
+    read_model: dict[int, int],
+    owned: dict[int, object],
+    history_on: str = "every-node",
 ) -> None:
     path = floor_path(data, index)
     path.parent.mkdir(exist_ok=True)
     report = {
         "read_model": {str(p): o for p, o in read_model.items()},
         "owned": {str(p): o for p, o in owned.items()},
+        "history_on": history_on,
     }
     path.write_text(json.dumps(report))
+
+
+def test_with_history_kept_by_owners_a_worker_binds_only_the_partitions_it_keeps(
+    tmp_path: Path,
+) -> None:
+    floor = reported_floor(tmp_path, workers=2, clock=iter(range(1, 100)).__next__)
+    write_report(tmp_path, 0, {0: 500}, {0: 300}, "owner")
+    write_report(tmp_path, 1, {1: 900}, {1: 700}, "owner")
+    assert floor(0) == 300  # worker 1 keeps no history of partition 0: no bound from it
+    assert floor(1) == 700
+    assert floor(2) is None  # nobody owns it: keep everything
+    write_report(tmp_path, 1, {1: 900}, {1: 700})  # a worker folding every partition
+    assert floor(0) is None  # ... has no position on partition 0 yet: keep everything
 
 
 def test_the_parent_prunes_below_every_worker_s_report_only(tmp_path: Path) -> None:

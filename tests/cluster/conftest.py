@@ -24,9 +24,14 @@ def target(monkeypatch: pytest.MonkeyPatch) -> Iterator[Target]:
 
 
 @pytest.fixture
-def cluster(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Cluster]:
-    """Two nodes, ``n1`` and ``n2``, both ready, on topics of this test's own."""
-    c = Cluster(kafka_bootstrap, tmp_path)
+def cluster(
+    kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Cluster]:
+    """Two nodes, ``n1`` and ``n2``, both ready, on topics of this test's own; a test
+    parametrized with ``indirect=["cluster"]`` names where they keep history (``every-node``,
+    the default, or ``owner``: ``--history-on``)."""
+    history_on = getattr(request, "param", "every-node")
+    c = Cluster(kafka_bootstrap, tmp_path, ("--history-on", history_on))
     try:
         c.start("n1", "n2")
         yield c

@@ -63,6 +63,7 @@ def test_both_nodes_become_ready_and_split_the_partitions(cluster: Cluster) -> N
     assert sorted(itertools.chain(*split)) == list(range(PARTITIONS))
 
 
+@pytest.mark.parametrize("cluster", ["every-node", "owner"], indirect=True)
 def test_a_job_on_the_other_nodes_partition_is_forwarded_and_fires_on_time(
     cluster: Cluster, target: Target
 ) -> None:
@@ -96,6 +97,7 @@ def test_a_job_on_the_other_nodes_partition_is_forwarded_and_fires_on_time(
     assert workers == {n1.worker_id, n2.worker_id}
 
 
+@pytest.mark.parametrize("cluster", ["every-node", "owner"], indirect=True)
 def test_a_failing_target_is_retried_with_growing_delays_dead_lettered_and_replayed(
     cluster: Cluster, target: Target
 ) -> None:
@@ -272,12 +274,14 @@ def test_a_rolling_restart_lets_a_critical_call_finish(cluster: Cluster) -> None
         slow.stop()
 
 
+@pytest.mark.parametrize("cluster", ["every-node", "owner"], indirect=True)
 def test_any_node_streams_every_partition_and_wakes_claims_for_the_others(
     cluster: Cluster,
 ) -> None:
     """The audit stream reads through the asked node's log handle (every partition, whoever
     owns it); a claim long-polling on one node wakes for a run the other node's partition
-    made ready (each node's read model folds every partition)."""
+    made ready (each node's read model folds every partition; with history kept by the
+    owner, the waiting claim watches the other node's partitions: node.ready_watch)."""
     from cronlog_client import Client, JobDefinition
 
     n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
@@ -311,6 +315,7 @@ def test_any_node_streams_every_partition_and_wakes_claims_for_the_others(
                 worker.complete(claimed.run_id, claimed.fencing_token)
 
 
+@pytest.mark.parametrize("cluster", ["every-node", "owner"], indirect=True)
 def test_a_batch_spans_both_nodes_partitions_and_replays_safely(cluster: Cluster) -> None:
     """The items of the asked node's partitions go to its runners; the others travel to the
     other node, each answered in its own result; the batch sent again creates nothing."""
