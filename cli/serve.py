@@ -258,7 +258,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         " every-node folds every partition into one read model on every node (and every"
         " worker process); owner folds each partition only where it is owned and asks its"
         " owner about the others (docs/architecture.md, 'History kept with its partition')."
-        " Default: owner with --workers above 1, else every-node",
+        " Every node of a cluster must keep it the same way. Default: owner for an"
+        " embedded node of --workers above 1, else every-node",
     )
     history.add_argument(
         "--history-checkpoint-every",
@@ -369,10 +370,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def history_on(args: argparse.Namespace) -> HistoryOn:
     """Where history is kept (``--history-on``): as asked, else with the partition's owner
-    when the node runs several worker processes (each would otherwise fold every partition)."""
+    when an embedded node runs several worker processes (each would otherwise fold every
+    partition). On Kafka the default stays every-node, as every node of a cluster must keep
+    history the same way and a node of one process keeps it on every node by default."""
     if args.history_on is not None:
         return cast("HistoryOn", args.history_on)
-    return "owner" if args.workers > 1 else "every-node"
+    return "owner" if args.workers > 1 and not args.kafka else "every-node"
 
 
 def _period_ms(text: str) -> int:

@@ -67,7 +67,12 @@ from core.commands import (
     UpstreamSucceeded,
 )
 from core.decide import job_id_of_run
-from core.errors import CronlogError, LogCorrupted, NotYetReadable, Unavailable
+from core.errors import (
+    CronlogError,
+    LogCorrupted,
+    NotYetReadable,
+    Unavailable,
+)
 from core.jobs import MAX_PRIORITY
 from core.partition import DEFAULT_ARM_MS, DEFAULT_LEAD_MS, DEFAULT_RETENTION_MS
 from core.state import JobStatus, PartitionState, RunStatus
@@ -490,7 +495,16 @@ class Node:
                 owned = self._owned_history
                 if owned is not None:
                     owned.wait_filled(partition, FILL_WAIT_S)  # taken over moments ago?
-                held = None if owned is None else owned.held(partition)
+                    held = owned.held(partition)
+                else:
+                    # One model of every partition cannot answer for one partition alone
+                    # (its counts and figures are the sums of all): a cluster keeps history
+                    # one way on every node.
+                    raise Unavailable(
+                        f"the owner of partition {partition} keeps history on every node"
+                        " (--history-on every-node), this node with each partition's owner:"
+                        " every node of a cluster must keep it the same way"
+                    )
                 if held is None:
                     raise Unavailable(f"the history of partition {partition} is not kept here")
                 if query.after >= 0 and not held.model.wait_for(

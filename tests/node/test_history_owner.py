@@ -23,6 +23,7 @@ from eventlog.log_server import LogServer
 from eventlog.port import partition_for
 from eventlog.remote import RemoteLog
 from node.node import Node
+from node.owned_history import HistoryOn
 
 PARTITIONS = 4
 TENANT = "team-a"
@@ -49,10 +50,10 @@ def spec(name: str) -> JobSpec:
 _clients: list[RemoteLog] = []
 
 
-def _node(server: LogServer, tmp: Path, name: str) -> Node:
+def _node(server: LogServer, tmp: Path, name: str, history_on: HistoryOn = "owner") -> Node:
     client = RemoteLog(server.path, name)
     _clients.append(client)
-    node = Node(client, tmp / name, node_id=name, history_on="owner")
+    node = Node(client, tmp / name, node_id=name, history_on=history_on)
     node.start()
     return node
 
@@ -167,6 +168,7 @@ def test_a_partition_that_moves_is_answered_by_its_new_owner(pair: Pair) -> None
 
     asyncio.run(after())
     assert set(pair.a.history_positions()) == set(range(PARTITIONS))
+    assert all(position > 0 for position in pair.a.history_positions().values())
 
 
 def test_a_waiting_claim_wakes_for_a_run_ready_on_a_partition_kept_elsewhere(pair: Pair) -> None:
@@ -215,3 +217,33 @@ def test_a_listing_an_owner_does_not_answer_is_unavailable_never_partial(
         assert await pair.a.reader.job(TENANT, mine) is not None
 
     asyncio.run(asked())
+
+
+def test_a_node_keeping_every_partition_refuses_to_answer_for_one(tmp_path: Path) -> None:
+    """Its model's counts and figures are sums over every partition: answering a node that
+    adds each owner's answer up would count them again. A mixed cluster says so (503)."""
+    log = EmbeddedLog.open(tmp_path / "log", PARTITIONS)
+    server = LogServer(log, tmp_path / "log.sock")
+    every = _node(server, tmp_path, "w0", "every-node")
+    owner = _node(server, tmp_path, "w1")
+    try:
+        assert every.wait_owned(lambda owned: len(owned) == 2, 20)
+        assert owner.wait_owned(lambda owned: len(owned) == 2, 20)
+        job_id = next(
+            i for i in ids_over_every_partition(40) if partition_for(i, PARTITIONS) in every.owned()
+        )
+
+        async def scenario() -> None:
+            await owner.execute(PutJob(job_id=job_id, spec=spec("x")))
+            with pytest.raises(Unavailable, match="every node of a cluster"):
+                await owner.reader.job_count(TENANT)
+            assert await every.reader.job_count(TENANT) == 1
+
+        asyncio.run(scenario())
+    finally:
+        for node in (every, owner):
+            node.stop(drain_s=0)
+        while _clients:
+            _clients.pop().close()
+        server.close()
+        log.close()
