@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import node.node as node_module
-from core.commands import PauseJob, PutJob, TriggerRun
+from core.commands import CompleteRun, Outcome, PauseJob, PutJob, TriggerRun
 from core.errors import HistoryRefilling, Unavailable
 from core.jobs import JobSpec, PullTarget
 from eventlog.embedded import EmbeddedLog
@@ -247,3 +248,39 @@ def test_a_node_keeping_every_partition_refuses_to_answer_for_one(tmp_path: Path
             _clients.pop().close()
         server.close()
         log.close()
+
+
+def test_a_success_reaches_a_dependant_kept_by_the_other_node(pair: Pair) -> None:
+    """The relay finds dependants in every partition's history: its own, and by asking the
+    other node about the partitions it keeps (node.relay, one question a batch)."""
+    ids = ids_over_every_partition(60)
+    upstream = next(i for i in ids if partition_for(i, PARTITIONS) in pair.a.owned())
+    dependant = next(i for i in ids if partition_for(i, PARTITIONS) in pair.b.owned())
+
+    async def scenario() -> None:
+        await pair.a.execute(PutJob(job_id=upstream, spec=spec("up")))
+        after = msgspec.structs.replace(
+            spec("down"), schedule=None, depends_on=(upstream,), target=PullTarget(pool="q")
+        )
+        await pair.a.execute(PutJob(job_id=dependant, spec=after))
+        await pair.a.execute(TriggerRun(job_id=upstream, tenant=TENANT))
+        [lease] = await pair.a.claim(TENANT, "p", "worker-1", 1)
+        await pair.a.execute(
+            CompleteRun(
+                run_id=lease.run_id,
+                fencing_token=lease.fencing_token,
+                outcome=Outcome.SUCCEEDED,
+                tenant=TENANT,
+            )
+        )
+        with pair.a.wakeups.pool(TENANT, "q") as signal:  # the dependant's run, on b
+            for _ in range(50):
+                leases = await pair.a.claim(TENANT, "q", "worker-1", 1)
+                if leases:
+                    break
+                seen = signal.version
+                pair.a.watch_elsewhere(TENANT, "q", 10.0)
+                await pair.a.wakeups.sleep(signal, seen, 10.0)
+        assert [lease.job_id for lease in leases] == [dependant]
+
+    asyncio.run(scenario())
