@@ -100,3 +100,28 @@ class DirectoryStore:
             if p.is_file() and not p.name.startswith(".put-")
         )
         return sorted(k for k in keys if k.startswith(prefix))
+
+
+class PrefixedStore:
+    """``store`` seen under ``prefix`` (which ends with ``/``): each key is ``prefix + key``
+    there, and ``list`` gives keys without it. One partition's history checkpoints live under
+    a prefix of their own (``node.owned_history``), with the layout a whole model's have."""
+
+    def __init__(self, store: ObjectStore, prefix: str) -> None:
+        if not prefix.endswith("/"):
+            raise ValueError(f"a prefix ends with '/', not {prefix!r}")
+        check_key(prefix[:-1])
+        self.store = store
+        self.prefix = prefix
+
+    def put(self, key: str, data: bytes) -> None:
+        self.store.put(self.prefix + key, data)
+
+    def get(self, key: str) -> bytes:
+        return self.store.get(self.prefix + key)
+
+    def list(self, prefix: str) -> list[str]:
+        return [key[len(self.prefix) :] for key in self.store.list(self.prefix + prefix)]
+
+    def delete(self, key: str) -> None:
+        self.store.delete(self.prefix + key)

@@ -83,6 +83,15 @@ def check_not_ahead(
         for partition, held in sorted((manifest.positions if manifest else {}).items()):
             if held > ends.get(partition, 0):
                 ahead.append((partition, "the newest history checkpoint", held))
+        for partition, end in ends.items():  # each partition's own (--history-on owner)
+            own = history_checkpoint.newest(
+                history_checkpoint.partition_store(history_store, partition)
+            )
+            held = (own.positions if own else {}).get(partition, 0)
+            if held > end:
+                ahead.append(
+                    (partition, f"the newest history checkpoint of partition {partition}", held)
+                )
     if not ahead:
         return
     lines = []

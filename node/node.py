@@ -92,7 +92,13 @@ from node.hot_window import (
     HotWindowMetrics,
 )
 from node.metrics import Gauges, NodeMetrics, TimedWriter
-from node.owned_history import HistoryOn, HotWindows, OwnedHistory
+from node.owned_history import (
+    Checkpointing,
+    HistoryCheckpoints,
+    HistoryOn,
+    HotWindows,
+    OwnedHistory,
+)
 from node.ready_watch import ReadyWatches, Watching
 from node.relay import DependencyRelay, RelayMetrics
 from node.retention import recovery_floor
@@ -302,6 +308,16 @@ class Node:
                 on_failed=lambda p, err: self.metrics.thread_failures.labels("read-model").inc(),
                 defer_while=self._recovering,
                 window_metrics=HotWindowMetrics(self.metrics.registry),
+                checkpointing=None
+                if history_store is None
+                else Checkpointing(
+                    history_store,
+                    node_id,
+                    every_s=history_checkpoint_every_s,
+                    keep=history_checkpoints_kept,
+                    grace_ms=history_checkpoint_grace_ms,
+                    metrics=self.metrics,
+                ),
             )
             self._reader = HistoryReader(
                 self._log.num_partitions,
@@ -374,6 +390,9 @@ class Node:
             else Unwatched("read-model", self._history_runner.start, self._history_runner.stop),
             self.history_checkpointer,
             self.hot_window,
+            None
+            if self._owned_history is None or history_store is None
+            else HistoryCheckpoints(self._owned_history, history_checkpoint_every_s),
             None
             if self._owned_history is None or history_window_ms is None
             else HotWindows(

@@ -14,6 +14,10 @@ object-store port (``archive.store.ObjectStore``) as one object per file plus a 
     history/files/<sha256>                        a file of a checkpoint, by its content
     history/checkpoints/<taken_at:013d>-<node>.json   the manifest (newest sorts last)
 
+With history kept with its partition (``--history-on owner``), each partition's model has
+checkpoints of its own, in the same layout under ``partition-<N>/`` (:func:`partition_store`),
+written by the partition's owner: its files, manifests and leases are that partition's alone.
+
 The manifest is JSON: ``format`` (:data:`HISTORY_FORMAT`), ``read_model_format`` (the read
 model's key layout, :data:`READ_MODEL_FORMAT`; another build's checkpoint is passed over), when
 and by whom it was taken, the positions, and each file's name, size and SHA-256. Files are
@@ -88,7 +92,7 @@ from typing import BinaryIO, Protocol, TypeVar
 
 import msgspec
 
-from archive.store import ArchiveMissing, ObjectStore
+from archive.store import ArchiveMissing, ObjectStore, PrefixedStore
 from core.errors import CronlogError
 from eventlog.rocks import unreadable_tables
 from projections.read_model import ReadModel
@@ -249,6 +253,12 @@ class Restored:
     manifest: Manifest
     size: int
     seconds: float
+
+
+def partition_store(store: ObjectStore, partition: int) -> ObjectStore:
+    """Where one partition's own checkpoints are kept (history kept with its partition,
+    ``node.owned_history``): the same layout, under ``partition-<N>/``."""
+    return PrefixedStore(store, f"partition-{partition}/")
 
 
 def manifests(store: ObjectStore) -> list[str]:

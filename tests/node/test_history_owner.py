@@ -8,6 +8,7 @@ Two nodes are members of one embedded log's group (the log server, as ``cronlog 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import msgspec
 import pytest
 
 import node.node as node_module
+from archive.store import DirectoryStore
 from core.commands import CompleteRun, Outcome, PauseJob, PutJob, TriggerRun
 from core.errors import HistoryRefilling, Unavailable
 from core.jobs import JobSpec, PullTarget
@@ -25,6 +27,7 @@ from eventlog.port import partition_for
 from eventlog.remote import RemoteLog
 from node.node import Node
 from node.owned_history import HistoryOn
+from projections import history_checkpoint
 
 PARTITIONS = 4
 TENANT = "team-a"
@@ -284,3 +287,61 @@ def test_a_success_reaches_a_dependant_kept_by_the_other_node(pair: Pair) -> Non
         assert [lease.job_id for lease in leases] == [dependant]
 
     asyncio.run(scenario())
+
+
+def test_a_partition_taken_over_restores_its_own_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each owner checkpoints its partitions' models, each under a prefix of its own; a node
+    taking a partition over with no model of it restores that partition's newest checkpoint
+    and folds only the tail after it."""
+    store = DirectoryStore(tmp_path / "archive")
+    log = EmbeddedLog.open(tmp_path / "log", PARTITIONS)
+    server = LogServer(log, tmp_path / "log.sock")
+
+    def node(name: str) -> Node:
+        client = RemoteLog(server.path, name)
+        _clients.append(client)
+        made = Node(client, tmp_path / name, node_id=name, history_on="owner", history_store=store)
+        made.start()
+        return made
+
+    a, b = node("w0"), node("w1")
+    c: Node | None = None
+    try:
+        assert a.wait_owned(lambda owned: len(owned) == 2, 20)
+        assert b.wait_owned(lambda owned: len(owned) == 2, 20)
+        ids = ids_over_every_partition(24)
+
+        async def created() -> None:
+            for job_id in ids:
+                await a.execute(PutJob(job_id=job_id, spec=spec(job_id)))
+            await _eventually(lambda: b.reader.jobs(TENANT, limit=100))
+
+        asyncio.run(created())
+        for one in (a, b):  # every partition's owner checkpoints it
+            assert one._owned_history is not None
+            taken = [c.tick() for c in one._owned_history.checkpointers()]
+            assert len(taken) == 2 and all(t is not None for t in taken)
+        for p in range(PARTITIONS):  # each partition's own, under its prefix
+            assert history_checkpoint.newest(history_checkpoint.partition_store(store, p))
+        b.stop(drain_s=0)
+        with caplog.at_level(logging.INFO, logger="node.owned_history"):
+            c = node("w2")  # a new node, with no model of any partition
+            assert c.wait_owned(lambda owned: len(owned) == 2, 20)
+
+            async def after() -> None:
+                page = await _eventually(lambda: c.reader.jobs(TENANT, limit=100))
+                assert [view.job_id for view in page.items] == sorted(ids)
+
+            asyncio.run(after())
+        restored = [r.getMessage() for r in caplog.records if "restored from" in r.getMessage()]
+        assert sorted(int(m.split()[1].rstrip(":")) for m in restored) == c.owned()
+    finally:
+        for one in (a, b, c):
+            if one is not None:
+                one.stop(drain_s=0)
+        while _clients:
+            _clients.pop().close()
+        server.close()
+        log.close()
