@@ -452,6 +452,10 @@ class Serve:
     """``cronlog serve`` in a process of its own, on a data directory, with a token for each of
     ``teams`` (one by default).
 
+    ``tokens`` (team -> token) gives the teams' tokens instead of new ones, and
+    ``metrics_token`` the metrics token: the nodes of one cluster share them. ``node_id`` names
+    the node (``bench`` by default; each node of a cluster needs its own).
+
     ``kafka`` (a bootstrap address) runs it as a cluster node on that Kafka; ``extra`` adds
     command-line arguments, and so does ``CRONLOG_BENCH_SERVE_ARGS`` (shell words) for every
     node a benchmark starts: a setting to compare against the defaults a user gets. Output goes
@@ -470,6 +474,9 @@ class Serve:
         port: int | None = None,
         source: Path | None = None,
         teams: Sequence[str] = (TENANT,),
+        tokens: dict[str, str] | None = None,
+        metrics_token: str | None = None,
+        node_id: str = "bench",
     ) -> None:
         self.data_dir = data_dir
         if source is None and os.environ.get("CRONLOG_BENCH_SOURCE"):
@@ -478,9 +485,9 @@ class Serve:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # team -> its token; ``token`` is the first team's (most benchmarks have one team)
-        self.tokens = {team: new_token() for team in teams}
-        self.token = self.tokens[teams[0]]
-        self.metrics_token = new_token()
+        self.tokens = dict(tokens) if tokens else {team: new_token() for team in teams}
+        self.token = next(iter(self.tokens.values()))
+        self.metrics_token = metrics_token or new_token()
         self.kafka = kafka
         limits = data_dir.parent / f"{data_dir.name}.limits.toml"
         limits.write_text(LIMITS)
@@ -495,7 +502,7 @@ class Serve:
             "--port",
             str(self.port),
             "--node-id",
-            "bench",
+            node_id,
             "--allow-targets",
             "127.0.0.0/8",
             "--limits",
