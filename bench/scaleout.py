@@ -339,7 +339,9 @@ def wait_settled(serves: list[Serve], partitions: int, timeout_s: float = 180) -
     raise RuntimeError(f"the nodes did not settle in {timeout_s} s: owned {owned}")
 
 
-def start_nodes(count: int, bootstrap: str, tmp: Path, partitions: int) -> tuple[str, list[Serve]]:
+def start_nodes(
+    count: int, bootstrap: str, tmp: Path, partitions: int, history_on: str = "every-node"
+) -> tuple[str, list[Serve]]:
     prefix = f"so{count}n{secrets.token_hex(3)}"
     tokens = {TENANT: new_token()}
     metrics_token = new_token()
@@ -348,7 +350,7 @@ def start_nodes(count: int, bootstrap: str, tmp: Path, partitions: int) -> tuple
             tmp / f"{prefix}-n{i + 1}",
             kafka=bootstrap,
             topic_prefix=prefix,
-            extra=["--partitions", str(partitions)],
+            extra=["--partitions", str(partitions), "--history-on", history_on],
             tokens=tokens,
             metrics_token=metrics_token,
             node_id=f"n{i + 1}",
@@ -409,7 +411,7 @@ def variant(
     tmp: Path,
 ) -> dict[str, Any]:
     load_at_start = loadavg()
-    prefix, serves = start_nodes(nodes, bootstrap, tmp, args.partitions)
+    prefix, serves = start_nodes(nodes, bootstrap, tmp, args.partitions, args.history_on)
     workers: list[subprocess.Popen[str]] = []
     worker_out = [tmp / f"{prefix}-worker-{k}.txt" for k in range(args.workers)]
     try:
@@ -532,6 +534,7 @@ def variant(
         "read_model_cpu_s": round(read_model, 2) if named else None,
         "read_model_share": round(read_model / total, 3) if total > 0 and named else None,
         "librdkafka_share": round(kafka / total, 3) if total > 0 else None,
+        "history_on": args.history_on,
         **others,
         "workers": counts,
     }
@@ -662,7 +665,9 @@ def write(args: argparse.Namespace, run_id: str, rows: list[dict[str, Any]], cmd
         "nothing) spread over the nodes round-robin. Kafka: "
         f"{first['brokers']} KRaft broker(s) on loopback (tools/kafka), replication factor 1; "
         f"topics of {first['partitions']} partitions in every variant, a fresh topic prefix "
-        f"each. Each node is `cronlog serve --kafka` with its defaults (one executor process). "
+        "each. Each node is `cronlog serve --kafka --history-on "
+        f"{first.get('history_on', 'every-node')}` with its other defaults (one executor"
+        " process). "
         f"Warm-up {first['warm_s']} s from the first slot, then a {first['window_s']} s window. "
         "Node CPU: user + system of every node process and its descendants over the window, "
         "from /proc; the broker and the load generators (recorder, pull workers, this "
@@ -819,6 +824,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3, help="pull-worker processes")
     parser.add_argument("--brokers", type=int, choices=(1, 3), default=1)
     parser.add_argument("--nodes", default="1,3", help="the variants, node counts")
+    parser.add_argument(
+        "--history-on",
+        choices=("every-node", "owner"),
+        default="every-node",
+        help="where every node of every variant keeps history (cronlog serve --history-on)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "scaleout.md")
     parser.add_argument(
         "--report", metavar="RUN_ID", help="only write --out again from that run's records"
