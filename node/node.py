@@ -538,11 +538,16 @@ class Node:
                 )
             except CronlogError as err:
                 message = wire.refusal(request_id or "", err)
+            except Exception:  # said to the asker too, rather than left to time out
+                self.metrics.thread_failures.labels("history-query").inc()
+                log.exception("partition %d: answering %r failed", partition, query.name)
+                failed = Unavailable(f"partition {partition}: answering {query.name!r} failed")
+                message = wire.refusal(request_id or "", failed)
             if request_id is not None:
                 self._log.send_reply(node_id, wire.encode(message))
         except Exception:
             self.metrics.thread_failures.labels("history-query").inc()
-            log.exception("partition %d: answering a history question failed", partition)
+            log.exception("partition %d: a history answer was not sent", partition)
 
     def _replier(self, node_id: str, request_id: str) -> Callable[[Decided | CronlogError], None]:
         def send(result: Decided | CronlogError) -> None:

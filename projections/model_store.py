@@ -53,6 +53,7 @@ class ModelStore:
     _positions: dict[int, int]  # each partition's next offset, as the last batch wrote it
     _moved: threading.Condition  # notified when positions move (a batch, a set-aside, a refill)
     _floor: dict[int, int]  # per partition, what it must reach before it answers for it
+    _closed = False  # closed: a node that kept one partition's history lost the partition
 
     @property
     def path(self) -> Path:
@@ -197,12 +198,15 @@ S = TypeVar("S", bound=ModelStore)
 
 
 def query(method: Callable[Concatenate[S, P], T]) -> Callable[Concatenate[S, P], T]:
-    """A query that finds the model damaged sets it aside and answers Unavailable."""
+    """A query that finds the model damaged sets it aside and answers Unavailable; so does
+    one on a model closed before or under it (its partition moved to another node)."""
 
     @functools.wraps(method)
     def query(model: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
         generation = model.generation
         try:
+            if model._closed:
+                raise Unavailable(f"read model {model._path} is closed (its partition moved)")
             with model._reading():
                 return method(model, *args, **kwargs)
         except StoreDamaged as damage:
@@ -210,5 +214,11 @@ def query(method: Callable[Concatenate[S, P], T]) -> Callable[Concatenate[S, P],
             raise Unavailable(
                 "the history store was damaged and is being rebuilt from the log; try again"
             ) from None
+        except Exception:
+            if model._closed:  # closed under it
+                raise Unavailable(
+                    f"read model {model._path} was closed (its partition moved); try again"
+                ) from None
+            raise
 
     return query
