@@ -366,9 +366,10 @@ async def lease_refused(call: Call, run_id: str, err: LeaseLost) -> ApiError:
 
 async def job_response(call: Call, job_id: str, status: int = 200) -> Response:
     history_complete(call, job_id)
-    newest = await call.scheduler.reader.latest_run(call.tenant, job_id)
-    now = call.scheduler.now_ms()
-    return json_response(job_out(await job_view(call, job_id), now, newest), status)
+    view, newest = await call.scheduler.reader.job_and_latest_run(call.tenant, job_id)
+    if view is None:
+        raise NotFound(f"job {team_id(job_id)} not found")
+    return json_response(job_out(view, call.scheduler.now_ms(), newest), status)
 
 
 async def sourced_run(call: Call, run_id: str) -> SourcedRun:

@@ -75,6 +75,13 @@ def _latest_run(held: Held, tenant: str, job_id: str) -> RunView | None:
     return held.model.latest_run(tenant, job_id)
 
 
+def _job_and_latest_run(
+    held: Held, tenant: str, job_id: str
+) -> tuple[JobView | None, RunView | None]:
+    view = held.model.job(tenant, job_id)
+    return view, None if view is None else held.model.latest_run(tenant, job_id)
+
+
 def _latest_runs(held: Held, tenant: str, job_ids: list[str]) -> list[RunView | None]:
     return [held.model.latest_run(tenant, job_id) for job_id in job_ids]
 
@@ -151,6 +158,7 @@ QUESTIONS: dict[str, _Question] = {
     "run": _Question(_run, RunView | None),
     "latest_run": _Question(_latest_run, RunView | None),
     "latest_runs": _Question(_latest_runs, list[RunView | None]),
+    "job_and_latest_run": _Question(_job_and_latest_run, tuple[JobView | None, RunView | None]),
     "run_by_key": _Question(_run_by_key, RunView | None),
     "sourced_run": _Question(_sourced_run, SourcedRun | None, blocking=True),
     "runs_of": _Question(_runs_of, HistoryPage, blocking=True),
@@ -282,6 +290,15 @@ class HistoryReader:
     async def latest_run(self, tenant: str, job_id: str) -> RunView | None:
         found: RunView | None = await self._one(
             self._of_job(job_id), "latest_run", [tenant, job_id]
+        )
+        return found
+
+    async def job_and_latest_run(
+        self, tenant: str, job_id: str
+    ) -> tuple[JobView | None, RunView | None]:
+        """The job and its newest run, in one question (what a job's answer shows)."""
+        found: tuple[JobView | None, RunView | None] = await self._one(
+            self._of_job(job_id), "job_and_latest_run", [tenant, job_id]
         )
         return found
 
