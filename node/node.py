@@ -34,6 +34,7 @@ a required service is down.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import threading
 import time
@@ -99,7 +100,8 @@ from node.owned_history import (
     HotWindows,
     OwnedHistory,
 )
-from node.ready_watch import ReadyWatches, Watching
+from node.ready_watch import AHEAD_MS as WATCH_AHEAD_MS
+from node.ready_watch import MAX_INSTANTS, ReadyWatches, Watching
 from node.relay import DependencyRelay, RelayMetrics
 from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
@@ -1194,7 +1196,7 @@ class Node:
         (:mod:`node.ready_watch`): answered now if the partition holds a run of it, else at the
         first fold of one."""
 
-        def send(at: int | None) -> None:
+        def send(at: list[int]) -> None:
             if request_id is not None:
                 answer = msgspec.Raw(msgspec.json.encode(at))
                 message = wire.Reply(request_id=request_id, answer=answer)
@@ -1210,11 +1212,11 @@ class Node:
             return
         runner = self._runners.get(partition)
         if runner is None:
-            send(None)
+            send([])
             return
-        self._watches.add(
-            tenant, pool, partition, until_ms, send, _earliest_ready(runner.state, pool, tenant)
-        )
+        ahead = self._clock.now_ms() + WATCH_AHEAD_MS
+        known = _upcoming_ready(runner.state, pool, tenant, ahead)
+        self._watches.add(tenant, pool, partition, until_ms, send, known)
 
     def watch_elsewhere(self, tenant: str, pool: str, wait_s: float) -> None:
         """A claim of ``pool`` found nothing and waits up to ``wait_s``: watch the pool on the
@@ -1245,10 +1247,10 @@ class Node:
                 ),
                 wait_s + 1.0,
             )
-            at = msgspec.json.decode(reply.answer, type=int | None)
+            instants = msgspec.json.decode(reply.answer, type=list[int])
             answered = True
-            if at is not None:
-                ready = [ReadyRun(tenant, pool, at, partition)]
+            if instants:
+                ready = [ReadyRun(tenant, pool, at, partition) for at in instants]
                 self._ready_hints.folded({}, ready)
                 self._wakeups.folded({}, ready)
         except CronlogError as err:  # no answer: the claim's next turn watches again
@@ -1458,22 +1460,23 @@ def _not_yet_ready(
     return None
 
 
-def _earliest_ready(state: PartitionState, pool: str, tenant: str) -> int | None:
-    """When the team's earliest run of ``pool`` in this partition is (or becomes) ready, as
-    the partition's state holds it now; None: it holds none. Read off the runner's thread."""
+def _upcoming_ready(state: PartitionState, pool: str, tenant: str, until: int) -> list[int]:
+    """When the team's runs of ``pool`` in this partition are (or become, up to ``until``)
+    ready, the earliest ``MAX_INSTANTS``, as the partition's state holds them now. Read off the
+    runner's thread (slices are one step each)."""
     entries = list(state.ready.get(pool, ())[:NEXT_READY_SCAN])
     entries += [e[1:] for e in state.later.get(pool, ())[:NEXT_READY_SCAN]]
-    earliest: int | None = None
+    found: set[int] = set()
     for entry in entries:
         run = state.runs.get(entry[2])
         if (
             run is not None
             and run.tenant == tenant
-            and (earliest is None or run.available_at < earliest)
+            and run.available_at <= until
             and state.is_ready_entry_live(entry, pool)
         ):
-            earliest = run.available_at
-    return earliest
+            found.add(run.available_at)
+    return heapq.nsmallest(MAX_INSTANTS, found)
 
 
 def _no_snapshot(partition: int) -> int | None:

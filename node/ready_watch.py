@@ -8,10 +8,11 @@ that fold saw such runs (``node.claims.ReadyHints``). With history kept with its
 see nothing: their runs would wait for the claim's next turn. So a waiting claim **watches**
 the partitions it does not own: one question per partition and pool (``watch_ready``, through
 the log like any question about another owner's history) that the owner answers as soon as
-the partition holds a run of the team's pool that is ready, or will be at a known instant (its
-``available_at``), or when the watch ends (``until``) with nothing. The answer is handed to the
-asking node's hints and wake-ups as if its own fold had seen the run, so the waiting claim
-wakes (at the instant, for a run not ready yet) and asks that partition.
+the partition holds runs of the team's pool that are ready, or will be within
+``AHEAD_MS`` (their ``available_at`` instants, the earliest ``MAX_INSTANTS``: runs are
+materialised a lead time ahead, so the owner knows the coming seconds' runs already), or at the
+first fold of such a run. The answer is handed to the asking node's hints and wake-ups as if its
+own fold had seen the runs, so the waiting claim wakes at each instant and asks that partition.
 
 - Owner side, :class:`ReadyWatches`: a read model observer; a watch waits in memory (at most
   ``MAX_WATCHES`` per team and pool and partition, the oldest answered "nothing" when more
@@ -33,8 +34,10 @@ from projections.model_fold import ReadyRun
 
 MAX_WATCHES = 256  # watches held per (team, pool, partition) on the owner
 MIN_REWATCH_S = 0.2  # a partition that answered is not watched again sooner than this
+AHEAD_MS = 10_000  # an answer names the runs that become ready within this long
+MAX_INSTANTS = 32  # ... the earliest this many (node.claims keeps as many per partition)
 
-Send = Callable[[int | None], None]  # the answer: the run's available_at, or None (nothing)
+Send = Callable[[list[int]], None]  # the answer: when runs become ready (empty: none)
 
 
 @dataclass(slots=True)
@@ -52,12 +55,12 @@ class ReadyWatches:
         self._watches: dict[tuple[str, str, int], list[_Watch]] = {}
 
     def add(
-        self, tenant: str, pool: str, partition: int, until_ms: int, send: Send, known: int | None
+        self, tenant: str, pool: str, partition: int, until_ms: int, send: Send, known: list[int]
     ) -> None:
-        """Watch ``pool`` of ``tenant`` on ``partition`` until ``until_ms``; ``known``: when a
-        run of it is (or becomes) ready as the partition's state says now, which answers at
+        """Watch ``pool`` of ``tenant`` on ``partition`` until ``until_ms``; ``known``: when
+        runs of it are (or become) ready as the partition's state says now, which answers at
         once."""
-        if known is not None:
+        if known:
             send(known)
             return
         dropped: list[_Watch] = []
@@ -70,20 +73,25 @@ class ReadyWatches:
                 dropped, live = live[: len(live) - MAX_WATCHES], live[-MAX_WATCHES:]
             self._watches[key] = live
         for watch in dropped:
-            watch.send(None)
+            watch.send([])
 
     def folded(self, positions: dict[int, int], ready: list[ReadyRun]) -> None:
         if not ready:
             return
-        answered: list[tuple[_Watch, int]] = []
+        answered: list[tuple[_Watch, list[int]]] = []
         with self._lock:
             if not self._watches:
                 return
             now = self._now_ms()
+            instants: dict[tuple[str, str, int], list[int]] = {}
             for run in ready:
-                for watch in self._watches.pop((run.tenant, run.pool, run.partition), ()):
+                instants.setdefault((run.tenant, run.pool, run.partition), []).append(
+                    run.available_at
+                )
+            for key, found in instants.items():
+                for watch in self._watches.pop(key, ()):
                     if watch.until_ms > now:
-                        answered.append((watch, run.available_at))
+                        answered.append((watch, sorted(set(found))[:MAX_INSTANTS]))
         for watch, at in answered:
             watch.send(at)
 
@@ -95,7 +103,7 @@ class ReadyWatches:
             for key in [k for k in self._watches if k[2] == partition]:
                 ended += self._watches.pop(key)
         for watch in ended:
-            watch.send(None)
+            watch.send([])
 
     def __len__(self) -> int:
         with self._lock:

@@ -1,0 +1,60 @@
+"""Watches of ready runs between owners (node.ready_watch), on their own, with a fake clock."""
+
+from __future__ import annotations
+
+from node.ready_watch import MAX_INSTANTS, MAX_WATCHES, MIN_REWATCH_S, ReadyWatches, Watching
+from projections.model_fold import ReadyRun
+
+
+def test_a_watch_is_answered_at_once_from_what_the_partition_holds() -> None:
+    watches = ReadyWatches(lambda: 1_000)
+    got: list[list[int]] = []
+    watches.add("t", "p", 3, 5_000, got.append, [1_500, 2_000])
+    assert got == [[1_500, 2_000]] and len(watches) == 0
+
+
+def test_a_held_watch_is_answered_by_the_first_fold_of_its_pool_on_its_partition() -> None:
+    now = [1_000]
+    watches = ReadyWatches(lambda: now[0])
+    got: list[list[int]] = []
+    watches.add("t", "p", 3, 5_000, got.append, [])
+    watches.folded({}, [ReadyRun("t", "p", 1_200, 2), ReadyRun("t", "q", 1_200, 3)])
+    assert got == [] and len(watches) == 1  # another partition's, another pool's
+    many = [ReadyRun("t", "p", 2_000 - i, 3) for i in range(MAX_INSTANTS + 5)]
+    watches.folded({}, many)
+    assert len(got) == 1 and got[0] == sorted(r.available_at for r in many)[:MAX_INSTANTS]
+    assert len(watches) == 0
+
+
+def test_watches_past_their_end_are_dropped_and_a_partition_lost_ends_its_watches() -> None:
+    now = [1_000]
+    watches = ReadyWatches(lambda: now[0])
+    got: list[list[int]] = []
+    watches.add("t", "p", 3, 2_000, got.append, [])
+    now[0] = 2_500
+    watches.folded({}, [ReadyRun("t", "p", 2_600, 3)])
+    assert got == []  # its asker stopped waiting at 2,000
+    watches.add("t", "p", 4, 9_000, got.append, [])
+    watches.lost(4)
+    assert got == [[]] and len(watches) == 0
+
+
+def test_the_oldest_watches_are_answered_empty_past_the_bound() -> None:
+    watches = ReadyWatches(lambda: 0)
+    got: list[list[int]] = []
+    for _ in range(MAX_WATCHES + 2):
+        watches.add("t", "p", 0, 10_000, got.append, [])
+    assert got == [[], []] and len(watches) == MAX_WATCHES
+
+
+def test_one_watch_in_flight_per_partition_and_none_again_right_after_an_answer() -> None:
+    clock = [100.0]
+    watching = Watching(lambda: clock[0])
+    assert watching.start("t", "p", [0, 1, 2]) == [0, 1, 2]
+    assert watching.start("t", "p", [0, 1, 2]) == []  # all in flight
+    watching.ended("t", "p", 0, answered=True)
+    watching.ended("t", "p", 1, answered=False)  # no answer: watched again at once
+    assert watching.start("t", "p", [0, 1, 2]) == [1]
+    clock[0] += MIN_REWATCH_S
+    assert watching.start("t", "p", [0, 1, 2]) == [0]
+    assert watching.start("t", "q", [0]) == [0]  # another pool
