@@ -337,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
         "log",
         help="the log's tools: dump, verify, rebuild, stats, backfill (python -m tools.replay)",
         add_help=False,
+        # No option prefix: every word after `log`, --help included, is the log tools' to read
+        # (a REMAINDER does not take a leading option otherwise).
+        prefix_chars="\0",
     )
     c.add_argument("rest", nargs=argparse.REMAINDER)
 

@@ -144,3 +144,14 @@ def test_the_log_tools_speak_as_cronlog_log(
     assert main(["log", "verify", "--data-dir", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("cronlog log: ") and "replay:" not in err
+
+
+@pytest.mark.parametrize("argv", [["log", "--help"], ["log", "-h"]])
+def test_log_help_is_the_log_tools_help(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: cronlog log ") and "verify" in out and "rebuild" in out

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.cli.test_serve import Serve
@@ -39,18 +40,13 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     assert served.stop() == 0
 
 
-def test_every_example_is_tested() -> None:
-    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(EXPECTED)
-
-
-@pytest.mark.parametrize("example", sorted(EXPECTED))
-def test_the_example_runs_as_written(node: Serve, example: str) -> None:
+def _run(node: Serve, example: str) -> subprocess.CompletedProcess[str]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CRONLOG_")},
         "CRONLOG_URL": node.url,
         "CRONLOG_TOKEN": "token-a",
     }
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(EXAMPLES / example)],
         env=env,
         cwd=EXAMPLES.parent,
@@ -59,6 +55,36 @@ def test_the_example_runs_as_written(node: Serve, example: str) -> None:
         timeout=120,
         check=False,
     )
+
+
+def test_every_example_is_tested() -> None:
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("example", sorted(EXPECTED))
+def test_the_example_runs_as_written(node: Serve, example: str) -> None:
+    done = _run(node, example)
     assert done.returncode == 0, done.stdout + done.stderr
     for expected in EXPECTED[example]:
         assert expected in done.stdout, done.stdout
+
+
+def test_the_quickstart_runs_again_beside_the_readmes_job(node: Serve) -> None:
+    """After the README's first five minutes (a job named `report`), the quickstart runs, and
+    runs again, with a job of its own: `cronlog jobs trigger report` still finds one job."""
+    auth = {"Authorization": "Bearer token-a"}
+    created = httpx.post(
+        f"{node.url}/v1/jobs",
+        headers=auth,
+        json={"name": "report", "interval_sec": 60, "target": "pull://reports"},
+    )
+    assert created.status_code == 201, created.text
+    for _ in range(2):
+        done = _run(node, "quickstart.py")
+        assert done.returncode == 0, done.stdout + done.stderr
+        [job_id] = {line.split()[-1] for line in done.stdout.splitlines() if " job j_" in line}
+        assert f"job {job_id}: next run" in done.stdout  # the resend answered the same job
+    named = httpx.get(f"{node.url}/v1/jobs", headers=auth, params={"name": "report"}).json()
+    assert [j["job_id"] for j in named["jobs"]] == [created.json()["job_id"]]
+    quickstarts = httpx.get(f"{node.url}/v1/jobs", headers=auth, params={"q": "quickstart"})
+    assert {j["status"] for j in quickstarts.json()["jobs"]} <= {"cancelled"}

@@ -48,6 +48,8 @@ CHROMIUM_ARGS = [
 TOKEN = "token-a"
 WAIT_MS = 20_000  # for a run to happen and the page's 3 s refresh to show it
 EVIL = '<img src=x onerror="window.__pwned=1">'
+UTC_TIME = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}Z")
+NEW_YORK_TIME = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} -0[45]:00")
 
 
 def _required() -> bool:
@@ -83,7 +85,8 @@ def browser_page(tmp_path: Path) -> Iterator[Any]:
             headless=True,
             args=CHROMIUM_ARGS,
             viewport={"width": 1400, "height": 900},
-            timezone_id="Europe/London",
+            # Far from UTC all year: a time shown in the browser's zone instead of UTC differs.
+            timezone_id="Asia/Kolkata",
         )
         try:
             page = context.pages[0] if context.pages else context.new_page()
@@ -174,6 +177,8 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         run = api.get(f"/v1/runs/{run_id}").json()
         assert int(token) == run["attempts"][0]["fencing_token"] > 0
         expect(page.get_by_test_id("fires")).to_contain_text("Z")  # next fire times, UTC too
+        # the last finished run beside the next fire (the newest run is the pending one ahead)
+        expect(page.get_by_test_id("last-finished")).to_contain_text("succeeded")
         shots("job-history")
 
         # -- a job whose target fails dead-letters (retries 0); its name is not markup
@@ -206,8 +211,19 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         first = dead_rows.first.get_attribute("data-run")
         dead_rows.first.get_by_test_id("replay").click()
         expect(page.get_by_test_id("toast").last).to_contain_text(f"Replayed {first}")
+        # it leaves the list, and the page says so and where to follow it
+        note = page.get_by_test_id("replay-note")
+        expect(note).to_contain_text("has left this list")
+        expect(note.locator("a")).to_have_attribute("href", "#/jobs/export")
+        expect(page.locator(f'tr[data-run="{first}"]')).to_have_count(0)
         _wait_for_state(page, api, first, "succeeded")
         page.get_by_test_id("filter-job").fill("export")
+        page.get_by_test_id("filter-reason").select_option("attempts_exhausted")
+        # the filter is in the URL: a reload (or the link, shared) opens it filled in
+        expect(page).to_have_url(re.compile(r"#/dead\?job_id=export&reason=attempts_exhausted$"))
+        page.reload()
+        expect(page.get_by_test_id("filter-job")).to_have_value("export")
+        expect(page.get_by_test_id("filter-reason")).to_have_value("attempts_exhausted")
         page.get_by_test_id("filter-count").click()
         expect(page.get_by_test_id("filter-outcome")).to_contain_text(
             f"{dead_before - 1} dead run" if dead_before > 1 else "0 dead runs"
@@ -221,21 +237,36 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         # -- edit: a preview of the slots a new schedule adds and drops, then save
         api.put(
             "/v1/jobs/report",
-            json={"name": "Report", "schedule": "0 * * * *", "target": f"{base}/ok"},
+            json={
+                "name": "Report",
+                "schedule": "0 * * * *",
+                "timezone": "America/New_York",  # a local and a UTC column
+                "target": f"{base}/ok",
+            },
         ).raise_for_status()
         page.goto(f"{node.url}/ui/#/jobs/report/edit")
         expect(page.get_by_test_id("diff-summary")).to_contain_text("No slot added or dropped")
         page.locator("#f-schedule").fill("*/30 * * * *")
         page.locator("#f-tags").fill("team=reports, daily")
         expect(page.get_by_test_id("diff-summary")).to_contain_text("added, 0 dropped")
+        # the seconds travel with a schedule but are not named when they did not change
+        expect(page.get_by_test_id("changing")).to_have_text("Changing tags, schedule.")
         added = page.get_by_test_id("fires-after").locator("tr.added")
-        expect(added.first).to_contain_text(":30")
+        expect(added.first).to_contain_text(":30:00")
+        # every time keeps its seconds (":00" too), so the columns line up
+        times = page.locator("[data-testid^=fires-] td.mono").all_inner_texts()
+        assert times and all(UTC_TIME.fullmatch(t) for t in times)
+        local_times = page.locator("[data-testid^=fires-] td:nth-child(2)").all_inner_texts()
+        assert local_times and all(NEW_YORK_TIME.fullmatch(t) for t in local_times)
+        # both lists whole: no column clipped by its box
+        assert _overflowing(page, "[data-testid^=fires-]") == []
         shots("edit-preview")
         page.get_by_test_id("save").click()
         expect(page.locator("h1")).to_contain_text("Report")
         report = api.get("/v1/jobs/report").json()
         assert report["schedule"] == "*/30 * * * *"
         assert report["tags"] == ["team=reports", "daily"]
+        assert report["seconds"] is None
         expect(page.get_by_test_id("facts")).to_contain_text("team=reports, daily")
 
         # -- seconds go in their own field, never as a sixth field of the expression
@@ -288,6 +319,28 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         shots("jobs-by-tag")
         page.get_by_test_id("tag-filter").fill("")
         expect(rows).to_have_count(3)
+        # each job's last finished run, not the pending one materialised ahead
+        expect(
+            page.locator("tr[data-job=heartbeat]").get_by_test_id("last-finished")
+        ).to_contain_text("succeeded")
+        # at 800 px every row's buttons stay inside the page: no table wider than its card
+        page.set_viewport_size({"width": 800, "height": 900})
+        expect(rows).to_have_count(3)
+        assert _overflowing(page, ".table-card table") == []
+        assert _overflowing(page, "tr[data-job] .actions button") == []
+        shots("jobs-800px")
+        page.set_viewport_size({"width": 1400, "height": 900})
+        # the default leaves cancelled jobs out and says so; "cancelled" lists them
+        api.put("/v1/jobs/old", json={"name": "Old", "interval_sec": 3600, "target": f"{base}/ok"})
+        api.delete("/v1/jobs/old").raise_for_status()
+        status = page.get_by_test_id("status-filter")
+        expect(status.locator("option").first).to_have_text("not cancelled")
+        expect(page.locator("tr[data-job=old]")).to_have_count(0)
+        status.select_option("cancelled")
+        expect(rows).to_have_count(1)
+        assert rows.first.get_attribute("data-job") == "old"
+        status.select_option("")
+        expect(rows).to_have_count(3)
 
         # -- the runs: it opens on a state that has runs, each named by its job's name
         page.get_by_test_id("nav-runs").click()
@@ -304,6 +357,13 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         expect(page.get_by_test_id("delay-chart").locator("canvas")).to_be_visible()
         expect(page.locator(".tile").first).not_to_contain_text(re.compile(r"^\s*0\s*$"))
         expect(page.get_by_test_id("states").locator("[data-state=succeeded]")).to_be_visible()
+        # the time axis reads UTC, like every other time, not the browser's zone (+05:30)
+        points = api.get("/v1/stats", params={"window_min": 60}).json()["points"]
+        slots = {p["at"][:16].replace("T", " ") + " UTC" for p in points}
+        page.get_by_test_id("delay-chart").locator(".u-over").hover()
+        legend_time = page.get_by_test_id("delay-chart").locator(".u-legend .u-series .u-value")
+        expect(legend_time.first).to_have_text(re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC$"))
+        assert legend_time.first.inner_text() in slots
         shots("figures")
 
         # -- the API reference
@@ -320,6 +380,24 @@ def test_a_team_works_through_the_ui(browser_page: Any, tmp_path: Path) -> None:
         node.stop()
         target.stop()
     assert problems == []
+
+
+def _overflowing(page: Any, selector: str) -> list[str]:
+    """The elements ``selector`` finds whose right edge passes their box's (the nearest
+    ancestor that clips or scrolls) or the window's: cut off, or reachable only by scrolling."""
+    found: list[str] = page.evaluate(
+        """(selector) => [...document.querySelectorAll(selector)].flatMap((el) => {
+            let box = el.parentElement;
+            while (box && getComputedStyle(box).overflowX === "visible") box = box.parentElement;
+            const limit = Math.min(box ? box.getBoundingClientRect().right : Infinity,
+                                   document.documentElement.clientWidth);
+            const right = el.getBoundingClientRect().right;
+            const what = `${el.tagName} ${el.textContent.slice(0, 40)}`;
+            return right > limit + 1 ? [`${what}: ${right} > ${limit}`] : [];
+        })""",
+        selector,
+    )
+    return found
 
 
 def _wait_for_state(page: Any, api: httpx.Client, run_id: str, state: str) -> None:

@@ -95,7 +95,7 @@ async function route() {
   else if (parts[0] === "jobs" && parts[1]) view = jobView(parts[1]);
   else if (parts[0] === "new") view = editorView(null);
   else if (parts[0] === "runs") { view = runsView(parts[1]); tab = "#/runs"; }
-  else if (parts[0] === "dead") { view = deadView(); tab = "#/dead"; }
+  else if (parts[0] === "dead") { view = deadView(params); tab = "#/dead"; }
   else if (parts[0] === "stats") { view = statsView(); tab = "#/stats"; }
   else view = jobsView(params);
   const main = shell(tab);

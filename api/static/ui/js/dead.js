@@ -1,5 +1,7 @@
 // #/dead: the dead-letter list, replay of one run, and replay of every run a filter names
-// (counted first with a dry run, then replayed on confirmation).
+// (counted first with a dry run, then replayed on confirmation). The filter is kept in the URL
+// (#/dead?job_id=...&reason=...&scheduled_after=...&scheduled_before=...), so a link opens it
+// filled in; a replayed run leaves the list with a note that says where it went.
 
 import { get, post } from "./api.js";
 import { ago, badge, h, jobCell, namesOf, replace, utc } from "./dom.js";
@@ -8,7 +10,17 @@ import { act, errorText } from "./ui.js";
 const PAGE = 50;
 const REASONS = [["", "any reason"], ["attempts_exhausted", "attempts exhausted"], ["permanent_failure", "permanent failure"], ["outcome_unknown", "outcome unknown"]];
 
-export function deadView() {
+// The filter's inputs by their URL parameter; the datetime-local ones hold the browser's wall
+// clock, the URL an instant (ISO 8601, UTC).
+const INSTANTS = ["scheduled_after", "scheduled_before"];
+
+function wallClock(iso) {
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return "";
+  return new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 19);
+}
+
+export function deadView(params = new URLSearchParams()) {
   let pages = 1;
   const body = h("tbody");
   const more = h("div", { class: "more" });
@@ -18,7 +30,23 @@ export function deadView() {
     after: h("input", { name: "scheduled_after", type: "datetime-local" }),
     before: h("input", { name: "scheduled_before", type: "datetime-local" }),
   };
+  const byParam = { job_id: f.job_id, reason: f.reason, scheduled_after: f.after, scheduled_before: f.before };
+  for (const [name, input] of Object.entries(byParam)) {
+    const given = (params.get(name) || "").trim();
+    if (!given) continue;
+    input.value = INSTANTS.includes(name) ? wallClock(given) : given;
+  }
+  if (![...f.reason.options].some((o) => o.value === f.reason.value)) f.reason.value = "";
   const outcome = h("p", { class: "muted", "data-testid": "filter-outcome" });
+  const note = h("div", { "data-testid": "replay-note" });
+  // The filter in the URL, replacing the entry (no new history step, no new route).
+  const keepInUrl = () => {
+    const kept = new URLSearchParams();
+    const chosen = filter();
+    for (const name of Object.keys(byParam)) if (chosen[name]) kept.set(name, chosen[name]);
+    const hash = kept.toString() ? `#/dead?${kept}` : "#/dead";
+    if (location.hash !== hash && location.hash.startsWith("#/dead")) history.replaceState(null, "", hash);
+  };
   const filter = () => {
     const out = { limit: 1000 };
     if (f.job_id.value.trim()) out.job_id = f.job_id.value.trim();
@@ -46,6 +74,14 @@ export function deadView() {
       return `Replayed ${out.replayed.length} run${out.replayed.length === 1 ? "" : "s"}`;
     });
   };
+  for (const input of Object.values(f)) {
+    input.addEventListener("input", keepInUrl);
+    input.addEventListener("change", keepInUrl);
+  }
+  // A replayed run is pending again, so it leaves this list: say so, and where to follow it.
+  const replayed = (run, out, nameOf) => replace(note, h("p", { class: "note", role: "status" },
+    `Replayed ${nameOf(run.job_id) || run.job_id}'s run of ${utc(run.scheduled_for)}: it is ${(out && out.state) || "pending"} again and has left this list. `,
+    h("a", { href: `#/jobs/${encodeURIComponent(run.job_id)}` }, "Follow it on its job's page")));
   const el = h("div", { class: "page" },
     h("div", { class: "page-head" }, h("h1", {}, "Dead letters")),
     h("p", { class: "muted" }, "Runs that failed for good: their attempts ran out, the target said retrying cannot help, or a critical run's outcome is unknown. A replay requeues a run with a fresh budget of attempts."),
@@ -58,6 +94,7 @@ export function deadView() {
         h("button", { class: "ghost", "data-testid": "filter-count", onclick: count }, "Count"),
         h("button", { class: "primary", "data-testid": "filter-replay", onclick: replayAll }, "Replay matching")),
       outcome),
+    note,
     h("div", { class: "card table-card" },
       h("table", { class: "grid", "data-testid": "dead" },
         h("thead", {}, h("tr", {}, ["Run", "Slot", "Reason", "Attempts", "Error", "Died", ""].map((t) => h("th", { scope: "col" }, t)))),
@@ -67,6 +104,7 @@ export function deadView() {
   return {
     el,
     async refresh() {
+      keepInUrl();
       const runs = [];
       let cursor = null;
       for (let i = 0; i < pages; i++) {
@@ -76,13 +114,13 @@ export function deadView() {
         if (!cursor) break;
       }
       const nameOf = await namesOf((id) => get(`/v1/jobs/${encodeURIComponent(id)}`), runs.map((r) => r.job_id));
-      replace(body, runs.length ? runs.map((r) => row(r, nameOf)) : h("tr", {}, h("td", { colspan: 7, class: "empty" }, "No dead letters. ")));
+      replace(body, runs.length ? runs.map((r) => row(r, nameOf, replayed)) : h("tr", {}, h("td", { colspan: 7, class: "empty" }, "No dead letters. ")));
       replace(more, cursor ? h("button", { class: "ghost", onclick: () => { pages += 1; this.refresh(); } }, "Show more") : "");
     },
   };
 }
 
-function row(run, nameOf) {
+function row(run, nameOf, replayed) {
   const rid = encodeURIComponent(run.run_id);
   return h("tr", { "data-run": run.run_id },
     h("td", {}, jobCell(run, nameOf)),
@@ -92,6 +130,7 @@ function row(run, nameOf) {
     h("td", { class: "error-cell" }, run.error),
     h("td", {}, ago(run.finished_at)),
     h("td", { class: "actions" }, h("button", { class: "small", "data-testid": "replay", onclick: (e) =>
-      act(e.target, () => post(`/v1/runs/${rid}/replay`), `Replayed ${run.run_id}`) }, "Replay")));
+      act(e.target, () => post(`/v1/runs/${rid}/replay`), (out) => { replayed(run, out, nameOf); return `Replayed ${run.run_id}`; }) },
+      "Replay")));
 }
 

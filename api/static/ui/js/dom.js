@@ -44,19 +44,21 @@ export function replace(el, ...children) {
 }
 
 // -- formats -------------------------------------------------------------------------------------
+// Times always carry their seconds, ":00" included, so a column of them lines up.
 
 export function utc(iso) {
-  return iso ? iso.replace("T", " ").replace(/\.\d{3}Z$/, "Z").replace(/:00Z$/, "Z") : "—";
+  // "2026-11-29T10:00:00.000Z" -> "2026-11-29 10:00:00Z"
+  return iso ? iso.replace("T", " ").replace(/\.\d{3}Z$/, "Z") : "—";
 }
 
 export function local(isoWithOffset) {
-  // "2026-11-29T10:00:00+01:00" -> "2026-11-29 10:00 +01:00"
+  // "2026-11-29T10:00:00+01:00" -> "2026-11-29 10:00:00 +01:00"
   if (!isoWithOffset) return "—";
-  const m = /^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})(:\d{2})?(.*)$/.exec(isoWithOffset);
-  return m ? `${m[1]} ${m[2]}${m[3] && m[3] !== ":00" ? m[3] : ""} ${m[4] || ""}`.trim() : isoWithOffset;
+  const m = /^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})(:\d{2})?(?:\.\d+)?(.*)$/.exec(isoWithOffset);
+  return m ? `${m[1]} ${m[2]}${m[3] || ":00"} ${m[4] || ""}`.trim() : isoWithOffset;
 }
 
-// An instant as the wall clock of ``timeZone`` reads it, with the offset: "2026-11-29 10:00 GMT+1".
+// An instant as the wall clock of ``timeZone`` reads it, with the offset: "2026-11-29 10:00:00 GMT+1".
 export function inZone(iso, timeZone) {
   if (!iso) return "—";
   try {
@@ -65,20 +67,10 @@ export function inZone(iso, timeZone) {
       minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "shortOffset",
     }).formatToParts(new Date(iso));
     const p = Object.fromEntries(parts.map((x) => [x.type, x.value]));
-    const secs = p.second === "00" ? "" : `:${p.second}`;
-    return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}${secs} ${p.timeZoneName}`;
+    return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second} ${p.timeZoneName}`;
   } catch {
     return utc(iso);
   }
-}
-
-export function browserTime(iso) {
-  if (!iso) return "—";
-  const d = new Date(iso);
-  return d.toLocaleString(undefined, {
-    year: "numeric", month: "short", day: "numeric",
-    hour: "2-digit", minute: "2-digit", second: "2-digit",
-  });
 }
 
 export function ago(iso, now = Date.now()) {
@@ -131,6 +123,21 @@ export function jobCell(run, nameOf) {
     h("a", { href: `#/jobs/${encodeURIComponent(run.job_id)}`, class: "job-name", "data-testid": "job-name" }, name || run.job_id),
     h("div", { class: "sub mono" }, run.run_id),
   ];
+}
+
+// A run is finished once nothing more happens to it; "failed" waits for its next attempt.
+export const FINISHED = new Set(["succeeded", "dead", "cancelled"]);
+
+// The newest finished run among ``runs`` (newest first), or null.
+export function lastFinished(runs) {
+  return runs.find((r) => FINISHED.has(r.state)) || null;
+}
+
+// A finished run in a cell: its state, when it finished and how late it started.
+export function finishedCell(run) {
+  if (!run) return h("span", { class: "sub" }, "none finished yet");
+  return [badge(run.state), h("div", { class: "sub" }, ago(run.finished_at || run.started_at || run.scheduled_for),
+    run.lateness_ms !== null && run.lateness_ms !== undefined ? ` · ${ms(run.lateness_ms)} late` : "")];
 }
 
 export function seconds(s) {

@@ -147,6 +147,12 @@ export function editorView(jobId) {
     return out;
   }
 
+  // The fields an edit changes, as the person sees them: a schedule's seconds travel with it in
+  // the request, but are named only when they differ.
+  function changedFields(diff) {
+    return Object.keys(diff).filter((k) => k !== "seconds" || (diff.seconds ?? null) !== (job.seconds ?? null));
+  }
+
   async function renderPreview() {
     clearErrors();
     let body;
@@ -155,7 +161,7 @@ export function editorView(jobId) {
       if (editing) {
         const diff = changes(body);
         const out = await post(`/v1/jobs/${id}/preview`, diff, { query: { n: PREVIEW_N } });
-        renderChange(out, Object.keys(diff));
+        renderChange(out, changedFields(diff));
       } else if (body.schedule) {
         const out = await post("/v1/schedules/preview", { schedule: body.schedule, seconds: body.seconds, timezone: body.timezone, n: PREVIEW_N });
         replace(preview, h("h3", {}, "It would fire at"), firesTable(out.fires, out.timezone, null));
@@ -177,7 +183,7 @@ export function editorView(jobId) {
     const dropped = new Set(out.dropped.map((f) => f.at));
     replace(preview,
       h("h3", {}, "Next fire times"),
-      changed.length ? h("p", { class: "muted" }, `Changing ${changed.join(", ")}.`) : h("p", { class: "muted" }, "No change yet."),
+      h("p", { class: "muted", "data-testid": "changing" }, changed.length ? `Changing ${changed.join(", ")}.` : "No change yet."),
       h("div", { class: "diff" },
         h("div", {}, h("h4", {}, "Now"), firesTable(out.before.fires, out.before.timezone, dropped, "dropped", out.compared_until)),
         h("div", {}, h("h4", {}, "After saving"), firesTable(out.after.fires, out.after.timezone, added, "added", out.compared_until))),

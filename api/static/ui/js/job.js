@@ -3,7 +3,7 @@
 // replay a dead one.
 
 import { api, get, patch, post } from "./api.js";
-import { ago, badge, h, inZone, local, ms, replace, seconds, target, utc, when } from "./dom.js";
+import { ago, badge, finishedCell, h, inZone, lastFinished, local, ms, replace, seconds, target, utc, when } from "./dom.js";
 import { act, go } from "./ui.js";
 
 const LIVE = new Set(["blocked", "pending", "running", "failed", "retrying"]);
@@ -49,7 +49,7 @@ export function jobView(jobId) {
         get(`/v1/jobs/${id}`), get(`/v1/jobs/${id}/preview`, { n: 5 }), loadRuns(),
       ]);
       renderHead(head, job);
-      renderFacts(facts, job);
+      renderFacts(facts, job, lastFinished(all));
       replace(fires, h("h3", {}, "Next fire times"),
         preview.fires.length
           ? h("table", { class: "plain", "data-testid": "fires" },
@@ -102,13 +102,15 @@ function fact(label, value) {
   return [h("dt", {}, label), h("dd", {}, value)];
 }
 
-function renderFacts(facts, job) {
+function renderFacts(facts, job, finished) {
   const next = job.status === "paused" ? null : job.next_run_at;
   replace(facts, h("h3", {}, "Definition"),
     h("dl", { class: "facts-list" },
       fact("When", h("span", { class: "mono" }, when(job))),
       fact("Timezone", job.timezone),
       fact("Next fire", next ? `${inZone(next, job.timezone)} · ${utc(next)} (${ago(next)})` : job.status === "paused" ? "none while paused" : "—"),
+      fact("Last finished", h("div", { "data-testid": "last-finished" }, finishedCell(finished),
+        finished ? h("span", { class: "sub mono" }, ` slot ${utc(finished.scheduled_for)}`) : null)),
       fact("Target", h("span", { class: "mono" }, target(job.target))),
       fact("Retries", `${job.retries} (backoff ${seconds(job.backoff.base_sec)} × ${job.backoff.factor}, at most ${seconds(job.backoff.cap_sec)})`),
       fact("Timeout", seconds(job.timeout_sec)),

@@ -1,13 +1,15 @@
 // #/jobs: the team's jobs with their schedule, next fire time (the job's own timezone and
-// UTC), state, tags and newest run; search, a tag filter, a status filter, run now, pause and
-// resume. The filters are kept in the URL (#/jobs?q=...&tag=...&status=...), so a link to the
+// UTC), state, tags and last finished run; search, a tag filter, a status filter, run now, pause
+// and resume. The filters are kept in the URL (#/jobs?q=...&tag=...&status=...), so a link to the
 // page opens it filtered as it was.
 
 import { get, patch, post } from "./api.js";
-import { ago, badge, h, inZone, ms, replace, target, utc, when } from "./dom.js";
+import { FINISHED, ago, badge, finishedCell, h, inZone, lastFinished, ms, replace, target, utc, when } from "./dom.js";
 import { act, go } from "./ui.js";
 
 const STATUSES = ["", "active", "paused", "finished", "cancelled"];
+// GET /v1/jobs without a status leaves cancelled jobs out: the default says so.
+const STATUS_LABELS = { "": "not cancelled" };
 const PAGE = 50;
 
 const FILTERS = ["q", "tag", "status"];
@@ -40,7 +42,7 @@ export function jobsView(params = new URLSearchParams()) {
   // A tag shown on a row filters by it when clicked.
   const byTag = (value) => { tag.value = value; state.tag = value; state.pages = 1; view.refresh(); };
   const status = h("select", { "data-testid": "status-filter", "aria-label": "status" },
-    STATUSES.map((s) => h("option", { value: s, selected: s === state.status }, s || "every status")));
+    STATUSES.map((s) => h("option", { value: s, selected: s === state.status }, STATUS_LABELS[s] || s)));
   status.addEventListener("change", () => { state.status = status.value; state.pages = 1; view.refresh(); });
 
   const el = h("div", { class: "page" },
@@ -53,7 +55,7 @@ export function jobsView(params = new URLSearchParams()) {
     h("div", { class: "card table-card" },
       h("table", { class: "grid", "data-testid": "jobs" },
         h("thead", {}, h("tr", {},
-          ["Job", "Schedule", "Next fire", "State", "Newest run", ""].map((t) => h("th", { scope: "col" }, t)))),
+          ["Job", "Schedule", "Next fire", "State", "Last finished", ""].map((t) => h("th", { scope: "col" }, t)))),
         body)),
     more);
 
@@ -87,6 +89,7 @@ export function jobsView(params = new URLSearchParams()) {
         loadJobs(), get("/v1/stats", { window_min: 60 }), get("/v1/team"),
       ]);
       renderTiles(tiles, team, stats);
+      await findFinished(jobs);
       replace(body, jobs.length ? jobs.map((job) => row(job, byTag)) :
         h("tr", {}, h("td", { colspan: 6, class: "empty" },
           state.q || state.tag || state.status ? "No job matches." : "No jobs yet: create one with New job.")));
@@ -95,6 +98,32 @@ export function jobsView(params = new URLSearchParams()) {
     failed(err) { replace(more, h("p", { class: "error" }, String(err.message || err))); },
   };
   return view;
+}
+
+// A job's newest run (its last_run) is most of the time the slot materialised ahead, still
+// pending: the last finished one is asked for (GET /v1/jobs/<id>/runs, newest first) only when
+// the newest run is not finished itself, and asked again only once the newest run changes or a
+// run older than it was still going.
+const finished = new Map(); // job id -> { newest, settled, run }
+
+async function findFinished(jobs) {
+  await Promise.all(jobs.map(async (job) => {
+    const newest = job.last_run;
+    if (!newest || FINISHED.has(newest.state)) {
+      finished.set(job.job_id, { newest: newest && newest.run_id, settled: true, run: newest || null, looked: 1 });
+      return;
+    }
+    const known = finished.get(job.job_id);
+    if (known && known.newest === newest.run_id && known.settled) return;
+    try {
+      const { runs } = await get(`/v1/jobs/${encodeURIComponent(job.job_id)}/runs`, { limit: 5 });
+      const run = lastFinished(runs);
+      const between = runs.filter((r) => r.run_id !== newest.run_id && (!run || r.scheduled_for > run.scheduled_for));
+      finished.set(job.job_id, { newest: newest.run_id, settled: between.every((r) => FINISHED.has(r.state)), run, looked: runs.length });
+    } catch {
+      finished.delete(job.job_id); // shown as unknown; asked again at the next refresh
+    }
+  }));
 }
 
 function renderTiles(tiles, team, stats) {
@@ -116,7 +145,8 @@ function tile(label, value, note, kind, href) {
 function row(job, byTag) {
   const id = encodeURIComponent(job.job_id);
   const next = job.status === "paused" ? null : job.next_run_at; // a paused job's slot waits
-  const last = job.last_run;
+  const newest = job.last_run;
+  const known = finished.get(job.job_id);
   const pauseOrResume = job.status === "active"
     ? h("button", { class: "small", "data-testid": "pause", onclick: (e) =>
         act(e.target, () => patch(`/v1/jobs/${id}`, { status: "paused" }), `Paused ${job.name}`) }, "Pause")
@@ -138,10 +168,12 @@ function row(job, byTag) {
       ? [h("div", {}, inZone(next, job.timezone), h("span", { class: "sub" }, ` ${ago(next)}`)), h("div", { class: "sub mono" }, utc(next))]
       : h("span", { class: "sub" }, job.status === "paused" ? "none while paused" : "—")),
     h("td", {}, badge(job.status)),
-    h("td", { "data-testid": "last-run" }, last
-      ? [badge(last.state), h("div", { class: "sub" }, ago(last.finished_at || last.started_at || last.scheduled_for),
-          last.lateness_ms !== null ? ` · ${ms(last.lateness_ms)} late` : "")]
-      : h("span", { class: "sub" }, "no run yet")),
+    h("td", { "data-testid": "last-finished" },
+      !newest ? h("span", { class: "sub" }, "no run yet") : !known ? "—"
+        : known.run || known.looked < 5 ? finishedCell(known.run) : h("span", { class: "sub" }, "none of its last 5 runs"),
+      // a run under way (not the pending one ahead, which Next fire shows) is worth a line
+      newest && !FINISHED.has(newest.state) && newest.state !== "pending"
+        ? h("div", { class: "sub", "data-testid": "under-way" }, "now ", badge(newest.state)) : null),
     h("td", { class: "actions" },
       live ? h("button", { class: "small", "data-testid": "run-now", onclick: (e) =>
         act(e.target, () => post(`/v1/jobs/${id}/runs`), (run) => `Triggered ${run.run_id}`) }, "Run now") : null,

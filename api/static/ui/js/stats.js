@@ -6,6 +6,19 @@ import uPlot from "/static/uplot-1.6.32/uPlot.esm.js";
 import { get } from "./api.js";
 import { h, ms, replace } from "./dom.js";
 
+// The time axis reads UTC, as every other time in the UI does (with its offset), not the
+// browser's zone: the ticks through tzDate, the legend through utcAt.
+// (Fresh objects for each chart: uPlot keeps the ones it is given.)
+const UTC = {
+  tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),
+  x: () => ({ value: (u, ts) => utcAt(ts) }),
+  axis: () => ({ label: "UTC" }),
+};
+
+function utcAt(ts) {
+  return ts === null || ts === undefined ? "—" : `${new Date(ts * 1000).toISOString().slice(0, 16).replace("T", " ")} UTC`;
+}
+
 const WINDOWS = [[60, "1 hour"], [360, "6 hours"], [1440, "24 hours"], [10080, "7 days"]];
 const OUTCOMES = [
   ["succeeded", "#2da44e"], ["failed", "#d4a72c"], ["dead", "#cf222e"], ["cancelled", "#8c959f"], ["skipped", "#8250df"],
@@ -82,11 +95,11 @@ function delayChart(box, xs, points) {
   const p50 = points.map((p) => p.delay_p50_ms);
   const p99 = points.map((p) => p.delay_p99_ms);
   return new uPlot({
-    width: width(box), height: 220,
+    width: width(box), height: 220, tzDate: UTC.tzDate,
     scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(10, max * 1.15)] } },
-    axes: [{}, { label: "ms", values: (u, ticks) => ticks.map((v) => (v >= 1000 ? `${v / 1000}s` : `${v}`)) }],
+    axes: [UTC.axis(), { label: "ms", values: (u, ticks) => ticks.map((v) => (v >= 1000 ? `${v / 1000}s` : `${v}`)) }],
     series: [
-      {},
+      UTC.x(),
       { label: "p50", stroke: "#1f6feb", width: 2, spanGaps: false, value: (u, v) => ms(v), points: { size: 5 } },
       { label: "p99", stroke: "#cf222e", width: 2, spanGaps: false, value: (u, v) => ms(v), points: { size: 5 } },
     ],
@@ -101,11 +114,11 @@ function outcomeChart(box, xs, points) {
   const stacked = raw.map((_, i) => points.map((_, j) => raw.slice(i).reduce((a, s) => a + s[j], 0)));
   const bars = uPlot.paths.bars({ size: [0.8, 40] });
   return new uPlot({
-    width: width(box), height: 220,
+    width: width(box), height: 220, tzDate: UTC.tzDate,
     scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(1, max * 1.1)] } },
-    axes: [{}, { label: "runs" }],
+    axes: [UTC.axis(), { label: "runs" }],
     series: [
-      {},
+      UTC.x(),
       ...OUTCOMES.map(([name, color], i) => ({
         label: name, fill: color, stroke: color, width: 0, paths: bars, points: { show: false },
         value: (u, v, si, idx) => (idx === null || idx === undefined ? "—" : String(raw[i][idx])),
