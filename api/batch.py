@@ -50,7 +50,7 @@ from api.edge import (
     too_deep,
 )
 from api.errors import ApiError, ErrorBody, from_exception
-from api.jobs import CATCH_UP_S, is_fresh, new_job
+from api.jobs import CATCH_UP_S, is_fresh, new_job, new_job_id
 from api.quota import JobQuota, quota_exceeded
 from api.wire import MAX_IDEMPOTENCY_KEY, NewJob
 from core.commands import PutJob
@@ -175,6 +175,9 @@ async def create_jobs(request: Request) -> Response:
     commands: list[tuple[int, PutJob]] = []
     fresh: set[str] = set()  # ids drawn for their items: no job has them
     targets = _Targets(request.state.egress)
+    # Each item's job id first, then every job the batch names looked up at once (one
+    # question a partition where other nodes keep history), then each item decided.
+    named: list[tuple[int, NewJob, str | None, str]] = []
     for i, item in enumerate(shape.jobs):
         if i >= allowed:
             results[i] = _refused(i, over_rate(call))
@@ -182,13 +185,22 @@ async def create_jobs(request: Request) -> Response:
         try:
             body = as_type(item, NewJob)
             key = None if batch_key is None else f"{batch_key}#{i}"
-            job_id, command = await new_job(call, targets, body, key)
+            named.append((i, body, key, new_job_id(call, body, key)))
+        except (ApiError, msgspec.ValidationError, CronlogError) as err:
+            results[i] = _refused(i, err)
+        except RecursionError:
+            results[i] = _refused(i, too_deep("payload"))
+    asked = [job_id for _, body, key, job_id in named if not is_fresh(body, key)]
+    known = await call.scheduler.reader.jobs_by_id(call.tenant, asked)
+    for i, body, key, job_id in named:
+        try:
+            _, command = await new_job(call, targets, body, key, job_id=job_id, known=known)
             if command is not None:
                 commands.append((i, command))
                 if is_fresh(body, key):
                     fresh.add(job_id)
             else:  # its job has finished with this definition: there as given
-                view = await call.scheduler.reader.job(call.tenant, job_id)
+                view = known.get(job_id)
                 version = None if view is None else view.version
                 results[i] = JobResult(index=i, status=200, job_id=team_id(job_id), version=version)
         except (ApiError, msgspec.ValidationError, CronlogError) as err:
@@ -197,7 +209,7 @@ async def create_jobs(request: Request) -> Response:
             results[i] = _refused(i, too_deep("payload"))
     quota: JobQuota = request.state.quota
     async with quota.admit_many(
-        call, [command.job_id for _, command in commands], fresh
+        call, [command.job_id for _, command in commands], fresh, known
     ) as admitted:
         sent = []
         for (i, command), ok in zip(commands, admitted, strict=True):

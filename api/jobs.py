@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Protocol
 from zoneinfo import ZoneInfo
 
@@ -118,29 +119,47 @@ def is_fresh(body: NewJob, key: str | None = None) -> bool:
     return body.job_id is UNSET and body.idempotency_key is UNSET and key is None
 
 
-async def new_job(
-    call: Call, policy: TargetCheck, body: NewJob, key: str | None = None
-) -> tuple[str, PutJob | None]:
-    """The job ``body`` names and the create it asks for, checked as every create is; a
-    refusal names the field. No create (None) for a repeat of one whose job has finished with
-    this definition: it is answered as it stands. ``key`` stands in for an ``idempotency_key``
-    the body does not give (a batch's items)."""
+def new_job_id(call: Call, body: NewJob, key: str | None = None) -> str:
+    """The log id of the job a create names: its ``job_id``, or the one its idempotency key
+    (``key`` for a batch's item that gives none) stands for, or one drawn now."""
     if body.job_id is not UNSET and body.idempotency_key is not UNSET:
         raise InvalidDefinition("idempotency_key", "give job_id or idempotency_key, not both")
     if body.job_id is not UNSET:
         validate_job_id(body.job_id)
-        job_id = call.job_id(body.job_id)
-    elif body.idempotency_key is not UNSET:
-        job_id = call.job_id(job_id_for_key(call.tenant, body.idempotency_key))
-    elif key is not None:
-        job_id = call.job_id(job_id_for_key(call.tenant, key))
-    else:
-        # Drawn just now from 120 random bits: no job has it, scoped or not, so the read
-        # model is not asked (two lookups a create, a fifth of a batch's time).
-        job_id = log_job_id(call.tenant, random_job_id())
+        return call.job_id(body.job_id)
+    if body.idempotency_key is not UNSET:
+        return call.job_id(job_id_for_key(call.tenant, body.idempotency_key))
+    if key is not None:
+        return call.job_id(job_id_for_key(call.tenant, key))
+    # Drawn just now from 120 random bits: no job has it, scoped or not, so history is not
+    # asked (two lookups a create, a fifth of a batch's time).
+    return log_job_id(call.tenant, random_job_id())
+
+
+async def new_job(
+    call: Call,
+    policy: TargetCheck,
+    body: NewJob,
+    key: str | None = None,
+    *,
+    job_id: str | None = None,
+    known: Mapping[str, JobView | None] | None = None,
+) -> tuple[str, PutJob | None]:
+    """The job ``body`` names and the create it asks for, checked as every create is; a
+    refusal names the field. No create (None) for a repeat of one whose job has finished with
+    this definition: it is answered as it stands. ``key`` stands in for an ``idempotency_key``
+    the body does not give (a batch's items); ``job_id``: :func:`new_job_id`'s, when known;
+    ``known``: the jobs a batch looked up at once, by id."""
+    if job_id is None:
+        job_id = new_job_id(call, body, key)
     spec = spec_of(body, call.tenant, scope=call.job_id)
     policy.check_target(spec.tenant, spec.target)
-    existing = None if is_fresh(body, key) else await call.scheduler.reader.job(call.tenant, job_id)
+    if is_fresh(body, key):
+        existing = None
+    elif known is not None and job_id in known:
+        existing = known[job_id]
+    else:
+        existing = await call.scheduler.reader.job(call.tenant, job_id)
     if existing is not None and existing.status in ("cancelled", "finished"):
         # A repeat of a create whose job is over, answered as the partition answers it while it
         # holds the job, and after it forgot the job too (it would register it again).
@@ -158,11 +177,14 @@ async def new_job(
 async def create_job(request: Request) -> Response:
     call = authenticate(request)
     body = await decode(request, NewJob)
-    job_id, command = await new_job(call, request.state.egress, body)
+    job_id = new_job_id(call, body)
+    # looked up once, for the create's checks and the quota's
+    known = {} if is_fresh(body) else await call.scheduler.reader.jobs_by_id(call.tenant, [job_id])
+    job_id, command = await new_job(call, request.state.egress, body, job_id=job_id, known=known)
     if command is None:
         return await job_response(call, job_id)
     quota: JobQuota = request.state.quota
-    async with quota.admit(call, job_id, fresh=is_fresh(body)):
+    async with quota.admit(call, job_id, fresh=is_fresh(body), known=known):
         events = await call.scheduler.execute(command)
     return await _upserted(call, job_id, events)
 
@@ -178,7 +200,7 @@ async def put_job(request: Request) -> Response:
     not_past(call, body, spec, existing.spec if existing else None)
     await check_definition(call, job_id, spec, existing.spec if existing else None)
     quota: JobQuota = request.state.quota
-    async with quota.admit(call, job_id):
+    async with quota.admit(call, job_id, known={job_id: existing}):
         events = await call.scheduler.execute(
             PutJob(job_id=job_id, spec=spec, expected_version=expected)
         )

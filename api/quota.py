@@ -25,8 +25,7 @@ Upstream jobs
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Container, Sequence
+from collections.abc import AsyncIterator, Container, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 from api.edge import Call
@@ -34,6 +33,7 @@ from api.errors import ApiError
 from core.errors import InvalidDefinition
 from core.ids import team_id
 from core.jobs import JobSpec
+from projections.views import JobView
 
 # The part of a team's count of jobs kept by other nodes (--history-on owner) may be this old:
 # a create does not ask every owner; the limit may be passed by the creates of that second.
@@ -47,35 +47,49 @@ class JobQuota:
         self._admitted: dict[str, int] = {}
 
     @asynccontextmanager
-    async def admit(self, call: Call, job_id: str, *, fresh: bool = False) -> AsyncIterator[None]:
+    async def admit(
+        self,
+        call: Call,
+        job_id: str,
+        *,
+        fresh: bool = False,
+        known: Mapping[str, JobView | None] | None = None,
+    ) -> AsyncIterator[None]:
         """Hold a place for ``job_id`` while the block creates it; 403 when the tenant has none
         left. A job the tenant has already is no create and takes no place. ``fresh``: the id
-        was drawn for this create, so no job has it (the read model is not asked)."""
+        was drawn for this create, so no job has it (history is not asked); ``known``: it was
+        looked up already."""
         fresh_ids = {job_id} if fresh else frozenset()
-        async with self.admit_many(call, [job_id], fresh=fresh_ids) as admitted:
+        async with self.admit_many(call, [job_id], fresh=fresh_ids, known=known) as admitted:
             if not admitted[0]:
                 raise quota_exceeded(call)
             yield
 
     @asynccontextmanager
     async def admit_many(
-        self, call: Call, job_ids: Sequence[str], fresh: Container[str] = frozenset()
+        self,
+        call: Call,
+        job_ids: Sequence[str],
+        fresh: Container[str] = frozenset(),
+        known: Mapping[str, JobView | None] | None = None,
     ) -> AsyncIterator[list[bool]]:
         """Hold a place for each new job of ``job_ids`` (a batch) while the block creates them,
         in order, while the tenant has places left: the block is given, for each id, whether
         it was admitted. An id the tenant has already, or one named earlier in the list, takes
-        no place; an id of ``fresh`` was drawn for this create and is new without asking."""
+        no place; an id of ``fresh`` was drawn for this create and is new without asking, and
+        one in ``known`` was looked up already (a batch's items, at once)."""
         history = call.scheduler.reader
         # What the history says first: from here to the reservation nothing awaits.
         held = await history.job_count(call.tenant, max_age_s=COUNT_AGE_S)
-        asked = [job_id for job_id in dict.fromkeys(job_ids) if job_id not in fresh]
-        views = await asyncio.gather(*(history.job(call.tenant, job_id) for job_id in asked))
-        known = {job_id for job_id, view in zip(asked, views, strict=True) if view is not None}
+        looked = known or {}
+        asked = [j for j in dict.fromkeys(job_ids) if j not in fresh and j not in looked]
+        found = {**looked, **await history.jobs_by_id(call.tenant, asked)}
+        exists = {job_id for job_id, view in found.items() if view is not None}
         room = call.limits.max_jobs - held - self._admitted.get(call.tenant, 0)
         new: set[str] = set()
         admitted: list[bool] = []
         for job_id in job_ids:
-            if job_id in new or job_id in known:
+            if job_id in new or job_id in exists:
                 admitted.append(True)
             elif len(new) < room:
                 new.add(job_id)

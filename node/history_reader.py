@@ -82,6 +82,10 @@ def _job_and_latest_run(
     return view, None if view is None else held.model.latest_run(tenant, job_id)
 
 
+def _jobs_by_id(held: Held, tenant: str, job_ids: list[str]) -> list[JobView | None]:
+    return [held.model.job(tenant, job_id) for job_id in job_ids]
+
+
 def _latest_runs(held: Held, tenant: str, job_ids: list[str]) -> list[RunView | None]:
     return [held.model.latest_run(tenant, job_id) for job_id in job_ids]
 
@@ -158,6 +162,7 @@ QUESTIONS: dict[str, _Question] = {
     "run": _Question(_run, RunView | None),
     "latest_run": _Question(_latest_run, RunView | None),
     "latest_runs": _Question(_latest_runs, list[RunView | None]),
+    "jobs_by_id": _Question(_jobs_by_id, list[JobView | None]),
     "job_and_latest_run": _Question(_job_and_latest_run, tuple[JobView | None, RunView | None]),
     "run_by_key": _Question(_run_by_key, RunView | None),
     "sourced_run": _Question(_sourced_run, SourcedRun | None, blocking=True),
@@ -304,16 +309,28 @@ class HistoryReader:
 
     async def latest_runs(self, tenant: str, job_ids: list[str]) -> list[RunView | None]:
         """:meth:`latest_run` of each job, one question a partition (a page of jobs)."""
+        found = await self._each_job("latest_runs", tenant, job_ids)
+        return [found[job_id] for job_id in job_ids]
+
+    async def jobs_by_id(self, tenant: str, job_ids: list[str]) -> dict[str, JobView | None]:
+        """Each of the jobs, by id (None: not the team's, or none), one question a partition
+        (a batch of creates looks up every job it names at once)."""
+        found: dict[str, JobView | None] = await self._each_job("jobs_by_id", tenant, job_ids)
+        return found
+
+    async def _each_job(self, name: str, tenant: str, job_ids: list[str]) -> dict[str, Any]:
+        """Question ``name`` about each job (its answer a list, one an id), asked once of each
+        partition the jobs are in, all at once."""
         by_partition: dict[int, list[str]] = {}
         for job_id in dict.fromkeys(job_ids):
             by_partition.setdefault(self._of_job(job_id), []).append(job_id)
         answers = await asyncio.gather(
-            *(self._one(p, "latest_runs", [tenant, ids]) for p, ids in by_partition.items())
+            *(self._one(p, name, [tenant, ids]) for p, ids in by_partition.items())
         )
-        found: dict[str, RunView | None] = {}
-        for ids, runs in zip(by_partition.values(), answers, strict=True):
-            found.update(zip(ids, runs, strict=True))
-        return [found[job_id] for job_id in job_ids]
+        found: dict[str, Any] = {}
+        for ids, each in zip(by_partition.values(), answers, strict=True):
+            found.update(zip(ids, each, strict=True))
+        return found
 
     async def run_by_key(self, tenant: str, job_id: str, key: str) -> RunView | None:
         found: RunView | None = await self._one(

@@ -119,6 +119,13 @@ class NodeMetrics:
             ["thread"],
             registry=r,
         )
+        self.history_questions = Counter(
+            "cronlog_history_questions",
+            "Questions about history kept by another node (--history-on owner), by question and"
+            " side: asked (by this node, through the log) or answered (for another node).",
+            ["question", "side"],
+            registry=r,
+        )
         self.decision_lines_dropped = Counter(
             "cronlog_decision_lines_dropped",
             "Decisions (runs fired, retried, dead-lettered, slots skipped) whose log line was"

@@ -508,6 +508,7 @@ class Node:
     ) -> None:
         """(On a query thread.) Answer another node's question about the history of a
         partition kept here, once that history has folded past the asker's last write."""
+        self.metrics.history_questions.labels(query.name, "answered").inc()
         if query.name == "watch_ready":
             self._watched(partition, query, node_id, request_id)
             return
@@ -1180,6 +1181,7 @@ class Node:
         """A question about the history of a partition kept by its owner elsewhere
         (:mod:`node.history_reader`), through the log as a forwarded command goes."""
         query = wire.Query(name=name, args=args, after=after)
+        self.metrics.history_questions.labels(name, "asked").inc()
         reply = await self._through_log(
             partition,
             lambda request_id: wire.Envelope(
@@ -1240,6 +1242,7 @@ class Node:
         answered = False
         try:
             query = wire.Query(name="watch_ready", args=[tenant, pool, until_ms])
+            self.metrics.history_questions.labels("watch_ready", "asked").inc()
             reply = await self._through_log(
                 partition,
                 lambda request_id: wire.Envelope(
