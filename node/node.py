@@ -107,7 +107,7 @@ from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
 from node.snapshotter import SnapshotPolicy, Snapshotter
 from node.stalls import LateStarts, StallMetrics, StallWatch
-from node.standby import StandbyFollower
+from node.standby import StandbyFollower, standby_targets
 from node.supervisor import Supervisor
 from node.worker import Unwatched, Worker, backoff_s
 from projections import history_checkpoint
@@ -195,6 +195,7 @@ class Node:
         folding every partition) or ``owner`` (a model per partition this node owns,
         :mod:`node.owned_history`; other partitions' history is asked of their owners)."""
         self.history_on = history_on
+        self._standby_replicas = standby_replicas
         self.node_id = node_id
         self._retention_ms = retention_ms
         self._lead_ms = lead_ms  # how long before its slot a run is materialised (core.partition)
@@ -598,6 +599,7 @@ class Node:
             if self._owned_history is not None:
                 self._owned_history.gain(p)
             self._start_runner(p)
+        self._stand_by()
         self._assigned.set()
         with self._ownership:
             self._ownership.notify_all()
@@ -731,9 +733,22 @@ class Node:
             for p in partitions:
                 self._owned_history.lose(p)
                 self._watches.lost(p)
+            self._stand_by()
         if self.snapshotter is not None:
             for p in partitions:  # its snapshot writer (Kafka: a producer) is not needed here
                 self.snapshotter.release(p)
+
+    def _stand_by(self) -> None:
+        """Follow the history of the partitions this node stands by for (history kept with
+        its partition, ``--standby-replicas``), as its state standbys follow their state."""
+        if (
+            self._owned_history is not None
+            and self._standby_replicas > 0
+            and not self._stopping.is_set()
+        ):
+            owned = frozenset(self._runners)
+            targets = standby_targets(owned, self._log.num_partitions, self._standby_replicas)
+            self._owned_history.stand_by(set(targets))
 
     def _stop_runners(self, partitions: list[int], reason: str, wait_s: float) -> None:
         """Stop the runners of ``partitions``: all at once, then wait for them within

@@ -13,6 +13,12 @@ A model of one partition holds that partition's jobs, runs, counts and figures o
 sums and listings over several (:mod:`projections.merging`) add nothing twice. The hot window
 forgets in each model as it does in one (:class:`HotWindows`).
 
+**Standbys.** With ``--standby-replicas N`` a node keeps following the history of the
+partitions it stands by for (``node.standby.standby_targets``: p+1 … p+N of each it owns), as
+its state's standby does: the model is open and folded, answering nothing; when the partition
+is assigned here it answers as soon as it has folded the last few events, with nothing to open
+or restore.
+
 **Checkpoints a partition.** With an object store for history checkpoints (the archive
 directory's, as for a whole model: :mod:`projections.history_checkpoint`), each partition's
 owner writes checkpoints of that partition's model under ``partition-<N>/`` of the store
@@ -111,6 +117,9 @@ class OwnedHistory:
         # each is still wanted when its thread is done
         self._opening: dict[int, threading.Thread] = {}
         self._wanted: set[int] = set()
+        # partitions followed as standbys (folded, answering nothing), and those to follow
+        self._standby: dict[int, _Kept] = {}
+        self._standing: set[int] = set()
         self._closed = False
 
     def gain(self, partition: int) -> None:
@@ -121,6 +130,12 @@ class OwnedHistory:
             if self._closed or partition in self._kept:
                 return
             self._wanted.add(partition)
+            warm = self._standby.pop(partition, None)
+            if warm is not None:  # followed as a standby: it answers once it has the tail
+                self._hold(warm.model, partition)
+                self._kept[partition] = warm
+                log.info("partition %d: its history is kept here (a warm standby)", partition)
+                return
             if partition in self._opening:
                 return  # lost and gained again while it opens: still wanted
             thread = threading.Thread(
@@ -142,13 +157,21 @@ class OwnedHistory:
         with self._lock:
             self._opening.pop(partition, None)
             keep = partition in self._wanted and not self._closed
+            stand = not keep and partition in self._standing and not self._closed
             if keep:
                 self._kept[partition] = kept
                 kept.runner.start()
-        if not keep:  # lost while it opened
+            elif stand:
+                self._standby[partition] = kept
+                kept.runner.start()
+        if not keep and not stand:  # lost (and no longer stood by) while it opened
             kept.model.close()
             return
-        log.info("partition %d: its history is kept here", partition)
+        log.info(
+            "partition %d: its history is %s here",
+            partition,
+            "kept" if keep else "followed as a standby",
+        )
 
     def _opened(self, partition: int) -> _Kept:
         """The partition's model, opened (restored from a checkpoint where that is quicker
@@ -170,11 +193,7 @@ class OwnedHistory:
                     restored.size / 1e6,
                     restored.seconds,
                 )
-        try:
-            model.hold_until({partition: self._log.end_offset("events", partition)})
-        except CronlogError as err:  # the end unknown: it answers once it has read it
-            log.warning("partition %d: where its log ends is unknown: %s", partition, err)
-            model.hold_until({partition: 1 << 62})
+        self._hold(model, partition)
         for observer in self._observers:
             model.observe(observer)
         runner = ReadModelRunner(
@@ -209,6 +228,39 @@ class OwnedHistory:
                 metrics=checkpointing.metrics,
             )
         return _Kept(model, runner, held, window, checkpointer)
+
+    def _hold(self, model: ReadModel, partition: int) -> None:
+        """The model answers for ``partition`` only once it has folded what the log holds
+        now."""
+        try:
+            model.hold_until({partition: self._log.end_offset("events", partition)})
+        except CronlogError as err:  # the end unknown: it answers once it has read it
+            log.warning("partition %d: where its log ends is unknown: %s", partition, err)
+            model.hold_until({partition: 1 << 62})
+
+    def stand_by(self, partitions: set[int]) -> None:
+        """Follow the history of ``partitions`` (those this node does not own: its standbys'
+        targets) from now on, and stop following any other it followed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._standing = set(partitions) - set(self._kept)
+            dropped = [self._standby.pop(p) for p in list(self._standby) if p not in partitions]
+            start = [
+                p
+                for p in sorted(self._standing)
+                if p not in self._standby and p not in self._opening
+            ]
+            for p in start:
+                thread = threading.Thread(target=self._open, args=(p,), name=f"history-open:p{p}")
+                self._opening[p] = thread
+                thread.start()
+        for kept in dropped:
+            kept.runner.stop()
+            kept.model.close()
+
+    def standbys(self) -> list[int]:
+        return sorted(self._standby)
 
     def lose(self, partition: int) -> None:
         """Stop keeping ``partition``'s history (it moved away): its follower stops and its
@@ -266,7 +318,9 @@ class OwnedHistory:
         return sorted(self._kept)
 
     def windows(self) -> list[HotWindow]:
-        return [kept.window for kept in list(self._kept.values()) if kept.window is not None]
+        """The hot windows of every model here, standbys' too (they forget as owners do)."""
+        models = list(self._kept.values()) + list(self._standby.values())
+        return [kept.window for kept in models if kept.window is not None]
 
     def checkpointers(self) -> list[HistoryCheckpointer]:
         return [k.checkpointer for k in list(self._kept.values()) if k.checkpointer is not None]
@@ -279,6 +333,8 @@ class OwnedHistory:
             thread.join()
         with self._lock:
             kept, self._kept = list(self._kept.values()), {}
+            kept += list(self._standby.values())
+            self._standby = {}
         for one in kept:
             one.runner.stop()
             one.model.close()

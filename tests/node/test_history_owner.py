@@ -345,3 +345,55 @@ def test_a_partition_taken_over_restores_its_own_checkpoint(
             _clients.pop().close()
         server.close()
         log.close()
+
+
+def test_a_standby_of_a_partition_s_history_takes_it_over_warm(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With --standby-replicas a node follows the history of the partitions it stands by for
+    (folded, answering nothing); one assigned to it answers with nothing to open or restore."""
+    log = EmbeddedLog.open(tmp_path / "log", PARTITIONS)
+    server = LogServer(log, tmp_path / "log.sock")
+
+    def node(name: str) -> Node:
+        client = RemoteLog(server.path, name)
+        _clients.append(client)
+        made = Node(client, tmp_path / name, node_id=name, history_on="owner", standby_replicas=1)
+        made.start()
+        return made
+
+    a, b = node("w0"), node("w1")
+    try:
+        assert a.wait_owned(lambda owned: len(owned) == 2, 20)
+        assert b.wait_owned(lambda owned: len(owned) == 2, 20)
+        ids = ids_over_every_partition(24)
+
+        async def created() -> None:
+            for job_id in ids:
+                await a.execute(PutJob(job_id=job_id, spec=spec(job_id)))
+
+        asyncio.run(created())
+        assert a._owned_history is not None
+        followed = a._owned_history.standbys()
+        assert followed and not set(followed) & set(a.owned())
+        for p in followed:  # folded there, though a answers nothing for it
+            model = a._owned_history.model(p)
+            assert model is None  # not kept: questions about it go to its owner
+        with caplog.at_level(logging.INFO, logger="node.owned_history"):
+            b.stop(drain_s=0)
+            assert a.wait_owned(lambda owned: len(owned) == PARTITIONS, 20)
+
+            async def after() -> None:
+                page = await _eventually(lambda: a.reader.jobs(TENANT, limit=100))
+                assert [view.job_id for view in page.items] == sorted(ids)
+
+            asyncio.run(after())
+        warm = [r.getMessage() for r in caplog.records if "warm standby" in r.getMessage()]
+        assert sorted(int(m.split()[1].rstrip(":")) for m in warm) == followed
+    finally:
+        for one in (a, b):
+            one.stop(drain_s=0)
+        while _clients:
+            _clients.pop().close()
+        server.close()
+        log.close()
