@@ -89,7 +89,7 @@ PARTITIONS = 2
 TENANTS = ["t1", "t2"]
 ARCHIVE_FILE_RECORDS = 64
 SETTINGS = {
-    "lead_ms": scenario.LEAD_MS,
+    "lead_ms": scenario.LEAD.get("lead_ms", 0),
     "retention_ms": scenario.RETENTION_MS,
     "tick_ms": 10,
     "wheel_size": 64,
@@ -128,19 +128,21 @@ class CorpusError(Exception):
     """A corpus could not be recorded; the message says why."""
 
 
-def record(out: Path) -> dict[str, Any]:
-    """Record this build's corpus into ``out`` (which must not exist); its manifest."""
+def record(out: Path, build: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Record this build's corpus into ``out`` (which must not exist); its manifest.
+    ``build``: what the manifest says recorded it, when the code is not a git checkout (an
+    earlier build's, ``tests/corpus/record_older.sh``); by default the git commit it is."""
     if out.exists():
         raise CorpusError(f"{out} exists: a corpus is recorded once, into a new directory")
     with tempfile.TemporaryDirectory(prefix="corpus-record-") as tmp:
         staging = Path(tmp) / "corpus"
         staging.mkdir()
-        manifest = _record(staging, Layout(Path(tmp) / "data"))
+        manifest = _record(staging, Layout(Path(tmp) / "data"), build or _build())
         shutil.copytree(staging, out)
     return manifest
 
 
-def _record(out: Path, layout: Layout) -> dict[str, Any]:
+def _record(out: Path, layout: Layout, build: dict[str, Any]) -> dict[str, Any]:
     layout.data_dir.mkdir()
     layout.partitions_file.write_text(f"{PARTITIONS}\n")
     log = EmbeddedLog.open(layout.log_dir, PARTITIONS)
@@ -185,7 +187,7 @@ def _record(out: Path, layout: Layout) -> dict[str, Any]:
             )
         kinds = Counter(type(ev.decode(r.value)).__name__ for rs in records.values() for r in rs)
         manifest = {
-            "recorded_by": _build(),
+            "recorded_by": build,
             "recorded_on": datetime.now(UTC).date().isoformat(),
             "recorder": "python -m tools.replay corpus record (tools/replay/corpus.py)",
             "log": "embedded",

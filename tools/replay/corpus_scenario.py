@@ -19,8 +19,10 @@ refuses to write a corpus that lacks one, so a new kind of event must be added h
 
 from __future__ import annotations
 
+import inspect
 import typing
 from datetime import UTC, datetime
+from typing import Any
 
 from core import events as ev
 from core.clock import FakeClock, Millis
@@ -48,6 +50,12 @@ START = int(datetime(2026, 3, 1, tzinfo=UTC).timestamp() * 1000)
 LEAD_MS = 30_000
 RETENTION_MS = 600_000
 POOL = "p"
+# Whether the core this runs with grants leases ahead (events schema 5): the scenario also runs
+# on an earlier build's checkout, to record what that build wrote (tests/corpus/record_older.sh).
+_LEASES_AHEAD = "horizon_ms" in ClaimRuns.__struct_fields__
+# Whether it materialises runs a lead time ahead (events schema 4): if not, every slot at its slot.
+_HAS_LEAD = "lead_ms" in inspect.signature(Partition).parameters
+LEAD: dict[str, Any] = {"lead_ms": LEAD_MS} if _HAS_LEAD else {}
 
 
 def kinds() -> list[str]:
@@ -87,7 +95,7 @@ class Owner:
             raise RuntimeError("the recorder never came to own every partition")
         now = clock.now_ms()
         self.partitions = [
-            Partition(p, now, tick_ms=10, wheel_size=64, retention_ms=RETENTION_MS, lead_ms=LEAD_MS)
+            Partition(p, now, tick_ms=10, wheel_size=64, retention_ms=RETENTION_MS, **LEAD)
             for p in range(log.num_partitions)
         ]
         self.ready: list[str] = []  # push runs whose start came (a node's executors start them)
@@ -114,6 +122,7 @@ class Owner:
     def claim(self, tenant: str, limit: int = 1, horizon_ms: Millis = 0) -> list[ev.LeaseGranted]:
         """A pull worker's claim, asked of every partition in turn as a node's claim does."""
         leases: list[ev.LeaseGranted] = []
+        reach = {"horizon_ms": horizon_ms} if horizon_ms else {}
         for p in range(self.log.num_partitions):
             if len(leases) >= limit:
                 break
@@ -123,7 +132,7 @@ class Owner:
                     pool=POOL,
                     worker_id="worker-1",
                     limit=limit - len(leases),
-                    horizon_ms=horizon_ms,
+                    **reach,
                 ),
                 partition=p,
             )
@@ -222,15 +231,15 @@ def play(owner: Owner) -> None:
     log."""
     for job_id, spec in JOBS.items():
         owner.do(PutJob(job_id=job_id, spec=spec))
-    # A lease granted ahead of its run's start, the start reported late by a heartbeat.
+    # A lease granted ahead of its run's start, the start reported late by a heartbeat (a build
+    # before leases granted ahead, run by tests/corpus/record_older.sh, claims at the start).
     owner.advance(LEAD_MS)
-    ahead = owner.claim("t1", horizon_ms=LEAD_MS)
+    ahead = owner.claim("t1", horizon_ms=LEAD_MS) if _LEASES_AHEAD else []
     owner.advance(LEAD_MS + 2_000)
-    for lease in ahead:
+    for lease in ahead if _LEASES_AHEAD else owner.claim("t1"):
+        late = {"started_late_ms": 2_000} if _LEASES_AHEAD else {}
         owner.do(
-            HeartbeatRun(
-                run_id=lease.run_id, fencing_token=lease.fencing_token, started_late_ms=2_000
-            )
+            HeartbeatRun(run_id=lease.run_id, fencing_token=lease.fencing_token, **late)  # type: ignore[arg-type]
         )
         _finish(owner, lease, Outcome.SUCCEEDED)
     # Runs of both teams: one succeeds, one fails into a retry, one is left to its lease.
