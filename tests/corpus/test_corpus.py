@@ -4,7 +4,7 @@ the same states, snapshots, archive and read-model answers (``tools/replay/corpu
 change that breaks an old log fails here, naming the corpus, the partition, the offset and
 the kind of the event where the fold first differs.
 
-To record this build's corpus (when an event kind or a format version is added, the last two
+To record this build's corpus (when an event kind or a format version is added, two
 tests below ask for one)::
 
     python -m tools.replay corpus record tests/corpus/<date>-v<events schema version>
