@@ -6,15 +6,16 @@
     python -m tools.replay rebuild [--state] [--read-model]
     python -m tools.replay backfill JOB_ID --from T1 --to T2 [--tenant T] [--apply --url URL]
     python -m tools.replay stats [--json]
+    python -m tools.replay corpus record DIR | corpus check DIR...
 
 Every command reads ``--data-dir`` (the embedded data directory of a stopped node) or
 ``--kafka HOST:PORT --topic-prefix P --partitions N``. See ``docs/replay.md``.
 
-Exit status: 0 done; 1 ``verify`` found a difference or a backfill trigger was refused; 2 the
-tool refused to run (bad arguments, a node running on the directory, a range too large); 3 the
-log is damaged (the message names the stream, partition, offset and file; nothing was
-changed); 4 ``verify``: the stores match, but the log holds records that are not events (each
-is listed and reported on stderr).
+Exit status: 0 done; 1 ``verify`` found a difference, a corpus no longer replays (``corpus
+check``) or a backfill trigger was refused; 2 the tool refused to run (bad arguments, a node
+running on the directory, a range too large); 3 the log is damaged (the message names the
+stream, partition, offset and file; nothing was changed); 4 ``verify``: the stores match, but
+the log holds records that are not events (each is listed and reported on stderr).
 """
 
 from __future__ import annotations
@@ -107,6 +108,13 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
 
     p = sub.add_parser("stats", parents=[source], help="events per type, offsets, lag")
     p.add_argument("--json", action="store_true", help="one JSON object per partition")
+
+    p = sub.add_parser(
+        "corpus",
+        help="record this build's log corpus, or replay recorded ones (tools/replay/corpus.py)",
+    )
+    p.add_argument("action", choices=["record", "check"])
+    p.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="a corpus directory")
     return root
 
 
@@ -147,6 +155,8 @@ def _log(args: argparse.Namespace) -> Iterator[EventLog]:
 
 
 def _run(args: argparse.Namespace, clock: Clock, transport: httpx.BaseTransport | None) -> int:
+    if args.command == "corpus":
+        return _corpus(args)
     layout = Layout(args.data_dir)
     if args.command == "backfill":
         return _backfill(args, clock.now_ms(), transport)
@@ -262,6 +272,27 @@ def _state(args: argparse.Namespace, log: EventLog, meter: Meter) -> int:
     answer = time_travel.StateAsOf(state, reached, base, folded)
     snapshots.print_state(time_travel.report(answer, instant, args.tenant, args.job))
     return 0
+
+
+def _corpus(args: argparse.Namespace) -> int:
+    from tools.replay import corpus
+
+    if args.action == "record":
+        if len(args.dirs) != 1:
+            raise ReplayError("corpus record takes one directory, which must not exist yet")
+        try:
+            manifest = corpus.record(args.dirs[0])
+        except corpus.CorpusError as exc:
+            raise ReplayError(str(exc)) from exc
+        print(
+            f"{args.dirs[0]}: {sum(manifest['kinds'].values())} events of"
+            f" {len(manifest['kinds'])} kinds, formats {manifest['formats']}"
+        )
+        return 0
+    checks = [corpus.check(d) for d in args.dirs]
+    for one in checks:
+        print(one.describe())
+    return 0 if all(c.ok for c in checks) else 1
 
 
 def _backfill(args: argparse.Namespace, now: Millis, transport: httpx.BaseTransport | None) -> int:
