@@ -1,18 +1,25 @@
 """The pull worker's claims that reach ahead, against a real ``cronlog serve`` (lead time 30 s):
-runs leased before their slot and started at it, never before; the start reported; a pause
-between the lease and the check withdraws the run, which is then never started."""
+runs leased before their slot and started at it, never before (also by a worker whose clock
+runs ahead); the start reported; a pause between the lease and the check withdraws the run,
+which is then never started."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from cronlog_client import AsyncClient, Client, JobDefinition, RunContext, Worker
 
 from tests.cli.test_serve import Serve
+from tests.node.targets import Target
 from tests.sdk.conftest import async_client, unique
+from tools.chaos import skew
 
 pytestmark = pytest.mark.slow
 UTC = dt.UTC
@@ -109,3 +116,74 @@ async def leased(cronlog: AsyncClient, job_id: str) -> None:
             return
         await asyncio.sleep(0.05)  # the worker's claim, in another task, leases it
     raise AssertionError("the run was never leased ahead")
+
+
+_SKEWED_WORKER = """
+import asyncio, json, sys, time, urllib.request
+from cronlog_client import AsyncClient, RunContext, Worker
+
+url, token, pool, hook, count, true_now = sys.argv[1:7]
+if time.time() - float(true_now) < 3.5:  # the skew took: this clock runs about 4 s ahead
+    sys.exit(f"the wall clock is not ahead: {time.time() - float(true_now):.3f} s")
+done = asyncio.Event()
+seen = set()
+
+async def handle(run: RunContext) -> None:
+    # the start, said to a process whose clock is true (this one's is not)
+    body = json.dumps({"run_id": run.run_id}).encode()
+    request = urllib.request.Request(hook, body, {"Content-Type": "application/json"})
+    await asyncio.to_thread(urllib.request.urlopen, request, timeout=5)
+    seen.add(run.run_id)
+    if len(seen) == int(count):
+        done.set()
+
+async def main() -> None:
+    async with AsyncClient(url, token) as cronlog:
+        worker = Worker(cronlog, pool, handle, concurrency=50, worker_id="w-skewed")
+        running = asyncio.ensure_future(worker.run())
+        await asyncio.wait_for(done.wait(), 30)
+        worker.stop()
+        await asyncio.wait_for(running, 30)
+
+asyncio.run(main())
+"""
+
+
+def test_a_worker_whose_clock_runs_ahead_never_starts_a_run_early(
+    node: Serve, a: Client, tmp_path: Path
+) -> None:
+    """Issue 22's skew rule, as users would meet it: a worker process whose wall clock runs
+    4 s ahead (libfaketime, the chaos harness's clock faults) holds runs leased ahead and
+    starts each at its slot by the node's clock, never before: the start is the answer's
+    ``start_in_ms`` waited on the monotonic clock, and no clock of the worker's is read."""
+    clock = skew.SkewedClock(tmp_path / "worker.faketime")
+    clock.set(4.0)
+    target = Target().start()
+    pool = unique("skewed")
+    slot = slot_in(6)
+    jobs = [unique("skewed") for _ in range(10)]
+    try:
+        for job_id in jobs:
+            a.put_job(job_id, JobDefinition(name="s", run_at=slot, target=f"pull://{pool}"))
+        worker = subprocess.run(
+            [
+                *(sys.executable, "-c", _SKEWED_WORKER),
+                *(node.url, "token-a", pool, target.url, "10", repr(time.time())),
+            ],
+            env={**os.environ, **clock.env()},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        calls = target.wait_for(len(jobs), timeout_s=5)
+    finally:
+        target.stop()
+    due = slot.timestamp()
+    early = {c.body["run_id"]: round(c.received_at - due, 3) for c in calls if c.received_at < due}
+    assert not early, early  # by the true clock: none before its slot
+    assert all(c.received_at < due + 1.0 for c in calls)  # and none a second late
+    history = events_of(a, jobs[0])
+    [lease] = [e for e in history if e["type"] == "LeaseGranted"]
+    assert lease["at"] < round(due * 1000) == lease["start_at"]  # it was leased ahead
