@@ -125,6 +125,9 @@ FORWARD_TIMEOUT_S = 10.0
 # A question about another owner's history waits this long for its answer (the owner may first
 # wait up to READ_YOUR_WRITES_S for its history to fold the asker's last write).
 QUERY_TIMEOUT_S = 8.0
+# How long the watch of another owner's partitions a claim keeps up (node.ready_watch) lasts:
+# claims of the pool here renew it as their answers come.
+STANDING_WATCH_S = 10.0
 QUERY_THREADS = 4  # the threads answering other nodes' questions about history kept here
 # A claim's ask of another node's partition: short, so a slow or lost owner delays a pull
 # worker's claim by this much at most, once (all such asks of a claim go at once). A lease
@@ -1324,6 +1327,9 @@ class Node:
         With ``horizon_ms`` the runs ready within it are leased too, ahead of their start."""
         now = self._clock.now_ms() + horizon_ms  # what the claim takes is ready by then
         ask = (tenant, pool, worker_id, horizon_ms)
+        # Where other nodes keep history, keep a watch on their partitions while the pool is
+        # claimed here, so their runs' instants reach the hints whether or not a claim waits.
+        self.watch_elsewhere(tenant, pool, STANDING_WATCH_S)
         local: dict[int, int | None] = {
             # an upper bound: stale entries are tidied by the claim itself
             p: len(runner.state.ready.get(pool, ())) + len(runner.state.later.get(pool, ()))
