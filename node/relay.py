@@ -55,6 +55,8 @@ from projections.decoding import EventDecoder
 log = logging.getLogger(__name__)
 
 RECENT_EVENTS = 10_000  # how far back a new owner looks for successes to relay again
+# A busy relay looks dependants up at most this often, for every success meanwhile (_Lookups).
+LOOKUP_LINGER_S = 0.1
 _COMPLETED = frozenset({"RunCompleted"})
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
@@ -113,11 +115,13 @@ class DependencyRelay(ThreadWorker):
         owns: Callable[[int], bool],
         metrics: RelayMetrics | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        linger_s: float = LOOKUP_LINGER_S,
     ) -> None:
         """``history()``: where the dependants are looked up (every partition's history,
         wherever it is kept). ``owns(partition)``: whether this node owns that partition now
         (asked before each retry). ``sleep``: the backoff's wait, on the relay's loop (tests
-        drive it)."""
+        drive it). ``linger_s``: lookups of dependants go at most this often, each for every
+        success that came meanwhile (see ``_Lookups``)."""
         self._log = log_
         self._history = history
         self._execute = execute
@@ -127,6 +131,7 @@ class DependencyRelay(ThreadWorker):
         self._sleep = sleep
         self._loop = asyncio.new_event_loop()
         self._handoff = Handoff(self._loop)
+        self._lookups = _Lookups(lambda asked: self._history().dependants_many(asked), linger_s)
         # The loop holds its tasks only weakly: a relay waiting on a future nothing else holds
         # would be collected mid-retry, never to finish or be counted. Held here until done.
         self._tasks: set[asyncio.Task[None]] = set()
@@ -308,8 +313,8 @@ class DependencyRelay(ThreadWorker):
     async def _dependants_of(
         self, completed: list[ev.RunCompleted]
     ) -> list[tuple[ev.RunCompleted, list[str]]]:
-        upstreams = list(dict.fromkeys((event.tenant, event.job_id) for event in completed))
-        dependants = await self._history().dependants_many(upstreams)
+        upstreams = [(event.tenant, event.job_id) for event in completed]
+        dependants = await self._lookups.ask(upstreams)
         return [(e, dependants[e.job_id]) for e in completed if e.job_id in dependants]
 
     async def _relay(self, partition: int, what: str, command: UpstreamSucceeded) -> None:
@@ -318,3 +323,46 @@ class DependencyRelay(ThreadWorker):
     async def _send(self, command: UpstreamSucceeded) -> None:
         with contextlib.suppress(NotFound):  # the dependant is gone
             await self._execute(command)
+
+
+class _Lookups:
+    """Lookups of dependants, coalesced (on the relay's loop). Where history is kept with its
+    partition each lookup is a question to every partition owned elsewhere, so one per batch of
+    successes would be one per run at a steady rate: the successes that arrive while a lookup
+    is under way, or within ``linger_s`` of the last, go together in the next one. An idle
+    relay asks at once; a busy one at most every ``linger_s``."""
+
+    def __init__(
+        self,
+        ask: Callable[[list[tuple[str, str]]], Awaitable[dict[str, list[str]]]],
+        linger_s: float,
+    ) -> None:
+        self._ask = ask
+        self._linger_s = linger_s
+        self._pending: dict[tuple[str, str], None] = {}
+        self._round: asyncio.Future[dict[str, list[str]]] | None = None
+        self._running: asyncio.Task[None] | None = None
+        self._last = float("-inf")
+
+    async def ask(self, upstreams: list[tuple[str, str]]) -> dict[str, list[str]]:
+        self._pending.update(dict.fromkeys(upstreams))
+        if self._round is None:
+            loop = asyncio.get_running_loop()
+            self._round = loop.create_future()
+            # held here: the loop holds its tasks only weakly
+            self._running = loop.create_task(self._run(self._round))
+        return await asyncio.shield(self._round)
+
+    async def _run(self, done: asyncio.Future[dict[str, list[str]]]) -> None:
+        loop = asyncio.get_running_loop()
+        wait = self._last + self._linger_s - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        asked, self._pending, self._round = list(self._pending), {}, None
+        try:
+            done.set_result(await self._ask(asked))
+        except BaseException as err:  # every waiter's own retry tries again
+            done.set_exception(err)
+            done.exception()  # retrieved here: a round nobody awaits any more is not an error
+        finally:
+            self._last = loop.time()

@@ -350,3 +350,33 @@ def test_a_damaged_log_stops_a_relay_and_says_so(caplog: pytest.LogCaptureFixtur
     assert stopped.levelno == logging.ERROR
     assert "dependency relay stopped" in stopped.getMessage()
     assert "checksum mismatch at offset 12" in stopped.getMessage()
+
+
+def test_lookups_that_come_while_one_is_under_way_go_together_in_the_next() -> None:
+    """A steady rate of successes makes one lookup a round, not one a batch: with history kept
+    by owners each lookup is a question to every other owner."""
+    from node.relay import _Lookups
+
+    asked: list[list[tuple[str, str]]] = []
+    release = asyncio.Event()
+
+    async def ask(upstreams: list[tuple[str, str]]) -> dict[str, list[str]]:
+        asked.append(upstreams)
+        if len(asked) == 1:
+            await release.wait()  # the first lookup is under way while more come
+        return {job: [f"after-{job}"] for _, job in upstreams}
+
+    async def scenario() -> list[dict[str, list[str]]]:
+        lookups = _Lookups(ask, linger_s=0.0)
+        first = asyncio.ensure_future(lookups.ask([("t", "a")]))
+        await asyncio.sleep(0)  # its round starts and asks
+        await asyncio.sleep(0)
+        later = [asyncio.ensure_future(lookups.ask([("t", j)])) for j in ("b", "c", "b")]
+        await asyncio.sleep(0)
+        release.set()
+        return [await first, *[await f for f in later]]
+
+    answers = asyncio.run(scenario())
+    assert asked == [[("t", "a")], [("t", "b"), ("t", "c")]]  # two lookups for four asks
+    assert answers[0] == {"a": ["after-a"]}
+    assert all(answer == {"b": ["after-b"], "c": ["after-c"]} for answer in answers[1:])
