@@ -201,6 +201,10 @@ class PartitionRunner:
         self.phase: tuple[str, float] = ("starting", time.monotonic())
         self.times = LoopTimes()
         self._due_at: int | None = None
+        # The oldest timer already due when the first recovery ended (a partition taken over
+        # after it went unowned owes every slot since): behind its timers from then until its
+        # first batch is decided, which sets ``_due_at``.
+        self._owed_at: int | None = None
         # Set while the runner decides: recovered, and not failing since. ``caught_up`` is the
         # same event under the name the node's start-up waits by.
         self.deciding = threading.Event()
@@ -346,6 +350,7 @@ class PartitionRunner:
         # snapshot due at once, so the next owner need not replay it again.
         self._since_snapshot = self._store.offset() - (self.restored_from or 0)
         self._snapshot_at = time.monotonic()
+        self._owed_at = self.core.overdue_since()
         self.deciding.set()
         if self._on_recovered is not None:
             self._on_recovered(self.partition)
@@ -440,6 +445,7 @@ class PartitionRunner:
             self._process(batch, now, times)
             self.times = times
             self._due_at = self.core.overdue_since() or self.core.next_deadline()
+            self._owed_at = None  # decided: from here on the batch's deadline says
             self.failures = 0
 
     def _enter(self, phase: str) -> float:
@@ -452,7 +458,7 @@ class PartitionRunner:
         """How far behind its timers the partition is: since the oldest timer it has yet to
         decide came due (0 when none has, and while it is not deciding: readiness reports
         that)."""
-        due = self._due_at
+        due = self._due_at if self._due_at is not None else self._owed_at
         if due is None or not self.deciding.is_set():
             return 0.0
         return max(0.0, (self._clock.now_ms() - due) / 1000)

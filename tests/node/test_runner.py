@@ -13,7 +13,7 @@ import pytest
 
 from core import events as ev
 from core.clock import FakeClock
-from core.commands import PutJob
+from core.commands import PauseJob, PutJob
 from core.errors import CronlogError, Unavailable
 from core.jobs import HttpTarget, JobSpec, PullTarget
 from core.state import PartitionState, RunState
@@ -502,3 +502,46 @@ def test_a_partition_whose_append_failed_is_not_deciding_until_one_goes_through(
         assert runner.not_deciding_why() is None
     finally:
         runner.stop()
+
+
+def test_a_partition_taken_over_owing_slots_is_behind_until_its_first_batch_is_decided(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A partition that went unowned owes every slot since; its new owner's first batch decides
+    # them all (slow under load, its append held by a broker): not deciding meanwhile.
+    monkeypatch.setattr(runner_module, "STUCK_S", 5.0)
+    log = MemoryLog(1)
+    member = log.join(Owner())
+    member.poll(0)
+    first = PartitionRunner(
+        0, log, member.writer(0), lambda: MemoryStateStore(0), FakeClock(START), NoExecutors()
+    )
+    first.start()
+    try:
+        answer: Future[Decided | CronlogError] = Future()
+        job = JobSpec(name="m", tenant="team-a", target=PullTarget(pool="p"), schedule="* * * * *")
+        first.submit(Request(PutJob(job_id="m", spec=job), reply=answer.set_result))
+        assert isinstance(answer.result(timeout=10), Decided)
+    finally:
+        first.stop()
+    writer = StuckWriter(member.writer(0))
+    later = PartitionRunner(
+        0, log, writer, lambda: MemoryStateStore(0), FakeClock(START + 600_000), NoExecutors()
+    )  # type: ignore[arg-type]
+    later.start()
+    try:
+        assert writer.entered.wait(10)  # its first batch: the slots it owes, held in the append
+        why = later.not_deciding_why()
+        assert why is not None and "behind its timers" in why, why
+        writer.released.set()
+        wait_for(lambda: later.not_deciding_why() is None)
+        # Once decided, what it owed at its recovery no longer counts, timers or none: its
+        # only job paused leaves it none.
+        paused: Future[Decided | CronlogError] = Future()
+        later.submit(Request(PauseJob(job_id="m", tenant="team-a"), reply=paused.set_result))
+        assert isinstance(paused.result(timeout=10), Decided)
+        assert later.core.next_deadline() is None and later.core.overdue_since() is None
+        assert later.not_deciding_why() is None and later.behind_s() == 0
+    finally:
+        writer.released.set()
+        later.stop()
