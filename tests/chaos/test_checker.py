@@ -599,8 +599,8 @@ def test_a_withdrawn_run_that_was_called_all_the_same_is_caught() -> None:
 
 
 def dark_for_a_while() -> Builder:
-    """Partition 0 calls nothing from slot 5 on until T0 + 13.5 s, then calls every slot it
-    owes at once (a broker's death held its appends); partition 1 calls on time throughout."""
+    """Partition 0 leases nothing from slot 5 on until T0 + 13.5 s, then leases every slot it
+    owes at once (a broker's death held its appends); partition 1 is on time throughout."""
     b = Builder()
     b.job("a", 0)
     b.job("b", 1)
@@ -626,7 +626,7 @@ def test_a_node_that_says_ready_while_its_partition_is_dark_is_caught() -> None:
     samples = [
         sample("n1", T0 + 4000, [0]),  # before the darkness: ready is the truth
         sample("n2", T0 + 10_000, [1]),  # its partition calls on time
-        sample("n1", T0 + 10_000, [0]),  # owing since T0 + 6 s, nothing called since 4 s: a lie
+        sample("n1", T0 + 10_000, [0]),  # owing since T0 + 6 s, no lease since 4 s: a lie
         {"node": "n1", "at": T0 + 11_000, "readyz": 200, "metrics_ms": None},  # owner as last seen
     ]
     report = check(b.history(T0 + 24_000, health_samples=samples))
@@ -635,7 +635,7 @@ def test_a_node_that_says_ready_while_its_partition_is_dark_is_caught() -> None:
     assert report.figures["metrics_unanswered_while_probe_answered"] == 1
     [fault] = report.recovery
     [dark] = fault["dark_partitions"]
-    # Owed from T0 + 6 s (slot 5's on-time bound), silent from T0 + 4 s to slot 13's call at
+    # Owed from T0 + 6 s (slot 5's on-time bound), silent from T0 + 4 s to slot 13's lease at
     # T0 + 13 s: dark, as looked at every half second from the fault, from T0 + 9.1 s (owed
     # for 3 s) to T0 + 10.6 s (the last look before that call within its grace), which is
     # dark from T0 + 6.1 s.
@@ -649,7 +649,7 @@ def test_a_node_that_names_its_dark_partition_passes() -> None:
         sample("n1", T0 + 8000, [0], "partitions not deciding: 0 (an append in flight for 2.1 s)"),
         sample("n1", T0 + 10_000, [0], "partitions not deciding (recovering or failing): 0, 1"),
         sample("n1", T0 + 12_000, [0], "partitions not deciding: 0 (4.2 s behind its timers)"),
-        # catching up: the first calls after the darkness are on their way within a second
+        # catching up: the leases after the darkness are being decided within a second
         sample("n1", T0 + 13_000, [0]),
     ]
     report = check(b.history(T0 + 24_000, health_samples=samples))
@@ -658,8 +658,8 @@ def test_a_node_that_names_its_dark_partition_passes() -> None:
     assert dark["first_named_after_s"] == 1.9 and dark["named_for_s"] == 1.0
 
 
-def test_a_node_whose_clock_is_behind_is_not_judged_meanwhile() -> None:
-    # Its partitions fire the skew late by the true clock, on time by its own: it cannot know.
+def test_no_node_is_judged_while_a_clock_is_moved() -> None:
+    # The leases the skewed node decides carry its instants, not the true ones.
     b = dark_for_a_while()
     b.faults += [
         {"record": "clock", "node": "n3", "offset_s": -4.0, "at": T0 + 5000},

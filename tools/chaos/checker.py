@@ -48,8 +48,8 @@ What must hold (a violation of any is a failed run):
     partitions owned but not running).
 14. ``ready_while_dark``: through the run (``tools.chaos.watch`` samples every node's
     ``/readyz`` and ``/metrics`` every half second), no node says ready while its metrics show
-    it owning a partition that has owed calls and made none for more than ``DARK_BOUND_MS``
-    (:class:`Darkness`); a node whose clock was set behind is not judged meanwhile.
+    it owning a partition that has owed leases and granted none for more than
+    ``DARK_BOUND_MS`` (:class:`Darkness`); not judged while a clock fault moves a clock.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ DARK_AT_END_MS = 10_000  # a partition with a slot never run this close to the e
 # A node may say ready at most this long into a partition's darkness (ready_while_dark): the
 # node's own bound is 2 s (node.runner.STUCK_S), the rest is the harness's sampling.
 DARK_BOUND_MS = 3000
-SAID_GRACE_MS = 2000  # a call this soon after a sample was on its way when it was taken
+SAID_GRACE_MS = 2000  # a lease this soon after a sample: its batch was being decided then
 OWED_LOOKBACK_MS = 60_000  # slots older than this are slot_never_run's, not darkness
 SKEW_SETTLE_MS = 2500  # libfaketime reads a new offset within two seconds
 # What ended the attempt before a repeated delivery.
@@ -710,7 +710,7 @@ def _check_timing(
     }
     _recovery(history, f, first_at, report)
     _probes(history, f, first_at, report)
-    _check_readiness(history, f, first_at, report)
+    _check_readiness(history, f, report)
 
 
 def _probes(history: History, f: Fold, first_at: dict[str, dict[int, int]], report: Report) -> None:
@@ -848,43 +848,44 @@ def _named_not_deciding(reasons: str) -> set[int]:
     return {int(n) for n in re.findall(r"\d+", re.sub(r"\([^)]*\)", "", rest))}
 
 
-def _unjudged(history: History) -> dict[str, list[tuple[int, int]]]:
-    """When each node's own clock was behind the true one (a ``clock_behind`` fault, and the
-    ``SKEW_SETTLE_MS`` libfaketime takes to read a change): its partitions then fire up to the
-    skew late by the true clock while the node, by its own, is on time, so its readiness is not
-    judged then."""
-    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    behind_since: dict[str, int] = {}
+def _unjudged(history: History) -> list[tuple[int, int]]:
+    """When some node's clock was moved (a clock fault, and the ``SKEW_SETTLE_MS`` libfaketime
+    takes to read a change): the leases it decided then carry its instants, not the true
+    ones, so no node's readiness is judged then."""
+    spans: list[tuple[int, int]] = []
+    moved_since: dict[str, int] = {}
     for r in sorted(
         (r for r in history.faults if r.get("record") == "clock"), key=lambda r: int(r["at"])
     ):
         node, at = r["node"], int(r["at"])
-        if float(r["offset_s"]) < 0:
-            behind_since.setdefault(node, at)
-        elif node in behind_since:
-            spans[node].append((behind_since.pop(node), at + SKEW_SETTLE_MS))
-    for node, since in behind_since.items():
-        spans[node].append((since, history.window_end_ms + SKEW_SETTLE_MS))
+        if float(r["offset_s"]) != 0:
+            moved_since.setdefault(node, at)
+        elif node in moved_since:
+            spans.append((moved_since.pop(node), at + SKEW_SETTLE_MS))
+    spans += [(since, history.window_end_ms + SKEW_SETTLE_MS) for since in moved_since.values()]
     return spans
 
 
 class Darkness:
-    """When a partition was dark, by the true clock at the target: it *owed* calls (a slot of
-    one of its every-second push jobs overdue ``DARK_BOUND_MS`` before, and not called by
-    then) and *called nothing* (no call of any of its push jobs arrived from then to
-    ``SAID_GRACE_MS`` after). A partition catching up calls its older slots: not dark. A
+    """When a partition was dark, from the events as the log holds them: it *owed* leases (a
+    slot of one of its every-second push jobs whose on-time bound had passed ``DARK_BOUND_MS``
+    before, and not leased by then) and *granted none* (no lease of any of its runs from then
+    to ``SAID_GRACE_MS`` after). A lease's instant is its decision's (``at``, the deciding
+    node's clock: ``_check_readiness`` does not judge while a clock is moved). A partition
+    catching up grants leases of its older slots: not dark. Whether the calls then went out is
+    not readiness' business (``cronlog_runs_waiting_to_start`` and late starts say it). A
     partition without every-second push jobs is never judged."""
 
-    def __init__(self, history: History, f: Fold, first_at: dict[str, dict[int, int]]) -> None:
+    def __init__(self, f: Fold) -> None:
         self.jobs_of = _every_second_push(f)
-        self._first_at = first_at
-        calls: dict[int, list[int]] = defaultdict(list)
-        for r in history.calls:
-            if r.get("kind") == "call":
-                run = f.runs.get(_run_of_key(r["key"]))
-                if run is not None:
-                    calls[run.partition].append(int(r["at"]))
-        self._calls = {p: sorted(at) for p, at in calls.items()}
+        self._first: dict[str, dict[int, int]] = defaultdict(dict)  # job -> slot -> leased at
+        granted: dict[int, list[int]] = defaultdict(list)
+        for run in f.runs.values():
+            if not run.leases:
+                continue
+            self._first[run.job_id][run.slot] = min(lease.granted_at for lease in run.leases)
+            granted[run.partition] += [lease.granted_at for lease in run.leases]
+        self._granted = {p: sorted(at) for p, at in granted.items()}
 
     def dark(self, p: int, t: int) -> bool:
         return self._owed(p, t - DARK_BOUND_MS) and self._silent(p, t)
@@ -894,24 +895,22 @@ class Darkness:
         for job in self.jobs_of.get(p, ()):
             assert job.first_slot is not None
             oldest = max(job.first_slot, newest - OWED_LOOKBACK_MS)
-            called = self._first_at.get(job.job_id, {})
+            leased = self._first.get(job.job_id, {})
             for slot in range(newest, oldest - 1, -1000):
                 if job.paused_at is not None and slot >= job.paused_at:
                     continue
-                when = called.get(slot)
+                when = leased.get(slot)
                 if when is None or when > at:
                     return True
         return False
 
     def _silent(self, p: int, t: int) -> bool:
-        calls = self._calls.get(p, [])
-        k = bisect.bisect_right(calls, t - DARK_BOUND_MS)
-        return k == len(calls) or calls[k] > t + SAID_GRACE_MS
+        granted = self._granted.get(p, [])
+        k = bisect.bisect_right(granted, t - DARK_BOUND_MS)
+        return k == len(granted) or granted[k] > t + SAID_GRACE_MS
 
 
-def _check_readiness(
-    history: History, f: Fold, first_at: dict[str, dict[int, int]], report: Report
-) -> None:
+def _check_readiness(history: History, f: Fold, report: Report) -> None:
     """``ready_while_dark``: no node says ready (``/readyz`` 200) while its metrics show it
     owning a partition dark (:class:`Darkness`) at that moment, which means dark for more than
     ``DARK_BOUND_MS`` already. Ownership is the partition labels of the node's own metrics in
@@ -923,7 +922,7 @@ def _check_readiness(
     samples = sorted(history.health_samples, key=lambda r: int(r["at"]))
     if not samples:
         return
-    darkness = Darkness(history, f, first_at)
+    darkness = Darkness(f)
     end = history.window_end_ms
     unjudged = _unjudged(history)
     owned_last: dict[str, list[int]] = {}
@@ -946,15 +945,15 @@ def _check_readiness(
                 named[p].append(t)
         if r.get("readyz") != 200 or t > end:
             continue
-        if any(lo <= t <= hi for lo, hi in unjudged.get(node, ())):
+        if any(lo <= t <= hi for lo, hi in unjudged):
             continue
         for p in owned_last.get(node, []):
             if darkness.dark(p, t):
                 ready_dark += 1
                 report.violate(
                     "ready_while_dark",
-                    f"{node} said ready at {t} owning partition {p}, which had owed calls and"
-                    f" made none for over {DARK_BOUND_MS / 1000:.0f} s",
+                    f"{node} said ready at {t} owning partition {p}, which had owed leases and"
+                    f" granted none for over {DARK_BOUND_MS / 1000:.0f} s",
                 )
     report.figures["ready_while_dark_samples"] = ready_dark
     report.figures["health_samples"] = len(samples)
@@ -995,7 +994,7 @@ def _dark_per_fault(
                     began = None
             if longest is None:
                 continue
-            # Dark at t means silent while owing since t - DARK_BOUND_MS.
+            # Dark at t means granting nothing while owing since t - DARK_BOUND_MS.
             lo, hi = longest[0] - DARK_BOUND_MS, longest[1]
             said = sorted(t for t in named.get(p, ()) if lo <= t <= hi)
             ready_owner = sum(
