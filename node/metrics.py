@@ -9,7 +9,10 @@ log and the read model they depend on.
   the decisions of its own partitions and a cluster's figure is the sum over its nodes. A
   partition that moves to another node takes its counting with it; nothing is counted twice.
 - **Gauges** are read from the node when scraped (:class:`Gauges`): the runs of the partitions
-  it owns, by state and, for the ready ones, by priority; its jobs; the read model's lag.
+  it owns, by state and, for the ready ones, by priority; its jobs; the read model's lag. A
+  scrape never waits on a broker: a figure that needs one (the read model's lag, from the log's
+  end offsets) is measured on a thread of its own (:class:`Measured`), and the scrape shows the
+  last measurement with its age, so a stalled cluster is scraped as promptly as a healthy one.
 
 Labels never name a tenant, a job or a run: the series stay few whatever the number of jobs,
 and one team's names are not shown to whoever reads the metrics. The endpoint has its own bearer
@@ -21,6 +24,8 @@ registry, so several nodes in one process (tests) do not share counters.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
@@ -37,6 +42,8 @@ from node.runner import Recovery
 from node.snapshotter import Written
 from projections.decoding import ForeignRecord
 from projections.history_checkpoint import Collected, Restored, Taken
+
+log = logging.getLogger(__name__)
 
 # Scheduling delay: the target is "within a second of the slot", aiming for milliseconds.
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -58,10 +65,12 @@ class Gauges:
     oldest_ready_age_s: float = 0.0  # how long the longest-waiting ready run has waited
     jobs: dict[str, int] = field(default_factory=dict)  # status -> count
     read_model_lag: int = 0  # events the read model is behind the log, over all partitions
+    read_model_lag_age_s: float = 0.0  # how long ago that was measured
     executor_in_flight: int = 0
     waiting_for_room: int = 0  # due push runs held back by the node's or their team's room
     waiting_for_rate: int = 0  # ... by their downstream's max_calls_per_sec
     partitions_not_deciding: int = 0  # owned, but recovering, failing, fenced or without runner
+    deciding: dict[int, bool] = field(default_factory=dict)  # by owned partition
     recoveries: dict[int, Recovery] = field(default_factory=dict)  # by owned partition
 
 
@@ -402,6 +411,62 @@ class NodeMetrics:
         return generate_latest(self.registry)
 
 
+class Measured:
+    """A figure whose measure may wait on a broker (the read model's lag, from the log's end
+    offsets), read at every scrape without waiting on one.
+
+    A read starts a measurement on a thread of its own when the last is older than ``fresh_s``
+    and none is running (one at a time: a broker that does not answer holds one thread, not one
+    per scrape), waits for it ``wait_s`` at most, and answers the newest measurement with its
+    age in seconds. A measurement that fails is logged and reads -1 (unknown)."""
+
+    def __init__(
+        self,
+        measure: Callable[[], int],
+        name: str,
+        *,
+        fresh_s: float = 1.0,
+        wait_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._measure = measure
+        self._name = name
+        self._fresh_s = fresh_s
+        self._wait_s = wait_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._value = -1
+        self._at = clock()  # when the newest measurement began (the start, before the first)
+        self._measured = False
+        self._running: threading.Event | None = None  # set when the running one ends
+
+    def read(self) -> tuple[int, float]:
+        """The newest measurement and how old it is (seconds)."""
+        with self._lock:
+            running = self._running
+            if running is None and (not self._measured or self._clock() - self._at > self._fresh_s):
+                running = self._running = threading.Event()
+                threading.Thread(
+                    target=self._run, args=(running,), name=f"measure {self._name}", daemon=True
+                ).start()
+        if running is not None:
+            running.wait(self._wait_s)
+        with self._lock:
+            return self._value, max(0.0, self._clock() - self._at)
+
+    def _run(self, done: threading.Event) -> None:
+        began = self._clock()
+        try:
+            value = self._measure()
+        except Exception as err:  # a broker's error, or the log closed under it
+            log.warning("%s unknown: %s", self._name, err)
+            value = -1
+        with self._lock:
+            self._value, self._at, self._measured = value, began, True
+            self._running = None
+        done.set()
+
+
 class TimedWriter:
     """A partition writer whose appends are timed and counted into ``metrics``."""
 
@@ -448,6 +513,15 @@ class _GaugeCollector:
             "alert when it stays above 0.",
         )
         dark.add_metric([], g.partitions_not_deciding)
+        deciding = GaugeMetricFamily(
+            "cronlog_partition_deciding",
+            "Each owned partition: 1 while it decides, 0 while it does not (recovering, failing,"
+            " fenced, or an append in flight or failed, or timers due undecided, for more than"
+            " 2 s): /readyz names each one at 0 with why.",
+            labels=["partition"],
+        )
+        for partition, yes in sorted(g.deciding.items()):
+            deciding.add_metric([str(partition)], 1.0 if yes else 0.0)
         runs = GaugeMetricFamily(
             "cronlog_runs",
             "Live and dead runs of the owned partitions, by state.",
@@ -475,9 +549,16 @@ class _GaugeCollector:
         lag = GaugeMetricFamily(
             "cronlog_read_model_lag_events",
             "Events in the log that the read model (history queries) has not folded in yet "
-            "(-1 when the log could not be asked).",
+            "(-1 when the log could not be asked). Measured from the brokers apart from the"
+            " scrape: cronlog_read_model_lag_age_seconds says how old it is.",
         )
         lag.add_metric([], g.read_model_lag)
+        lag_age = GaugeMetricFamily(
+            "cronlog_read_model_lag_age_seconds",
+            "How long ago cronlog_read_model_lag_events was measured: it grows while the"
+            " brokers do not answer (a scrape waits at most a quarter second for them).",
+        )
+        lag_age.add_metric([], g.read_model_lag_age_s)
         calls = GaugeMetricFamily(
             "cronlog_executor_calls_in_flight", "Calls this node's executors are making now."
         )
@@ -506,4 +587,7 @@ class _GaugeCollector:
             offset = recovery.snapshot_offset
             restored.add_metric([str(partition)], -1 if offset is None else offset)
             replayed.add_metric([str(partition)], recovery.replayed)
-        return [ready, owned, dark, runs, queue, oldest, jobs, lag, calls, held, restored, replayed]
+        return [
+            *(ready, owned, dark, deciding, runs, queue, oldest, jobs, lag, lag_age, calls),
+            *(held, restored, replayed),
+        ]

@@ -92,7 +92,7 @@ from node.hot_window import (
     HotWindow,
     HotWindowMetrics,
 )
-from node.metrics import Gauges, NodeMetrics, TimedWriter
+from node.metrics import Gauges, Measured, NodeMetrics, TimedWriter
 from node.owned_history import (
     Checkpointing,
     HistoryCheckpoints,
@@ -269,6 +269,7 @@ class Node:
             owns=lambda p: p in self._owned_now(),
             metrics=RelayMetrics(self.metrics.registry),
         )
+        self._read_model_lag = Measured(self._history_lag, "read model lag")
         self.metrics.watch(self.gauges)
         # Finished runs older than the window leave the read model; past it, the archive
         # answers (read through log_, which is archive + log when there is an archive).
@@ -885,11 +886,11 @@ class Node:
         reasons = []
         if not self._owned_now():
             reasons.append("it owns no partitions yet")
-        not_deciding = self.not_deciding()
+        not_deciding = self.not_deciding_why()
         if not_deciding:
             reasons.append(
-                "partitions not deciding (recovering or failing): "
-                + ", ".join(str(p) for p in not_deciding)
+                "partitions not deciding: "
+                + ", ".join(f"{p} ({why})" for p, why in sorted(not_deciding.items()))
             )
         down = self.services.down()
         if down:
@@ -905,17 +906,28 @@ class Node:
         return any(not runner.caught_up.is_set() for runner in runners)
 
     def not_deciding(self) -> list[int]:
-        """Partitions this node owns whose runner is not deciding: recovering, failing, fenced,
-        or missing."""
+        """Partitions this node owns and does not decide now (:meth:`not_deciding_why`)."""
+        return sorted(self.not_deciding_why())
+
+    def not_deciding_why(self) -> dict[int, str]:
+        """Partitions this node owns and does not decide now, each with why: its runner
+        recovering, failing or fenced, missing, or held (an append in flight or failed, timers
+        due and undecided, for more than ``runner.STUCK_S``: ``PartitionRunner.not_deciding_why``).
+        A partition counts as deciding again once its runner appends or catches up."""
         if self._membership is None:
-            return []
+            return {}
         with self._lock:
             runners = dict(self._runners)
-        return [
-            p
-            for p in sorted(self._membership.owned())
-            if p not in runners or not runners[p].deciding.is_set()
-        ]
+        found: dict[int, str] = {}
+        for p in sorted(self._membership.owned()):
+            runner = runners.get(p)
+            if runner is None:
+                found[p] = "no runner"
+            elif runner.fenced:
+                found[p] = "fenced: its writer failed or another node took it"
+            elif (why := runner.not_deciding_why()) is not None:
+                found[p] = why
+        return found
 
     def wait_recovered(self, timeout_s: float) -> bool:
         """Block until this node owns partitions and every one has caught up (deciding)."""
@@ -963,8 +975,10 @@ class Node:
     def gauges(self) -> Gauges:
         """The node as it is now, for the metrics' gauges (called at each scrape)."""
         now = self._clock.now_ms()
+        not_deciding = self.not_deciding_why()
         g = Gauges(ready=self.ready(), executor_in_flight=self.executors.in_flight)
-        g.partitions_not_deciding = len(self.not_deciding())
+        g.partitions_not_deciding = len(not_deciding)
+        g.deciding = {p: p not in not_deciding for p in self._owned_now()}
         g.waiting_for_room, g.waiting_for_rate = self.executors.waiting
         g.runs = dict.fromkeys((s.value for s in RunStatus), 0)
         g.jobs = dict.fromkeys((s.value for s in JobStatus), 0)
@@ -985,11 +999,9 @@ class Node:
             if runner.last_recovery is not None:
                 g.recoveries[runner.partition] = runner.last_recovery
         g.oldest_ready_age_s = 0.0 if oldest is None else (now - oldest) / 1000
-        try:
-            g.read_model_lag = self._history_lag()
-        except CronlogError as err:
-            log.warning("read model lag unknown: %s", err)
-            g.read_model_lag = -1
+        # Measured from the brokers, so never inside the scrape: the last measurement, and
+        # how old it is (a broker that does not answer leaves it growing old, not the scrape).
+        g.read_model_lag, g.read_model_lag_age_s = self._read_model_lag.read()
         return g
 
     async def execute(self, command: AnyCommand) -> list[ev.AnyEvent]:

@@ -80,6 +80,11 @@ RECOVERY_BATCH = 5000
 # within milliseconds instead of after the whole herd was decided.
 MAX_TIMERS = 500
 IDLE_WAIT_S = 0.5  # the longest a runner sleeps without looking at the clock again
+# A partition whose append has been in flight this long, or whose oldest due timer has waited
+# this long undecided, is not deciding (``PartitionRunner.not_deciding_why``): twice the stall
+# watch's threshold, so a batch that is merely slow on a busy machine does not flap readiness.
+STUCK_S = 2.0
+APPENDING = "appending to the log"
 RESTART_DELAY_S = 0.1  # the first recovery after a failure; doubles with each failure in a row
 MAX_RESTART_DELAY_S = 30.0
 
@@ -196,6 +201,10 @@ class PartitionRunner:
         self.phase: tuple[str, float] = ("starting", time.monotonic())
         self.times = LoopTimes()
         self._due_at: int | None = None
+        # The oldest timer already due when the first recovery ended (a partition taken over
+        # after it went unowned owes every slot since): behind its timers from then until its
+        # first batch is decided, which sets ``_due_at``.
+        self._owed_at: int | None = None
         # Set while the runner decides: recovered, and not failing since. ``caught_up`` is the
         # same event under the name the node's start-up waits by.
         self.deciding = threading.Event()
@@ -205,6 +214,8 @@ class PartitionRunner:
         self._ended_at: float | None = None  # its time.monotonic()
         self.failures = 0  # failures since the last batch that went through
         self.restarts = 0  # recoveries after a failure, over the runner's life
+        # Why the last append failed, while no append has succeeded since (None otherwise).
+        self._append_failed: str | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -339,6 +350,7 @@ class PartitionRunner:
         # snapshot due at once, so the next owner need not replay it again.
         self._since_snapshot = self._store.offset() - (self.restored_from or 0)
         self._snapshot_at = time.monotonic()
+        self._owed_at = self.core.overdue_since()
         self.deciding.set()
         if self._on_recovered is not None:
             self._on_recovered(self.partition)
@@ -433,6 +445,7 @@ class PartitionRunner:
             self._process(batch, now, times)
             self.times = times
             self._due_at = self.core.overdue_since() or self.core.next_deadline()
+            self._owed_at = None  # decided: from here on the batch's deadline says
             self.failures = 0
 
     def _enter(self, phase: str) -> float:
@@ -445,10 +458,32 @@ class PartitionRunner:
         """How far behind its timers the partition is: since the oldest timer it has yet to
         decide came due (0 when none has, and while it is not deciding: readiness reports
         that)."""
-        due = self._due_at
+        due = self._due_at if self._due_at is not None else self._owed_at
         if due is None or not self.deciding.is_set():
             return 0.0
         return max(0.0, (self._clock.now_ms() - due) / 1000)
+
+    def not_deciding_why(self) -> str | None:
+        """Why the partition decides nothing now, in words; None while it does. It does not
+        while it recovers or fails (``deciding`` is clear); while an append has been in flight
+        for more than ``STUCK_S`` (a broker that stopped answering holds it up to the log's
+        timeout); from an append that failed until one succeeds; and while a timer that came
+        due has waited more than ``STUCK_S`` undecided (its thread held elsewhere)."""
+        if not self.deciding.is_set():
+            if self.failures == 0:
+                return "recovering"
+            return f"failing ({self.failures} in a row), recovering again"
+        phase, since = self.phase
+        held = time.monotonic() - since
+        if phase == APPENDING and held > STUCK_S:
+            return f"an append in flight for {held:.1f} s"
+        failed = self._append_failed
+        if failed is not None:
+            return f"its last append failed ({failed})"
+        behind = self.behind_s()
+        if behind > STUCK_S:
+            return f"{behind:.1f} s behind its timers"
+        return None
 
     def stall_cause(self) -> str:
         """Why the partition is behind, in words: what its thread has been doing since, or,
@@ -555,7 +590,7 @@ class PartitionRunner:
             _answer(answers, [], [])
             times.decide_s = time.monotonic() - deciding
             return
-        appending = self._enter("appending to the log")
+        appending = self._enter(APPENDING)
         times.decide_s = appending - deciding
         try:
             offsets = self._writer.append([ev.encode(e) for e in events], commands_through=through)
@@ -566,6 +601,7 @@ class PartitionRunner:
             raise
         except Exception as err:
             self.deciding.clear()
+            self._append_failed = f"{type(err).__name__}: {err}"[:200]
             log.exception("partition %d: append failed; recovering", self.partition)
             _answer(answers, [], [], Unavailable(f"partition {self.partition}: {err}"))
             self._recover_after_append(events, starting)
@@ -574,6 +610,7 @@ class PartitionRunner:
         # always rebuild) and the observers.
         saving = self._enter("saving its state")
         times.append_s = saving - appending
+        self._append_failed = None
         _answer(answers, events, offsets)
         self._dispatch(events, starting)
         assert self._store is not None

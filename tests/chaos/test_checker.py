@@ -596,3 +596,74 @@ def test_a_withdrawn_run_that_was_called_all_the_same_is_caught() -> None:
     b.deliver("a", slot, token, slot + 5)  # the executor never heard: the call was made
     report = check(b.history(end(11)))
     assert report.violations["withdrawn_run_delivered"], report.as_json()["violations"]
+
+
+def dark_for_a_while() -> Builder:
+    """Partition 0 leases nothing from slot 5 on until T0 + 13.5 s, then leases every slot it
+    owes at once (a broker's death held its appends); partition 1 is on time throughout."""
+    b = Builder()
+    b.job("a", 0)
+    b.job("b", 1)
+    for i in range(25):
+        slot = T0 + i * 1000
+        b.fine_run("a", slot, late_ms=T0 + 13_500 - slot if 5 <= i < 13 else 20)
+        b.fine_run("b", slot)
+    b.faults.append(
+        {"record": "fault", "kind": "broker_leader", "broker": 2, "injected_at": T0 + 5100}
+    )
+    return b
+
+
+def sample(node: str, at: int, owned: list[int], reasons: str | None = None) -> dict[str, Any]:
+    said: dict[str, Any] = {"readyz": 200} if reasons is None else {"readyz": 503}
+    if reasons is not None:
+        said["reasons"] = '{"error":"unavailable","message":"not ready: ' + reasons + '"}'
+    return {"node": node, "at": at, **said, "metrics_ms": 30, "not_deciding": 0, "owned": owned}
+
+
+def test_a_node_that_says_ready_while_its_partition_is_dark_is_caught() -> None:
+    b = dark_for_a_while()
+    samples = [
+        sample("n1", T0 + 4000, [0]),  # before the darkness: ready is the truth
+        sample("n2", T0 + 10_000, [1]),  # its partition calls on time
+        sample("n1", T0 + 10_000, [0]),  # owing since T0 + 6 s, no lease since 4 s: a lie
+        {"node": "n1", "at": T0 + 11_000, "readyz": 200, "metrics_ms": None},  # owner as last seen
+    ]
+    report = check(b.history(T0 + 24_000, health_samples=samples))
+    assert report.counts["ready_while_dark"] == 2, report.as_json()["violations"]
+    assert all("partition 0" in v for v in report.violations["ready_while_dark"])
+    assert report.figures["metrics_unanswered_while_probe_answered"] == 1
+    [fault] = report.recovery
+    [dark] = fault["dark_partitions"]
+    # Owed from T0 + 6 s (slot 5's on-time bound), silent from T0 + 4 s to slot 13's lease at
+    # T0 + 13 s: dark, as looked at every half second from the fault, from T0 + 9.1 s (owed
+    # for 3 s) to T0 + 10.6 s (the last look before that call within its grace), which is
+    # dark from T0 + 6.1 s.
+    assert dark["partition"] == 0 and dark["dark_s"] == 4.5
+    assert dark["first_named_after_s"] is None and dark["owner_said_ready_samples"] == 1
+
+
+def test_a_node_that_names_its_dark_partition_passes() -> None:
+    b = dark_for_a_while()
+    samples = [
+        sample("n1", T0 + 8000, [0], "partitions not deciding: 0 (an append in flight for 2.1 s)"),
+        sample("n1", T0 + 10_000, [0], "partitions not deciding (recovering or failing): 0, 1"),
+        sample("n1", T0 + 12_000, [0], "partitions not deciding: 0 (4.2 s behind its timers)"),
+        # catching up: the leases after the darkness are being decided within a second
+        sample("n1", T0 + 13_000, [0]),
+    ]
+    report = check(b.history(T0 + 24_000, health_samples=samples))
+    assert report.ok, report.as_json()["violations"]
+    [dark] = report.recovery[0]["dark_partitions"]
+    assert dark["first_named_after_s"] == 1.9 and dark["named_for_s"] == 1.0
+
+
+def test_no_node_is_judged_while_a_clock_is_moved() -> None:
+    # The leases the skewed node decides carry its instants, not the true ones.
+    b = dark_for_a_while()
+    b.faults += [
+        {"record": "clock", "node": "n3", "offset_s": -4.0, "at": T0 + 5000},
+        {"record": "clock", "node": "n3", "offset_s": 0.0, "at": T0 + 12_000},
+    ]
+    report = check(b.history(T0 + 24_000, health_samples=[sample("n3", T0 + 10_000, [0])]))
+    assert report.ok, report.as_json()["violations"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -10,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from core import events as ev
 from core.commands import PauseJob, PutJob, TriggerRun
 from core.jobs import DAY_MS, PullTarget
-from node.metrics import Gauges, NodeMetrics
+from node.metrics import Gauges, Measured, NodeMetrics
 from node.node import Node
 from node.runner import Recovery
 from node.snapshotter import Written
@@ -182,3 +184,39 @@ def test_each_partition_shows_what_its_last_recovery_restored_and_replayed() -> 
     assert samples["cronlog_recovery_replayed_events", (("partition", "3"),)] == 9_000
     assert samples["cronlog_snapshot_offset", (("partition", "3"),)] == 8_990
     assert ("cronlog_recovery_replayed_events", (("partition", "1"),)) not in samples
+
+
+def test_a_figure_measured_from_a_broker_that_does_not_answer_never_holds_the_scrape() -> None:
+    answer = threading.Event()
+    calls = []
+
+    def measure() -> int:
+        calls.append(1)
+        assert answer.wait(10)  # a broker that stopped answering
+        return 42
+
+    lag = Measured(measure, "read model lag", fresh_s=0.0, wait_s=0.05)
+    began = time.monotonic()
+    assert lag.read()[0] == -1  # unknown yet: said so, at once
+    value, age = lag.read()
+    assert value == -1 and age > 0
+    assert time.monotonic() - began < 5.0  # the measurement waits 10 s (a loaded machine: slack)
+    assert len(calls) == 1  # one measurement at a time, however many scrapes
+    answer.set()
+    deadline = time.monotonic() + 10
+    while lag.read()[0] != 42:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_figure_whose_measurement_fails_reads_minus_one() -> None:
+    def measure() -> int:
+        raise RuntimeError("broker down")
+
+    assert Measured(measure, "read model lag", wait_s=5.0).read()[0] == -1
+
+
+def test_the_read_model_lag_is_shown_with_its_age(node: Node) -> None:
+    samples = scrape(node.metrics)
+    assert samples["cronlog_read_model_lag_events", ()] >= 0
+    assert 0 <= samples["cronlog_read_model_lag_age_seconds", ()] < 60

@@ -225,7 +225,12 @@ def test_a_partition_that_cannot_recover_is_not_ready_until_it_does(
         assert not n.wait_ready(2)
         assert n.not_deciding() == [2]
         assert n.gauges().partitions_not_deciding == 1
-        assert b"cronlog_partitions_not_deciding 1.0" in n.metrics.render()
+        scraped = n.metrics.render()
+        assert b"cronlog_partitions_not_deciding 1.0" in scraped
+        assert b'cronlog_partition_deciding{partition="2"} 0.0' in scraped
+        assert b'cronlog_partition_deciding{partition="1"} 1.0' in scraped
+        # /readyz names it, with why
+        assert any("partitions not deciding: 2 (failing" in r for r in n.not_ready())
         blocker.unlink()
         assert n.wait_ready(40)  # the next try after its backoff finds the path free
         assert n.not_deciding() == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -12,11 +13,12 @@ import pytest
 
 from core import events as ev
 from core.clock import FakeClock
-from core.commands import PutJob
+from core.commands import PauseJob, PutJob
 from core.errors import CronlogError, Unavailable
 from core.jobs import HttpTarget, JobSpec, PullTarget
 from core.state import PartitionState, RunState
 from eventlog.memory import MemoryLog
+from node import runner as runner_module
 from node.runner import Decided, Dispatcher, PartitionRunner, Request
 from projections.state_store import MemoryStateStore, StateStore
 
@@ -415,3 +417,131 @@ def test_a_run_materialised_a_lead_ahead_starts_at_its_slot_also_under_a_new_own
         assert len(of(at(runner, slot + 1), ev.RunMaterialised)) == 1  # made once only
     finally:
         runner.stop()
+
+
+class StuckWriter:
+    """A partition writer whose appends wait until ``release`` (a broker that stopped
+    answering) and then go through, or fail the first ``fail`` times (a broker's error)."""
+
+    def __init__(self, writer: Any, fail: int = 0) -> None:
+        self._writer = writer
+        self.partition = writer.partition
+        self.entered = threading.Event()
+        self.released = threading.Event()
+        self._fail = fail
+
+    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+        self.entered.set()
+        assert self.released.wait(10)
+        if self._fail:
+            self._fail -= 1
+            raise RuntimeError("NOT_ENOUGH_REPLICAS")
+        return list(self._writer.append(events, commands_through=commands_through))
+
+    def wait_until_readable(self) -> None:
+        self._writer.wait_until_readable()
+
+    def command_position(self) -> int:
+        return int(self._writer.command_position())
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def stuck_runner(
+    log: MemoryLog, writer_of: Callable[[Any], StuckWriter]
+) -> tuple[PartitionRunner, StuckWriter]:
+    member = log.join(Owner())
+    member.poll(0)
+    writer = writer_of(member.writer(0))
+    runner = PartitionRunner(
+        0, log, writer, lambda: MemoryStateStore(0), FakeClock(START), NoExecutors()
+    )  # type: ignore[arg-type]
+    runner.start()
+    assert runner.deciding.wait(10)
+    return runner, writer
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_partition_held_in_an_append_is_not_deciding_until_the_append_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A Kafka append to a broker that stopped answering holds its runner up to the log's
+    # timeout (30 s) while ``deciding`` stays set: readiness must say so within STUCK_S.
+    monkeypatch.setattr(runner_module, "STUCK_S", 0.3)
+    runner, writer = stuck_runner(MemoryLog(1), StuckWriter)
+    try:
+        assert runner.not_deciding_why() is None
+        answer = put(runner, "a")
+        assert writer.entered.wait(10)
+        wait_for(lambda: (runner.not_deciding_why() or "").startswith("an append in flight for"))
+        assert runner.deciding.is_set()  # what readiness read before: it said "deciding"
+        writer.released.set()
+        assert isinstance(answer.result(timeout=10), Decided)
+        wait_for(lambda: runner.not_deciding_why() is None)
+    finally:
+        runner.stop()
+
+
+def test_a_partition_whose_append_failed_is_not_deciding_until_one_goes_through() -> None:
+    log = MemoryLog(1)
+    runner, writer = stuck_runner(log, lambda w: StuckWriter(w, fail=1))
+    writer.released.set()
+    try:
+        assert isinstance(put(runner, "a").result(timeout=10), Unavailable)
+        wait_for(runner.deciding.is_set)  # recovered from the log, and deciding again...
+        why = runner.not_deciding_why()  # ...but its writer has not appended since
+        assert why is not None and "its last append failed" in why and "NOT_ENOUGH" in why
+        assert isinstance(put(runner, "b").result(timeout=10), Decided)
+        assert runner.not_deciding_why() is None
+    finally:
+        runner.stop()
+
+
+def test_a_partition_taken_over_owing_slots_is_behind_until_its_first_batch_is_decided(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A partition that went unowned owes every slot since; its new owner's first batch decides
+    # them all (slow under load, its append held by a broker): not deciding meanwhile.
+    monkeypatch.setattr(runner_module, "STUCK_S", 5.0)
+    log = MemoryLog(1)
+    member = log.join(Owner())
+    member.poll(0)
+    first = PartitionRunner(
+        0, log, member.writer(0), lambda: MemoryStateStore(0), FakeClock(START), NoExecutors()
+    )
+    first.start()
+    try:
+        answer: Future[Decided | CronlogError] = Future()
+        job = JobSpec(name="m", tenant="team-a", target=PullTarget(pool="p"), schedule="* * * * *")
+        first.submit(Request(PutJob(job_id="m", spec=job), reply=answer.set_result))
+        assert isinstance(answer.result(timeout=10), Decided)
+    finally:
+        first.stop()
+    writer = StuckWriter(member.writer(0))
+    later = PartitionRunner(
+        0, log, writer, lambda: MemoryStateStore(0), FakeClock(START + 600_000), NoExecutors()
+    )  # type: ignore[arg-type]
+    later.start()
+    try:
+        assert writer.entered.wait(10)  # its first batch: the slots it owes, held in the append
+        why = later.not_deciding_why()
+        assert why is not None and "behind its timers" in why, why
+        writer.released.set()
+        wait_for(lambda: later.not_deciding_why() is None)
+        # Once decided, what it owed at its recovery no longer counts, timers or none: its
+        # only job paused leaves it none.
+        paused: Future[Decided | CronlogError] = Future()
+        later.submit(Request(PauseJob(job_id="m", tenant="team-a"), reply=paused.set_result))
+        assert isinstance(paused.result(timeout=10), Decided)
+        assert later.core.next_deadline() is None and later.core.overdue_since() is None
+        assert later.not_deciding_why() is None and later.behind_s() == 0
+    finally:
+        writer.released.set()
+        later.stop()

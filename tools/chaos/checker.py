@@ -46,10 +46,16 @@ What must hold (a violation of any is a failed run):
 13. ``partition_not_running``: at the end every node is ready, and the nodes own every
     partition between them (``/readyz``, ``cronlog_partitions_owned``, and any gauge of
     partitions owned but not running).
+14. ``ready_while_dark``: through the run (``tools.chaos.watch`` samples every node's
+    ``/readyz`` and ``/metrics`` every half second), no node says ready while its metrics show
+    it owning a partition that has owed leases and granted none for more than
+    ``DARK_BOUND_MS`` (:class:`Darkness`); not judged while a clock fault moves a clock.
 """
 
 from __future__ import annotations
 
+import bisect
+import re
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -64,6 +70,12 @@ RECOVERED_AFTER = 3  # consecutive on-time seconds that count as firing on time 
 EXAMPLES = 20  # violations listed per check; the rest are counted
 EARLY_TOLERANCE_MS = 5
 DARK_AT_END_MS = 10_000  # a partition with a slot never run this close to the end is dark
+# A node may say ready at most this long into a partition's darkness (ready_while_dark): the
+# node's own bound is 2 s (node.runner.STUCK_S), the rest is the harness's sampling.
+DARK_BOUND_MS = 3000
+SAID_GRACE_MS = 2000  # a lease this soon after a sample: its batch was being decided then
+OWED_LOOKBACK_MS = 60_000  # slots older than this are slot_never_run's, not darkness
+SKEW_SETTLE_MS = 2500  # libfaketime reads a new offset within two seconds
 # What ended the attempt before a repeated delivery.
 DUPLICATE_CAUSES = {
     "lease_expired": "after_lease_expired",
@@ -93,6 +105,8 @@ class History:
     health: dict[str, NodeHealth] = field(default_factory=dict)
     unreadable_records: int = 0
     probes: list[dict[str, Any]] = field(default_factory=list)  # one-shots due across a step
+    # What the nodes said through the run (tools.chaos.watch): /readyz and /metrics, sampled.
+    health_samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -696,6 +710,7 @@ def _check_timing(
     }
     _recovery(history, f, first_at, report)
     _probes(history, f, first_at, report)
+    _check_readiness(history, f, report)
 
 
 def _probes(history: History, f: Fold, first_at: dict[str, dict[int, int]], report: Report) -> None:
@@ -808,6 +823,203 @@ def _recovery(
             "median": round(statistics.median(times), 1),
             "max": round(max(times), 1),
         }
+
+
+# -- readiness through the run ------------------------------------------------------------------
+
+
+def _every_second_push(f: Fold) -> dict[int, list[Job]]:
+    """The every-second push jobs by partition: a deciding partition calls each every second."""
+    by_partition: dict[int, list[Job]] = defaultdict(list)
+    for j in f.jobs.values():
+        if j.spec.get("schedule") == "* * * * * *" and not j.pull and j.first_slot is not None:
+            by_partition[j.partition].append(j)
+    return by_partition
+
+
+def _named_not_deciding(reasons: str) -> set[int]:
+    """The partitions a ``/readyz`` answer names as not deciding (``partitions not deciding:
+    3 (why), 5 (why)``; before issue 23: ``partitions not deciding (recovering or failing):
+    3, 5``)."""
+    _, found, rest = reasons.partition("partitions not deciding")
+    if not found:
+        return set()
+    rest = rest.split(";")[0].split('"')[0]
+    return {int(n) for n in re.findall(r"\d+", re.sub(r"\([^)]*\)", "", rest))}
+
+
+def _unjudged(history: History) -> list[tuple[int, int]]:
+    """When some node's clock was moved (a clock fault, and the ``SKEW_SETTLE_MS`` libfaketime
+    takes to read a change): the leases it decided then carry its instants, not the true
+    ones, so no node's readiness is judged then."""
+    spans: list[tuple[int, int]] = []
+    moved_since: dict[str, int] = {}
+    for r in sorted(
+        (r for r in history.faults if r.get("record") == "clock"), key=lambda r: int(r["at"])
+    ):
+        node, at = r["node"], int(r["at"])
+        if float(r["offset_s"]) != 0:
+            moved_since.setdefault(node, at)
+        elif node in moved_since:
+            spans.append((moved_since.pop(node), at + SKEW_SETTLE_MS))
+    spans += [(since, history.window_end_ms + SKEW_SETTLE_MS) for since in moved_since.values()]
+    return spans
+
+
+class Darkness:
+    """When a partition was dark, from the events as the log holds them: it *owed* leases (a
+    slot of one of its every-second push jobs whose on-time bound had passed ``DARK_BOUND_MS``
+    before, and not leased by then) and *granted none* (no lease of any of its runs from then
+    to ``SAID_GRACE_MS`` after). A lease's instant is its decision's (``at``, the deciding
+    node's clock: ``_check_readiness`` does not judge while a clock is moved). A partition
+    catching up grants leases of its older slots: not dark. Whether the calls then went out is
+    not readiness' business (``cronlog_runs_waiting_to_start`` and late starts say it). A
+    partition without every-second push jobs is never judged."""
+
+    def __init__(self, f: Fold) -> None:
+        self.jobs_of = _every_second_push(f)
+        self._first: dict[str, dict[int, int]] = defaultdict(dict)  # job -> slot -> leased at
+        granted: dict[int, list[int]] = defaultdict(list)
+        for run in f.runs.values():
+            if not run.leases:
+                continue
+            self._first[run.job_id][run.slot] = min(lease.granted_at for lease in run.leases)
+            granted[run.partition] += [lease.granted_at for lease in run.leases]
+        self._granted = {p: sorted(at) for p, at in granted.items()}
+
+    def dark(self, p: int, t: int) -> bool:
+        return self._owed(p, t - DARK_BOUND_MS) and self._silent(p, t)
+
+    def _owed(self, p: int, at: int) -> bool:
+        newest = (at - ON_TIME_MS) // 1000 * 1000
+        for job in self.jobs_of.get(p, ()):
+            assert job.first_slot is not None
+            oldest = max(job.first_slot, newest - OWED_LOOKBACK_MS)
+            leased = self._first.get(job.job_id, {})
+            for slot in range(newest, oldest - 1, -1000):
+                if job.paused_at is not None and slot >= job.paused_at:
+                    continue
+                when = leased.get(slot)
+                if when is None or when > at:
+                    return True
+        return False
+
+    def _silent(self, p: int, t: int) -> bool:
+        granted = self._granted.get(p, [])
+        k = bisect.bisect_right(granted, t - DARK_BOUND_MS)
+        return k == len(granted) or granted[k] > t + SAID_GRACE_MS
+
+
+def _check_readiness(history: History, f: Fold, report: Report) -> None:
+    """``ready_while_dark``: no node says ready (``/readyz`` 200) while its metrics show it
+    owning a partition dark (:class:`Darkness`) at that moment, which means dark for more than
+    ``DARK_BOUND_MS`` already. Ownership is the partition labels of the node's own metrics in
+    that sample (the last ones it answered when its ``/metrics`` did not).
+
+    Figures: per fault, each partition's longest darkness after it, how long into it a node
+    first named the partition not deciding, for how long one did, how often its owner said
+    ready meanwhile; and how promptly ``/metrics`` answered."""
+    samples = sorted(history.health_samples, key=lambda r: int(r["at"]))
+    if not samples:
+        return
+    darkness = Darkness(f)
+    end = history.window_end_ms
+    unjudged = _unjudged(history)
+    owned_last: dict[str, list[int]] = {}
+    owned_then: list[list[int]] = []  # by sample: what its node owned, as last seen
+    named: dict[int, list[int]] = defaultdict(list)  # partition -> when a node named it
+    ready_dark = 0
+    metrics_ms: list[int] = []
+    metrics_missing = 0
+    for r in samples:
+        node, t = r["node"], int(r["at"])
+        if r.get("owned") is not None:
+            owned_last[node] = r["owned"]
+        owned_then.append(owned_last.get(node, []))
+        if r.get("metrics_ms") is not None:
+            metrics_ms.append(int(r["metrics_ms"]))
+        elif r.get("readyz"):  # it answered its probe, not its scrape
+            metrics_missing += 1
+        if r.get("readyz") not in (None, 0, 200):
+            for p in _named_not_deciding(r.get("reasons", "")):
+                named[p].append(t)
+        if r.get("readyz") != 200 or t > end:
+            continue
+        if any(lo <= t <= hi for lo, hi in unjudged):
+            continue
+        for p in owned_last.get(node, []):
+            if darkness.dark(p, t):
+                ready_dark += 1
+                report.violate(
+                    "ready_while_dark",
+                    f"{node} said ready at {t} owning partition {p}, which had owed leases and"
+                    f" granted none for over {DARK_BOUND_MS / 1000:.0f} s",
+                )
+    report.figures["ready_while_dark_samples"] = ready_dark
+    report.figures["health_samples"] = len(samples)
+    if metrics_ms:
+        report.figures["metrics_answer_ms"] = _distribution(metrics_ms)
+    report.figures["metrics_unanswered_while_probe_answered"] = metrics_missing
+    _dark_per_fault(history, darkness, named, samples, owned_then, report)
+
+
+def _dark_per_fault(
+    history: History,
+    darkness: Darkness,
+    named: dict[int, list[int]],
+    samples: list[dict[str, Any]],
+    owned_then: list[list[int]],
+    report: Report,
+) -> None:
+    """For each fault (``report.recovery``'s entries): each partition's longest darkness from
+    the fault to the next one (or 60 s), looked at every half second; how long into it a node
+    first named the partition not deciding, for how long one did, how often its owner said
+    ready meanwhile; and the slowest ``/metrics`` answer."""
+    end = history.window_end_ms
+    strikes = sorted(r["injected_at"] for r in report.recovery)
+    for entry in report.recovery:
+        struck = entry["injected_at"]
+        later = [t for t in strikes if t > struck]
+        until = min([end, struck + 60_000, *later[:1]])
+        dark_runs = []
+        for p in sorted(darkness.jobs_of):
+            longest: tuple[int, int] | None = None
+            began: int | None = None
+            for t in range(struck, until + 1, 500):
+                if darkness.dark(p, t):
+                    began = t if began is None else began
+                    if longest is None or t - began > longest[1] - longest[0]:
+                        longest = (began, t)
+                else:
+                    began = None
+            if longest is None:
+                continue
+            # Dark at t means granting nothing while owing since t - DARK_BOUND_MS.
+            lo, hi = longest[0] - DARK_BOUND_MS, longest[1]
+            said = sorted(t for t in named.get(p, ()) if lo <= t <= hi)
+            ready_owner = sum(
+                1
+                for r, owned in zip(samples, owned_then, strict=True)
+                if lo + DARK_BOUND_MS <= int(r["at"]) <= hi
+                and r.get("readyz") == 200
+                and p in owned
+            )
+            dark_runs.append(
+                {
+                    "partition": p,
+                    "dark_s": (hi - lo) / 1000,
+                    "first_named_after_s": None if not said else round((said[0] - lo) / 1000, 1),
+                    "named_for_s": len({t // 500 for t in said}) / 2,
+                    "owner_said_ready_samples": ready_owner,
+                }
+            )
+        window = [r for r in samples if struck <= int(r["at"]) <= until]
+        answered = [int(r["metrics_ms"]) for r in window if r.get("metrics_ms") is not None]
+        entry["dark_partitions"] = dark_runs
+        entry["metrics_slowest_ms"] = max(answered, default=None)
+        entry["metrics_unanswered"] = sum(
+            1 for r in window if r.get("readyz") and r.get("metrics_ms") is None
+        )
 
 
 def _seconds(at: int | None, since: int) -> float | None:
@@ -928,6 +1140,10 @@ def summary(report: Report) -> str:
         f"{f.get('partitions_not_deciding')}, nodes not ready {f.get('nodes_not_ready')}, dark "
         f"partitions (slots never run in the last 10 s) {f.get('dark_partitions_at_the_end')}",
         f"first-delivery lateness {f.get('first_delivery_lateness_ms')}",
+        f"through the run: {f.get('health_samples')} samples of /readyz and /metrics, ready while"
+        f" dark {f.get('ready_while_dark_samples')}; /metrics answered in"
+        f" {f.get('metrics_answer_ms')} ms, unanswered (probe answered)"
+        f" {f.get('metrics_unanswered_while_probe_answered')}",
         f"clock-step probes {f.get('clock_step_probes')}; nodes that exited by themselves "
         f"(started again) {len(f.get('nodes_exited_by_themselves', []))}",
         "recovery (fault -> every-second jobs on time again):",
@@ -941,6 +1157,17 @@ def summary(report: Report) -> str:
             + ("" if r["before_the_next_fault"] else " (after the next fault too)")
             + f", worst lateness {r['worst_lateness_ms']} ms"
         )
+        for d in r.get("dark_partitions", []):
+            lines.append(
+                f"    partition {d['partition']} dark {d['dark_s']} s; named not deciding after"
+                f" {d['first_named_after_s']} s, for {d['named_for_s']} s; its owner said ready"
+                f" in {d['owner_said_ready_samples']} samples"
+            )
+        if "metrics_slowest_ms" in r:
+            lines.append(
+                f"    /metrics slowest {r['metrics_slowest_ms']} ms, unanswered (probe answered)"
+                f" {r['metrics_unanswered']}"
+            )
     for check_name in sorted(report.counts):
         lines.append(f"VIOLATION {check_name}: {report.counts[check_name]}")
         lines += [f"    {x}" for x in report.violations[check_name][:5]]

@@ -43,6 +43,7 @@ from tools.chaos.checker import History, NodeHealth, Report, check, summary
 from tools.chaos.nodes import METRICS_TOKEN, REPO, Cluster, NodeConfig
 from tools.chaos.procs import free_port, now_ms, popen
 from tools.chaos.records import Recorder, read, read_all
+from tools.chaos.watch import HealthWatch
 from tools.chaos.workload import POOL, Shape, Workload, create
 from tools.kafka import broker
 
@@ -153,6 +154,8 @@ class Run:
         self.faults_log = Recorder(self.out / "faults.jsonl")
         self.creates = Recorder(self.out / "creates.jsonl")
         self.probes = Recorder(self.out / "probes.jsonl")
+        self.health_log = Recorder(self.out / "health.jsonl")
+        self.watch: HealthWatch | None = None
         self._closing = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="supervisor")
         self._probing: list[threading.Thread] = []
@@ -263,6 +266,11 @@ class Run:
         for node in self.cluster.nodes.values():
             node.wait_ready(supervised=True)
         log.info("nodes ready at %.1f s", time.monotonic() - began)
+        # What the nodes say of themselves, through the run (the checker's ready_while_dark).
+        self.watch = HealthWatch(
+            {n.node_id: n.url for n in self.cluster.nodes.values()}, METRICS_TOKEN, self.health_log
+        )
+        self.watch.start()
 
         workload = Workload(s.shape, f"http://127.0.0.1:{self.target_port}/hook", self.rng)
         clients = [n.http for n in self.cluster.nodes.values()]
@@ -307,6 +315,7 @@ class Run:
         time.sleep(s.drain_s)  # the drain: the cluster runs without faults, as it must recover
 
         window_end = now_ms() - WINDOW_MARGIN_MS
+        self.watch.stop()
         pauses = self._pause_all(clients, workload)
         reader = gather.EventReader(
             self.kafka.bootstrap_servers, f"chaos-{s.seed}.events", self.out / "events.jsonl"
@@ -465,6 +474,7 @@ class Run:
         creates, _ = read(self.out / "creates.jsonl")
         faults_log, _ = read(self.out / "faults.jsonl")
         probes, _ = read(self.out / "probes.jsonl")
+        samples, _ = read(self.out / "health.jsonl")
         job_ids = sorted({c["job"] for c in creates})
         history = History(
             tenant=TENANT,
@@ -477,6 +487,7 @@ class Run:
             window_end_ms=window_end,
             unreadable_records=bad_calls + bad_work,
             probes=probes,
+            health_samples=samples,
         )
         for node in self.cluster.nodes.values():
             history.health[node.node_id] = _settled_health(node.url, self.s.partitions)
@@ -502,6 +513,8 @@ class Run:
 
     def close(self) -> None:
         self._closing.set()
+        if self.watch is not None:
+            self.watch.stop()
         if self._supervisor.is_alive():
             self._supervisor.join()
         for t in self._probing:
@@ -528,6 +541,7 @@ class Run:
         self.faults_log.close()
         self.creates.close()
         self.probes.close()
+        self.health_log.close()
 
 
 def _settled_health(url: str, partitions: int) -> NodeHealth:
@@ -597,6 +611,7 @@ def load_history(out: Path) -> History:
     creates, _ = read(out / "creates.jsonl")
     faults_log, _ = read(out / "faults.jsonl")
     probes, _ = read(out / "probes.jsonl")
+    samples, _ = read(out / "health.jsonl")
     return History(
         tenant=saved["tenant"],
         partitions=saved["partitions"],
@@ -610,6 +625,7 @@ def load_history(out: Path) -> History:
         health={k: NodeHealth(**v) for k, v in saved["health"].items()},
         unreadable_records=saved["unreadable_records"],
         probes=probes,
+        health_samples=samples,
     )
 
 
