@@ -12,6 +12,7 @@ Starlette's lifespan state.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -73,15 +74,15 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     scheduler: Scheduler = request.state.scheduler
-    if not scheduler.ready():
-        # The node says why (its partitions, its services down); the port only whether.
-        not_ready: Callable[[], list[str]] | None = getattr(scheduler, "not_ready", None)
-        reasons = not_ready() if not_ready is not None else []
-        raise Unavailable(
-            "not ready: " + "; ".join(reasons)
-            if reasons
-            else "the node does not own its partitions yet, or is catching up"
-        )
+    # The node says why (its partitions, its services down, a worker process of it that is
+    # not ready); the port only whether.
+    readiness: Callable[[], list[str]] | None = getattr(scheduler, "readiness", None)
+    if readiness is not None:
+        reasons = await asyncio.to_thread(readiness)  # it may ask sibling processes
+        if reasons:
+            raise Unavailable("not ready: " + "; ".join(reasons))
+    elif not scheduler.ready():
+        raise Unavailable("the node does not own its partitions yet, or is catching up")
     return json_response(Health(status="ready"))
 
 

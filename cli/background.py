@@ -65,14 +65,27 @@ def services(
         if not args.skip_log_check:
             found.append(log_check(raw_log, node, full=args.full_log_check))
     if getattr(args, "worker_index", None) is not None:
-        from cli.workers import FloorReport, all_joined, all_up, floor_path, metrics_path
-        from node.worker_metrics import MetricsSocket
+        from cli.workers import (
+            FloorReport,
+            all_joined,
+            all_up,
+            floor_path,
+            metrics_path,
+            ready_path,
+        )
+        from node.worker_metrics import MetricsSocket, Readiness, siblings_not_ready
 
         # A worker process: the parent checks, watches and prunes the log; the worker says
         # what retention must keep for it, and stops should the parent go.
         index = args.worker_index
         found.append(parent_watch(server))
         found.append(MetricsSocket(node.metrics, metrics_path(args.data_dir, index)))
+        # /readyz answers for every worker of the node (node.worker_metrics)
+        readiness = Readiness(node.not_ready)
+        found.append(MetricsSocket(readiness, ready_path(args.data_dir, index), "ready-socket"))
+        node.siblings_not_ready = siblings_not_ready(
+            {i: ready_path(args.data_dir, i) for i in range(args.workers) if i != index}
+        )
         if args.kafka:  # each worker is a node of the brokers' group; the brokers prune
             found.append(all_up(args.data_dir, index, args.workers))
         else:

@@ -232,6 +232,11 @@ def metrics_path(data_dir: Path, index: int) -> Path:
     return data_dir / f"metrics-{index}.sock"
 
 
+def ready_path(data_dir: Path, index: int) -> Path:
+    """Where worker ``index`` says why it is not ready, to its siblings' ``/readyz``."""
+    return data_dir / f"ready-{index}.sock"
+
+
 def floor_path(data_dir: Path, index: int) -> Path:
     return data_dir / FLOORS_DIR / f"{index}.floor"
 

@@ -49,6 +49,11 @@ class HistoryRefilling(Unavailable):
     answer now could miss what exists. The message says how far it is."""
 
 
+class HistoryMoved(Unavailable):
+    """A question about a partition's history reached a node that keeps it no more (the
+    partition moved while the question travelled): asking again reaches its new owner."""
+
+
 class NotYetReadable(Unavailable):
     """Decided and durable, but the read model did not show it in time: ``events`` are what
     was decided (a caller that must not drop them, a claim's leases, takes them from here;

@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from core.decide import job_id_of_run
-from core.errors import HistoryRefilling, InvalidDefinition, Unavailable
+from core.errors import HistoryMoved, HistoryRefilling, InvalidDefinition, Unavailable
 from eventlog.port import partition_for
 from projections.figures import Minute
 from projections.history import History, HistoryPage, SourcedRun
@@ -181,6 +181,9 @@ _encoder = msgspec.json.Encoder()
 # A question about a partition whose history is being filled (taken over moments ago) waits
 # this long for it before it is answered 503 (HistoryRefilling).
 FILL_WAIT_S = 2.0
+# A question that met the partition moving is asked again after these waits (a rebalance
+# takes the partition from one owner to the next in well under a second on the embedded log).
+MOVED_RETRY_S = (0.1, 0.4)
 MAX_COUNTED = 10_000  # teams whose count of jobs kept elsewhere is remembered
 
 
@@ -470,5 +473,14 @@ class HistoryReader:
     async def _remote(self, partition: int, name: str, args: list[Any]) -> Any:
         if self._ask is None:
             raise Unavailable(f"the history of partition {partition} is not kept here")
-        raw = await self._ask(partition, name, args, self._written(partition))
-        return msgspec.json.decode(raw, type=QUESTIONS[name].answer_type)
+        for wait_s in (*MOVED_RETRY_S, None):
+            try:
+                raw = await self._ask(partition, name, args, self._written(partition))
+            except HistoryMoved:
+                # the partition moved while the question travelled: its new owner answers
+                if wait_s is None:
+                    raise
+                await asyncio.sleep(wait_s)
+                continue
+            return msgspec.json.decode(raw, type=QUESTIONS[name].answer_type)
+        raise AssertionError("unreachable")

@@ -70,6 +70,7 @@ from core.commands import (
 from core.decide import job_id_of_run
 from core.errors import (
     CronlogError,
+    HistoryMoved,
     LogCorrupted,
     NotYetReadable,
     Unavailable,
@@ -198,6 +199,8 @@ class Node:
         folding every partition) or ``owner`` (a model per partition this node owns,
         :mod:`node.owned_history`; other partitions' history is asked of their owners)."""
         self.history_on = history_on
+        # a node of several worker processes: why the others are not ready (cli.workers)
+        self.siblings_not_ready: Callable[[], list[str]] | None = None
         self._standby_replicas = standby_replicas
         self.node_id = node_id
         self._retention_ms = retention_ms
@@ -533,7 +536,7 @@ class Node:
                         " every node of a cluster must keep it the same way"
                     )
                 if held is None:
-                    raise Unavailable(f"the history of partition {partition} is not kept here")
+                    raise HistoryMoved(f"the history of partition {partition} is not kept here")
                 if query.after >= 0 and not held.model.wait_for(
                     partition, query.after, READ_YOUR_WRITES_S
                 ):
@@ -881,8 +884,17 @@ class Node:
         required service is down (:meth:`not_ready` says why not)."""
         return not self.not_ready()
 
+    def readiness(self) -> list[str]:
+        """Why the node is not ready as ``/readyz`` says it: this process's reasons, and those
+        of its sibling worker processes (``siblings_not_ready``, set by ``cronlog serve
+        --workers``: a node is ready when every process of it is)."""
+        reasons = self.not_ready()
+        if self.siblings_not_ready is not None:
+            reasons += self.siblings_not_ready()
+        return reasons
+
     def not_ready(self) -> list[str]:
-        """Why the node is not ready, one reason each: empty when it is."""
+        """Why this process of the node is not ready, one reason each: empty when it is."""
         reasons = []
         if not self._owned_now():
             reasons.append("it owns no partitions yet")

@@ -58,6 +58,7 @@ _REFUSALS: dict[str, type[errors.CronlogError]] = {
         errors.Fenced,
         errors.Unavailable,
         errors.HistoryRefilling,
+        errors.HistoryMoved,
         errors.CronlogError,
     )
 }

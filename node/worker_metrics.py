@@ -9,15 +9,20 @@ the union (:class:`MergedMetrics`). Prometheus' ``sum without (worker)`` gives t
 figure. A sibling that does not answer within :data:`ASK_TIMEOUT_S` (restarting, stopped) is
 ``cronlog_worker_up{worker} 0`` and its samples are missing from that scrape: never an answer
 that hangs or fails as a whole for one worker.
+
+``/readyz`` likewise: the worker a probe reaches is ready when it and every sibling is, each
+sibling asked for its own reasons on ``ready-<i>.sock`` (:class:`Readiness`); one that does
+not answer within :data:`READY_TIMEOUT_S` makes the node not ready, naming it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -30,6 +35,7 @@ from node.worker import Worker
 log = logging.getLogger(__name__)
 
 ASK_TIMEOUT_S = 2.0
+READY_TIMEOUT_S = 1.0  # a sibling's readiness: /readyz answers within about this
 LABEL = "worker"
 
 
@@ -43,11 +49,11 @@ class MetricsSocket(Worker):
     """Serve ``metrics.render()`` on the Unix socket ``path``: a connection gets the text and
     is closed (no request is read: whoever may open the socket may read the metrics)."""
 
-    def __init__(self, metrics: Rendering, path: Path) -> None:
+    def __init__(self, metrics: Rendering, path: Path, name: str = "metrics-socket") -> None:
         self._metrics = metrics
         self._path = path
         self._listener: socket.socket | None = None
-        super().__init__("metrics-socket", self._serve, opens=self._open, closes=self._close)
+        super().__init__(name, self._serve, opens=self._open, closes=self._close)
 
     def _open(self) -> None:
         if self._listener is not None:
@@ -80,6 +86,42 @@ class MetricsSocket(Worker):
                     connection.sendall(self._metrics.render())
                 except OSError as err:  # the asker gave up: its scrape says so
                     log.debug("metrics not delivered on %s: %s", self._path, err)
+
+
+class Readiness:
+    """A worker's own reasons not to be ready (``Node.not_ready``), as JSON, for a
+    :class:`MetricsSocket` on ``ready-<i>.sock``: a sibling answering ``/readyz`` asks every
+    other worker (:func:`siblings_not_ready`)."""
+
+    content_type = "application/json"
+
+    def __init__(self, not_ready: Callable[[], list[str]]) -> None:
+        self._not_ready = not_ready
+
+    def render(self) -> bytes:
+        return json.dumps(self._not_ready()).encode()
+
+
+def siblings_not_ready(siblings: dict[int, Path]) -> Callable[[], list[str]]:
+    """Why the sibling workers at ``siblings`` (index -> ready socket) are not ready: each
+    one's reasons, or that it did not answer within :data:`READY_TIMEOUT_S`."""
+
+    def reasons() -> list[str]:
+        found: list[str] = []
+        for index, path in sorted(siblings.items()):
+            text = ask(path, READY_TIMEOUT_S)
+            if text is None:
+                found.append(f"worker {index} does not answer")
+                continue
+            try:
+                said = json.loads(text)
+            except ValueError:
+                found.append(f"worker {index} answered what is not its readiness")
+                continue
+            found += [f"worker {index}: {reason}" for reason in said]
+        return found
+
+    return reasons
 
 
 def ask(path: Path, timeout_s: float = ASK_TIMEOUT_S) -> str | None:
