@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from projections.model_fold import ReadyRun
 
 MAX_WATCHES = 256  # watches held per (team, pool, partition) on the owner
-MIN_REWATCH_S = 0.2  # a partition that answered is not watched again sooner than this
+MIN_REWATCH_S = 0.5  # a partition that answered is not watched again sooner than this
 AHEAD_MS = 10_000  # an answer names the runs that become ready within this long
 MAX_INSTANTS = 32  # ... the earliest this many (node.claims keeps as many per partition)
 

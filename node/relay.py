@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 RECENT_EVENTS = 10_000  # how far back a new owner looks for successes to relay again
 # A busy relay looks dependants up at most this often, for every success meanwhile (_Lookups).
-LOOKUP_LINGER_S = 0.1
+LOOKUP_LINGER_S = 0.5
 _COMPLETED = frozenset({"RunCompleted"})
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
