@@ -59,11 +59,17 @@ def test_constraints_hold_what_the_venv_installed(capsys: pytest.CaptureFixture[
 
 
 def pip_installs(path: Path) -> list[str]:
-    return [
-        line
-        for line in path.read_text(encoding="utf-8").splitlines()
-        if re.search(r"\bpip install\b", line) and not line.lstrip().startswith("#")
-    ]
+    """The ``pip install`` lines of a script, and of the scripts it sources (``. FILE``)."""
+    found = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        sourced = re.fullmatch(r"\s*(?:\.|source)\s+(\S+)\s*", line)
+        if sourced:
+            found += pip_installs(REPO / sourced.group(1))
+        elif re.search(r"\bpip install\b", line):
+            found.append(line)
+    return found
 
 
 @pytest.mark.parametrize("path", ["scripts/test", "scripts/serve", "Dockerfile"])
