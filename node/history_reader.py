@@ -5,7 +5,7 @@ kept with its partition"): on every node, in one read model folding every partit
 (``--history-on every-node``), or with the partition, by its owner alone (``owner``). The API
 asks :class:`HistoryReader` and never knows which:
 
-- **A job's own questions** (the job, a run, its runs, its skipped slots) go to the job's
+- **A job's own questions** (the job, a run, its runs) go to the job's
   partition (``partition_for(job_id)``): answered here when this node holds that partition's
   history, else asked of its owner through the log (:mod:`node.wire`'s ``Query``), one hop, as
   a forwarded command is.
@@ -43,7 +43,7 @@ from projections.history import History, HistoryPage, SourcedRun
 from projections.merging import merge_keyed, merge_minutes, merge_pages, sum_counts
 from projections.model_keys import run_key
 from projections.read_model import ReadModel
-from projections.views import JobView, Page, RunView, SkipView
+from projections.views import JobView, Page, RunView
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +63,8 @@ def _job(held: Held, tenant: str, job_id: str) -> JobView | None:
     return held.model.job(tenant, job_id)
 
 
-def _skipped(held: Held, tenant: str, job_id: str, limit: int) -> list[SkipView]:
-    return held.model.skipped(tenant, job_id, limit)
-
-
 def _run(held: Held, tenant: str, run_id: str) -> RunView | None:
     return held.model.run(tenant, run_id)
-
-
-def _latest_run(held: Held, tenant: str, job_id: str) -> RunView | None:
-    return held.model.latest_run(tenant, job_id)
 
 
 def _job_and_latest_run(
@@ -136,10 +128,6 @@ def _minutes(held: Held, tenant: str, since: int, until: int) -> list[tuple[int,
     return held.model.minutes(tenant, since, until)
 
 
-def _dependants(held: Held, tenant: str, upstream: str) -> list[str]:
-    return held.model.dependants(tenant, upstream)
-
-
 def _dependants_many(held: Held, upstreams: list[tuple[str, str]]) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for tenant, upstream in upstreams:
@@ -158,9 +146,7 @@ class _Question:
 
 QUESTIONS: dict[str, _Question] = {
     "job": _Question(_job, JobView | None),
-    "skipped": _Question(_skipped, list[SkipView]),
     "run": _Question(_run, RunView | None),
-    "latest_run": _Question(_latest_run, RunView | None),
     "latest_runs": _Question(_latest_runs, list[RunView | None]),
     "jobs_by_id": _Question(_jobs_by_id, list[JobView | None]),
     "job_and_latest_run": _Question(_job_and_latest_run, tuple[JobView | None, RunView | None]),
@@ -173,7 +159,6 @@ QUESTIONS: dict[str, _Question] = {
     "job_count": _Question(_job_count, int),
     "counts": _Question(_counts, dict[str, int]),
     "minutes": _Question(_minutes, list[tuple[int, Minute]]),
-    "dependants": _Question(_dependants, list[str]),
     "dependants_many": _Question(_dependants_many, dict[str, list[str]]),
 }
 
@@ -210,6 +195,9 @@ class HistoryReader:
         ask: Ask | None = None,
         written: Callable[[int], int] | None = None,
         wait_filled: Callable[[int, float], bool] | None = None,
+        *,
+        archived: Callable[[], bool],
+        past_window: Callable[[str], bool],
     ) -> None:
         self.num_partitions = num_partitions
         self._held = held
@@ -217,6 +205,8 @@ class HistoryReader:
         self._ask = ask
         self._written = written or (lambda p: -1)
         self._wait_filled = wait_filled
+        self._archived = archived
+        self.past_window = past_window  # whether a run's slot is before the hot window
         self._counted: dict[str, tuple[float, int]] = {}  # a team's jobs kept elsewhere, when
 
     # -- what this node's own models say (no question asked elsewhere) ---------------------
@@ -255,11 +245,7 @@ class HistoryReader:
     @property
     def archived(self) -> bool:
         """Whether runs past the hot window are read from an archive (else they are gone)."""
-        return any(held.runs.archived is not None for held in self._models())
-
-    def past_window(self, run_id: str) -> bool:
-        """Whether the run's slot is before the hot window (it may have left history)."""
-        return any(held.runs.past_window(run_id) for held in self._models()[:1])
+        return self._archived()
 
     async def until(
         self, job_id: str, check: Callable[[], Awaitable[bool]], timeout_s: float
@@ -285,20 +271,8 @@ class HistoryReader:
         found: JobView | None = await self._one(self._of_job(job_id), "job", [tenant, job_id])
         return found
 
-    async def skipped(self, tenant: str, job_id: str, limit: int = 50) -> list[SkipView]:
-        found: list[SkipView] = await self._one(
-            self._of_job(job_id), "skipped", [tenant, job_id, limit]
-        )
-        return found
-
     async def run(self, tenant: str, run_id: str) -> RunView | None:
         found: RunView | None = await self._one(self._of_run(run_id), "run", [tenant, run_id])
-        return found
-
-    async def latest_run(self, tenant: str, job_id: str) -> RunView | None:
-        found: RunView | None = await self._one(
-            self._of_job(job_id), "latest_run", [tenant, job_id]
-        )
         return found
 
     async def job_and_latest_run(
@@ -311,7 +285,8 @@ class HistoryReader:
         return found
 
     async def latest_runs(self, tenant: str, job_ids: list[str]) -> list[RunView | None]:
-        """:meth:`latest_run` of each job, one question a partition (a page of jobs)."""
+        """Each job's newest run (None before its first), one question a partition (a page
+        of jobs)."""
         found = await self._each_job("latest_runs", tenant, job_ids)
         return [found[job_id] for job_id in job_ids]
 
@@ -407,10 +382,6 @@ class HistoryReader:
 
     async def minutes(self, tenant: str, since: int, until: int) -> list[tuple[int, Minute]]:
         return merge_minutes(await self._every("minutes", [tenant, since, until]))
-
-    async def dependants(self, tenant: str, upstream: str) -> list[str]:
-        found = await self._every("dependants", [tenant, upstream])
-        return sorted({job for listed in found for job in listed})
 
     async def dependants_many(self, upstreams: list[tuple[str, str]]) -> dict[str, list[str]]:
         """The live dependants of each ``(tenant, upstream job)`` that has any, in one

@@ -42,6 +42,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,7 @@ from node.supervisor import Supervisor
 from node.worker import Unwatched, Worker, backoff_s
 from projections import history_checkpoint
 from projections.decoding import EventDecoder
-from projections.history import ArchivedRuns, History
+from projections.history import ArchivedRuns, History, past_window
 from projections.model_fold import ReadyRun
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.state_store import RocksStateStore
@@ -305,7 +306,13 @@ class Node:
             every = Held(
                 self._history, History(self._history, self._clock, history_window_ms, archived)
             )
-            self._reader = HistoryReader(self._log.num_partitions, lambda p: every, lambda: [every])
+            self._reader = HistoryReader(
+                self._log.num_partitions,
+                lambda p: every,
+                lambda: [every],
+                archived=lambda: archived is not None,
+                past_window=every.runs.past_window,
+            )
         else:
             self._owned_history = OwnedHistory(
                 log_,
@@ -336,6 +343,8 @@ class Node:
                 ask=self._ask_history,
                 written=lambda p: self._written.get(p, -1),
                 wait_filled=self._owned_history.wait_filled,
+                archived=lambda: archived is not None,
+                past_window=partial(past_window, clock=self._clock, window_ms=history_window_ms),
             )
         self.executors.route = self._decide
         self.executors.on_process_failed = self.metrics.thread_failures.labels(

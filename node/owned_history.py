@@ -262,6 +262,13 @@ class OwnedHistory:
     def standbys(self) -> list[int]:
         return sorted(self._standby)
 
+    def wait_opened(self, timeout_s: float) -> bool:
+        """Wait (blocking) for the models being opened now; whether none is left opening."""
+        deadline = time.monotonic() + timeout_s
+        for thread in list(self._opening.values()):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not self._opening
+
     def lose(self, partition: int) -> None:
         """Stop keeping ``partition``'s history (it moved away): its follower stops and its
         model closes; the files stay for a later return."""

@@ -237,13 +237,11 @@ class History:
 
     def cutoff(self) -> int | None:
         """Runs of slots before this may have left the read model (None: none leave it)."""
-        return None if self.window_ms is None else self.clock.now_ms() - self.window_ms
+        return cutoff_of(self.clock, self.window_ms)
 
     def past_window(self, run_id: str) -> bool:
         """Whether the run's slot is before the window, so it may have left the read model."""
-        cutoff = self.cutoff()
-        slot = _slot(run_id)
-        return cutoff is not None and slot is not None and slot < cutoff
+        return past_window(run_id, self.clock, self.window_ms)
 
     def run(self, tenant: str, run_id: str) -> SourcedRun | None:
         """The caller's run, from the read model or, past the window, the archive."""
@@ -309,6 +307,18 @@ def _page(items: list[tuple[bytes, SourcedRun]], limit: int) -> HistoryPage:
         items=[run for _, run in items[:limit]],
         next_cursor=_encode(items[limit - 1][0]) if more else None,
     )
+
+
+def cutoff_of(clock: Clock, window_ms: int | None) -> int | None:
+    """Runs of slots before this may have left the read model (None: none leave it)."""
+    return None if window_ms is None else clock.now_ms() - window_ms
+
+
+def past_window(run_id: str, clock: Clock, window_ms: int | None) -> bool:
+    """Whether the run's slot is before the hot window, so it may have left the read model."""
+    cutoff = cutoff_of(clock, window_ms)
+    slot = _slot(run_id)
+    return cutoff is not None and slot is not None and slot < cutoff
 
 
 def _slot(run_id: str) -> int | None:

@@ -81,6 +81,8 @@ class FakeScheduler:
             PARTITIONS,
             lambda p: Held(self._history, self._run_history),
             lambda: [Held(self._history, self._run_history)],
+            archived=lambda: self._run_history.archived is not None,
+            past_window=lambda run_id: self._run_history.past_window(run_id),
         )
 
     # -- the port ---------------------------------------------------------------------------

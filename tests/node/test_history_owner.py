@@ -27,6 +27,7 @@ from eventlog.port import partition_for
 from eventlog.remote import RemoteLog
 from node.node import Node
 from node.owned_history import HistoryOn
+from node.standby import standby_targets
 from projections import history_checkpoint
 
 PARTITIONS = 4
@@ -374,8 +375,10 @@ def test_a_standby_of_a_partition_s_history_takes_it_over_warm(
 
         asyncio.run(created())
         assert a._owned_history is not None
+        assert a._owned_history.wait_opened(10)
         followed = a._owned_history.standbys()
-        assert followed and not set(followed) & set(a.owned())
+        assert followed == standby_targets(frozenset(a.owned()), PARTITIONS, 1)
+        assert not set(followed) & set(a.owned())
         for p in followed:  # folded there, though a answers nothing for it
             model = a._owned_history.model(p)
             assert model is None  # not kept: questions about it go to its owner
@@ -396,4 +399,26 @@ def test_a_standby_of_a_partition_s_history_takes_it_over_warm(
         while _clients:
             _clients.pop().close()
         server.close()
+        log.close()
+
+
+def test_what_the_node_says_of_its_window_and_archive_holds_with_no_partition_kept(
+    tmp_path: Path,
+) -> None:
+    """A node keeping no partition's history yet (just started, or all elsewhere) still knows
+    its hot window and whether it archives: a run past the window is 'left for the archive',
+    not 'gone'."""
+    from archive.archive import Archive
+    from eventlog.memory import MemoryLog
+
+    log = MemoryLog(PARTITIONS)
+    archive = Archive(DirectoryStore(tmp_path / "archive"))
+    node = Node(log, tmp_path / "n", history_on="owner", archive=archive)
+    try:  # before it starts: no partition is kept here
+        assert node.reader.archived
+        assert node.reader.past_window(f"{TENANT}/job.1000")  # the slot of 1970
+        assert not node.reader.past_window(f"{TENANT}/job.{2**62}")
+    finally:
+        node.start()  # started and stopped, so its threads and loops close
+        node.stop(drain_s=0)
         log.close()
