@@ -47,7 +47,7 @@ from eventlog.port import EventLog
 from node.history_checkpointer import HistoryCheckpointer
 from node.history_reader import Held
 from node.hot_window import HotWindow, HotWindowMetrics
-from node.worker import PeriodicWorker
+from node.worker import PeriodicWorker, backoff_s
 from projections import history_checkpoint
 from projections.decoding import EventDecoder
 from projections.history import ArchivedRuns, History
@@ -58,6 +58,8 @@ from projections.read_model import ReadModel, ReadModelRunner
 log = logging.getLogger(__name__)
 
 HistoryOn = Literal["every-node", "owner"]  # where a node keeps history (--history-on)
+OPEN_RETRY_S = 0.5  # a model that could not be opened is tried again after this, doubling
+MAX_OPEN_RETRY_S = 30.0
 
 
 @dataclass(slots=True)
@@ -121,6 +123,7 @@ class OwnedHistory:
         self._standby: dict[int, _Kept] = {}
         self._standing: set[int] = set()
         self._closed = False
+        self._stopping = threading.Event()  # set on close: an opening thread waits no more
 
     def gain(self, partition: int) -> None:
         """Keep ``partition``'s history from now on: open its model (restoring the newest
@@ -145,15 +148,33 @@ class OwnedHistory:
             thread.start()
 
     def _open(self, partition: int) -> None:
-        try:
-            kept = self._opened(partition)
-        except Exception:
-            log.exception("partition %d: its history could not be opened here", partition)
-            if self._on_failed is not None:
-                self._on_failed(partition, CronlogError("history not opened"))
-            with self._lock:
-                self._opening.pop(partition, None)
-            return
+        """(On the partition's opening thread.) Open its model; one that fails is opened
+        again after a backoff for as long as the partition is still wanted here (it answers
+        HistoryRefilling meanwhile, naming no other owner), never given up in silence."""
+        failures = 0
+        while True:
+            try:
+                kept = self._opened(partition)
+                break
+            except Exception as err:
+                failures += 1
+                if self._on_failed is not None:
+                    self._on_failed(partition, err)
+                with self._lock:
+                    wanted = not self._closed and (
+                        partition in self._wanted or partition in self._standing
+                    )
+                delay = backoff_s(failures, OPEN_RETRY_S, MAX_OPEN_RETRY_S)
+                log.exception(
+                    "partition %d: its history could not be opened here (%d in a row)%s",
+                    partition,
+                    failures,
+                    f"; again in {delay:.1f} s" if wanted else "",
+                )
+                if not wanted or self._stopping.wait(delay):
+                    with self._lock:
+                        self._opening.pop(partition, None)
+                    return
         with self._lock:
             self._opening.pop(partition, None)
             keep = partition in self._wanted and not self._closed
@@ -335,6 +356,7 @@ class OwnedHistory:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._stopping.set()
             opening = list(self._opening.values())
         for thread in opening:  # each closes what it opened, unwanted now
             thread.join()

@@ -422,3 +422,36 @@ def test_what_the_node_says_of_its_window_and_archive_holds_with_no_partition_ke
         node.start()  # started and stopped, so its threads and loops close
         node.stop(drain_s=0)
         log.close()
+
+
+def test_a_model_that_cannot_be_opened_is_opened_again_never_left_unkept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition whose history failed to open would otherwise be owned here and kept
+    nowhere: every question about it refused for good, and nobody told."""
+    from eventlog.memory import MemoryLog
+    from node import owned_history
+
+    monkeypatch.setattr(owned_history, "OPEN_RETRY_S", 0.05)
+    opened = owned_history.OwnedHistory._opened
+    failed: list[int] = []
+
+    def flaky(self: owned_history.OwnedHistory, partition: int) -> object:
+        if partition == 0 and not failed:
+            failed.append(partition)
+            raise OSError("the disk said no, once")
+        return opened(self, partition)
+
+    monkeypatch.setattr(owned_history.OwnedHistory, "_opened", flaky)
+    log = MemoryLog(PARTITIONS)
+    node = Node(log, tmp_path / "n", history_on="owner")
+    node.start()
+    try:
+        assert node.wait_owned(lambda owned: len(owned) == PARTITIONS, 10)
+        assert node._owned_history is not None and node._owned_history.wait_opened(10)
+        assert failed == [0] and node._owned_history.partitions() == list(range(PARTITIONS))
+        failures = node.metrics.thread_failures.labels("read-model")._value.get()
+        assert failures >= 1  # said, and counted
+    finally:
+        node.stop(drain_s=0)
+        log.close()
