@@ -131,7 +131,8 @@ class NodeMetrics:
         self.history_questions = Counter(
             "cronlog_history_questions",
             "Questions about history kept by another node (--history-on owner), by question and"
-            " side: asked (by this node, through the log) or answered (for another node).",
+            " side: asked (by this node, through the log), answered (for another node) or"
+            " stale (read again after a takeover, its asker long gone: passed over).",
             ["question", "side"],
             registry=r,
         )

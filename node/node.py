@@ -130,6 +130,10 @@ QUERY_TIMEOUT_S = 8.0
 # How long the watch of another owner's partitions a claim keeps up (node.ready_watch) lasts:
 # claims of the pool here renew it as their answers come.
 STANDING_WATCH_S = 10.0
+# A question read this long after it was asked (by the asker's clock: a new owner reading the
+# commands again after a takeover) is passed over: its asker gave up long ago (QUERY_TIMEOUT_S,
+# or a watch's wait), and clocks may disagree by a little.
+STALE_QUERY_MS = 60_000
 QUERY_THREADS = 4  # the threads answering other nodes' questions about history kept here
 # A claim's ask of another node's partition: short, so a slow or lost owner delays a pull
 # worker's claim by this much at most, once (all such asks of a claim go at once). A lease
@@ -509,11 +513,19 @@ class Node:
             runner.submit(Request(_NOTHING, offset=offset))  # still move the position past it
             return
         if envelope.command is None:
-            runner.submit(Request(_NOTHING, offset=offset))  # the position moves past it
-            if envelope.query is not None and envelope.reply_to is not None:
-                self._queries.submit(
-                    self._answer, partition, envelope.query, envelope.reply_to, envelope.request_id
-                )
+            # A question is not the partition's business: its runner never sees it (moving
+            # the command position past one would cost an append, a Kafka transaction, per
+            # question). The next command's position covers it; a new owner that reads it
+            # again passes it over once it is older than any asker still waits.
+            query = envelope.query
+            if query is None or envelope.reply_to is None:
+                return
+            if query.asked_at and self._clock.now_ms() - query.asked_at > STALE_QUERY_MS:
+                self.metrics.history_questions.labels(query.name, "stale").inc()
+                return
+            self._queries.submit(
+                self._answer, partition, query, envelope.reply_to, envelope.request_id
+            )
             return
         reply = None
         if envelope.reply_to is not None and envelope.request_id is not None:
@@ -1231,7 +1243,7 @@ class Node:
     ) -> msgspec.Raw:
         """A question about the history of a partition kept by its owner elsewhere
         (:mod:`node.history_reader`), through the log as a forwarded command goes."""
-        query = wire.Query(name=name, args=args, after=after)
+        query = wire.Query(name=name, args=args, after=after, asked_at=self._clock.now_ms())
         self.metrics.history_questions.labels(name, "asked").inc()
         reply = await self._through_log(
             partition,
@@ -1292,7 +1304,9 @@ class Node:
     ) -> None:
         answered = False
         try:
-            query = wire.Query(name="watch_ready", args=[tenant, pool, until_ms])
+            query = wire.Query(
+                name="watch_ready", args=[tenant, pool, until_ms], asked_at=self._clock.now_ms()
+            )
             self.metrics.history_questions.labels("watch_ready", "asked").inc()
             reply = await self._through_log(
                 partition,

@@ -26,6 +26,7 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     args: list[Any]
     after: int = -1
+    asked_at: int = 0  # the asker's wall clock, ms (0: not said)
 
 
 class Envelope(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -455,3 +456,27 @@ def test_a_model_that_cannot_be_opened_is_opened_again_never_left_unkept(
     finally:
         node.stop(drain_s=0)
         log.close()
+
+
+def test_a_question_goes_past_the_runner_and_an_old_one_is_passed_over(pair: Pair) -> None:
+    """Questions never reach the partition's runner (moving its command position past one
+    would cost an append each), and one read again long after it was asked is not answered."""
+    from node import wire
+
+    p = pair.b.owned()[0]
+    stale = node_module.STALE_QUERY_MS
+    runner = pair.b._runners[p]
+    submitted: list[object] = []
+    runner_submit = runner.submit
+    runner.submit = lambda request: (submitted.append(request), runner_submit(request))[1]  # type: ignore[method-assign]
+    old = wire.Query(name="job_count", args=[TENANT], asked_at=pair.b._clock.now_ms() - stale - 1)
+    for query in (old, wire.Query(name="job_count", args=[TENANT])):
+        envelope = wire.Envelope(query=query, request_id="r", reply_to="nobody")
+        pair.log.submit(p, wire.encode(envelope))
+    counted = pair.b.metrics.history_questions
+    deadline = time.monotonic() + 10
+    while counted.labels("job_count", "answered")._value.get() < 1:  # read by b's poll
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert counted.labels("job_count", "stale")._value.get() == 1
+    assert submitted == []
