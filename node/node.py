@@ -243,6 +243,9 @@ class Node:
         # elsewhere: a later question about it waits until its owner has folded that far
         self._written: dict[int, int] = {}
         self._queries = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="history-query")
+        # watches of ready runs, answered at once or held: apart from the questions, which may
+        # wait seconds for a fold, so a claim elsewhere never waits behind them
+        self._watch_answers = ThreadPoolExecutor(1, thread_name_prefix="ready-watch")
         self._decisions = decisions.DecisionLog(
             on_dropped=self.metrics.decision_lines_dropped.inc,
             on_failed=self.metrics.thread_failures.labels("decision-log").inc,
@@ -455,6 +458,7 @@ class Node:
         if self._history is not None:
             self._history.close()
         self._queries.shutdown(wait=True, cancel_futures=True)
+        self._watch_answers.shutdown(wait=True, cancel_futures=True)
         if self._owned_history is not None:
             self._owned_history.close()
 
@@ -523,9 +527,15 @@ class Node:
             if query.asked_at and self._clock.now_ms() - query.asked_at > STALE_QUERY_MS:
                 self.metrics.history_questions.labels(query.name, "stale").inc()
                 return
-            self._queries.submit(
-                self._answer, partition, query, envelope.reply_to, envelope.request_id
-            )
+            self.metrics.history_questions.labels(query.name, "answered").inc()
+            if query.name == "watch_ready":  # quick, and never behind a question that waits
+                self._watch_answers.submit(
+                    self._watched, partition, query, envelope.reply_to, envelope.request_id
+                )
+            else:
+                self._queries.submit(
+                    self._answer, partition, query, envelope.reply_to, envelope.request_id
+                )
             return
         reply = None
         if envelope.reply_to is not None and envelope.request_id is not None:
@@ -537,10 +547,6 @@ class Node:
     ) -> None:
         """(On a query thread.) Answer another node's question about the history of a
         partition kept here, once that history has folded past the asker's last write."""
-        self.metrics.history_questions.labels(query.name, "answered").inc()
-        if query.name == "watch_ready":
-            self._watched(partition, query, node_id, request_id)
-            return
         try:
             try:
                 owned = self._owned_history
@@ -1257,7 +1263,7 @@ class Node:
     def _watched(
         self, partition: int, query: wire.Query, node_id: str, request_id: str | None
     ) -> None:
-        """(On a query thread.) Another node's claim watches a pool on a partition owned here
+        """(On the watch thread.) Another node's claim watches a pool on a partition owned here
         (:mod:`node.ready_watch`): answered now if the partition holds a run of it, else at the
         first fold of one."""
 
@@ -1284,11 +1290,11 @@ class Node:
         self._watches.add(tenant, pool, partition, until_ms, send, known)
 
     def watch_elsewhere(self, tenant: str, pool: str, wait_s: float) -> None:
-        """A claim of ``pool`` found nothing and waits up to ``wait_s``: watch the pool on the
-        partitions this node neither owns nor folds (history kept with its partition), so a run
-        that becomes ready there wakes the claim as a run folded here would
-        (:mod:`node.ready_watch`). On the API's loop; a no-op where every partition is folded
-        here."""
+        """A claim of ``pool`` is made here (and may wait up to ``wait_s``): watch the pool on
+        the partitions this node neither owns nor folds (history kept with its partition), so a
+        run that becomes ready there reaches the claims' hints and wakes a waiting claim as a
+        run folded here would (:mod:`node.ready_watch`; one watch a partition in flight). On
+        the API's loop; a no-op where every partition is folded here."""
         if self._owned_history is None or wait_s <= 0:
             return
         elsewhere = [p for p in range(self._log.num_partitions) if p not in self._runners]
