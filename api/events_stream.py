@@ -41,8 +41,11 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from starlette.concurrency import run_in_threadpool
@@ -184,6 +187,35 @@ def _selects(reader: Reader, job: str | None) -> Callable[[AnyEvent], bool]:
     return lambda event: event.tenant == tenant and event.job_id in (scoped, job)
 
 
+class _Ends:
+    """Where partitions' logs end, read at most once an ``ELSEWHERE_S`` for all the streams
+    of a node that follow them (each would otherwise ask the log, a broker on Kafka, four
+    times a second a partition)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+        self._read: dict[int, tuple[float, int]] = {}
+
+    async def end(self, partition: int) -> int:
+        now = time.monotonic()
+        read = self._read.get(partition)
+        if read is not None and now - read[0] < ELSEWHERE_S:
+            return read[1]
+        end = await run_in_threadpool(self._scheduler.events_end, partition)
+        self._read[partition] = (now, end)
+        return end
+
+
+_ENDS: weakref.WeakKeyDictionary[Any, _Ends] = weakref.WeakKeyDictionary()
+
+
+def _ends_of(scheduler: Scheduler) -> _Ends:
+    ends = _ENDS.get(scheduler)
+    if ends is None:
+        ends = _ENDS[scheduler] = _Ends(scheduler)
+    return ends
+
+
 def _data(record: Record) -> bytes:
     """The SSE ``data`` of one event: on one line whatever the record holds."""
     value = record.value
@@ -263,7 +295,7 @@ async def _stream(
                 if p < partitions:
                     known[p] = max(known[p], position)
             for p in elsewhere:
-                known[p] = max(known[p], await run_in_threadpool(scheduler.events_end, p))
+                known[p] = max(known[p], await _ends_of(scheduler).end(p))
         progressed = False
         for p in range(partitions):
             end = known[p] if until is None else until[p]
