@@ -30,11 +30,9 @@ from api.rate import RequestRates
 from api.scheduler import Scheduler
 from api.translate import job_out, run_out
 from core.commands import AnyCommand
-from core.decide import job_id_of_run
-from core.errors import Conflict, HistoryRefilling, InvalidDefinition, LeaseLost, NotFound
+from core.errors import Conflict, InvalidDefinition, LeaseLost, NotFound
 from core.events import AnyEvent
 from core.ids import log_job_id, team_id
-from eventlog.port import partition_for
 from projections.history import SourcedRun
 from projections.read_model import MAX_LIMIT
 from projections.views import JobView, RunView
@@ -299,28 +297,8 @@ def expected_version(request: Request, in_body: int | None = None) -> int | None
     return from_header if from_header is not None else in_body
 
 
-def history_complete(call: Call, job_id: str | None = None) -> None:
-    """HistoryRefilling (503, Retry-After) while the read model has not folded what the log
-    held when the node started (or what it held before it was set aside as damaged): on the
-    job's partition, or on any for a listing (``job_id`` None). An answer now could say a job
-    that exists is not found, or list none of its runs."""
-    refilling = call.scheduler.reader.refilling()
-    if job_id is not None and refilling:
-        partition = partition_for(job_id, call.scheduler.num_partitions)
-        refilling = {partition: refilling[partition]} if partition in refilling else {}
-    if refilling:
-        behind = ", ".join(
-            f"partition {p}: {at} of {floor} events" for p, (at, floor) in sorted(refilling.items())
-        )
-        raise HistoryRefilling(
-            f"history is refilling (the read model is folding the log again: {behind});"
-            " try again shortly"
-        )
-
-
 async def job_view(call: Call, job_id: str) -> JobView:
     """The job whose log id is ``job_id``, if it is the caller's."""
-    history_complete(call, job_id)
     view = await call.scheduler.reader.job(call.tenant, job_id)
     if view is None:
         raise NotFound(f"job {team_id(job_id)} not found")
@@ -344,7 +322,6 @@ async def on_job(call: Call, job_id: str, command: AnyCommand) -> list[AnyEvent]
 
 async def run_view(call: Call, run_id: str) -> RunView:
     """The run whose log id is ``run_id``, if it is the caller's."""
-    history_complete(call, job_id_of_run(run_id))
     view = await call.scheduler.reader.run(call.tenant, run_id)
     if view is None:
         raise NotFound(f"run {team_id(run_id)} not found")
@@ -357,7 +334,6 @@ async def lease_refused(call: Call, run_id: str, err: LeaseLost) -> ApiError:
     model, which may not have folded the run yet: a run the team does not have (another
     team's, or none) is a 404, never a lease error that would say it exists; else a 409 that
     says whether the run was cancelled (stop) or reclaimed (someone else has it)."""
-    history_complete(call, job_id_of_run(run_id))
     now = await call.scheduler.reader.run(call.tenant, run_id)
     if now is None:
         return ApiError(404, "not_found", f"run {team_id(run_id)} not found")
@@ -365,7 +341,6 @@ async def lease_refused(call: Call, run_id: str, err: LeaseLost) -> ApiError:
 
 
 async def job_response(call: Call, job_id: str, status: int = 200) -> Response:
-    history_complete(call, job_id)
     view, newest = await call.scheduler.reader.job_and_latest_run(call.tenant, job_id)
     if view is None:
         raise NotFound(f"job {team_id(job_id)} not found")
@@ -375,7 +350,6 @@ async def job_response(call: Call, job_id: str, status: int = 200) -> Response:
 async def sourced_run(call: Call, run_id: str) -> SourcedRun:
     """The caller's run from the read model or, past the history window, the archive; a run
     past the window with no archive is gone, and the 404 says so."""
-    history_complete(call, job_id_of_run(run_id))
     history = call.scheduler.reader
     found = await history.sourced_run(call.tenant, run_id)
     if found is None:

@@ -16,7 +16,6 @@ from api.edge import (
     authenticate,
     decode,
     expected_version,
-    history_complete,
     job_response,
     job_view,
     json_response,
@@ -240,7 +239,6 @@ def query_tag(request: Request) -> str | None:
 
 async def list_jobs(request: Request) -> Response:
     call = authenticate(request)
-    history_complete(call)
     history = call.scheduler.reader
     q = query_text(request, "q", MAX_SEARCH_CHARS)
     name = query_text(request, "name", MAX_NAME_CHARS)

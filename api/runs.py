@@ -14,7 +14,6 @@ from api.edge import (
     Call,
     authenticate,
     decode,
-    history_complete,
     json_response,
     lease_refused,
     on_job,
@@ -118,7 +117,6 @@ async def get_run(request: Request) -> Response:
 
 async def list_runs(request: Request) -> Response:
     call = authenticate(request)
-    history_complete(call)
     page = await call.scheduler.reader.runs(
         call.tenant,
         query_choice(request, "state", RUN_STATES) or "dead",

@@ -12,7 +12,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.edge import authenticate, history_complete, json_response, query_int
+from api.edge import authenticate, json_response, query_int
 from api.instants import to_rfc3339
 from core.errors import InvalidDefinition
 from projections.figures import MINUTE_MS, Minute, merged, quantile
@@ -80,7 +80,6 @@ def _figures(minute: Minute) -> StatsFigures:
 
 async def team_stats(request: Request) -> Response:
     call = authenticate(request)
-    history_complete(call)
     window = query_int(request, DEFAULT_WINDOW_MIN, MAX_WINDOW_MIN, "window_min")
     step = query_int(request, default_step(window), MAX_STEP_MIN, "step_min")
     if -(-window // step) > MAX_POINTS:

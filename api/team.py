@@ -10,7 +10,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.edge import authenticate, history_complete, json_response
+from api.edge import authenticate, json_response
 from api.limits import TenantLimits
 
 
@@ -22,6 +22,5 @@ class TeamOut(msgspec.Struct, kw_only=True):
 
 async def get_team(request: Request) -> Response:
     call = authenticate(request)
-    history_complete(call)
     jobs = await call.scheduler.reader.job_count(call.tenant)
     return json_response(TeamOut(tenant=call.tenant, jobs=jobs, limits=call.limits))

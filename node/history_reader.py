@@ -55,6 +55,32 @@ class Held:
     runs: History
 
 
+def refilling(model: ReadModel, partition: int) -> HistoryRefilling | None:
+    """The error a question about ``partition`` answers while ``model`` has not folded what
+    the log held when it began keeping it (a node's start, a takeover, a set-aside): an answer
+    now could say a job that exists is not found, or list none of its runs."""
+    behind = model.refilling().get(partition)
+    if behind is None:
+        return None
+    return HistoryRefilling(
+        f"history is refilling (the read model is folding the log again: partition"
+        f" {partition}: {behind[0]} of {behind[1]} events); try again shortly"
+    )
+
+
+def every_partition(held: Held) -> Callable[[int], Held]:
+    """``HistoryReader``'s ``held`` for one model folding every partition: that model, but
+    HistoryRefilling for a partition it has not caught up on."""
+
+    def held_for(partition: int) -> Held:
+        refused = refilling(held.model, partition)
+        if refused is not None:
+            raise refused
+        return held
+
+    return held_for
+
+
 # What a partition is asked: a name, its arguments (JSON values), and the type of its answer.
 Ask = Callable[[int, str, list[Any], int], Awaitable[msgspec.Raw]]
 
@@ -210,17 +236,6 @@ class HistoryReader:
         self._counted: dict[str, tuple[float, int]] = {}  # a team's jobs kept elsewhere, when
 
     # -- what this node's own models say (no question asked elsewhere) ---------------------
-
-    def refilling(self) -> dict[int, tuple[int, int]]:
-        """The partitions whose history kept here is incomplete (``ReadModel.refilling``).
-        Kept with its owner, none: a question about a partition being filled waits for it
-        (``FILL_WAIT_S``) and only then answers HistoryRefilling itself."""
-        if self._wait_filled is not None:
-            return {}
-        found: dict[int, tuple[int, int]] = {}
-        for held in self._models():
-            found.update(held.model.refilling())
-        return found
 
     def positions(self) -> dict[int, int]:
         """How far the history kept here has folded each partition it keeps."""

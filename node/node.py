@@ -86,7 +86,7 @@ from node.claims import ReadyHints, split
 from node.executors import Executors
 from node.handoff import handoff_to
 from node.history_checkpointer import HistoryCheckpointer
-from node.history_reader import FILL_WAIT_S, Held, HistoryReader
+from node.history_reader import FILL_WAIT_S, Held, HistoryReader, every_partition
 from node.history_reader import answer as history_answer
 from node.hot_window import (
     DEFAULT_INTERVAL_S,
@@ -315,7 +315,7 @@ class Node:
             )
             self._reader = HistoryReader(
                 self._log.num_partitions,
-                lambda p: every,
+                every_partition(every),
                 lambda: [every],
                 archived=lambda: archived is not None,
                 past_window=every.runs.past_window,

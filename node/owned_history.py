@@ -45,7 +45,7 @@ from core.clock import Clock
 from core.errors import CronlogError, HistoryRefilling
 from eventlog.port import EventLog
 from node.history_checkpointer import HistoryCheckpointer
-from node.history_reader import Held
+from node.history_reader import Held, refilling
 from node.hot_window import HotWindow, HotWindowMetrics
 from node.worker import PeriodicWorker, backoff_s
 from projections import history_checkpoint
@@ -312,13 +312,9 @@ class OwnedHistory:
                     " restored); try again shortly"
                 )
             return None
-        refilling = kept.model.refilling().get(partition)
-        if refilling is not None:
-            at, floor = refilling
-            raise HistoryRefilling(
-                f"the history of partition {partition} is being filled here ({at} of {floor}"
-                " events); try again shortly"
-            )
+        refused = refilling(kept.model, partition)
+        if refused is not None:
+            raise refused
         return kept.held
 
     def wait_filled(self, partition: int, timeout_s: float) -> bool:

@@ -38,7 +38,7 @@ from core.events import AnyEvent, LeaseGranted, decode, encode
 from core.partition import Partition
 from core.state import RunStatus
 from eventlog.port import Record, partition_for
-from node.history_reader import Held, HistoryReader
+from node.history_reader import Held, HistoryReader, every_partition
 from node.hot_window import DEFAULT_WINDOW_MS
 from projections.decoding import EventDecoder
 from projections.history import ArchivedRuns, History
@@ -79,7 +79,7 @@ class FakeScheduler:
         # one model holds every partition (a test may swap it: read it each time)
         self._reader = HistoryReader(
             PARTITIONS,
-            lambda p: Held(self._history, self._run_history),
+            lambda p: every_partition(Held(self._history, self._run_history))(p),
             lambda: [Held(self._history, self._run_history)],
             archived=lambda: self._run_history.archived is not None,
             past_window=lambda run_id: self._run_history.past_window(run_id),
