@@ -71,6 +71,7 @@ from bench.common import (
     RESULTS_DIR,
     ROOT,
     TENANT,
+    CpuWindow,
     Recorder,
     Serve,
     append_result,
@@ -84,7 +85,6 @@ from bench.common import (
     log,
     machine,
     now_ms,
-    own_cpu_seconds,
     pull_job,
     register,
     sleep_until_ms,
@@ -211,35 +211,30 @@ def thread_group(name: str) -> str:
 
 
 class NodeCpu:
-    """One node's CPU over the window: its process tree, its main process, its threads."""
+    """One node's CPU over the window: its process tree and its main process (a
+    :class:`bench.common.CpuWindow`), and its threads."""
 
     def __init__(self, serve: Serve) -> None:
         self.serve = serve
         self.prefix = serve.args[serve.args.index("--topic-prefix") + 1]
         self.names: dict[int, str] = {}
-        self.tree0 = self.main0 = 0.0
+        self.window = CpuWindow(serve.pid)
         self.threads0: dict[int, float] = {}
-        self.samples: list[tuple[float, float]] = []
 
     def name_threads(self) -> None:
         self.names = thread_names(self.serve.pid)
 
     def begin(self) -> None:
         self.threads0 = thread_cpu(self.serve.pid)
-        self.tree0 = cpu_seconds(self.serve.pid) or 0.0
-        self.main0 = own_cpu_seconds(self.serve.pid) or 0.0
-        self.samples = [(time.monotonic(), self.tree0)]
+        self.window.begin()
 
     def sample(self) -> None:
-        cpu = cpu_seconds(self.serve.pid)
-        if cpu is not None:
-            self.samples.append((time.monotonic(), cpu))
+        self.window.sample()
 
     def end(self) -> dict[str, Any]:
         threads1 = thread_cpu(self.serve.pid)
-        tree = (cpu_seconds(self.serve.pid) or self.tree0) - self.tree0
-        main = (own_cpu_seconds(self.serve.pid) or self.main0) - self.main0
-        self.samples.append((time.monotonic(), self.tree0 + tree))
+        whole = self.window.end()
+        tree, main = whole["cpu_s"], whole["main_cpu_s"]
         groups: dict[str, float] = {}
         for tid, cpu in threads1.items():
             name = self.names.get(tid, "(started in the window)").replace(self.prefix, "<prefix>")
@@ -252,7 +247,9 @@ class NodeCpu:
         kafka_client = sum(v for k, v in groups.items() if k.startswith("rdk:"))
         steps = [
             (c1 - c0) / (t1 - t0)
-            for (t0, c0), (t1, c1) in zip(self.samples, self.samples[1:], strict=False)
+            for (t0, c0), (t1, c1) in zip(
+                self.window.samples, self.window.samples[1:], strict=False
+            )
             if t1 - t0 > 1.0
         ]
         return {

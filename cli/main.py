@@ -495,10 +495,15 @@ _IDS_ONLY = {("jobs", "create"), ("jobs", "put")}  # these name the id a job is 
 
 
 def _resolve_job_names(client: Any, args: argparse.Namespace) -> None:
-    """Every job the command names, by id or by name, as its id."""
+    """Every job the command names, by id or by name, as its id. The job ``job_id`` names, as
+    it was found, is ``args.found_job`` (None when none was): ``jobs get`` shows it rather than
+    ask for it again."""
     taken = (args.command, getattr(args, "action", None))
+    args.found_job = None
     if getattr(args, "job_id", None) and taken not in _IDS_ONLY:
-        args.job_id = job_id_of(client, args.job_id)
+        args.found_job = job_of(client, args.job_id)
+        if args.found_job is not None:
+            args.job_id = str(args.found_job.job_id)
     if getattr(args, "job", None):
         args.job = job_id_of(client, args.job)
     if getattr(args, "depends_on", None):
@@ -506,24 +511,34 @@ def _resolve_job_names(client: Any, args: argparse.Namespace) -> None:
 
 
 def job_id_of(client: Any, text: str) -> str:
-    """The id of the job ``text`` names: the job whose id it is, else the one job the team
+    """The id of the job ``text`` names (:func:`job_of`); a name no job has is left as it is:
+    the node answers 404 for it."""
+    job = job_of(client, text)
+    return text if job is None else str(job.job_id)
+
+
+def job_of(client: Any, text: str) -> Any:
+    """The job ``text`` names, or None: the job whose id it is, else the one job the team
     named so. Of several with that name, the one not cancelled is meant (a team that cancelled
     a job and made another of the same name); more than one left is ambiguous, and the error
-    lists their ids. A name no job has is left as it is: the node answers 404 for it."""
+    lists their ids. Text that is not even an id's form (``daily report``) is only a name."""
     from cronlog_client import ApiError
 
-    try:
-        return str(client.get_job(text).job_id)
-    except ApiError as e:
-        if e.status not in (400, 404):  # 400: not even an id's form, e.g. "daily report"
-            raise
+    from core.jobs import JOB_ID
+
+    if JOB_ID.match(text):
+        try:
+            return client.get_job(text)
+        except ApiError as e:
+            if e.status not in (400, 404):
+                raise
     named = list(client.iter_jobs(name=text, page_size=100))
     if len(named) > 1:
         named = [j for j in named if j.status != "cancelled"] or named
     if len(named) == 1:
-        return str(named[0].job_id)
+        return named[0]
     if not named:
-        return text
+        return None
     ids = ", ".join(f"{j.job_id} ({j.status})" for j in named)
     raise UsageError(f"{len(named)} jobs are named {text!r}: {ids}; give one of their ids")
 
@@ -981,7 +996,7 @@ def _preview(client: Any, args: argparse.Namespace) -> Any:
 
 _COMMANDS: dict[tuple[str, str], Callable[[Any, argparse.Namespace], int]] = {
     ("jobs", "list"): _jobs_list,
-    ("jobs", "get"): _show(lambda c, a: c.get_job(a.job_id)),
+    ("jobs", "get"): _show(lambda c, a: a.found_job or c.get_job(a.job_id)),
     ("jobs", "create"): _jobs_create,
     ("jobs", "put"): _jobs_put,
     ("jobs", "apply"): _jobs_apply,

@@ -922,10 +922,12 @@ class Node:
 
     def not_ready(self) -> list[str]:
         """Why this process of the node is not ready, one reason each: empty when it is."""
+        return self._not_ready(self.not_deciding_why())
+
+    def _not_ready(self, not_deciding: dict[int, str]) -> list[str]:
         reasons = []
         if not self._owned_now():
             reasons.append("it owns no partitions yet")
-        not_deciding = self.not_deciding_why()
         if not_deciding:
             reasons.append(
                 "partitions not deciding: "
@@ -1015,7 +1017,9 @@ class Node:
         """The node as it is now, for the metrics' gauges (called at each scrape)."""
         now = self._clock.now_ms()
         not_deciding = self.not_deciding_why()
-        g = Gauges(ready=self.ready(), executor_in_flight=self.executors.in_flight)
+        g = Gauges(
+            ready=not self._not_ready(not_deciding), executor_in_flight=self.executors.in_flight
+        )
         g.partitions_not_deciding = len(not_deciding)
         g.deciding = {p: p not in not_deciding for p in self._owned_now()}
         g.waiting_for_room, g.waiting_for_rate = self.executors.waiting

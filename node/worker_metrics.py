@@ -23,6 +23,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -108,8 +109,7 @@ def siblings_not_ready(siblings: dict[int, Path]) -> Callable[[], list[str]]:
 
     def reasons() -> list[str]:
         found: list[str] = []
-        for index, path in sorted(siblings.items()):
-            text = ask(path, READY_TIMEOUT_S)
+        for index, text in ask_all(siblings, READY_TIMEOUT_S).items():
             if text is None:
                 found.append(f"worker {index} does not answer")
                 continue
@@ -138,6 +138,16 @@ def ask(path: Path, timeout_s: float = ASK_TIMEOUT_S) -> str | None:
     return b"".join(chunks).decode()
 
 
+def ask_all(siblings: dict[int, Path], timeout_s: float = ASK_TIMEOUT_S) -> dict[int, str | None]:
+    """Every sibling's answer (index -> :func:`ask`'s), by index, the siblings asked at once:
+    siblings that do not answer cost ``timeout_s`` together, not ``timeout_s`` each."""
+    if not siblings:
+        return {}
+    with ThreadPoolExecutor(len(siblings), thread_name_prefix="ask-sibling") as pool:
+        asked = {i: pool.submit(ask, path, timeout_s) for i, path in sorted(siblings.items())}
+        return {i: future.result() for i, future in asked.items()}
+
+
 class MergedMetrics:
     """The metrics of worker ``index`` and of its ``siblings`` (index -> socket path), each
     sample labelled with its worker."""
@@ -150,8 +160,7 @@ class MergedMetrics:
 
     def render(self) -> bytes:
         texts: dict[int, str | None] = {self._index: self._own.render().decode()}
-        for index, path in sorted(self._siblings.items()):
-            texts[index] = ask(path)
+        texts.update(ask_all(self._siblings))
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Merged(texts))
         return generate_latest(registry)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.worker_metrics import MergedMetrics, MetricsSocket, merge
+from node.worker_metrics import (
+    READY_TIMEOUT_S,
+    MergedMetrics,
+    MetricsSocket,
+    Readiness,
+    merge,
+    siblings_not_ready,
+)
 
 
 class Own:
@@ -62,3 +71,34 @@ def test_a_worker_answers_for_its_siblings_over_their_sockets(tmp_path: Path) ->
     assert found[("cronlog_runs_total", (("tenant", "a"), ("worker", "1")))] == 7
     assert found[("cronlog_worker_up", (("worker", "2"),))] == 0  # nothing listens there
     assert not (tmp_path / "m1.sock").exists()  # removed at stop
+
+
+def test_siblings_that_hang_cost_one_timeout_together(tmp_path: Path) -> None:
+    # Two siblings whose sockets take the connection and never answer (stuck processes), and
+    # one that answers: /readyz waits for the stuck ones at once, not one after the other.
+    stuck = []
+    for i in (1, 2):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(tmp_path / f"ready-{i}.sock"))
+        listener.listen(1)
+        stuck.append(listener)
+    owns_none = Readiness(lambda: ["it owns no partitions yet"])
+    answering = MetricsSocket(owns_none, tmp_path / "r3.sock")
+    answering.start()
+    try:
+        ask = siblings_not_ready(
+            {1: tmp_path / "ready-1.sock", 2: tmp_path / "ready-2.sock", 3: tmp_path / "r3.sock"}
+        )
+        began = time.monotonic()
+        reasons = ask()
+        took = time.monotonic() - began
+    finally:
+        answering.stop()
+        for listener in stuck:
+            listener.close()
+    assert reasons == [
+        "worker 1 does not answer",
+        "worker 2 does not answer",
+        "worker 3: it owns no partitions yet",
+    ]
+    assert took < READY_TIMEOUT_S * 1.8

@@ -20,6 +20,7 @@ every-second jobs were in fact called on time (``ready_while_dark``).
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -31,6 +32,8 @@ import httpx
 from tools.chaos.gather import parse_metrics
 from tools.chaos.procs import now_ms
 from tools.chaos.records import Recorder
+
+log = logging.getLogger("chaos")
 
 INTERVAL_S = 0.5
 TIMEOUT_S = 2.0
@@ -67,8 +70,13 @@ class HealthWatch:
                     self._pool.submit(self._sample, client, node, url)
                     for node, url in self._nodes.items()
                 ]
-                for future in futures:
-                    self._record.write(future.result())
+                for node, future in zip(self._nodes, futures, strict=True):
+                    try:
+                        self._record.write(future.result())
+                    except Exception:
+                        # Said, and the watch goes on: a watch that ended here would leave
+                        # ready_while_dark nothing to judge for the rest of the run.
+                        log.exception("health watch: the sample of %s was lost", node)
                 self._stop.wait(max(0.0, INTERVAL_S - (time.monotonic() - began)))
 
     def _sample(self, client: httpx.Client, node: str, url: str) -> dict[str, Any]:
