@@ -82,6 +82,7 @@ from tools.replay.canonical import (
     run_form,
     state_form,
 )
+from tools.replay.records import events as events_of
 from tools.replay.source import Layout
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -157,20 +158,20 @@ def _record(out: Path, layout: Layout, build: dict[str, Any]) -> dict[str, Any]:
                 " to tools/replay/corpus_scenario.py"
             )
         ends = {p: log.end_offset("events", p) for p in range(PARTITIONS)}
-        with (out / "events.jsonl").open("w") as lines:
-            dump.dump(log, list(range(PARTITIONS)), out=lines)
-        records = {p: log.read_events(p, 0, ends[p] + 1) for p in range(PARTITIONS)}
+        records = {p: list(events_of(log, p, 0, ends[p])) for p in range(PARTITIONS)}
+        with (out / "events.jsonl").open("w") as lines:  # as ``dump`` prints them
+            lines.writelines(dump.line(r) + "\n" for rs in records.values() for r in rs)
+        decoded = {p: [(r.offset, ev.decode(r.value)) for r in rs] for p, rs in records.items()}
+        folded = _write_trace(out / "trace.jsonl.gz", decoded)
         states: dict[str, Form] = {}
         (out / "partitions").mkdir()
         for p, part in enumerate(owner.partitions):
-            folded = _fold([ev.decode(r.value) for r in records[p]], p)
-            if folded.snapshot() != part.state.snapshot():
+            if folded[p].snapshot() != part.state.snapshot():
                 raise CorpusError(f"partition {p}: the log folded is not the state decided")
             states[str(p)] = {"offset": ends[p], **state_form(part.state)}
             (out / "partitions" / f"p{p}.bin").write_bytes(part.snapshot())
         _write_json(out / "states.json", states)
-        _write_trace(out / "trace.jsonl.gz", records)
-        _write_snapshots(out / "snapshots", log, layout, records, clock.now_ms())
+        _write_snapshots(out / "snapshots", log, layout, decoded, clock.now_ms())
         archive = Archive(DirectoryStore(out / "archive"))
         archiver = Archiver(log, archive, file_records=ARCHIVE_FILE_RECORDS)
         for p in range(PARTITIONS):
@@ -185,7 +186,7 @@ def _record(out: Path, layout: Layout, build: dict[str, Any]) -> dict[str, Any]:
                 node_id="corpus-recorder",
                 now_ms=clock.now_ms(),
             )
-        kinds = Counter(type(ev.decode(r.value)).__name__ for rs in records.values() for r in rs)
+        kinds = Counter(type(e).__name__ for es in decoded.values() for _, e in es)
         manifest = {
             "recorded_by": build,
             "recorded_on": datetime.now(UTC).date().isoformat(),
@@ -206,11 +207,7 @@ def _record(out: Path, layout: Layout, build: dict[str, Any]) -> dict[str, Any]:
         log.close()
 
 
-def _fold(events: list[ev.AnyEvent], partition: int) -> PartitionState:
-    state = PartitionState(partition)
-    for event in events:
-        evolve(state, event)
-    return state
+_Numbered = list[tuple[int, ev.AnyEvent]]  # a partition's events, each with its offset
 
 
 def _write_json(path: Path, value: Any) -> None:
@@ -236,29 +233,31 @@ def _trace_entry(state: PartitionState, record_offset: int, event: ev.AnyEvent) 
     }
 
 
-def _write_trace(path: Path, records: dict[int, list[Any]]) -> None:
+def _write_trace(path: Path, decoded: dict[int, _Numbered]) -> dict[int, PartitionState]:
+    """Writes the trace of each partition's events folded in order; the states they fold to."""
     lines = []
-    for p, rs in records.items():
-        state = PartitionState(p)
-        for record in rs:
-            event = ev.decode(record.value)
+    states: dict[int, PartitionState] = {}
+    for p, events in decoded.items():
+        state = states[p] = PartitionState(p)
+        for offset, event in events:
             evolve(state, event)
-            entry = {"partition": p, **_trace_entry(state, record.offset, event)}
+            entry = {"partition": p, **_trace_entry(state, offset, event)}
             lines.append(json.dumps(entry, separators=(",", ":")) + "\n")
     path.write_bytes(gzip.compress("".join(lines).encode(), compresslevel=9, mtime=0))
+    return states
 
 
 def _write_snapshots(
-    folder: Path, log: EventLog, layout: Layout, records: dict[int, list[Any]], now: int
+    folder: Path, log: EventLog, layout: Layout, decoded: dict[int, _Numbered], now: int
 ) -> None:
     """Per partition a snapshot half-way, of a store saved batch by batch as a runner saves it,
     and one at the end, of the RocksDB store ``catch_up`` filled from the log."""
     snapshots = FileSnapshots(folder)
-    for p, rs in records.items():
-        half = rs[len(rs) // 2].offset
+    for p, events in decoded.items():
+        half = events[len(events) // 2][0]
         store = MemoryStateStore(p)
         state = PartitionState(p)
-        numbered = [(r.offset, ev.decode(r.value)) for r in rs if r.offset < half]
+        numbered = [(offset, event) for offset, event in events if offset < half]
         for start in range(0, len(numbered), 16):
             batch = numbered[start : start + 16]
             for _, event in batch:
