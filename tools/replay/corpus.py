@@ -339,11 +339,12 @@ def check(corpus: Path, work_dir: Path | None = None) -> Check:
     unknown = sorted({r.kind for rs in events.values() for r in rs} - set(scenario.kinds()))
     if unknown:
         result.problem(f"event kinds this build does not know: {', '.join(unknown)}")
+    stored = {p: _snapshots(corpus, p) for p in range(manifest["partitions"])}
     with tempfile.TemporaryDirectory(prefix="corpus-check-", dir=work_dir) as tmp:
-        folds = _check_folds(corpus, events, manifest, result)
+        folds = _check_folds(corpus, events, manifest, stored, result)
         if folds is None:
             return result
-        _check_snapshots(corpus, events, folds, result)
+        _check_snapshots(corpus, events, folds, stored, result)
         _check_partitions(corpus, manifest, folds, result)
         _check_archive(corpus, events, result)
         _check_read_model(corpus, events, manifest, Path(tmp), result)
@@ -364,11 +365,15 @@ def _where(p: int, record: _Recorded) -> str:
 
 
 def _check_folds(
-    corpus: Path, events: dict[int, list[_Recorded]], manifest: dict[str, Any], result: Check
+    corpus: Path,
+    events: dict[int, list[_Recorded]],
+    manifest: dict[str, Any],
+    stored: dict[int, list[StoredSnapshot]],
+    result: Check,
 ) -> dict[int, _Fold] | None:
     states = json.loads((corpus / "states.json").read_text())
     trace = _read_trace(corpus)
-    wanted = _snapshot_offsets(corpus)
+    wanted = {p: {s.offset for s in snapshots} for p, snapshots in stored.items()}
     folds: dict[int, _Fold] = {}
     for p in range(manifest["partitions"]):
         records = events.get(p, [])
@@ -466,24 +471,18 @@ def _snapshots(corpus: Path, p: int) -> list[StoredSnapshot]:
     return out
 
 
-def _snapshot_offsets(corpus: Path) -> dict[int, set[int]]:
-    folder = corpus / "snapshots"
-    if not folder.is_dir():
-        return {}
-    out: dict[int, set[int]] = {}
-    for path in folder.glob("p*/*.snap"):
-        out.setdefault(int(path.parent.name[1:]), set()).add(int(path.stem))
-    return out
-
-
 def _check_snapshots(
-    corpus: Path, events: dict[int, list[_Recorded]], folds: dict[int, _Fold], result: Check
+    corpus: Path,
+    events: dict[int, list[_Recorded]],
+    folds: dict[int, _Fold],
+    snapshots: dict[int, list[StoredSnapshot]],
+    result: Check,
 ) -> None:
     if not (corpus / "snapshots").is_dir():
         return
     count = 0
     for p, fold in folds.items():
-        for stored in _snapshots(corpus, p):
+        for stored in snapshots[p]:
             count += 1
             where = f"partition {p}: the snapshot at offset {stored.offset}"
             try:
