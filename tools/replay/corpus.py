@@ -344,7 +344,7 @@ def check(corpus: Path, work_dir: Path | None = None) -> Check:
         folds = _check_folds(corpus, events, manifest, stored, result)
         if folds is None:
             return result
-        _check_snapshots(corpus, events, folds, stored, result)
+        _check_snapshots(corpus, folds, stored, result)
         _check_partitions(corpus, manifest, folds, result)
         _check_archive(corpus, events, result)
         _check_read_model(corpus, events, manifest, Path(tmp), result)
@@ -353,9 +353,10 @@ def check(corpus: Path, work_dir: Path | None = None) -> Check:
 
 @dataclass
 class _Fold:
-    """One partition folded by this build: the end state, and the state at each offset a
-    snapshot was taken at (its form)."""
+    """One partition folded by this build: its records decoded, the end state, and the state
+    at each offset a snapshot was taken at (its form)."""
 
+    events: list[tuple[_Recorded, ev.AnyEvent]]
     state: PartitionState
     at: dict[int, Form]
 
@@ -378,6 +379,7 @@ def _check_folds(
     for p in range(manifest["partitions"]):
         records = events.get(p, [])
         state = PartitionState(p)
+        decoded: list[tuple[_Recorded, ev.AnyEvent]] = []
         at: dict[int, Form] = {}
         steps = trace.get(p)
         differs = False
@@ -389,6 +391,7 @@ def _check_folds(
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 result.problem(f"{_where(p, record)} does not decode: {exc}")
                 return None
+            decoded.append((record, event))
             try:
                 evolve(state, event)
             except Exception as exc:
@@ -401,7 +404,7 @@ def _check_folds(
                     differs = True
         for offset in wanted.get(p, ()):  # a snapshot at the end
             at.setdefault(offset, state_form(state))
-        folds[p] = _Fold(state, at)
+        folds[p] = _Fold(decoded, state, at)
         recorded = states[str(p)]
         if recorded["offset"] != (records[-1].offset + 1 if records else 0):
             result.problem(
@@ -473,7 +476,6 @@ def _snapshots(corpus: Path, p: int) -> list[StoredSnapshot]:
 
 def _check_snapshots(
     corpus: Path,
-    events: dict[int, list[_Recorded]],
     folds: dict[int, _Fold],
     snapshots: dict[int, list[StoredSnapshot]],
     result: Check,
@@ -494,11 +496,11 @@ def _check_snapshots(
             if found is not None:
                 result.problem(f"{where} is not the fold to its offset: {found}")
                 continue
-            for record in events.get(p, []):
+            for record, event in fold.events:
                 if record.offset < stored.offset:
                     continue
                 try:
-                    evolve(restored, ev.decode(record.value))
+                    evolve(restored, event)
                 except Exception as exc:
                     result.problem(
                         f"{where}: its tail does not fold in at {_where(p, record)}: {exc!r}"
