@@ -63,7 +63,7 @@ from core.events_schema import SCHEMA_VERSION
 from core.partition import SNAPSHOT_FORMAT, Partition
 from core.state import PartitionState, evolve
 from eventlog.embedded import EmbeddedLog
-from eventlog.port import EventLog
+from eventlog.port import EventLog, Record
 from eventlog.snapshots import FileSnapshots, StoredSnapshot
 from projections import history_checkpoint, snapshot, time_travel
 from projections.read_model import ReadModel, ReadModelRunner
@@ -587,8 +587,6 @@ def _check_read_model(
         return
     recorded = read_answers(json.loads(path.read_text()))
     tenants = [t for t in recorded if t != "positions"]
-    from eventlog.port import Record
-
     with ReadModel(tmp / "folded" / "read_model") as model:
         for p, records in sorted(events.items()):
             model.process_records(p, [Record(p, r.offset, r.value, None) for r in records])
