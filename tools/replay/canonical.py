@@ -13,7 +13,8 @@ holds it (``core.state.hold_spec``), so the form does not change when that holdi
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -28,21 +29,24 @@ from projections.read_model import ReadModel
 from projections.views import RUN_STATES, JobView, Page, RunView, SkipView
 
 Form = dict[str, Any]
+V = TypeVar("V")
+
+
+def _whole(spec: JobSpec) -> JobSpec:
+    """A job's definition with its payload as a document."""
+    return msgspec.structs.replace(spec, payload=payload_of(spec))
 
 
 def spec_form(spec: JobSpec) -> Form:
     """A job's definition, its payload as a document."""
-    whole = msgspec.structs.replace(spec, payload=payload_of(spec))
-    form: Form = msgspec.to_builtins(whole)
+    form: Form = msgspec.to_builtins(_whole(spec))
     return form
 
 
 def job_form(job: JobState) -> Form:
     """A job's state with its definition whole (the layout of ``JobStateV1``)."""
     fields = {f: getattr(job, f) for f in JobStateV1.__struct_fields__ if f != "spec"}
-    spec = job.spec
-    whole = JobStateV1(spec=msgspec.structs.replace(spec, payload=payload_of(spec)), **fields)
-    form: Form = msgspec.to_builtins(whole)
+    form: Form = msgspec.to_builtins(JobStateV1(spec=_whole(job.spec), **fields))
     return form
 
 
@@ -122,22 +126,12 @@ def first_difference(recorded: Any, folded: Any, path: str = "") -> str | None:
 _PAGE = 200
 
 
-def _all_jobs(model: ReadModel, tenant: str) -> list[JobView]:
-    out: list[JobView] = []
+def _every(listing: Callable[..., Page[V]], *args: str) -> list[V]:
+    """Every item a paged listing of the read model (``model.jobs``...) gives for ``args``."""
+    out: list[V] = []
     cursor = None
     while True:
-        page: Page[JobView] = model.jobs(tenant, limit=_PAGE, cursor=cursor)
-        out += page.items
-        if page.next_cursor is None:
-            return out
-        cursor = page.next_cursor
-
-
-def _all_runs(model: ReadModel, tenant: str, job_id: str) -> list[RunView]:
-    out: list[RunView] = []
-    cursor = None
-    while True:
-        page = model.runs_of(tenant, job_id, limit=_PAGE, cursor=cursor)
+        page = listing(*args, limit=_PAGE, cursor=cursor)
         out += page.items
         if page.next_cursor is None:
             return out
@@ -149,22 +143,16 @@ def answers(model: ReadModel, tenants: list[str]) -> Form:
     slots, the dead letters, the runs counted by state and the jobs counted."""
     out: Form = {"positions": {str(p): at for p, at in sorted(model.positions().items())}}
     for tenant in tenants:
-        jobs = _all_jobs(model, tenant)
-        dead: list[RunView] = []
-        cursor = None
-        while True:
-            page = model.runs(tenant, "dead", limit=_PAGE, cursor=cursor)
-            dead += page.items
-            if page.next_cursor is None:
-                break
-            cursor = page.next_cursor
+        jobs = _every(model.jobs, tenant)
+        dead = _every(model.runs, tenant, "dead")
         out[tenant] = {
             "jobs": [_view_form(j) for j in jobs],
             "runs": {
-                j.job_id: [_view_form(r) for r in _all_runs(model, tenant, j.job_id)] for j in jobs
+                j.job_id: [_view_form(r) for r in _every(model.runs_of, tenant, j.job_id)]
+                for j in jobs
             },
             "skipped": {
-                j.job_id: [_view_form(s) for s in model.skipped(tenant, j.job_id, 200)]
+                j.job_id: [_view_form(s) for s in model.skipped(tenant, j.job_id, _PAGE)]
                 for j in jobs
             },
             "dead_letters": [r.run_id for r in dead],
@@ -176,9 +164,7 @@ def answers(model: ReadModel, tenants: list[str]) -> Form:
 
 def _view_form(view: JobView | RunView | SkipView) -> Form:
     if isinstance(view, JobView):
-        view = msgspec.structs.replace(
-            view, spec=msgspec.structs.replace(view.spec, payload=payload_of(view.spec))
-        )
+        view = msgspec.structs.replace(view, spec=_whole(view.spec))
     form: Form = msgspec.to_builtins(view)
     return form
 

@@ -63,7 +63,7 @@ from core.events_schema import SCHEMA_VERSION
 from core.partition import SNAPSHOT_FORMAT, Partition
 from core.state import PartitionState, evolve
 from eventlog.embedded import EmbeddedLog
-from eventlog.port import EventLog
+from eventlog.port import EventLog, Record
 from eventlog.snapshots import FileSnapshots, StoredSnapshot
 from projections import history_checkpoint, snapshot, time_travel
 from projections.read_model import ReadModel, ReadModelRunner
@@ -82,6 +82,7 @@ from tools.replay.canonical import (
     run_form,
     state_form,
 )
+from tools.replay.records import events as events_of
 from tools.replay.source import Layout
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -157,20 +158,20 @@ def _record(out: Path, layout: Layout, build: dict[str, Any]) -> dict[str, Any]:
                 " to tools/replay/corpus_scenario.py"
             )
         ends = {p: log.end_offset("events", p) for p in range(PARTITIONS)}
-        with (out / "events.jsonl").open("w") as lines:
-            dump.dump(log, list(range(PARTITIONS)), out=lines)
-        records = {p: log.read_events(p, 0, ends[p] + 1) for p in range(PARTITIONS)}
+        records = {p: list(events_of(log, p, 0, ends[p])) for p in range(PARTITIONS)}
+        with (out / "events.jsonl").open("w") as lines:  # as ``dump`` prints them
+            lines.writelines(dump.line(r) + "\n" for rs in records.values() for r in rs)
+        decoded = {p: [(r.offset, ev.decode(r.value)) for r in rs] for p, rs in records.items()}
+        folded = _write_trace(out / "trace.jsonl.gz", decoded)
         states: dict[str, Form] = {}
         (out / "partitions").mkdir()
         for p, part in enumerate(owner.partitions):
-            folded = _fold([ev.decode(r.value) for r in records[p]], p)
-            if folded.snapshot() != part.state.snapshot():
+            if folded[p].snapshot() != part.state.snapshot():
                 raise CorpusError(f"partition {p}: the log folded is not the state decided")
             states[str(p)] = {"offset": ends[p], **state_form(part.state)}
             (out / "partitions" / f"p{p}.bin").write_bytes(part.snapshot())
         _write_json(out / "states.json", states)
-        _write_trace(out / "trace.jsonl.gz", records)
-        _write_snapshots(out / "snapshots", log, layout, records, clock.now_ms())
+        _write_snapshots(out / "snapshots", log, layout, decoded, clock.now_ms())
         archive = Archive(DirectoryStore(out / "archive"))
         archiver = Archiver(log, archive, file_records=ARCHIVE_FILE_RECORDS)
         for p in range(PARTITIONS):
@@ -185,7 +186,7 @@ def _record(out: Path, layout: Layout, build: dict[str, Any]) -> dict[str, Any]:
                 node_id="corpus-recorder",
                 now_ms=clock.now_ms(),
             )
-        kinds = Counter(type(ev.decode(r.value)).__name__ for rs in records.values() for r in rs)
+        kinds = Counter(type(e).__name__ for es in decoded.values() for _, e in es)
         manifest = {
             "recorded_by": build,
             "recorded_on": datetime.now(UTC).date().isoformat(),
@@ -206,11 +207,7 @@ def _record(out: Path, layout: Layout, build: dict[str, Any]) -> dict[str, Any]:
         log.close()
 
 
-def _fold(events: list[ev.AnyEvent], partition: int) -> PartitionState:
-    state = PartitionState(partition)
-    for event in events:
-        evolve(state, event)
-    return state
+_Numbered = list[tuple[int, ev.AnyEvent]]  # a partition's events, each with its offset
 
 
 def _write_json(path: Path, value: Any) -> None:
@@ -236,29 +233,31 @@ def _trace_entry(state: PartitionState, record_offset: int, event: ev.AnyEvent) 
     }
 
 
-def _write_trace(path: Path, records: dict[int, list[Any]]) -> None:
+def _write_trace(path: Path, decoded: dict[int, _Numbered]) -> dict[int, PartitionState]:
+    """Writes the trace of each partition's events folded in order; the states they fold to."""
     lines = []
-    for p, rs in records.items():
-        state = PartitionState(p)
-        for record in rs:
-            event = ev.decode(record.value)
+    states: dict[int, PartitionState] = {}
+    for p, events in decoded.items():
+        state = states[p] = PartitionState(p)
+        for offset, event in events:
             evolve(state, event)
-            entry = {"partition": p, **_trace_entry(state, record.offset, event)}
+            entry = {"partition": p, **_trace_entry(state, offset, event)}
             lines.append(json.dumps(entry, separators=(",", ":")) + "\n")
     path.write_bytes(gzip.compress("".join(lines).encode(), compresslevel=9, mtime=0))
+    return states
 
 
 def _write_snapshots(
-    folder: Path, log: EventLog, layout: Layout, records: dict[int, list[Any]], now: int
+    folder: Path, log: EventLog, layout: Layout, decoded: dict[int, _Numbered], now: int
 ) -> None:
     """Per partition a snapshot half-way, of a store saved batch by batch as a runner saves it,
     and one at the end, of the RocksDB store ``catch_up`` filled from the log."""
     snapshots = FileSnapshots(folder)
-    for p, rs in records.items():
-        half = rs[len(rs) // 2].offset
+    for p, events in decoded.items():
+        half = events[len(events) // 2][0]
         store = MemoryStateStore(p)
         state = PartitionState(p)
-        numbered = [(r.offset, ev.decode(r.value)) for r in rs if r.offset < half]
+        numbered = [(offset, event) for offset, event in events if offset < half]
         for start in range(0, len(numbered), 16):
             batch = numbered[start : start + 16]
             for _, event in batch:
@@ -340,11 +339,12 @@ def check(corpus: Path, work_dir: Path | None = None) -> Check:
     unknown = sorted({r.kind for rs in events.values() for r in rs} - set(scenario.kinds()))
     if unknown:
         result.problem(f"event kinds this build does not know: {', '.join(unknown)}")
+    stored = {p: _snapshots(corpus, p) for p in range(manifest["partitions"])}
     with tempfile.TemporaryDirectory(prefix="corpus-check-", dir=work_dir) as tmp:
-        folds = _check_folds(corpus, events, manifest, result)
+        folds = _check_folds(corpus, events, manifest, stored, result)
         if folds is None:
             return result
-        _check_snapshots(corpus, events, folds, result)
+        _check_snapshots(corpus, folds, stored, result)
         _check_partitions(corpus, manifest, folds, result)
         _check_archive(corpus, events, result)
         _check_read_model(corpus, events, manifest, Path(tmp), result)
@@ -353,9 +353,10 @@ def check(corpus: Path, work_dir: Path | None = None) -> Check:
 
 @dataclass
 class _Fold:
-    """One partition folded by this build: the end state, and the state at each offset a
-    snapshot was taken at (its form)."""
+    """One partition folded by this build: its records decoded, the end state, and the state
+    at each offset a snapshot was taken at (its form)."""
 
+    events: list[tuple[_Recorded, ev.AnyEvent]]
     state: PartitionState
     at: dict[int, Form]
 
@@ -365,15 +366,20 @@ def _where(p: int, record: _Recorded) -> str:
 
 
 def _check_folds(
-    corpus: Path, events: dict[int, list[_Recorded]], manifest: dict[str, Any], result: Check
+    corpus: Path,
+    events: dict[int, list[_Recorded]],
+    manifest: dict[str, Any],
+    stored: dict[int, list[StoredSnapshot]],
+    result: Check,
 ) -> dict[int, _Fold] | None:
     states = json.loads((corpus / "states.json").read_text())
     trace = _read_trace(corpus)
-    wanted = _snapshot_offsets(corpus)
+    wanted = {p: {s.offset for s in snapshots} for p, snapshots in stored.items()}
     folds: dict[int, _Fold] = {}
     for p in range(manifest["partitions"]):
         records = events.get(p, [])
         state = PartitionState(p)
+        decoded: list[tuple[_Recorded, ev.AnyEvent]] = []
         at: dict[int, Form] = {}
         steps = trace.get(p)
         differs = False
@@ -385,6 +391,7 @@ def _check_folds(
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 result.problem(f"{_where(p, record)} does not decode: {exc}")
                 return None
+            decoded.append((record, event))
             try:
                 evolve(state, event)
             except Exception as exc:
@@ -397,7 +404,7 @@ def _check_folds(
                     differs = True
         for offset in wanted.get(p, ()):  # a snapshot at the end
             at.setdefault(offset, state_form(state))
-        folds[p] = _Fold(state, at)
+        folds[p] = _Fold(decoded, state, at)
         recorded = states[str(p)]
         if recorded["offset"] != (records[-1].offset + 1 if records else 0):
             result.problem(
@@ -467,24 +474,17 @@ def _snapshots(corpus: Path, p: int) -> list[StoredSnapshot]:
     return out
 
 
-def _snapshot_offsets(corpus: Path) -> dict[int, set[int]]:
-    folder = corpus / "snapshots"
-    if not folder.is_dir():
-        return {}
-    out: dict[int, set[int]] = {}
-    for path in folder.glob("p*/*.snap"):
-        out.setdefault(int(path.parent.name[1:]), set()).add(int(path.stem))
-    return out
-
-
 def _check_snapshots(
-    corpus: Path, events: dict[int, list[_Recorded]], folds: dict[int, _Fold], result: Check
+    corpus: Path,
+    folds: dict[int, _Fold],
+    snapshots: dict[int, list[StoredSnapshot]],
+    result: Check,
 ) -> None:
     if not (corpus / "snapshots").is_dir():
         return
     count = 0
     for p, fold in folds.items():
-        for stored in _snapshots(corpus, p):
+        for stored in snapshots[p]:
             count += 1
             where = f"partition {p}: the snapshot at offset {stored.offset}"
             try:
@@ -496,11 +496,11 @@ def _check_snapshots(
             if found is not None:
                 result.problem(f"{where} is not the fold to its offset: {found}")
                 continue
-            for record in events.get(p, []):
+            for record, event in fold.events:
                 if record.offset < stored.offset:
                     continue
                 try:
-                    evolve(restored, ev.decode(record.value))
+                    evolve(restored, event)
                 except Exception as exc:
                     result.problem(
                         f"{where}: its tail does not fold in at {_where(p, record)}: {exc!r}"
@@ -587,8 +587,6 @@ def _check_read_model(
         return
     recorded = read_answers(json.loads(path.read_text()))
     tenants = [t for t in recorded if t != "positions"]
-    from eventlog.port import Record
-
     with ReadModel(tmp / "folded" / "read_model") as model:
         for p, records in sorted(events.items()):
             model.process_records(p, [Record(p, r.offset, r.value, None) for r in records])

@@ -20,7 +20,6 @@ refuses to write a corpus that lacks one, so a new kind of event must be added h
 from __future__ import annotations
 
 import inspect
-import typing
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,6 +44,8 @@ from core.commands import (
 from core.jobs import Backoff, HttpTarget, JobSpec, KafkaTarget, PullTarget
 from core.partition import Partition
 from eventlog.port import EventLog, partition_for
+from node.node import routing_key
+from projections.decoding import KINDS
 
 START = int(datetime(2026, 3, 1, tzinfo=UTC).timestamp() * 1000)
 LEAD_MS = 30_000
@@ -60,7 +61,7 @@ LEAD: dict[str, Any] = {"lead_ms": LEAD_MS} if _HAS_LEAD else {}
 
 def kinds() -> list[str]:
     """Every event kind this build knows (``core.events.AnyEvent``), by tag."""
-    return sorted(t.__name__ for t in typing.get_args(ev.AnyEvent))
+    return sorted(KINDS)
 
 
 def missing_kinds(seen: set[str]) -> list[str]:
@@ -73,11 +74,6 @@ class _Quiet:
 
     def revoked(self, partitions: list[int]) -> None:
         pass
-
-
-def job_of(run_id: str) -> str:
-    """The job of a run id (``<job>.<slot>``, ``core.ids``)."""
-    return run_id.rpartition(".")[0]
 
 
 class Owner:
@@ -109,11 +105,10 @@ class Owner:
         return partition_for(job_id, self.log.num_partitions)
 
     def do(self, command: AnyCommand, partition: int | None = None) -> list[ev.AnyEvent]:
-        """Decide ``command`` on its job's partition (or ``partition``), append what it decided,
-        and fire the timers that came due."""
+        """Decide ``command`` on its job's partition, as the node routes it (or on
+        ``partition``), append what it decided, and fire the timers that came due."""
         if partition is None:
-            job_id = getattr(command, "job_id", None) or job_of(getattr(command, "run_id", ""))
-            partition = self.partition_of(job_id)
+            partition = self.partition_of(routing_key(command))
         events = self.partitions[partition].handle(command, self.now)
         self._append(partition, events)
         self._drain()
