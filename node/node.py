@@ -1271,7 +1271,7 @@ class Node:
         (:mod:`node.ready_watch`): answered now if the partition holds a run of it, else at the
         first fold of one."""
 
-        def send(at: list[int]) -> None:
+        def send(at: list[int] | None) -> None:
             if request_id is not None:
                 answer = msgspec.Raw(msgspec.json.encode(at))
                 message = wire.Reply(request_id=request_id, answer=answer)
@@ -1286,8 +1286,8 @@ class Node:
             log.warning("partition %d: a malformed ready watch was passed over", partition)
             return
         runner = self._runners.get(partition)
-        if runner is None:
-            send([])
+        if runner is None:  # moved on while the watch travelled
+            send(None)
             return
         ahead = self._clock.now_ms() + WATCH_AHEAD_MS
         known = _upcoming_ready(runner.state, pool, tenant, ahead)
@@ -1304,16 +1304,24 @@ class Node:
         elsewhere = [p for p in range(self._log.num_partitions) if p not in self._runners]
         until_ms = self._clock.now_ms() + round(wait_s * 1000)
         loop = asyncio.get_running_loop()
-        for p in self._watching.start(tenant, pool, elsewhere):
-            task = loop.create_task(self._watch(p, tenant, pool, until_ms, wait_s))
+        for p, delay_s in self._watching.start(tenant, pool, elsewhere):
+            task = loop.create_task(self._watch(p, tenant, pool, until_ms, wait_s, delay_s))
             self._watch_tasks.add(task)
             task.add_done_callback(self._watch_tasks.discard)
 
     async def _watch(
-        self, partition: int, tenant: str, pool: str, until_ms: int, wait_s: float
+        self,
+        partition: int,
+        tenant: str,
+        pool: str,
+        until_ms: int,
+        wait_s: float,
+        delay_s: float = 0.0,
     ) -> None:
         answered = False
         try:
+            if delay_s > 0:  # answered moments ago: not again sooner (Watching.start)
+                await asyncio.sleep(delay_s)
             query = wire.Query(
                 name="watch_ready", args=[tenant, pool, until_ms], asked_at=self._clock.now_ms()
             )
@@ -1325,8 +1333,12 @@ class Node:
                 ),
                 wait_s + 1.0,
             )
-            instants = msgspec.json.decode(reply.answer, type=list[int])
-            answered = True
+            instants = msgspec.json.decode(reply.answer, type=list[int] | None)
+            answered = instants is not None
+            if instants is None:
+                # The partition moved on: ask it now (the claim reaches its new owner), which
+                # wakes a waiting claim to ask it and watch it again there, at once.
+                instants = [self._clock.now_ms()]
             if instants:
                 ready = [ReadyRun(tenant, pool, at, partition) for at in instants]
                 self._ready_hints.folded({}, ready)

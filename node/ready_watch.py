@@ -19,8 +19,8 @@ own fold had seen the runs, so the waiting claim wakes at each instant and asks 
   come) and is answered at the first fold of a run of its pool, or dropped once past
   ``until`` (the asker has stopped waiting by then).
 - Asker side, :class:`Watching`: at most one watch in flight per team, pool and partition, and
-  a partition answered moments ago is not watched again for ``MIN_REWATCH_S`` (a run the owner
-  reported ready but another worker took first cannot make a claim spin).
+  a partition answered moments ago is watched again only ``MIN_REWATCH_S`` after that answer (a
+  run the owner reported ready but another worker took first cannot make a claim spin).
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ MIN_REWATCH_S = 0.5  # a partition that answered is not watched again sooner tha
 AHEAD_MS = 10_000  # an answer names the runs that become ready within this long
 MAX_INSTANTS = 32  # ... the earliest this many (node.claims keeps as many per partition)
 
-Send = Callable[[list[int]], None]  # the answer: when runs become ready (empty: none)
+# The answer: when runs become ready (empty: none known), or None: the partition is not owned
+# here any more, and the asker watches again (reaching its new owner) rather than waiting.
+Send = Callable[[list[int] | None], None]
 
 
 @dataclass(slots=True)
@@ -96,14 +98,14 @@ class ReadyWatches:
             watch.send(at)
 
     def lost(self, partition: int) -> None:
-        """The partition moved away: its watches end with nothing (the askers watch again, and
-        reach its new owner)."""
+        """The partition moved away: its watches end saying so (None), and the askers watch
+        again at once, reaching its new owner."""
         ended: list[_Watch] = []
         with self._lock:
             for key in [k for k in self._watches if k[2] == partition]:
                 ended += self._watches.pop(key)
         for watch in ended:
-            watch.send([])
+            watch.send(None)
 
     def __len__(self) -> int:
         with self._lock:
@@ -119,17 +121,21 @@ class Watching:
         self._flying: set[tuple[str, str, int]] = set()
         self._answered: dict[tuple[str, str, int], float] = {}
 
-    def start(self, tenant: str, pool: str, partitions: list[int]) -> list[int]:
-        """Those of ``partitions`` to watch now for ``pool`` (marked in flight)."""
+    def start(self, tenant: str, pool: str, partitions: list[int]) -> list[tuple[int, float]]:
+        """Those of ``partitions`` to watch for ``pool`` that have no watch in flight (marked in
+        flight now), each with how long to wait before it is sent: the rest of
+        ``MIN_REWATCH_S`` after its last answer. Never skipped: a claim that waits must have
+        a watch on every other owner's partition, or a run there would not wake it."""
         now = self._monotonic()
         out = []
         with self._lock:
             for p in partitions:
                 key = (tenant, pool, p)
-                if key in self._flying or now - self._answered.get(key, -1e9) < MIN_REWATCH_S:
+                if key in self._flying:
                     continue
                 self._flying.add(key)
-                out.append(p)
+                since = now - self._answered.get(key, -1e9)
+                out.append((p, max(0.0, MIN_REWATCH_S - since)))
         return out
 
     def ended(self, tenant: str, pool: str, partition: int, answered: bool) -> None:

@@ -8,7 +8,7 @@ from projections.model_fold import ReadyRun
 
 def test_a_watch_is_answered_at_once_from_what_the_partition_holds() -> None:
     watches = ReadyWatches(lambda: 1_000)
-    got: list[list[int]] = []
+    got: list[list[int] | None] = []
     watches.add("t", "p", 3, 5_000, got.append, [1_500, 2_000])
     assert got == [[1_500, 2_000]] and len(watches) == 0
 
@@ -16,7 +16,7 @@ def test_a_watch_is_answered_at_once_from_what_the_partition_holds() -> None:
 def test_a_held_watch_is_answered_by_the_first_fold_of_its_pool_on_its_partition() -> None:
     now = [1_000]
     watches = ReadyWatches(lambda: now[0])
-    got: list[list[int]] = []
+    got: list[list[int] | None] = []
     watches.add("t", "p", 3, 5_000, got.append, [])
     watches.folded({}, [ReadyRun("t", "p", 1_200, 2), ReadyRun("t", "q", 1_200, 3)])
     assert got == [] and len(watches) == 1  # another partition's, another pool's
@@ -29,19 +29,19 @@ def test_a_held_watch_is_answered_by_the_first_fold_of_its_pool_on_its_partition
 def test_watches_past_their_end_are_dropped_and_a_partition_lost_ends_its_watches() -> None:
     now = [1_000]
     watches = ReadyWatches(lambda: now[0])
-    got: list[list[int]] = []
+    got: list[list[int] | None] = []
     watches.add("t", "p", 3, 2_000, got.append, [])
     now[0] = 2_500
     watches.folded({}, [ReadyRun("t", "p", 2_600, 3)])
     assert got == []  # its asker stopped waiting at 2,000
     watches.add("t", "p", 4, 9_000, got.append, [])
     watches.lost(4)
-    assert got == [[]] and len(watches) == 0
+    assert got == [None] and len(watches) == 0  # ended saying it moved: watch it again now
 
 
 def test_the_oldest_watches_are_answered_empty_past_the_bound() -> None:
     watches = ReadyWatches(lambda: 0)
-    got: list[list[int]] = []
+    got: list[list[int] | None] = []
     for _ in range(MAX_WATCHES + 2):
         watches.add("t", "p", 0, 10_000, got.append, [])
     assert got == [[], []] and len(watches) == MAX_WATCHES
@@ -50,11 +50,14 @@ def test_the_oldest_watches_are_answered_empty_past_the_bound() -> None:
 def test_one_watch_in_flight_per_partition_and_none_again_right_after_an_answer() -> None:
     clock = [100.0]
     watching = Watching(lambda: clock[0])
-    assert watching.start("t", "p", [0, 1, 2]) == [0, 1, 2]
+    assert watching.start("t", "p", [0, 1, 2]) == [(0, 0.0), (1, 0.0), (2, 0.0)]
     assert watching.start("t", "p", [0, 1, 2]) == []  # all in flight
     watching.ended("t", "p", 0, answered=True)
     watching.ended("t", "p", 1, answered=False)  # no answer: watched again at once
-    assert watching.start("t", "p", [0, 1, 2]) == [1]
+    clock[0] += MIN_REWATCH_S / 4
+    # partition 0 answered moments ago: watched again, but only once MIN_REWATCH_S has passed
+    assert watching.start("t", "p", [0, 1, 2]) == [(0, MIN_REWATCH_S * 3 / 4), (1, 0.0)]
+    watching.ended("t", "p", 0, answered=True)
     clock[0] += MIN_REWATCH_S
-    assert watching.start("t", "p", [0, 1, 2]) == [0]
-    assert watching.start("t", "q", [0]) == [0]  # another pool
+    assert watching.start("t", "p", [0]) == [(0, 0.0)]
+    assert watching.start("t", "q", [0]) == [(0, 0.0)]  # another pool
