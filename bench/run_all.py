@@ -5,8 +5,8 @@ Each of ``--repeat`` rounds (3 by default) runs every scenario once, in the same
 noisy minute falls on all of them alike; the report gives the median of the rounds and their
 range. The scenarios (see each module's docstring):
 
-1. the herd (:mod:`bench.herd_serve`): the floor, cronlog's HTTP and pull herds, APScheduler's
-   variants;
+1. the herd (:mod:`bench.herd_serve`): the floor, cronlog's HTTP and pull herds (one process,
+   and ``--workers 2``), APScheduler's variants;
 2. registration (:mod:`bench.registration`): ``POST /v1/jobs`` with wrk against cronlog and a
    bare Starlette endpoint; the batch endpoint when served;
 3. restart (:mod:`bench.restart`): ``/readyz`` and RSS on a data directory built once;
@@ -15,8 +15,10 @@ range. The scenarios (see each module's docstring):
 
 Records go to ``bench/results/<scenario>.jsonl`` with the run's id, the summary to
 ``bench/results/run_all.jsonl``, and ``bench/RESULTS.md`` is written from them
-(:mod:`bench.report`). The full form refuses to start while the 1-minute load average is above
-2 (``--ignore-load`` overrides): its figures are meant to be the ones the goals are judged by.
+(:mod:`bench.report`), with the latest full run of :mod:`bench.scaleout` (1 vs 3 Kafka nodes,
+run apart: it needs its own broker and about 15 minutes). The full form refuses to start while
+the 1-minute load average is above 2 (``--ignore-load`` overrides): its figures are meant to be
+the ones the goals are judged by.
 """
 
 from __future__ import annotations
@@ -163,7 +165,9 @@ def _round(
         log(herd_serve.describe(record))
 
     if "herd" not in plan.skip:
-        for name in ("floor", "http", "pull"):
+        # The node as one process (``--workers 1``, the default) and as two worker processes
+        # beside their parent (``--workers 2``, history kept with each worker's partitions).
+        for name in ("floor", "http", "pull", "http-w2", "pull-w2"):
             the_run.attempt(name, r, lambda n=name: herd(n, plan.herd_jobs))
     if "aps" not in plan.skip:
         for name, jobs in plan.aps_jobs.items():
