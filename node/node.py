@@ -546,34 +546,30 @@ class Node:
         self, partition: int, query: wire.Query, node_id: str, request_id: str | None
     ) -> None:
         """(On a query thread.) Answer another node's question about the history of a
-        partition kept here, once that history has folded past the asker's last write."""
+        partition kept here, once that history has folded past the asker's last write; asked
+        of several partitions at once (``query.also``), each is answered or refused apart."""
         try:
             try:
-                owned = self._owned_history
-                if owned is not None:
-                    owned.wait_filled(partition, FILL_WAIT_S)  # taken over moments ago?
-                    held = owned.held(partition)
+                args = list(query.args)
+                if query.also:
+                    answers: dict[int, msgspec.Raw] = {}
+                    refused: dict[int, wire.Refused] = {}
+                    for p, after in {partition: query.after, **query.also}.items():
+                        try:
+                            answers[p] = msgspec.Raw(self._answer_part(p, query.name, args, after))
+                        except CronlogError as err:
+                            refused[p] = wire.refused(err)
+                    message = wire.Reply(
+                        request_id=request_id or "",
+                        by=self.node_id,
+                        answers=answers,
+                        refused=refused,
+                    )
                 else:
-                    # One model of every partition cannot answer for one partition alone
-                    # (its counts and figures are the sums of all): a cluster keeps history
-                    # one way on every node.
-                    raise Unavailable(
-                        f"the owner of partition {partition} keeps history on every node"
-                        " (--history-on every-node), this node with each partition's owner:"
-                        " every node of a cluster must keep it the same way"
+                    answer = self._answer_part(partition, query.name, args, query.after)
+                    message = wire.Reply(
+                        request_id=request_id or "", by=self.node_id, answer=msgspec.Raw(answer)
                     )
-                if held is None:
-                    raise HistoryMoved(f"the history of partition {partition} is not kept here")
-                if query.after >= 0 and not held.model.wait_for(
-                    partition, query.after, READ_YOUR_WRITES_S
-                ):
-                    raise Unavailable(
-                        f"partition {partition}: the history has not folded the last write yet"
-                    )
-                message = wire.Reply(
-                    request_id=request_id or "",
-                    answer=msgspec.Raw(history_answer(held, query.name, list(query.args))),
-                )
             except CronlogError as err:
                 message = wire.refusal(request_id or "", err)
             except Exception:  # said to the asker too, rather than left to time out
@@ -586,6 +582,28 @@ class Node:
         except Exception:
             self.metrics.thread_failures.labels("history-query").inc()
             log.exception("partition %d: a history answer was not sent", partition)
+
+    def _answer_part(self, partition: int, name: str, args: list[Any], after: int) -> bytes:
+        """The answer to question ``name`` about one partition kept here (JSON), once its
+        history has folded past ``after``; HistoryMoved when it is not kept here."""
+        owned = self._owned_history
+        if owned is None:
+            # One model of every partition cannot answer for one partition alone (its counts
+            # and figures are the sums of all): a cluster keeps history one way on every node.
+            raise Unavailable(
+                f"the owner of partition {partition} keeps history on every node"
+                " (--history-on every-node), this node with each partition's owner:"
+                " every node of a cluster must keep it the same way"
+            )
+        owned.wait_filled(partition, FILL_WAIT_S)  # taken over moments ago?
+        held = owned.held(partition)
+        if held is None:
+            raise HistoryMoved(f"the history of partition {partition} is not kept here")
+        if after >= 0 and not held.model.wait_for(partition, after, READ_YOUR_WRITES_S):
+            raise Unavailable(
+                f"partition {partition}: the history has not folded the last write yet"
+            )
+        return history_answer(held, name, args)
 
     def _replier(self, node_id: str, request_id: str) -> Callable[[Decided | CronlogError], None]:
         def send(result: Decided | CronlogError) -> None:
@@ -1249,20 +1267,23 @@ class Node:
         return reply.events
 
     async def _ask_history(
-        self, partition: int, name: str, args: list[Any], after: int
-    ) -> msgspec.Raw:
-        """A question about the history of a partition kept by its owner elsewhere
-        (:mod:`node.history_reader`), through the log as a forwarded command goes."""
-        query = wire.Query(name=name, args=args, after=after, asked_at=self._clock.now_ms())
+        self, partition: int, name: str, args: list[Any], after: int, also: dict[int, int]
+    ) -> wire.Reply:
+        """A question about the history of a partition kept by its owner elsewhere (and of
+        the ``also`` partitions, each with this node's last write to it, that the same owner
+        is believed to keep: :mod:`node.history_reader`), through the log as a forwarded
+        command goes."""
+        query = wire.Query(
+            name=name, args=args, after=after, asked_at=self._clock.now_ms(), also=also
+        )
         self.metrics.history_questions.labels(name, "asked").inc()
-        reply = await self._through_log(
+        return await self._through_log(
             partition,
             lambda request_id: wire.Envelope(
                 query=query, request_id=request_id, reply_to=self.node_id
             ),
             QUERY_TIMEOUT_S,
         )
-        return reply.answer
 
     def _watched(
         self, partition: int, query: wire.Query, node_id: str, request_id: str | None
