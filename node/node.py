@@ -103,7 +103,7 @@ from node.owned_history import (
     OwnedHistory,
 )
 from node.ready_watch import AHEAD_MS as WATCH_AHEAD_MS
-from node.ready_watch import MAX_INSTANTS, ReadyWatches, Watching
+from node.ready_watch import MAX_INSTANTS, ReadyWatches, Told, Watching
 from node.relay import DependencyRelay, RelayMetrics
 from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
@@ -1303,6 +1303,10 @@ class Node:
 
         try:
             tenant, pool, until_ms = str(query.args[0]), str(query.args[1]), int(query.args[2])
+            told = None
+            if len(query.args) >= 5:  # what the asker's last answer told it
+                at = tuple(sorted(int(t) for t in query.args[4]))
+                told = Told(int(query.args[3]), at)
         except (IndexError, TypeError, ValueError):
             log.warning("partition %d: a malformed ready watch was passed over", partition)
             return
@@ -1310,9 +1314,13 @@ class Node:
         if runner is None:  # moved on while the watch travelled
             send(None)
             return
-        ahead = self._clock.now_ms() + WATCH_AHEAD_MS
-        known = _upcoming_ready(runner.state, pool, tenant, ahead)
-        self._watches.add(tenant, pool, partition, until_ms, send, known)
+        state = runner.state
+
+        def known() -> list[int]:
+            ahead = self._clock.now_ms() + WATCH_AHEAD_MS
+            return _upcoming_ready(state, pool, tenant, ahead)
+
+        self._watches.add(tenant, pool, partition, until_ms, send, known(), told, known)
 
     def watch_elsewhere(self, tenant: str, pool: str, wait_s: float) -> None:
         """A claim of ``pool`` is made here (and may wait up to ``wait_s``): watch the pool on
@@ -1325,8 +1333,10 @@ class Node:
         elsewhere = [p for p in range(self._log.num_partitions) if p not in self._runners]
         until_ms = self._clock.now_ms() + round(wait_s * 1000)
         loop = asyncio.get_running_loop()
-        for p, delay_s in self._watching.start(tenant, pool, elsewhere):
-            task = loop.create_task(self._watch(p, tenant, pool, until_ms, wait_s, delay_s))
+        for p, delay_s, told in self._watching.start(tenant, pool, elsewhere):
+            task = loop.create_task(
+                self._watch(p, tenant, pool, until_ms, wait_s, delay_s, told)
+            )
             self._watch_tasks.add(task)
             task.add_done_callback(self._watch_tasks.discard)
 
@@ -1338,14 +1348,18 @@ class Node:
         until_ms: int,
         wait_s: float,
         delay_s: float = 0.0,
+        told: Told | None = None,
     ) -> None:
         answered = False
+        now_told: Told | None = None
         try:
             if delay_s > 0:  # answered moments ago: not again sooner (Watching.start)
                 await asyncio.sleep(delay_s)
-            query = wire.Query(
-                name="watch_ready", args=[tenant, pool, until_ms], asked_at=self._clock.now_ms()
-            )
+            asked_ms = self._clock.now_ms()
+            args: list[Any] = [tenant, pool, until_ms]
+            if told is not None:  # what the last answer said: the owner answers only news
+                args += [told.covered_ms, list(told.instants)]
+            query = wire.Query(name="watch_ready", args=args, asked_at=asked_ms)
             self.metrics.history_questions.labels("watch_ready", "asked").inc()
             reply = await self._through_log(
                 partition,
@@ -1360,6 +1374,8 @@ class Node:
                 # The partition moved on: ask it now (the claim reaches its new owner), which
                 # wakes a waiting claim to ask it and watch it again there, at once.
                 instants = [self._clock.now_ms()]
+            else:
+                now_told = Told.of_answer(asked_ms, instants)
             if instants:
                 ready = [ReadyRun(tenant, pool, at, partition) for at in instants]
                 self._ready_hints.folded({}, ready)
@@ -1370,7 +1386,7 @@ class Node:
             self.metrics.thread_failures.labels("ready-watch").inc()
             log.exception("partition %d: a ready watch failed", partition)
         finally:
-            self._watching.ended(tenant, pool, partition, answered)
+            self._watching.ended(tenant, pool, partition, answered, now_told)
 
     async def _through_log(
         self, partition: int, envelope: Callable[[str], wire.Envelope], timeout_s: float
