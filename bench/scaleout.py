@@ -299,14 +299,38 @@ def self_cpu() -> float:
 # -- the nodes -----------------------------------------------------------------------------------
 
 
-def owned_partitions(serve: Serve) -> int | None:
+def _metrics(serve: Serve) -> str | None:
     request = urllib.request.Request(
         f"{serve.url}/metrics", headers={"Authorization": f"Bearer {serve.metrics_token}"}
     )
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
-            text = response.read().decode()
+            text: str = response.read().decode()
     except OSError:
+        return None
+    return text
+
+
+_QUESTION = re.compile(
+    r'^cronlog_history_questions_total\{question="([^"]+)",side="([^"]+)"\} (\S+)$'
+)
+
+
+def questions(serves: list[Serve]) -> dict[str, float]:
+    """The history questions the nodes have asked and answered (``question/side``), summed."""
+    found: dict[str, float] = {}
+    for serve in serves:
+        for line in (_metrics(serve) or "").splitlines():
+            m = _QUESTION.match(line)
+            if m:
+                key = f"{m[1]}/{m[2]}"
+                found[key] = found.get(key, 0.0) + float(m[3])
+    return found
+
+
+def owned_partitions(serve: Serve) -> int | None:
+    text = _metrics(serve)
+    if text is None:
         return None
     for line in text.splitlines():
         if line.startswith("cronlog_partitions_owned "):
@@ -435,6 +459,7 @@ def variant(
         recorder.take()  # the warm-up's calls
         recorder_pids, worker_pids = [recorder.proc.pid], [w.pid for w in workers]
         sleep_until_ms(begin)
+        asked0 = questions(serves)
         for cpu in cpus:
             cpu.begin()
         broker0 = tree_cpu(broker_pids)
@@ -446,6 +471,8 @@ def variant(
                 cpu.sample()
         sleep_until_ms(end)
         node_cpu = [cpu.end() for cpu in cpus]
+        asked1 = questions(serves)
+        asked = {k: round(v - asked0.get(k, 0.0)) for k, v in sorted(asked1.items())}
         others = {
             "broker_cpu_s": round(tree_cpu(broker_pids) - broker0, 2),
             "recorder_cpu_s": round(tree_cpu(recorder_pids) - recorder0, 2),
@@ -532,6 +559,8 @@ def variant(
         "read_model_share": round(read_model / total, 3) if total > 0 and named else None,
         "librdkafka_share": round(kafka / total, 3) if total > 0 else None,
         "history_on": args.history_on,
+        # history questions over the window, all nodes: "<question>/<asked|answered|stale>"
+        "questions": {k: v for k, v in asked.items() if v},
         **others,
         "workers": counts,
     }
@@ -773,6 +802,24 @@ def write(args: argparse.Namespace, run_id: str, rows: list[dict[str, Any]], cmd
             + f" | {row['broker_cpu_s']} | {row.get('machine_busy_cores')} / "
             f"{row.get('others_cores')} | {row['load_at_start'][0]}; {row['load_in_window'][0]} |"
         )
+    asked = [row for row in rows if row.get("questions")]
+    if asked:
+        lines += [
+            "",
+            "History questions over the window, every node's summed (asked of another node, "
+            "through the log; `cronlog_history_questions_total`), per round:",
+            "",
+        ]
+        for row in asked:
+            per_s = {
+                k.split("/")[0]: v / row["window_s"]
+                for k, v in row["questions"].items()
+                if k.endswith("/asked")
+            }
+            lines.append(
+                f"- round {row['round']}, {row['nodes']} node(s): "
+                + (", ".join(f"`{k}` {v:.1f}/s" for k, v in sorted(per_s.items())) or "none")
+            )
     last = {row["nodes"]: row for row in rows}
     lines += ["", "Each node's biggest threads in the last round (CPU s over the window):", ""]
     for n, row in sorted(last.items()):

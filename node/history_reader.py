@@ -38,6 +38,7 @@ import msgspec
 from core.decide import job_id_of_run
 from core.errors import HistoryMoved, HistoryRefilling, InvalidDefinition, Unavailable
 from eventlog.port import partition_for
+from node import wire
 from projections.figures import Minute
 from projections.history import History, HistoryPage, SourcedRun
 from projections.merging import merge_keyed, merge_minutes, merge_pages, sum_counts
@@ -81,8 +82,11 @@ def every_partition(held: Held) -> Callable[[int], Held]:
     return held_for
 
 
-# What a partition is asked: a name, its arguments (JSON values), and the type of its answer.
-Ask = Callable[[int, str, list[Any], int], Awaitable[msgspec.Raw]]
+# How a partition's owner elsewhere is asked: ``ask(p, name, args, after, also)``, the question
+# ``name`` with ``args`` about partition ``p`` (this node's last write to it at ``after``) and
+# about each partition of ``also`` (partition: last write) the same owner is believed to keep;
+# the owner's reply (``node.wire.Reply``), a refusal of the whole question raised.
+Ask = Callable[[int, str, list[Any], int, dict[int, int]], Awaitable[wire.Reply]]
 
 
 def _job(held: Held, tenant: str, job_id: str) -> JobView | None:
@@ -234,6 +238,9 @@ class HistoryReader:
         self._archived = archived
         self.past_window = past_window  # whether a run's slot is before the hot window
         self._counted: dict[str, tuple[float, int]] = {}  # a team's jobs kept elsewhere, when
+        # The node that last answered for each partition kept elsewhere: a question of every
+        # partition goes once to each such node, for all the partitions it answered for.
+        self._owners: dict[int, str] = {}
 
     # -- what this node's own models say (no question asked elsewhere) ---------------------
 
@@ -453,7 +460,14 @@ class HistoryReader:
                 models.setdefault(id(held.model), held)
         answers = [question.compute(held, *args) for held in models.values()]
         if remote:
-            answers += await asyncio.gather(*(self._remote(p, name, args) for p in remote))
+            groups: dict[str, list[int]] = {}
+            for p in remote:  # one question a node, for every partition it answered for last
+                owner = self._owners.get(p)
+                groups.setdefault(owner if owner is not None else f"?{p}", []).append(p)
+            for each in await asyncio.gather(
+                *(self._remote_many(ps, name, args) for ps in groups.values())
+            ):
+                answers += each
         return answers
 
     async def _remote(self, partition: int, name: str, args: list[Any]) -> Any:
@@ -461,12 +475,54 @@ class HistoryReader:
             raise Unavailable(f"the history of partition {partition} is not kept here")
         for wait_s in (*MOVED_RETRY_S, None):
             try:
-                raw = await self._ask(partition, name, args, self._written(partition))
+                reply = await self._ask(partition, name, args, self._written(partition), {})
             except HistoryMoved:
                 # the partition moved while the question travelled: its new owner answers
+                self._owners.pop(partition, None)
                 if wait_s is None:
                     raise
                 await asyncio.sleep(wait_s)
                 continue
-            return msgspec.json.decode(raw, type=QUESTIONS[name].answer_type)
+            if reply.by:
+                self._owners[partition] = reply.by
+            return msgspec.json.decode(reply.answer, type=QUESTIONS[name].answer_type)
         raise AssertionError("unreachable")
+
+    async def _remote_many(self, partitions: list[int], name: str, args: list[Any]) -> list[Any]:
+        """Question ``name`` of ``partitions``, which one node answered for last: one question
+        to it for all of them. A partition it no longer keeps (it moved) is asked again alone,
+        of whoever owns it now; any other refusal (refilling, not answered) is raised."""
+        if len(partitions) == 1:
+            return [await self._remote(partitions[0], name, args)]
+        assert self._ask is not None  # partitions are known to be elsewhere only by its answers
+        first, *others = partitions
+        also = {p: self._written(p) for p in others}
+        try:
+            reply = await self._ask(first, name, args, self._written(first), also)
+        except HistoryMoved:  # the first moved: the others may have too; each alone
+            for p in partitions:
+                self._owners.pop(p, None)
+            return list(await asyncio.gather(*(self._remote(p, name, args) for p in partitions)))
+        answer_type = QUESTIONS[name].answer_type
+        found: list[Any] = []
+        moved: list[int] = []
+        for p in partitions:
+            raw = reply.answers.get(p)
+            if raw is not None:
+                found.append(msgspec.json.decode(raw, type=answer_type))
+                if reply.by:
+                    self._owners[p] = reply.by
+                continue
+            refused = reply.refused.get(p)
+            err = (
+                wire.error_of_refused(refused)
+                if refused is not None
+                else Unavailable(f"partition {p}: the owner's answer left it out")
+            )
+            if not isinstance(err, HistoryMoved):
+                raise err
+            self._owners.pop(p, None)
+            moved.append(p)
+        if moved:
+            found += await asyncio.gather(*(self._remote(p, name, args) for p in moved))
+        return found

@@ -103,7 +103,7 @@ from node.owned_history import (
     OwnedHistory,
 )
 from node.ready_watch import AHEAD_MS as WATCH_AHEAD_MS
-from node.ready_watch import MAX_INSTANTS, ReadyWatches, Watching
+from node.ready_watch import MAX_INSTANTS, ReadyWatches, Told, Watching
 from node.relay import DependencyRelay, RelayMetrics
 from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
@@ -546,34 +546,30 @@ class Node:
         self, partition: int, query: wire.Query, node_id: str, request_id: str | None
     ) -> None:
         """(On a query thread.) Answer another node's question about the history of a
-        partition kept here, once that history has folded past the asker's last write."""
+        partition kept here, once that history has folded past the asker's last write; asked
+        of several partitions at once (``query.also``), each is answered or refused apart."""
         try:
             try:
-                owned = self._owned_history
-                if owned is not None:
-                    owned.wait_filled(partition, FILL_WAIT_S)  # taken over moments ago?
-                    held = owned.held(partition)
+                args = list(query.args)
+                if query.also:
+                    answers: dict[int, msgspec.Raw] = {}
+                    refused: dict[int, wire.Refused] = {}
+                    for p, after in {partition: query.after, **query.also}.items():
+                        try:
+                            answers[p] = msgspec.Raw(self._answer_part(p, query.name, args, after))
+                        except CronlogError as err:
+                            refused[p] = wire.refused(err)
+                    message = wire.Reply(
+                        request_id=request_id or "",
+                        by=self.node_id,
+                        answers=answers,
+                        refused=refused,
+                    )
                 else:
-                    # One model of every partition cannot answer for one partition alone
-                    # (its counts and figures are the sums of all): a cluster keeps history
-                    # one way on every node.
-                    raise Unavailable(
-                        f"the owner of partition {partition} keeps history on every node"
-                        " (--history-on every-node), this node with each partition's owner:"
-                        " every node of a cluster must keep it the same way"
+                    answer = self._answer_part(partition, query.name, args, query.after)
+                    message = wire.Reply(
+                        request_id=request_id or "", by=self.node_id, answer=msgspec.Raw(answer)
                     )
-                if held is None:
-                    raise HistoryMoved(f"the history of partition {partition} is not kept here")
-                if query.after >= 0 and not held.model.wait_for(
-                    partition, query.after, READ_YOUR_WRITES_S
-                ):
-                    raise Unavailable(
-                        f"partition {partition}: the history has not folded the last write yet"
-                    )
-                message = wire.Reply(
-                    request_id=request_id or "",
-                    answer=msgspec.Raw(history_answer(held, query.name, list(query.args))),
-                )
             except CronlogError as err:
                 message = wire.refusal(request_id or "", err)
             except Exception:  # said to the asker too, rather than left to time out
@@ -586,6 +582,28 @@ class Node:
         except Exception:
             self.metrics.thread_failures.labels("history-query").inc()
             log.exception("partition %d: a history answer was not sent", partition)
+
+    def _answer_part(self, partition: int, name: str, args: list[Any], after: int) -> bytes:
+        """The answer to question ``name`` about one partition kept here (JSON), once its
+        history has folded past ``after``; HistoryMoved when it is not kept here."""
+        owned = self._owned_history
+        if owned is None:
+            # One model of every partition cannot answer for one partition alone (its counts
+            # and figures are the sums of all): a cluster keeps history one way on every node.
+            raise Unavailable(
+                f"the owner of partition {partition} keeps history on every node"
+                " (--history-on every-node), this node with each partition's owner:"
+                " every node of a cluster must keep it the same way"
+            )
+        owned.wait_filled(partition, FILL_WAIT_S)  # taken over moments ago?
+        held = owned.held(partition)
+        if held is None:
+            raise HistoryMoved(f"the history of partition {partition} is not kept here")
+        if after >= 0 and not held.model.wait_for(partition, after, READ_YOUR_WRITES_S):
+            raise Unavailable(
+                f"partition {partition}: the history has not folded the last write yet"
+            )
+        return history_answer(held, name, args)
 
     def _replier(self, node_id: str, request_id: str) -> Callable[[Decided | CronlogError], None]:
         def send(result: Decided | CronlogError) -> None:
@@ -1249,20 +1267,23 @@ class Node:
         return reply.events
 
     async def _ask_history(
-        self, partition: int, name: str, args: list[Any], after: int
-    ) -> msgspec.Raw:
-        """A question about the history of a partition kept by its owner elsewhere
-        (:mod:`node.history_reader`), through the log as a forwarded command goes."""
-        query = wire.Query(name=name, args=args, after=after, asked_at=self._clock.now_ms())
+        self, partition: int, name: str, args: list[Any], after: int, also: dict[int, int]
+    ) -> wire.Reply:
+        """A question about the history of a partition kept by its owner elsewhere (and of
+        the ``also`` partitions, each with this node's last write to it, that the same owner
+        is believed to keep: :mod:`node.history_reader`), through the log as a forwarded
+        command goes."""
+        query = wire.Query(
+            name=name, args=args, after=after, asked_at=self._clock.now_ms(), also=also
+        )
         self.metrics.history_questions.labels(name, "asked").inc()
-        reply = await self._through_log(
+        return await self._through_log(
             partition,
             lambda request_id: wire.Envelope(
                 query=query, request_id=request_id, reply_to=self.node_id
             ),
             QUERY_TIMEOUT_S,
         )
-        return reply.answer
 
     def _watched(
         self, partition: int, query: wire.Query, node_id: str, request_id: str | None
@@ -1282,6 +1303,10 @@ class Node:
 
         try:
             tenant, pool, until_ms = str(query.args[0]), str(query.args[1]), int(query.args[2])
+            told = None
+            if len(query.args) >= 5:  # what the asker's last answer told it
+                at = tuple(sorted(int(t) for t in query.args[4]))
+                told = Told(int(query.args[3]), at)
         except (IndexError, TypeError, ValueError):
             log.warning("partition %d: a malformed ready watch was passed over", partition)
             return
@@ -1289,9 +1314,13 @@ class Node:
         if runner is None:  # moved on while the watch travelled
             send(None)
             return
-        ahead = self._clock.now_ms() + WATCH_AHEAD_MS
-        known = _upcoming_ready(runner.state, pool, tenant, ahead)
-        self._watches.add(tenant, pool, partition, until_ms, send, known)
+        state = runner.state
+
+        def known() -> list[int]:
+            ahead = self._clock.now_ms() + WATCH_AHEAD_MS
+            return _upcoming_ready(state, pool, tenant, ahead)
+
+        self._watches.add(tenant, pool, partition, until_ms, send, known(), told, known)
 
     def watch_elsewhere(self, tenant: str, pool: str, wait_s: float) -> None:
         """A claim of ``pool`` is made here (and may wait up to ``wait_s``): watch the pool on
@@ -1304,8 +1333,10 @@ class Node:
         elsewhere = [p for p in range(self._log.num_partitions) if p not in self._runners]
         until_ms = self._clock.now_ms() + round(wait_s * 1000)
         loop = asyncio.get_running_loop()
-        for p, delay_s in self._watching.start(tenant, pool, elsewhere):
-            task = loop.create_task(self._watch(p, tenant, pool, until_ms, wait_s, delay_s))
+        for p, delay_s, told in self._watching.start(tenant, pool, elsewhere):
+            task = loop.create_task(
+                self._watch(p, tenant, pool, until_ms, wait_s, delay_s, told)
+            )
             self._watch_tasks.add(task)
             task.add_done_callback(self._watch_tasks.discard)
 
@@ -1317,14 +1348,18 @@ class Node:
         until_ms: int,
         wait_s: float,
         delay_s: float = 0.0,
+        told: Told | None = None,
     ) -> None:
         answered = False
+        now_told: Told | None = None
         try:
             if delay_s > 0:  # answered moments ago: not again sooner (Watching.start)
                 await asyncio.sleep(delay_s)
-            query = wire.Query(
-                name="watch_ready", args=[tenant, pool, until_ms], asked_at=self._clock.now_ms()
-            )
+            asked_ms = self._clock.now_ms()
+            args: list[Any] = [tenant, pool, until_ms]
+            if told is not None:  # what the last answer said: the owner answers only news
+                args += [told.covered_ms, list(told.instants)]
+            query = wire.Query(name="watch_ready", args=args, asked_at=asked_ms)
             self.metrics.history_questions.labels("watch_ready", "asked").inc()
             reply = await self._through_log(
                 partition,
@@ -1339,6 +1374,8 @@ class Node:
                 # The partition moved on: ask it now (the claim reaches its new owner), which
                 # wakes a waiting claim to ask it and watch it again there, at once.
                 instants = [self._clock.now_ms()]
+            else:
+                now_told = Told.of_answer(asked_ms, instants)
             if instants:
                 ready = [ReadyRun(tenant, pool, at, partition) for at in instants]
                 self._ready_hints.folded({}, ready)
@@ -1349,7 +1386,7 @@ class Node:
             self.metrics.thread_failures.labels("ready-watch").inc()
             log.exception("partition %d: a ready watch failed", partition)
         finally:
-            self._watching.ended(tenant, pool, partition, answered)
+            self._watching.ended(tenant, pool, partition, answered, now_told)
 
     async def _through_log(
         self, partition: int, envelope: Callable[[str], wire.Envelope], timeout_s: float

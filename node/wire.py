@@ -18,7 +18,7 @@ from core.commands import AnyCommand
 from core.events import AnyEvent
 
 
-class Query(msgspec.Struct, frozen=True, kw_only=True):
+class Query(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A question for the partition's history: its name and arguments (``QUESTIONS`` of
     :mod:`node.history_reader`), answered once the history has folded past ``after`` (the
     asking node's last write to the partition; -1: none)."""
@@ -27,6 +27,18 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
     args: list[Any]
     after: int = -1
     asked_at: int = 0  # the asker's wall clock, ms (0: not said)
+    # Other partitions the asker believes the same node owns, each with the asker's last write
+    # to it: one question for every partition of an owner (a team's listings and sums), each
+    # answered in the reply's ``answers`` or refused in its ``refused``.
+    also: dict[int, int] = {}
+
+
+class Refused(msgspec.Struct, frozen=True, kw_only=True):
+    """One partition of a question asked of several that could not be answered: the
+    ``core.errors`` class name (``HistoryMoved``: not owned by the answering node) and why."""
+
+    error: str
+    message: str = ""
 
 
 class Envelope(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,7 +48,7 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True):
     reply_to: str | None = None  # the node waiting for the outcome
 
 
-class Reply(msgspec.Struct, frozen=True, kw_only=True):
+class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     request_id: str
     events: list[AnyEvent] = []
     offsets: list[int] = []
@@ -44,6 +56,9 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     message: str = ""
     field: str | None = None  # of an InvalidDefinition
     answer: msgspec.Raw = msgspec.Raw(b"null")  # a query's, as JSON
+    by: str = ""  # the answering node (a query's): where to ask about its partitions next
+    answers: dict[int, msgspec.Raw] = {}  # a query's ``also``, and its own partition, each
+    refused: dict[int, Refused] = {}  # the partitions of such a query left unanswered
 
 
 _envelopes = msgspec.json.Decoder(Envelope)
@@ -90,3 +105,12 @@ def error_of(reply: Reply) -> errors.CronlogError | None:
     if reply.error == "InvalidDefinition":
         return errors.InvalidDefinition(reply.field or "request", reply.message)
     return _REFUSALS.get(reply.error, errors.CronlogError)(reply.message)
+
+
+def refused(err: errors.CronlogError) -> Refused:
+    return Refused(error=type(err).__name__, message=str(err))
+
+
+def error_of_refused(part: Refused) -> errors.CronlogError:
+    """One partition's refusal of a question asked of several, as the error the owner raised."""
+    return _REFUSALS.get(part.error, errors.CronlogError)(part.message)

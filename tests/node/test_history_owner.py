@@ -134,6 +134,29 @@ def test_each_node_folds_only_its_own_partitions_and_answers_for_all(pair: Pair)
         assert set(node.history_positions()) == set(owned)
 
 
+def test_a_team_s_listings_ask_the_other_node_once_for_all_its_partitions(pair: Pair) -> None:
+    ids = ids_over_every_partition(24)
+    asked = pair.a.metrics.history_questions
+
+    async def scenario() -> None:
+        for job_id in ids:
+            await pair.a.execute(PutJob(job_id=job_id, spec=spec(job_id)))
+        before = asked.labels("job_count", "asked")._value.get()
+        assert await pair.a.reader.job_count(TENANT) == len(ids)
+        # not known yet which node keeps b's partitions: each asked alone, answered by b
+        first = asked.labels("job_count", "asked")._value.get() - before
+        assert first == len(pair.b.owned()) == 2
+        for _ in range(3):
+            assert await pair.a.reader.job_count(TENANT) == len(ids)
+            page = await pair.a.reader.jobs(TENANT, limit=100)
+            assert [view.job_id for view in page.items] == sorted(ids)
+        # then one question to b for both, each time
+        assert asked.labels("job_count", "asked")._value.get() - before == first + 3
+        assert asked.labels("jobs", "asked")._value.get() == 3
+
+    asyncio.run(scenario())
+
+
 def test_a_write_through_a_node_is_read_back_there_at_once(pair: Pair) -> None:
     elsewhere = next(
         i for i in ids_over_every_partition(40) if partition_for(i, PARTITIONS) in pair.b.owned()
