@@ -1314,13 +1314,17 @@ class Node:
         if runner is None:  # moved on while the watch travelled
             send(None)
             return
-        state = runner.state
 
         def known() -> list[int]:
+            # the state as decided when asked (a held watch is answered later, at a fold)
             ahead = self._clock.now_ms() + WATCH_AHEAD_MS
-            return _upcoming_ready(state, pool, tenant, ahead)
+            return _upcoming_ready(runner.state, pool, tenant, ahead)
 
-        self._watches.add(tenant, pool, partition, until_ms, send, known(), told, known)
+        try:
+            self._watches.add(tenant, pool, partition, until_ms, send, known(), told, known)
+        except Exception:  # the asker watches again when its wait ends; said here
+            self.metrics.thread_failures.labels("ready-watch").inc()
+            log.exception("partition %d: a ready watch could not be answered", partition)
 
     def watch_elsewhere(self, tenant: str, pool: str, wait_s: float) -> None:
         """A claim of ``pool`` is made here (and may wait up to ``wait_s``): watch the pool on
@@ -1334,9 +1338,7 @@ class Node:
         until_ms = self._clock.now_ms() + round(wait_s * 1000)
         loop = asyncio.get_running_loop()
         for p, delay_s, told in self._watching.start(tenant, pool, elsewhere):
-            task = loop.create_task(
-                self._watch(p, tenant, pool, until_ms, wait_s, delay_s, told)
-            )
+            task = loop.create_task(self._watch(p, tenant, pool, until_ms, wait_s, delay_s, told))
             self._watch_tasks.add(task)
             task.add_done_callback(self._watch_tasks.discard)
 

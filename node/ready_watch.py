@@ -34,12 +34,15 @@ own fold had seen the runs, so the waiting claim wakes at each instant and asks 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from projections.model_fold import ReadyRun
+
+log = logging.getLogger(__name__)
 
 MAX_WATCHES = 256  # watches held per (team, pool, partition) on the owner
 MIN_REWATCH_S = 0.5  # a partition that answered is not watched again sooner than this
@@ -90,6 +93,18 @@ class _Watch:
     send: Send
     told: Told | None = None
     known: Callable[[], list[int]] | None = None  # the partition's instants now (a refresh)
+
+
+def _answer(watch: _Watch, at: list[int] | None) -> None:
+    """Answer one watch taken off the list with ``at`` (None: what its partition knows now);
+    a failure is logged, and the others are answered still (the asker of this one watches
+    again once its wait ends)."""
+    try:
+        if at is None:
+            at = watch.known() if watch.known is not None else []
+        watch.send(at)
+    except Exception:
+        log.exception("a ready watch could not be answered")
 
 
 class ReadyWatches:
@@ -164,9 +179,9 @@ class ReadyWatches:
                 else:
                     del self._watches[key]
         for watch, at in answered:
-            watch.send(at)
+            _answer(watch, at)
         for watch in refreshed:
-            watch.send(watch.known() if watch.known is not None else [])
+            _answer(watch, None)
 
     def lost(self, partition: int) -> None:
         """The partition moved away: its watches end saying so (None), and the askers watch
@@ -225,6 +240,4 @@ class Watching:
                 self._answered[key] = (self._monotonic(), told)
                 if len(self._answered) > 4 * MAX_WATCHES:  # old entries: nothing to hold back
                     cutoff = self._monotonic() - 2 * AHEAD_MS / 1000
-                    self._answered = {
-                        k: v for k, v in self._answered.items() if v[0] >= cutoff
-                    }
+                    self._answered = {k: v for k, v in self._answered.items() if v[0] >= cutoff}
