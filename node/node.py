@@ -554,9 +554,13 @@ class Node:
                 if query.also:
                     answers: dict[int, msgspec.Raw] = {}
                     refused: dict[int, wire.Refused] = {}
+                    # one deadline for all the partitions' waits, as for one partition's: the
+                    # asker gives up after QUERY_TIMEOUT_S, however many partitions it asked
+                    deadline = time.monotonic() + FILL_WAIT_S + READ_YOUR_WRITES_S
                     for p, after in {partition: query.after, **query.also}.items():
                         try:
-                            answers[p] = msgspec.Raw(self._answer_part(p, query.name, args, after))
+                            answer = self._answer_part(p, query.name, args, after, deadline)
+                            answers[p] = msgspec.Raw(answer)
                         except CronlogError as err:
                             refused[p] = wire.refused(err)
                     message = wire.Reply(
@@ -583,9 +587,18 @@ class Node:
             self.metrics.thread_failures.labels("history-query").inc()
             log.exception("partition %d: a history answer was not sent", partition)
 
-    def _answer_part(self, partition: int, name: str, args: list[Any], after: int) -> bytes:
+    def _answer_part(
+        self, partition: int, name: str, args: list[Any], after: int, deadline: float | None = None
+    ) -> bytes:
         """The answer to question ``name`` about one partition kept here (JSON), once its
-        history has folded past ``after``; HistoryMoved when it is not kept here."""
+        history has folded past ``after``; HistoryMoved when it is not kept here. ``deadline``
+        (monotonic): where several partitions are answered in turn, their waits end by it."""
+
+        def within(wait_s: float) -> float:
+            return (
+                wait_s if deadline is None else max(0.0, min(wait_s, deadline - time.monotonic()))
+            )
+
         owned = self._owned_history
         if owned is None:
             # One model of every partition cannot answer for one partition alone (its counts
@@ -595,11 +608,11 @@ class Node:
                 " (--history-on every-node), this node with each partition's owner:"
                 " every node of a cluster must keep it the same way"
             )
-        owned.wait_filled(partition, FILL_WAIT_S)  # taken over moments ago?
+        owned.wait_filled(partition, within(FILL_WAIT_S))  # taken over moments ago?
         held = owned.held(partition)
         if held is None:
             raise HistoryMoved(f"the history of partition {partition} is not kept here")
-        if after >= 0 and not held.model.wait_for(partition, after, READ_YOUR_WRITES_S):
+        if after >= 0 and not held.model.wait_for(partition, after, within(READ_YOUR_WRITES_S)):
             raise Unavailable(
                 f"partition {partition}: the history has not folded the last write yet"
             )
