@@ -335,8 +335,9 @@ def scaleout_rows() -> list[str]:
     ratio = med(scaleout.ratios(mine, 1, 3))
     if ratio is None:
         return []
-    out = Path(shlex.split(mine[0]["command"])[-1]) if "--out" in mine[0]["command"] else None
-    file = out.name if out is not None else "scaleout.md"
+    words = shlex.split(mine[0]["command"])
+    at = words.index("--out") + 1 if "--out" in words else len(words)
+    file = Path(words[at]).name if at < len(words) else "scaleout.md"
     history = mine[0].get("history_on", "every-node")
     met = "yes" if ratio <= 1.25 else "**no**"
     heading = "Scale-out: the same steady workload on 1 and 3 Kafka nodes (issue 21)"
