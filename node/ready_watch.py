@@ -44,6 +44,8 @@ from projections.model_fold import ReadyRun
 
 log = logging.getLogger(__name__)
 
+_NEVER = float("inf")
+
 MAX_WATCHES = 256  # watches held per (team, pool, partition) on the owner
 MIN_REWATCH_S = 0.5  # a partition that answered is not watched again sooner than this
 AHEAD_MS = 10_000  # an answer names the runs that become ready within this long
@@ -78,13 +80,17 @@ class Told:
         """Whether ``at`` holds an instant within the horizon that the asker was not told."""
         return any(t <= self.covered_ms and t not in self.instants for t in at)
 
-    def stale(self, now_ms: int) -> bool:
-        """Whether the asker should hear again without news: its horizon has grown
+    def refresh_at(self) -> int:
+        """When the asker should hear again without news: once its horizon has grown
         ``REFRESH_MS`` shorter than ``AHEAD_MS``, or half the instants it was told have
         passed (a busy partition's answer, cut at ``MAX_INSTANTS``, covers little time)."""
-        if now_ms + AHEAD_MS - self.covered_ms >= REFRESH_MS:
-            return True
-        return len(self.instants) >= 2 and now_ms >= self.instants[len(self.instants) // 2]
+        at = self.covered_ms - AHEAD_MS + REFRESH_MS
+        if len(self.instants) >= 2:
+            at = min(at, self.instants[len(self.instants) // 2])
+        return at
+
+    def stale(self, now_ms: int) -> bool:
+        return now_ms >= self.refresh_at()
 
 
 @dataclass(slots=True)
@@ -114,6 +120,7 @@ class ReadyWatches:
         self._now_ms = now_ms
         self._lock = threading.Lock()
         self._watches: dict[tuple[str, str, int], list[_Watch]] = {}
+        self._sweep_at: int | float = _NEVER  # the first instant a held watch may be stale
 
     def add(
         self,
@@ -139,6 +146,8 @@ class ReadyWatches:
             key = (tenant, pool, partition)
             live = [w for w in self._watches.get(key, ()) if w.until_ms > now]
             live.append(_Watch(until_ms, send, told, refresh))
+            if told is not None:
+                self._sweep_at = min(self._sweep_at, told.refresh_at())
             if len(live) > MAX_WATCHES:
                 dropped, live = live[: len(live) - MAX_WATCHES], live[-MAX_WATCHES:]
             self._watches[key] = live
@@ -159,7 +168,15 @@ class ReadyWatches:
                 instants.setdefault((run.tenant, run.pool, run.partition), []).append(
                     run.available_at
                 )
-            for key in list(self._watches):
+            # The watches a fold may answer: those of the partitions and pools it folded runs
+            # of, and every watch only once one may have grown stale (not every watch on
+            # every fold: the fold's thread pays for this)
+            sweep = now >= self._sweep_at
+            if sweep:
+                self._sweep_at = _NEVER
+            for key in (
+                list(self._watches) if sweep else [k for k in instants if k in self._watches]
+            ):
                 found = sorted(set(instants.get(key, ())))[:MAX_INSTANTS]
                 kept: list[_Watch] = []
                 for watch in self._watches[key]:
@@ -174,6 +191,8 @@ class ReadyWatches:
                         refreshed.append(watch)  # answered with all it knows now
                     else:
                         kept.append(watch)
+                        if sweep:
+                            self._sweep_at = min(self._sweep_at, watch.told.refresh_at())
                 if kept:
                     self._watches[key] = kept
                 else:

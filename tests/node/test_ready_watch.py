@@ -120,3 +120,16 @@ def test_a_held_standing_watch_is_answered_at_a_fold_once_half_of_what_it_told_h
     now[0] = 1_600  # the told instants' middle has passed: the asker hears what is known now
     watches.folded({}, [ReadyRun("t", "p", 31_600, 3)])
     assert got == [[9]]
+
+
+def test_a_fold_of_any_partition_answers_a_held_watch_grown_stale() -> None:
+    now = [1_000]
+    watches = ReadyWatches(lambda: now[0])
+    got: list[list[int] | None] = []
+    told = Told.of_answer(1_000, [2_000])
+    watches.add("t", "p", 3, 60_000, got.append, [2_000], told, lambda: [7_000])
+    watches.folded({}, [ReadyRun("t", "p", 40_000, 5)])
+    assert got == []  # not stale yet, and nothing of its partition folded
+    now[0] = told.refresh_at()
+    watches.folded({}, [ReadyRun("t", "p", 40_500, 5)])  # another partition's fold
+    assert got == [[7_000]] and len(watches) == 0
