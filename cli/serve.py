@@ -90,6 +90,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="for the topics cronlog creates (default 2; 1 on a one-broker test)",
     )
     serve.add_argument(
+        "--group-session-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="the scheduler group's session: a dead node's partitions move to the others after"
+        " this long (default 3000; brokers refuse less than their group.min.session.timeout.ms,"
+        " 6000 by Kafka's default, and the node then joins with 6000 and says so)",
+    )
+    serve.add_argument(
         "--kafka-config",
         type=Path,
         metavar="FILE",
@@ -612,6 +621,11 @@ def _serve(args: argparse.Namespace) -> int:
                 min_insync_replicas=args.min_insync_replicas,
                 retention=retention,
                 client_config=kafka_config,
+                **(
+                    {}
+                    if args.group_session_ms is None
+                    else {"session_timeout_ms": args.group_session_ms}
+                ),
                 # The node answers a write once its read model holds it: that is the wait.
                 readable_appends=False,
             )

@@ -66,8 +66,16 @@ other nodes share the partition, and nothing sent before it opened is delivered.
 
 A member that stops polling keeps its partitions until ``max.poll.interval.ms`` passes (then
 librdkafka leaves the group for it); a member that dies loses them after
-``session.timeout.ms``. Both default low here (10 s, 6 s) because a partition without an owner
-fires no jobs; the node's poll loop must come round well within ``max_poll_interval_ms``.
+``session.timeout.ms``. Both default low here (10 s, 3 s) because a partition without an owner
+fires no jobs; the node's poll loop must come round well within ``max_poll_interval_ms``. A
+session shorter than the brokers allow (``group.min.session.timeout.ms``, 6 s by Kafka's
+default) is refused at the join: the member then joins with 6 s and says so once.
+
+The session also bounds how long a member may go without reaching the group's coordinator:
+librdkafka gives its partitions up after that long. A broker that dies takes the coordinators it
+hosts with it until the controller fences it (``broker.session.timeout.ms``), so a session
+shorter than that fence makes every member give up every partition at each broker death;
+``tools/kafka`` fences in 2 s, and docs/operations.md says what to set on a cluster of one's own.
 """
 
 from __future__ import annotations
@@ -125,6 +133,19 @@ _LEADERSHIP_SETTLING = frozenset(
 # when this ran out: at 100 ms, every write waited a tenth of a second for the read model to see
 # it. An idle node pays for the shorter wait in fetches (about 0.03 of a core more, 8 partitions).
 READ_WAIT_MS = 10
+# The group session: how long after a node's death its partitions move to the others. Kafka
+# brokers refuse anything below their ``group.min.session.timeout.ms`` (6 s unless set lower):
+# a member refused joins with ``STOCK_MIN_SESSION_TIMEOUT_MS`` instead.
+SESSION_TIMEOUT_MS = 3000
+STOCK_MIN_SESSION_TIMEOUT_MS = 6000
+# Heartbeats: the members hear of a rebalance at their next one, so a shorter interval moves a
+# dead node's partitions sooner (at most a sixth of the session, at least this).
+MIN_HEARTBEAT_MS = 250
+# Client settings that shorten a broker's death for cronlog's clients, unless the operator's
+# own (``--kafka-config``) say otherwise. librdkafka backs off reconnecting to a broker up to
+# 10 s and retrying a request up to 1 s by default: a coordinator that moved was found seconds
+# after it was ready.
+FAST_FAILOVER = {"reconnect.backoff.max.ms": 1000, "retry.backoff.max.ms": 250}
 # How long a writer waits for its last transaction to be readable before it begins the next
 # (:meth:`KafkaPartitionWriter.wait_until_readable`), and how long it listens for a reader to
 # tell before it asks the broker (then twice as long before asking again). Only speed depends on
@@ -182,7 +203,7 @@ class KafkaLog:
         self.prefix = prefix
         self.topics = {stream: f"{prefix}.{stream}" for stream in STREAMS}
         self.replies_topic = f"{prefix}.replies"
-        self._base = {"bootstrap.servers": bootstrap_servers, **client_config}
+        self._base = {"bootstrap.servers": bootstrap_servers, **FAST_FAILOVER, **client_config}
         self._session_timeout_ms = session_timeout_ms
         self._max_poll_interval_ms = max_poll_interval_ms
         self._timeout_s = timeout_s
@@ -223,7 +244,7 @@ class KafkaLog:
         topic_config: dict[str, str] | None = None,
         retention: Retention | None = None,
         client_config: dict[str, Any] | None = None,
-        session_timeout_ms: int = 6000,
+        session_timeout_ms: int = SESSION_TIMEOUT_MS,
         max_poll_interval_ms: int = 10000,
         timeout_s: float = 30.0,
         readable_appends: bool = True,
@@ -446,7 +467,7 @@ class KafkaLog:
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
                 "session.timeout.ms": self._session_timeout_ms,
-                "heartbeat.interval.ms": max(500, self._session_timeout_ms // 3),
+                "heartbeat.interval.ms": max(MIN_HEARTBEAT_MS, self._session_timeout_ms // 6),
                 "max.poll.interval.ms": self._max_poll_interval_ms,
             }
         )
@@ -747,13 +768,17 @@ class KafkaMembership:
         self._writers: dict[int, KafkaPartitionWriter] = {}
         self._closed = False
         self._group_metadata: object = None
-        self._consumer = Consumer(log._member_config())
-        self._consumer.subscribe(
+        self._consumer = self._new_consumer()
+
+    def _new_consumer(self) -> Consumer:
+        consumer = Consumer(self._log._member_config())
+        consumer.subscribe(
             [self._commands],
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
+        return consumer
 
     def poll(self, timeout_s: float, max_records: int = 500) -> list[Record]:
         if self._closed:
@@ -832,7 +857,33 @@ class KafkaMembership:
             return True
         if err.fatal():
             raise CronlogError(f"consumer of {self._commands} failed: {err}")
+        if err.code() == KafkaError.INVALID_SESSION_TIMEOUT:
+            self._widen_session(err)
         return False  # informational (e.g. a broker connection came and went)
+
+    def _widen_session(self, err: KafkaError) -> None:
+        """The brokers refused the group session (below their ``group.min.session.timeout.ms``):
+        join again with Kafka's stock floor, once, and say what it costs."""
+        log = self._log
+        refused = log._session_timeout_ms
+        if refused >= STOCK_MIN_SESSION_TIMEOUT_MS:
+            raise CronlogError(
+                f"the brokers refuse a group session of {refused} ms ({err}): lower their"
+                " group.min.session.timeout.ms"
+            )
+        logger.warning(
+            "the brokers refuse a group session of %d ms (their group.min.session.timeout.ms is"
+            " higher): joining with %d ms, so a dead node's partitions move only after that"
+            " long. Set group.min.session.timeout.ms=%d or lower on the brokers for the faster"
+            " failover (docs/operations.md)",
+            refused,
+            STOCK_MIN_SESSION_TIMEOUT_MS,
+            refused,
+        )
+        log._session_timeout_ms = STOCK_MIN_SESSION_TIMEOUT_MS
+        old, self._consumer = self._consumer, self._new_consumer()
+        with contextlib.suppress(Exception):
+            old.close()
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self._closed or not partitions:

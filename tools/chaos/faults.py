@@ -42,12 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eventlog.kafka import SESSION_TIMEOUT_MS
 from tools.chaos.nodes import Cluster, NodeProcess
 from tools.chaos.procs import in_spawner, now_ms
 from tools.chaos.records import Recorder
 from tools.kafka.broker import KafkaCluster
 
-SESSION_TIMEOUT_S = 6.0  # eventlog.kafka's default session.timeout.ms
+SESSION_TIMEOUT_S = SESSION_TIMEOUT_MS / 1000  # the nodes' group session (tools/kafka allows it)
 READY_TIMEOUT_S = 120.0
 IN_SYNC_TIMEOUT_S = 120.0
 

@@ -336,6 +336,19 @@ def _server_properties(node: Node, nodes: list[Node]) -> str:
         "share.coordinator.state.topic.replication.factor": replicas,
         "share.coordinator.state.topic.min.isr": min_isr,
         "group.initial.rebalance.delay.ms": 0,
+        # A broker that dies is fenced after this (default 9 s): until then every acks=all
+        # write to a partition it follows waits for it, and the coordinators it hosts stay
+        # with it. So one broker's death darkened every cronlog partition for 10-16 s.
+        "broker.session.timeout.ms": 2000,
+        "broker.heartbeat.interval.ms": 250,
+        # The controllers notice their leader gone after this (default 2 s) and elect within
+        # the election timeout (default 1 s): a dead broker that was also the active
+        # controller is fenced only once a new one is elected.
+        "controller.quorum.fetch.timeout.ms": 1000,
+        "controller.quorum.election.timeout.ms": 500,
+        # Lets cronlog's group session (eventlog.kafka.SESSION_TIMEOUT_MS, 3 s) be shorter
+        # than the broker default's floor of 6 s: a dead node's partitions move after it.
+        "group.min.session.timeout.ms": 1000,
     }
     return "".join(f"{k}={v}\n" for k, v in settings.items())
 
