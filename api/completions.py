@@ -5,17 +5,20 @@ Each item is what ``POST /v1/runs/{run_id}/complete`` takes, with the ``run_id``
 answered as that request would be, in a result of its own: ``200`` recorded, or the error a
 single completion would answer (400 or 422 for the item itself, its ``field`` prefixed with the
 item's place, ``runs[3].fencing_token``; 404 for a run the team does not have; 409
-``lease_lost`` when the token no longer holds the live lease, with ``cancelled``; 429 past the
-token's rate; 503 when the run's partition could not decide it now). One refused item refuses
-only itself; the request as a whole is refused only when it is not a batch at all (not JSON,
-no ``runs`` list, none or more than ``MAX_BATCH_RUNS`` items: 400 naming ``runs``).
+``lease_lost`` when the token no longer holds the live lease, with ``cancelled``, unless the
+item repeats the outcome that token recorded (200); 429 past the token's rate; 503 when the
+run's partition could not decide it now). One refused item refuses only itself; the request
+as a whole is refused only when it is not a batch at all (not JSON, no ``runs`` list, none or
+more than ``MAX_BATCH_RUNS`` items: 400 naming ``runs``).
 
 Every item counts as one request against the token's rate, as a single completion would (the
 request itself pays for the first). The items that pass go to the scheduler together
 (:meth:`Scheduler.execute_many`): one partition's items are decided in one batch and appended
 in one durable write, and the answer comes once they are durable, so a completion the worker
-hears recorded is never lost. A replayed item is safe: its fencing token no longer holds the
-lease once the first was recorded, so it is answered 409 and changes nothing.
+hears recorded is never lost. A batch sent again (its answer was lost) is safe: the partition
+refuses an outcome whose lease it already ended and records nothing twice, and an item that
+repeats the outcome recorded for its token is answered 200 as the first was
+(:mod:`api.repeats`); one that does not (the other outcome, a lease that expired since) is 409.
 
 Worked example: ``{"runs": [A, B]}`` where B's lease ran out answers ``{"results": [{"index":
 0, "status": 200, "run_id": "nightly.1796097600000"}, {"index": 1, "status": 409, "run_id":
@@ -25,6 +28,7 @@ Worked example: ``{"runs": [A, B]}`` where B's lease ran out answers ``{"results
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -36,12 +40,12 @@ from api.edge import (
     as_type,
     authenticate,
     json_response,
-    lease_refused,
     over_rate,
     read_json,
     take_items,
 )
 from api.errors import ApiError, ErrorBody, from_exception
+from api.repeats import CATCH_UP_S, outcome_refused
 from api.translate import complete_run
 from api.wire import MAX_RETRY_AFTER_SEC, FencingToken, StartedLate
 from core.commands import CompleteRun
@@ -134,9 +138,15 @@ async def complete_runs(request: Request) -> Response:
     # As a single completion: the partition decides first (it checks the run is the team's),
     # the read model is asked only about a refusal, which may not have folded the run yet.
     answers = await call.scheduler.execute_many([command for _, command in sent])
+    # one wait for the history for every refused item, as one completion waits
+    deadline = time.monotonic() + CATCH_UP_S
     for (i, command), answer in zip(sent, answers, strict=True):
         if isinstance(answer, LeaseLost):
-            refusal = await lease_refused(call, command.run_id, answer)
+            wait_s = max(0.0, deadline - time.monotonic())
+            refusal = await outcome_refused(call, command, answer, wait_s)
+            if refusal is None:  # sent again after its answer was lost: recorded
+                results[i] = CompletionResult(index=i, status=200, run_id=team_id(command.run_id))
+                continue
             results[i] = CompletionResult(
                 index=i, status=refusal.status, run_id=team_id(command.run_id), error=refusal.body
             )

@@ -333,8 +333,13 @@ async def lease_refused(call: Call, run_id: str, err: LeaseLost) -> ApiError:
     decides first (it holds the lease and knows whose run it is); only a refusal asks the read
     model, which may not have folded the run yet: a run the team does not have (another
     team's, or none) is a 404, never a lease error that would say it exists; else a 409 that
-    says whether the run was cancelled (stop) or reclaimed (someone else has it)."""
-    now = await call.scheduler.reader.run(call.tenant, run_id)
+    says whether the run was cancelled (stop) or reclaimed (someone else has it). (An outcome
+    sent again after its answer was lost is answered first by :mod:`api.repeats`.)"""
+    return lease_refusal(await call.scheduler.reader.run(call.tenant, run_id), run_id, err)
+
+
+def lease_refusal(now: RunView | None, run_id: str, err: LeaseLost) -> ApiError:
+    """:func:`lease_refused`'s answer, from the run as the read model shows it ``now``."""
     if now is None:
         return ApiError(404, "not_found", f"run {team_id(run_id)} not found")
     return ApiError(409, "lease_lost", str(err), cancelled=now.state == "cancelled")

@@ -351,7 +351,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(404, 409, 503),
     ),
     ("POST", "/v1/runs/{run_id}/complete"): Operation(
-        "Report the attempt's outcome; 409 unless the fencing token holds the live lease",
+        "Report the attempt's outcome; 409 unless the fencing token holds the live lease, or"
+        " the same outcome was recorded with it (sent again: answered 200 as it was)",
         response=wire.RunOut,
         request=wire.CompleteIn,
         errors=(404, 409, 503),
@@ -360,7 +361,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         f"Report up to {completions.MAX_BATCH_RUNS} attempts' outcomes at once (more: 400). Each"
         " item is what POST /v1/runs/{run_id}/complete takes, with its run_id, and is answered in"
         " a result of its own as that request would be (200, or its error: 409 lease_lost"
-        " unless the fencing token holds the live lease, the field prefixed with runs[i]); each"
+        " unless the fencing token holds the live lease or recorded that outcome already, the"
+        " field prefixed with runs[i]); each"
         " item counts as a request against the token's rate. The items of one partition are"
         " appended in one write",
         response=completions.CompletionBatchOut,

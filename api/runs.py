@@ -1,5 +1,6 @@
 """Run handlers: trigger, read, list, cancel, replay; and the pull workers' claim, heartbeat and
-complete, where only the live lease's fencing token is heard."""
+complete, where only the live lease's fencing token is heard (an outcome sent again after its
+answer was lost is answered as it was recorded: :mod:`api.repeats`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from api.edge import (
 from api.errors import bad_request
 from api.held import Held
 from api.instants import parse_rfc3339, to_rfc3339
+from api.repeats import outcome_refused
 from api.scheduler import Unavailable
 from api.translate import claimed, complete_run, heartbeat_run, run_out
 from api.wire import (
@@ -37,7 +39,7 @@ from api.wire import (
     TriggerIn,
 )
 from core.clock import Millis
-from core.commands import CancelRun, CompleteRun, HeartbeatRun, ReplayRun, TriggerRun
+from core.commands import CancelRun, HeartbeatRun, ReplayRun, TriggerRun
 from core.decide import run_id_of
 from core.errors import Conflict, LeaseLost
 from core.events import Heartbeat, LeaseGranted, RunMaterialised
@@ -227,7 +229,7 @@ async def _claim_waiting(
                 return []
 
 
-async def _fenced(call: Call, run_id: str, command: HeartbeatRun | CompleteRun) -> list[Any]:
+async def _fenced(call: Call, run_id: str, command: HeartbeatRun) -> list[Any]:
     """Send a command only the live lease may send (:func:`api.edge.lease_refused` says what
     a refusal answers)."""
     try:
@@ -251,8 +253,16 @@ async def heartbeat(request: Request) -> Response:
 
 
 async def complete(request: Request) -> Response:
+    """200 with the run once the outcome is recorded; the same for the same outcome sent again
+    with the same token (its answer was lost: :mod:`api.repeats`); else the lease's refusal."""
     call = authenticate(request)
     run_id = call.run_id(request.path_params["run_id"])
     body = await decode(request, CompleteIn)
-    await _fenced(call, run_id, complete_run(run_id, body, call.tenant))
+    command = complete_run(run_id, body, call.tenant)
+    try:
+        await call.scheduler.execute(command)
+    except LeaseLost as e:
+        refusal = await outcome_refused(call, command, e)
+        if refusal is not None:
+            raise refusal from None
     return await run_response(call, run_id)

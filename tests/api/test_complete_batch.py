@@ -85,13 +85,13 @@ async def test_a_stale_token_a_bad_item_and_another_team_s_run_refuse_only_thems
                 _done(first, status="succeeded"),
                 _done(second, status="succeeded"),
                 {"run_id": first["run_id"], "fencing_token": -1, "status": "succeeded"},
-                _done(first, status="succeeded"),  # the same outcome again: the lease is gone
+                _done(first, status="failed"),  # the other outcome: the lease is gone
             ]
         },
     )
     assert r.status_code == 200
     body = r.json()
-    ok, lost, bad, replayed = body["results"]
+    ok, lost, bad, other = body["results"]
     assert (ok["status"], body["completed"], body["failed"]) == (200, 1, 3)
     assert (lost["status"], lost["error"]["error"], lost["error"]["cancelled"]) == (
         409,
@@ -99,10 +99,34 @@ async def test_a_stale_token_a_bad_item_and_another_team_s_run_refuse_only_thems
         True,
     )
     assert (bad["status"], bad["error"]["field"]) == (400, "runs[2].fencing_token")
-    assert (replayed["status"], replayed["error"]["error"]) == (409, "lease_lost")
-    assert replayed["error"]["cancelled"] is False
+    assert (other["status"], other["error"]["error"]) == (409, "lease_lost")
+    assert other["error"]["cancelled"] is False
     states = [(await api.a.get(f"/v1/runs/{r['run_id']}")).json()["state"] for r in (first, second)]
     assert states == ["succeeded", "cancelled"]
+
+
+async def test_a_batch_sent_again_is_answered_as_the_first_was(api: Api) -> None:
+    # Its answer was lost on the way: the worker sends the whole batch again. Each outcome was
+    # recorded by the first, and is answered so; nothing is recorded twice.
+    ok, retry, lapsed = await _claim(api, 3)
+    batch = [
+        _done(ok, status="succeeded"),
+        _done(retry, status="failed", error="503 from the target", retry_after_sec=600),
+    ]
+    first = await api.a.post("/v1/runs:complete", json={"runs": batch})
+    assert first.json()["completed"] == 2
+    api.fake.advance(31_000)  # lapsed's lease runs out meanwhile
+    events = len(api.fake.events)
+    more = [_done(ok, status="failed"), _done(lapsed, status="succeeded")]
+    again = await api.a.post("/v1/runs:complete", json={"runs": batch + more})
+    body = again.json()
+    assert [r["status"] for r in body["results"]] == [200, 200, 409, 409]
+    assert body["results"][:2] == first.json()["results"]
+    assert (body["completed"], body["failed"]) == (2, 2)
+    assert len(api.fake.events) == events
+    views = [(await api.a.get(f"/v1/runs/{run['run_id']}")).json() for run in (ok, retry)]
+    assert [v["state"] for v in views] == ["succeeded", "retrying"]
+    assert [len(v["attempts"]) for v in views] == [1, 1]
 
 
 @pytest.mark.parametrize(

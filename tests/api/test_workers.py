@@ -1,12 +1,15 @@
-"""Pull workers: claim, heartbeat, complete; lost leases answer 409 and say why."""
+"""Pull workers: claim, heartbeat, complete; lost leases answer 409 and say why, an outcome sent
+again is answered as it was recorded."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from api.instants import parse_rfc3339
+from core.commands import CompleteRun, Outcome
 from tests.api.conftest import Api
 
 pytestmark = pytest.mark.anyio
@@ -96,6 +99,80 @@ async def test_a_stale_token_gets_409_after_the_run_was_reclaimed(api: Api) -> N
     assert (r.status_code, r.json()["error"]) == (409, "lease_lost")
     state = (await api.a.get(f"/v1/runs/{run['run_id']}")).json()["state"]
     assert state == "running"  # the zombie's report changed nothing
+
+
+async def test_a_success_sent_again_is_answered_as_the_first_was(api: Api) -> None:
+    # The worker's first answer was lost on the way: it sends the same outcome again.
+    run = await _claim_one(api)
+    path = f"/v1/runs/{run['run_id']}/complete"
+    done = {"fencing_token": run["fencing_token"], "status": "succeeded"}
+    first = await api.a.post(path, json=done)
+    assert first.status_code == 200
+    events = len(api.fake.events)
+    api.fake.advance(2_000)
+    again = await api.a.post(path, json=done)
+    assert (again.status_code, again.json()) == (200, first.json())
+    assert len(api.fake.events) == events  # nothing decided, nothing appended
+    other = await api.a.post(path, json={**done, "status": "failed", "error": "boom"})
+    assert (other.status_code, other.json()["error"]) == (409, "lease_lost")
+    stranger = await api.b.post(path, json=done)
+    assert stranger.status_code == 404  # another team's run, repeated or not
+    assert len(api.fake.events) == events
+
+
+async def test_a_failure_sent_again_is_answered_as_recorded_the_other_outcome_is_not(
+    api: Api,
+) -> None:
+    run = await _claim_one(api)
+    path = f"/v1/runs/{run['run_id']}/complete"
+    failed = {
+        "fencing_token": run["fencing_token"],
+        "status": "failed",
+        "error": "503 from the target",
+        "retry_after_sec": 600,
+    }
+    first = await api.a.post(path, json=failed)
+    assert (first.status_code, first.json()["state"]) == (200, "retrying")
+    events = len(api.fake.events)
+    again = await api.a.post(path, json=failed)
+    assert (again.status_code, again.json()) == (200, first.json())
+    late = {"fencing_token": run["fencing_token"], "status": "succeeded"}
+    r = await api.a.post(path, json=late)
+    assert (r.status_code, r.json()["error"]) == (409, "lease_lost")
+    assert len(api.fake.events) == events
+    # The retry is leased to another worker: the failure the first token recorded stays
+    # recorded, and is answered so; that token's success is still refused.
+    api.fake.advance(600_000)
+    claimed = (await api.a.post("/v1/workers/claim", json=CLAIM)).json()["runs"]
+    retry = next(r for r in claimed if r["run_id"] == run["run_id"])
+    assert retry["fencing_token"] > run["fencing_token"]
+    assert (await api.a.post(path, json=failed)).status_code == 200
+    assert (await api.a.post(path, json=late)).status_code == 409
+    view = (await api.a.get(f"/v1/runs/{run['run_id']}")).json()
+    assert (view["state"], [a["outcome"] for a in view["attempts"]]) == (
+        "running",
+        ["failed", None],
+    )
+
+
+async def test_a_repeat_the_history_has_not_folded_yet_is_waited_for(api: Api) -> None:
+    # The first outcome is in the partition, not yet in the read model (a node that died
+    # between the append and the fold, a model lagging under load): the repeat waits for it.
+    run = await _claim_one(api)
+    api.fake.folding = False
+    command = CompleteRun(
+        run_id=f"team-a/{run['run_id']}",
+        fencing_token=run["fencing_token"],
+        outcome=Outcome.SUCCEEDED,
+        tenant="team-a",
+    )
+    await api.fake.execute(command)  # the first, whose answer the worker never heard
+    events = len(api.fake.events)
+    asyncio.get_running_loop().call_later(0.2, api.fake.fold)
+    done = {"fencing_token": run["fencing_token"], "status": "succeeded"}
+    r = await api.a.post(f"/v1/runs/{run['run_id']}/complete", json=done)
+    assert (r.status_code, r.json()["state"]) == (200, "succeeded")
+    assert len(api.fake.events) == events
 
 
 async def test_cancelling_a_running_run_tells_the_worker_at_its_heartbeat(api: Api) -> None:

@@ -6,7 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tools.chaos.checker import History, NodeHealth, check
+import pytest
+
+from tools.chaos.checker import (
+    FAULT_AFTER_MS,
+    FAULT_BEFORE_MS,
+    History,
+    NodeHealth,
+    check,
+    summary,
+)
 
 T0 = 1_800_000_000_000  # a whole second
 TENANT = "chaos"
@@ -42,6 +51,7 @@ class Builder:
         critical: bool = False,
         pull: bool = False,
         run_at: int | None = None,
+        **more: Any,
     ) -> None:
         self.partition_of[job_id] = partition
         target = {"type": "pull", "pool": "p"} if pull else {"type": "http", "url": "x"}
@@ -51,6 +61,7 @@ class Builder:
             "target": target,
             "critical": critical,
             "timezone": "UTC",
+            **more,
         }
         if run_at is None:
             spec["schedule"] = "* * * * * *"
@@ -450,6 +461,96 @@ def test_a_fault_after_which_nothing_fires_on_time_is_caught() -> None:
     b.calls = [c for c in b.calls if c["at"] < T0 + 8000]
     report = check(b.history(end()))
     assert report.counts["never_on_time_again"] == 1
+
+
+# -- outcome_unknown with no fault near -------------------------------------------------------
+
+SET_ASIDE = T0 + 20_000  # the slot of the critical run dead-lettered outcome_unknown
+LEASED = SET_ASIDE + 5  # its lease, granted 5 ms late, ran out LEASE_MS later, undecided since
+RAN_OUT = LEASED + LEASE_MS
+
+
+def set_aside(**spec: Any) -> Builder:
+    """40 s of two every-second jobs, b critical, whose slot ``SET_ASIDE`` was called, answered,
+    and its lease ran out all the same: dead-lettered ``outcome_unknown``."""
+    b = Builder()
+    b.job("a", 0)
+    b.job("b", 1, critical=True, **spec)
+    for i in range(40):
+        b.fine_run("a", T0 + i * 1000)
+        if T0 + i * 1000 != SET_ASIDE:
+            b.fine_run("b", T0 + i * 1000)
+    b.materialise("b", SET_ASIDE)
+    token = b.lease("b", SET_ASIDE, LEASED)
+    b.deliver("b", SET_ASIDE, token, LEASED + 5)
+    b.expire("b", SET_ASIDE, token, RAN_OUT, critical=True)
+    return b
+
+
+def kill(injected: int, ready: int) -> dict[str, Any]:
+    return {
+        "record": "fault",
+        "kind": "node_kill",
+        "node": "n1",
+        "injected_at": injected,
+        "healed_at": min(injected + 500, ready),
+        "ready_at": ready,
+    }
+
+
+def test_an_unknown_outcome_with_no_fault_near_is_a_violation() -> None:
+    report = check(set_aside().history(T0 + 39_000))
+    assert report.counts == {"outcome_unknown_without_fault": 1}, report.counts
+    [said] = report.violations["outcome_unknown_without_fault"]
+    assert said.startswith(f"chaos/b.{SET_ASIDE}: token ")
+    assert f"{LEASED}..{RAN_OUT} (answered_200_before_the_lease_ran_out)" in said
+    assert report.figures["critical_outcome_unknown_without_fault"] == 1
+    assert "no fault near 1" in summary(report)
+
+
+@pytest.mark.parametrize(
+    ("fault", "near"),
+    [
+        (kill(LEASED + 1000, LEASED + 6000), True),  # struck while the lease was out
+        (kill(T0 - 5000, LEASED - FAULT_AFTER_MS), True),  # ready just near enough before
+        (kill(T0 - 5000, LEASED - FAULT_AFTER_MS - 1), False),
+        (kill(RAN_OUT + FAULT_BEFORE_MS, T0 + 30_000), True),  # struck just after it ran out
+        (kill(RAN_OUT + FAULT_BEFORE_MS + 1, T0 + 30_000), False),
+        ({**kill(LEASED + 1000, 0), "ready_at": None, "healed_at": None}, True),  # never healed
+    ],
+    ids=["during", "ready-20s-before", "ready-earlier", "struck-1s-after", "struck-later", "open"],
+)
+def test_a_fault_near_the_last_lease_explains_its_unknown_outcome(
+    fault: dict[str, Any], near: bool
+) -> None:
+    b = set_aside()
+    b.faults.append(fault)
+    report = check(b.history(T0 + 39_000))
+    assert (report.counts["outcome_unknown_without_fault"] == 0) is near, report.counts
+
+
+def test_a_moved_clock_widens_near_by_its_move() -> None:
+    # The leases a skewed node decides carry its instants: 2 s off, a fault ready 21.5 s before
+    # the lease's instant may have been 19.5 s before it.
+    b = set_aside()
+    b.faults += [
+        {"record": "clock", "node": "n2", "offset_s": 2.0, "at": T0 + 500},
+        {"record": "clock", "node": "n2", "offset_s": 0.0, "at": T0 + 600},
+        kill(T0 - 5000, LEASED - FAULT_AFTER_MS - 1500),
+    ]
+    report = check(b.history(T0 + 39_000))
+    assert report.counts["outcome_unknown_without_fault"] == 0, report.counts
+
+
+def test_an_attempt_the_target_was_told_to_hold_past_the_timeout_is_the_targets_doing() -> None:
+    slow = {"chaos": {"hold_ms": [20, 200], "slow_permille": 1000, "slow_ms": 4600}}
+    b = set_aside(payload=slow, timeout_sec=4.0)
+    report = check(b.history(T0 + 39_000))
+    assert report.ok, report.counts
+    assert report.figures["critical_outcome_unknown_target_slow"] == 1
+    quick = {"chaos": {"hold_ms": [20, 200]}}  # told to answer at once: the node's doing
+    report = check(set_aside(payload=quick, timeout_sec=4.0).history(T0 + 39_000))
+    assert report.counts == {"outcome_unknown_without_fault": 1}, report.counts
 
 
 def test_projections_are_compared_with_the_fold() -> None:

@@ -438,6 +438,33 @@ def test_low_priority_ages_past_fresh_high_priority_work() -> None:
     assert first.job_id == "low"  # 10 minutes of waiting outrank 9 levels
 
 
+def test_an_outcome_sent_again_is_refused_and_records_nothing_twice() -> None:
+    # A worker whose answer was lost sends its outcome again. The partition records an outcome
+    # once: the repeat is refused (the token's lease is over) and decides nothing, whichever
+    # outcome it says. What it is answered (as the first was, when it repeats the outcome
+    # recorded) is the API's, from the run's history: api/repeats.py.
+    sim = Sim(T0)
+    pull = PullTarget(pool="p")
+    put(sim, "ok", target=pull, schedule=None, run_at=T0)
+    put(sim, "flaky", target=pull, schedule=None, run_at=T0)
+    leases = sim.do(ClaimRuns(tenant=None, pool="p", worker_id="w", limit=2))
+    ok, flaky = sorted(leases, key=lambda e: e.job_id)
+    assert isinstance(ok, ev.LeaseGranted) and isinstance(flaky, ev.LeaseGranted)
+    complete(sim, ok)
+    complete(sim, flaky, Outcome.FAILED, error="upstream 500")
+    before = sim.state.snapshot()
+    for lease, outcome in [
+        (ok, Outcome.SUCCEEDED),
+        (ok, Outcome.FAILED),
+        (flaky, Outcome.FAILED),
+        (flaky, Outcome.SUCCEEDED),
+    ]:
+        again = CompleteRun(run_id=lease.run_id, fencing_token=lease.fencing_token, outcome=outcome)
+        with pytest.raises(LeaseLost):
+            decide(sim.state, again, sim.now)
+    assert sim.state.snapshot() == before
+
+
 def test_decide_does_not_change_state() -> None:
     sim = Sim(T0)
     put(sim, "j", target=PullTarget(pool="p"))

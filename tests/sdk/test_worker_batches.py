@@ -206,9 +206,11 @@ def test_a_batch_that_failed_in_transport_is_sent_again_without_loss(
             await asyncio.wait_for(task, 20)
             assert transport.paths[BATCH] == 2  # the batch, then the same batch again
             assert sleep.waits == [0.5]  # the single path's first backoff
-            # Recorded once: the repeat of a delivered batch is refused by the node (the
-            # token no longer holds the lease) and read back as this worker's outcome.
+            # Recorded once: the node records nothing twice, and answers the repeat of a
+            # delivered batch as the first was, so the worker reads no run back.
             assert (worker.completed, worker.lost, worker.refused) == (5, 0, 0)
+            read_back = [p for p in transport.paths if p.startswith("/v1/runs/")]
+            assert all(p.endswith(("/heartbeat", "/complete")) for p in read_back), read_back
             for job in made:
                 run = await cronlog.get_run(job)
                 assert run.state == "succeeded" and len(run.attempts) == 1

@@ -341,7 +341,8 @@ class _Requests:
 
     @staticmethod
     def complete_many(completions: Sequence[Completion]) -> _Request[CompletionBatch]:
-        # A repeated outcome is refused (409: its lease is gone), never recorded twice.
+        # A repeated outcome is never recorded twice: the node answers it as the first was
+        # (200) when it holds that outcome for the token already, else 409.
         return _Request(
             "POST",
             "/v1/runs:complete",
@@ -1235,9 +1236,7 @@ class AsyncClient:
         started_late_ms: int | None = None,
     ) -> HeartbeatOut:
         """As :meth:`Client.heartbeat`."""
-        return await self._send(
-            _Requests.heartbeat(run_id, fencing_token, check, started_late_ms)
-        )
+        return await self._send(_Requests.heartbeat(run_id, fencing_token, check, started_late_ms))
 
     async def complete(
         self,

@@ -10,10 +10,12 @@ Each outcome is answered on its own, as a single ``complete`` would be:
 
 - 200: recorded.
 - 409 ``lease_lost``: the lease is gone (reclaimed, cancelled, expired) and the outcome is not
-  recorded, as the single path reports it. On a batch sent again after a transport failure the
-  first try may have been recorded already (the node then refuses the repeat: the fencing
-  token no longer holds the lease, so nothing is applied twice); the run is read to tell the
-  two apart, and an outcome the node holds for this attempt counts as recorded.
+  recorded, as the single path reports it. A batch sent again after a transport failure may
+  have been recorded by its first try: the node records nothing twice, and answers an outcome
+  it holds already for that token 200, as the first try was answered. A node from before that
+  rule answers such a repeat 409, so after a try whose answer was lost a 409 still has the run
+  read back, and an outcome the node holds for this attempt counts as recorded (against a
+  node of this version that read finds the lease really lost).
 - 429, 503: not decided now; sent again (with the next batch) after the backoff.
 - anything else (400, 404, 422): refused; logged with the run's id.
 
@@ -199,9 +201,10 @@ class Completer:
 
     async def _recorded(self, completion: Completion) -> bool:
         """Whether the node holds this attempt's outcome as sent (by a try whose answer was
-        lost), read from the run's attempts. The node answered the first try once its outcome
-        was durable, but the run's view may trail it a moment: read again while the attempt
-        shows no outcome yet, for about a second."""
+        lost), read from the run's attempts: for a node that answers such a repeat 409 (one
+        from before it answered a repeat as the first). The node answered the first try once
+        its outcome was durable, but the run's view may trail it a moment: read again while
+        the attempt shows no outcome yet, for about a second."""
         for _ in range(READ_BACK_TRIES):
             try:
                 run = await self.client.get_run(completion.run_id)
