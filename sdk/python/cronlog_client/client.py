@@ -1235,9 +1235,7 @@ class AsyncClient:
         started_late_ms: int | None = None,
     ) -> HeartbeatOut:
         """As :meth:`Client.heartbeat`."""
-        return await self._send(
-            _Requests.heartbeat(run_id, fencing_token, check, started_late_ms)
-        )
+        return await self._send(_Requests.heartbeat(run_id, fencing_token, check, started_late_ms))
 
     async def complete(
         self,
