@@ -122,7 +122,13 @@ class _Targets:
 
     def check_target(self, tenant: str, target: Target) -> None:
         match target:
-            case HttpTarget(url=url):
+            case HttpTarget(url=url, status_url=status):
+                if status is not None:
+                    asked = ("http", status)
+                    if asked not in self._reasons:
+                        self._reasons[asked] = self._policy.check_url(status)
+                    if (refused := self._reasons[asked]) is not None:
+                        raise EgressDenied(refused, field="target.status_url")
                 key: tuple[str, ...] = ("http", url)
                 if key not in self._reasons:
                     self._reasons[key] = self._policy.check_url(url)

@@ -32,6 +32,7 @@ from msgspec import UNSET
 from api.instants import parse_rfc3339, to_rfc3339
 from api.wire import (
     MAX_ERROR_CHARS,
+    AskOut,
     AttemptOut,
     BackoffIn,
     ClaimedRun,
@@ -127,11 +128,12 @@ def _header_value(name: str, value: str | SecretRefIn) -> str | SecretRef:
 
 def target_of(value: TargetIn) -> Target:
     match value:
-        case HttpTargetIn(url=url, headers=headers, max_calls_per_sec=rate):
+        case HttpTargetIn(url=url, headers=headers, max_calls_per_sec=rate, status_url=status):
             return HttpTarget(
                 url=url,
                 headers={name: _header_value(name, v) for name, v in headers.items()},
                 max_calls_per_sec=rate,
+                status_url=status,
             )
         case KafkaTargetIn(topic=topic):
             return KafkaTarget(topic=topic)
@@ -392,6 +394,18 @@ def run_out(view: RunView, source: HistorySource = "hot") -> RunOut:
                 error=a.error,
             )
             for a in view.attempts
+        ],
+        asks=[
+            AskOut(
+                ask=a.ask,
+                fencing_token=a.fencing_token,
+                ask_at=to_rfc3339(a.ask_at),
+                answered_at=_instant(a.answered_at),
+                answer=a.answer,  # type: ignore[arg-type]
+                status=a.status,
+                detail=a.detail,
+            )
+            for a in view.asks
         ],
     )
 

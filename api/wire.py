@@ -79,6 +79,8 @@ class HttpTargetIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag=
     headers: dict[str, str | SecretRefIn] = {}
     # the team's calls to the URL's origin share it
     max_calls_per_sec: Annotated[float, Meta(ge=0.01, le=MAX_CALLS_PER_SEC)] | None = None
+    # where a guard answers what became of an attempt (core.asking)
+    status_url: Annotated[str, Meta(min_length=1, max_length=2048)] | None = None
 
 
 class KafkaTargetIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="kafka"):
@@ -270,6 +272,18 @@ class AttemptOut(msgspec.Struct, kw_only=True):
     error: str
 
 
+class AskOut(msgspec.Struct, kw_only=True):
+    ask: int
+    fencing_token: int
+    ask_at: str
+    answered_at: str | None
+    answer: (
+        Literal["succeeded", "failed", "never_seen", "in_progress", "unknown", "no_answer"] | None
+    )
+    status: int | None
+    detail: str
+
+
 RunState = Literal[
     "blocked", "pending", "running", "succeeded", "failed", "retrying", "dead", "cancelled"
 ]
@@ -293,6 +307,7 @@ class RunOut(msgspec.Struct, kw_only=True):
     dead_reason: str | None
     attempts: list[AttemptOut]
     source: HistorySource
+    asks: list[AskOut]
 
 
 class RunSummary(msgspec.Struct, kw_only=True):

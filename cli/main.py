@@ -144,6 +144,10 @@ def _job_fields(parser: argparse.ArgumentParser, *, whole: bool) -> None:
         help="a header whose value the node reads from the team's secret SECRET (repeat)",
     )
     g.add_argument("--max-calls-per-sec", type=float, help="what the HTTP target tolerates")
+    g.add_argument(
+        "--status-url",
+        help="where the HTTP target's guard answers what became of an attempt (critical jobs)",
+    )
     g.add_argument("--retries", type=int, help="retries after the first attempt")
     g.add_argument("--timeout", type=float, metavar="SEC", help="one attempt's time limit")
     g.add_argument("--lease", type=float, metavar="SEC", help="a pull worker's lease")
@@ -603,15 +607,22 @@ def _fields(args: argparse.Namespace, client: Any | None = None) -> dict[str, An
     headers: dict[str, str | SecretRef] = dict(_pairs("--header", args.header))
     for name, secret in _pairs("--secret-header", args.secret_header).items():
         headers[name] = SecretRef(from_file=secret)
-    if headers or args.max_calls_per_sec is not None:
-        url = args.target
+    if headers or args.max_calls_per_sec is not None or args.status_url is not None:
+        url, status_url = args.target, args.status_url
         if url is None and client is not None:  # an update of an HTTP job's headers
             current = client.get_job(args.job_id).target
             url = getattr(current, "url", None)
+            if status_url is None:
+                status_url = getattr(current, "status_url", None)
         if not url or not str(url).startswith(("http://", "https://")):
-            raise UsageError("--header and --max-calls-per-sec are for an http(s):// --target")
+            raise UsageError(
+                "--header, --max-calls-per-sec and --status-url are for an http(s):// --target"
+            )
         fields["target"] = HttpTarget(
-            url=url, headers=headers, max_calls_per_sec=args.max_calls_per_sec
+            url=url,
+            headers=headers,
+            max_calls_per_sec=args.max_calls_per_sec,
+            status_url=status_url,
         )
     elif args.target is not None:
         fields["target"] = args.target

@@ -12,6 +12,7 @@ import enum
 import msgspec
 
 from core.clock import Millis
+from core.events import OutcomeAnswer
 from core.jobs import JobSpec
 
 
@@ -107,6 +108,18 @@ class CompleteRun(Command, tag=True, frozen=True, kw_only=True):
     started_late_ms: Millis | None = None
 
 
+class AnswerOutcome(Command, tag=True, frozen=True, kw_only=True):
+    """What a run's target answered when asked what became of the attempt of
+    ``fencing_token`` (the node's executors ask its status URL: ``RunOutcomeAsked``)."""
+
+    run_id: str
+    fencing_token: int
+    ask: int
+    answer: OutcomeAnswer
+    status: int | None = None
+    detail: str = ""
+
+
 class CancelRun(Command, tag=True, frozen=True, kw_only=True):
     run_id: str
     tenant: str
@@ -143,6 +156,12 @@ class LeaseDue(Command, tag=True, frozen=True, kw_only=True):
     run_id: str
 
 
+class AnswerDue(Command, tag=True, frozen=True, kw_only=True):
+    """An ask of a run's outcome may have gone unanswered (its ``answer_by`` came)."""
+
+    run_id: str
+
+
 class ForgetDue(Command, tag=True, frozen=True, kw_only=True):
     """A job that ended ``retention_ms`` ago may leave the partition's state."""
 
@@ -160,11 +179,13 @@ AnyCommand = (
     | StartRun
     | HeartbeatRun
     | CompleteRun
+    | AnswerOutcome
     | CancelRun
     | ReplayRun
     | UpstreamSucceeded
     | SlotDue
     | LeaseDue
+    | AnswerDue
     | ForgetDue
 )
 

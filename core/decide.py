@@ -6,26 +6,34 @@ decides nothing. The caller appends the events and folds each through ``evolve``
 
 The run lifecycle (seed 2's state diagram, plus what production needs)::
 
-    slot due ─► pending ─► running ─► (completed)
-       │  ▲        ▲          │
-       │  │        └─ retry ◄─┤ failed or lease expired, attempts remain
-       │  └─ released         ├─► dead ─► (replayed) ─► pending
+    slot due ─► pending ─► running ─► (completed) ◄────────────┐ succeeded
+       │  ▲        ▲          │                               │
+       │  │        └─ retry ◄─┤ failed or lease expired,    asking ◄─┐ in progress,
+       │  │           ▲       │ attempts remain               │  └───┘ no answer
+       │  │           └───────┼─── failed, never seen ◄───────┤
+       │  │                   ├─► asking: a critical run's   │
+       │  │                   │   unknown outcome, its target │
+       │  │                   │   can say (core.asking)       │
+       │  └─ released         ├─► dead ─► (replayed) ─► pending ◄┘ unknown, asks run out
        │                      │   exhausted, permanent, or a critical run's unknown outcome
        └─► blocked (buffer_one)
     any live run ─► cancelled (a running one keeps its lease record until it runs out,
                                 so the worker's next heartbeat learns of it)
 
-Timers (``SlotDue``, ``LeaseDue``) come from the partition's timing wheel. The wheel is an
-index, not the truth: a timer that no longer matches the state decides nothing.
+Timers (``SlotDue``, ``LeaseDue``, ``AnswerDue``) come from the partition's timing wheel. The
+wheel is an index, not the truth: a timer that no longer matches the state decides nothing.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import TypedDict
+from typing import TypedDict, assert_never
 
+from core.asking import ASK_LIMIT, ASK_WAIT_MS, ask_delay_ms, can_ask
 from core.clock import Millis
 from core.commands import (
+    AnswerDue,
+    AnswerOutcome,
     AnyCommand,
     CancelJob,
     CancelRun,
@@ -59,12 +67,15 @@ from core.events import (
     JobUpdated,
     LeaseExpired,
     LeaseGranted,
+    OutcomeAnswer,
     RetryScheduled,
     RunCancelled,
     RunCompleted,
     RunDeadLettered,
     RunFailed,
     RunMaterialised,
+    RunOutcomeAnswered,
+    RunOutcomeAsked,
     RunReleased,
     RunReplayed,
     RunSkipped,
@@ -142,6 +153,8 @@ def decide(state: PartitionState, command: AnyCommand, now: Millis) -> list[AnyE
             return _heartbeat(state, command, now)
         case CompleteRun():
             return _complete(state, command, now)
+        case AnswerOutcome():
+            return _answered(state, command, now)
         case CancelRun():
             return _cancel_run(state, command, now)
         case ReplayRun():
@@ -152,6 +165,8 @@ def decide(state: PartitionState, command: AnyCommand, now: Millis) -> list[AnyE
             return _slot_due(state, command.job_id, now, command.through)
         case LeaseDue():
             return _lease_due(state, command.run_id, now)
+        case AnswerDue():
+            return _answer_due(state, command.run_id, now)
         case ForgetDue():
             return _forget_due(state, command, now)
 
@@ -858,7 +873,10 @@ def _after_failure(
     if permanent:
         reason = DeadReason.PERMANENT_FAILURE
     elif ambiguous and spec.critical:
-        # It may have taken effect; running it again could run it twice. An operator decides.
+        # It may have taken effect; running it again could run it twice. Its target is asked
+        # what became of it where it can say (core.asking); else an operator decides.
+        if can_ask(spec):
+            return [_asked(run, now, 1, now)]
         reason = DeadReason.OUTCOME_UNKNOWN
     elif run.attempt - run.budget_start + 1 >= spec.max_attempts:
         reason = DeadReason.ATTEMPTS_EXHAUSTED
@@ -874,6 +892,72 @@ def _after_failure(
             **_ids(run, now, attempt=run.attempt + 1), available_at=now + delay, delay_ms=delay
         )
     ]
+
+
+# -- asking what became of an attempt (core.asking) --------------------------------------------
+
+
+def _asked(run: RunState, now: Millis, ask: int, ask_at: Millis) -> RunOutcomeAsked:
+    return RunOutcomeAsked(**_ids(run, now), ask=ask, ask_at=ask_at, answer_by=ask_at + ASK_WAIT_MS)
+
+
+def _answered(state: PartitionState, cmd: AnswerOutcome, now: Millis) -> list[AnyEvent]:
+    run = state.runs.get(cmd.run_id)
+    if run is None or run.status is not RunStatus.ASKING or run.fencing_token != cmd.fencing_token:
+        raise Conflict(
+            f"run {team_id(cmd.run_id)} is not asking about fencing token {cmd.fencing_token}"
+        )
+    late = cmd.ask != run.ask
+    if late and cmd.answer in (OutcomeAnswer.IN_PROGRESS, OutcomeAnswer.NO_ANSWER):
+        return []  # an earlier ask's answer that says nothing new: the later ask stands
+    # (An earlier ask's definite answer still counts: it is about the same attempt.)
+    return _after_answer(state, run, now, cmd.ask, cmd.answer, cmd.status, cmd.detail)
+
+
+def _answer_due(state: PartitionState, run_id: str, now: Millis) -> list[AnyEvent]:
+    run = state.runs.get(run_id)
+    if run is None or run.status is not RunStatus.ASKING:
+        return []
+    if run.answer_by is None or run.answer_by > now:
+        return []  # a stale timer: answered, or asked again since
+    detail = "no answer by the deadline"
+    return _after_answer(state, run, now, run.ask, OutcomeAnswer.NO_ANSWER, None, detail)
+
+
+def _after_answer(
+    state: PartitionState,
+    run: RunState,
+    now: Millis,
+    ask: int,
+    answer: OutcomeAnswer,
+    status: int | None,
+    detail: str,
+) -> list[AnyEvent]:
+    """The answer to ask ``ask`` recorded, and what it leads to (the table of core.asking)."""
+    ids = _ids(run, now)
+    answered = RunOutcomeAnswered(**ids, ask=ask, answer=answer, status=status, detail=detail[:500])
+    error = f"{run.last_error}; asked, the target answered {answer}"
+    match answer:
+        case OutcomeAnswer.SUCCEEDED:
+            done = RunCompleted(**ids, started_at=run.started_at or now, by_asking=True)
+            return [answered, done, *_release_blocked(state, run, now)]
+        case OutcomeAnswer.FAILED | OutcomeAnswer.NEVER_SEEN:
+            # Not taken effect, and (never seen) fenced at the target: safe to run again.
+            failure = _after_failure(
+                state, run, now, error, permanent=False, ambiguous=False, not_before=None
+            )
+            return [answered, *failure]
+        case OutcomeAnswer.UNKNOWN:
+            dead = RunDeadLettered(**ids, reason=DeadReason.OUTCOME_UNKNOWN, error=error)
+            return [answered, dead, *_release_blocked(state, run, now)]
+        case OutcomeAnswer.IN_PROGRESS | OutcomeAnswer.NO_ANSWER:
+            if run.ask >= ASK_LIMIT:
+                error = f"{run.last_error}; asked {run.ask} times, no definite answer"
+                dead = RunDeadLettered(**ids, reason=DeadReason.OUTCOME_UNKNOWN, error=error)
+                return [answered, dead, *_release_blocked(state, run, now)]
+            return [answered, _asked(run, now, run.ask + 1, now + ask_delay_ms(run.ask))]
+        case _:
+            assert_never(answer)
 
 
 def _release_blocked(state: PartitionState, ended: RunState, now: Millis) -> list[AnyEvent]:

@@ -462,8 +462,13 @@ class EgressPolicy:
         """Raise :class:`EgressDenied` if ``tenant``'s ``target`` is outside the policy, or of
         a kind the policy does not know."""
         match target:
-            case HttpTarget(url=url):
+            case HttpTarget(url=url, status_url=status):
                 reason = self.check_url(url)
+                if reason is None and status is not None:
+                    # asked with the job's credentials: held to the same policy as its calls
+                    refused = self.check_url(status)
+                    if refused is not None:
+                        raise EgressDenied(refused, field="target.status_url")
             case KafkaTarget(topic=topic):
                 reason = self.check_topic(tenant, topic)
             case PullTarget():

@@ -41,6 +41,22 @@ class CancelReason(enum.StrEnum):
     WITHDRAWN = "withdrawn"
 
 
+class OutcomeAnswer(enum.StrEnum):
+    """What became of an attempt whose outcome was unknown, as its target's status URL answered
+    (``RunOutcomeAnswered``; docs/architecture.md, "Asking a target what became of a run")."""
+
+    SUCCEEDED = "succeeded"  # the key's work was done: the run completes
+    FAILED = "failed"  # handled, and it answered no success: retried like any failure
+    # the attempt never arrived, and the target now refuses it should it arrive late (fenced):
+    # retried like any failure
+    NEVER_SEEN = "never_seen"
+    IN_PROGRESS = "in_progress"  # still being handled: asked again later
+    UNKNOWN = "unknown"  # the target cannot tell (its handling died midway): set aside
+    # no answer in the protocol (unreachable, timed out, an error, not a status answer, or no
+    # answer by the deadline): asked again later
+    NO_ANSWER = "no_answer"
+
+
 class Trigger(enum.StrEnum):
     SCHEDULE = "schedule"
     MANUAL = "manual"  # POST /v1/jobs/{id}/runs
@@ -156,6 +172,9 @@ class Heartbeat(RunEvent, tag=True, frozen=True, kw_only=True):
 
 class RunCompleted(RunEvent, tag=True, frozen=True, kw_only=True):
     started_at: Millis
+    # the attempt's own outcome was unknown, and the target's status URL answered that it had
+    # succeeded (``RunOutcomeAnswered`` before this event says when and what)
+    by_asking: bool = False
 
 
 class RunFailed(RunEvent, tag=True, frozen=True, kw_only=True):
@@ -166,6 +185,28 @@ class RunFailed(RunEvent, tag=True, frozen=True, kw_only=True):
 
 class LeaseExpired(RunEvent, tag=True, frozen=True, kw_only=True):
     lease_expires_at: Millis
+
+
+class RunOutcomeAsked(RunEvent, tag=True, frozen=True, kw_only=True):
+    """The attempt (``fencing_token``) may or may not have taken effect, and its job's target
+    can say (``HttpTarget.status_url``): the run waits while its owner asks. ``ask`` counts the
+    asks of this attempt from 1; the owner's executors ask at ``ask_at``, and an ask with no
+    answer by ``answer_by`` counts as unanswered (``OutcomeAnswer.NO_ANSWER``)."""
+
+    ask: int
+    ask_at: Millis
+    answer_by: Millis
+
+
+class RunOutcomeAnswered(RunEvent, tag=True, frozen=True, kw_only=True):
+    """What the target answered to ask ``ask`` about the attempt of ``fencing_token``; the
+    decision it leads to (``RunCompleted`` with ``by_asking``, ``RetryScheduled``,
+    ``RunDeadLettered`` or the next ``RunOutcomeAsked``) follows as its own event."""
+
+    ask: int
+    answer: OutcomeAnswer
+    status: int | None = None  # succeeded: the HTTP status the target's handler answered
+    detail: str = ""  # why there was no answer, or what the target added
 
 
 class RetryScheduled(RunEvent, tag=True, frozen=True, kw_only=True):
@@ -217,6 +258,8 @@ AnyEvent = (
     | RunCompleted
     | RunFailed
     | LeaseExpired
+    | RunOutcomeAsked
+    | RunOutcomeAnswered
     | RetryScheduled
     | RunDeadLettered
     | RunCancelled

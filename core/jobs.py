@@ -115,6 +115,10 @@ class HttpTarget(msgspec.Struct, frozen=True, tag="http", gc=False):
     headers: dict[str, str | SecretRef] = {}
     # What the downstream tolerates: the team's calls to this URL's origin share the rate.
     max_calls_per_sec: float | None = None
+    # Where the target answers what became of a run's attempt (the SDK's guard serves it): a
+    # critical run whose outcome is unknown is asked about there instead of being set aside
+    # (core.asking). Never the job's own URL: only a guard answers it.
+    status_url: str | None = None
 
 
 class KafkaTarget(msgspec.Struct, frozen=True, tag="kafka", gc=False):
@@ -366,9 +370,17 @@ _HTTP_URL = re.compile(r"^https?://[^\s/?#]+")
 
 def _validate_target(target: Target, payload_bytes: int) -> None:
     match target:
-        case HttpTarget(url=url, headers=headers, max_calls_per_sec=rate):
+        case HttpTarget(url=url, headers=headers, max_calls_per_sec=rate, status_url=status):
             if not _HTTP_URL.match(url) or len(url) > 2048:
                 raise InvalidDefinition("target", "an HTTP target must be an http(s):// URL")
+            if status is not None:
+                if not _HTTP_URL.match(status) or len(status) > 2048:
+                    raise InvalidDefinition("target.status_url", "must be an http(s):// URL")
+                if status == url:
+                    # A request to the job's own URL could be taken for a call and run it.
+                    raise InvalidDefinition(
+                        "target.status_url", "must not be the target's url: a guard answers it"
+                    )
             if rate is not None and not 0.01 <= rate <= MAX_CALLS_PER_SEC:
                 raise InvalidDefinition(
                     "target.max_calls_per_sec", f"must be between 0.01 and {MAX_CALLS_PER_SEC}"

@@ -10,8 +10,10 @@ there is one place where a decision becomes state and timers::
     while (key := p.next_due()) is not None:
         if key[0] == "ready":                      # a push run may start: the driver decides
             ...                                    # whether there is room (StartRun)
+        elif key[0] == "ask":                      # a run's target is to be asked (the
+            ...                                    # driver's executors: AnswerOutcome)
         else:
-            p.fire(key, now)                       # SlotDue / LeaseDue
+            p.fire(key, now)                       # SlotDue / LeaseDue / AnswerDue / ForgetDue
     p.next_deadline()                              # when to look again
 
 It reads no clock (``now`` is an argument) and does no I/O; appending the events durably is the
@@ -68,7 +70,7 @@ from array import array
 
 from core import events as ev
 from core.clock import Millis
-from core.commands import AnyCommand, ForgetDue, LeaseDue, SlotDue
+from core.commands import AnswerDue, AnyCommand, ForgetDue, LeaseDue, SlotDue
 from core.decide import MAX_HORIZON_MS, decide
 from core.errors import CronlogError, InvalidDefinition
 from core.ids import SEPARATOR
@@ -195,14 +197,16 @@ class Partition:
                 self._arm(key, deadline)
 
     def fire(self, key: TimerKey, now: Millis) -> list[ev.AnyEvent]:
-        """Decide a slot or lease timer that came due. A timer can lose a race with a request
-        (the job was paused, the run completed): then nothing is decided."""
+        """Decide a slot, lease, answer or forget timer that came due. A timer can lose a race
+        with a request (the job was paused, the run completed): then nothing is decided."""
         kind, ident = key
         command: AnyCommand
         if kind == "slot":
             command = SlotDue(job_id=ident, through=now + self.lead_ms if self.lead_ms else None)
         elif kind == "lease":
             command = LeaseDue(run_id=ident)
+        elif kind == "answer":
+            command = AnswerDue(run_id=ident)
         elif kind == "forget":
             command = ForgetDue(job_id=ident, retention_ms=self.retention_ms)
         else:

@@ -56,6 +56,8 @@ from core.events import (
     RunDeadLettered,
     RunFailed,
     RunMaterialised,
+    RunOutcomeAnswered,
+    RunOutcomeAsked,
     RunReleased,
     RunReplayed,
     RunSkipped,
@@ -82,6 +84,8 @@ class RunStatus(enum.StrEnum):
     BLOCKED = "blocked"  # held back by buffer_one until the live run ends
     PENDING = "pending"  # ready at available_at
     RUNNING = "running"  # a lease is out
+    # its attempt's outcome is unknown and its target can say: the owner asks it (no lease)
+    ASKING = "asking"
     DEAD = "dead"  # in the dead-letter list
     CANCELLED = "cancelled"  # cancelled while running; kept until its lease runs out
 
@@ -171,6 +175,11 @@ class RunState(msgspec.Struct, kw_only=True, gc=False):
     ahead: bool = False
     # leased ahead of its start (``LeaseGranted.start_at``) and not yet reported started
     start_at: Millis | None = None
+    # asking (``RunOutcomeAsked``): the ask under way, when the owner asks, and by when an
+    # answer must have come
+    ask: int = 0
+    ask_at: Millis | None = None
+    answer_by: Millis | None = None
 
 
 class _Snapshot(msgspec.Struct):
@@ -649,6 +658,13 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             else:
                 run.last_error, run.worker_id, run.lease_expires_at = "lease expired", None, None
                 run.start_at = None
+        case RunOutcomeAsked():
+            run = state.runs[event.run_id]
+            run.status, run.ask = RunStatus.ASKING, event.ask
+            run.ask_at, run.answer_by = event.ask_at, event.answer_by
+        case RunOutcomeAnswered():
+            run = state.runs[event.run_id]
+            run.ask_at, run.answer_by = None, None  # what follows is its own event
         case RetryScheduled():
             run = state.runs[event.run_id]
             run.status, run.attempt, run.available_at = (
@@ -656,6 +672,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 event.attempt,
                 event.available_at,
             )
+            run.ask = 0
             _index(state, run, event.at)
         case RunDeadLettered():
             run = state.runs[event.run_id]
@@ -675,7 +692,7 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
                 event.attempt,
                 event.attempt,
             )
-            run.available_at, run.last_error = event.available_at, ""
+            run.available_at, run.last_error, run.ask = event.available_at, "", 0
             job = state.jobs[event.job_id]
             job.live = (*job.live, run.run_id)
             _unkeep(state, run)

@@ -8,6 +8,10 @@ Three kinds of timer, keyed so that re-arming replaces:
 ``("ready", run_id)``  a run for a push target (HTTP, Kafka topic) may start: the node's
                        executor asks to lease it (``StartRun``). Pull runs need no timer:
                        workers claim them;
+``("ask", run_id)``    a run's target is to be asked what became of its attempt
+                       (``RunOutcomeAsked.ask_at``): the node's executors ask its status
+                       URL and report the answer (``AnswerOutcome``);
+``("answer", run_id)`` that ask's deadline (``answer_by``): decide ``AnswerDue``;
 ``("forget", job_id)`` the job ended (``ended_at``) a retention ago: decide ``ForgetDue``.
                        The retention is the partition's setting, so these are armed by
                        :func:`forget_timer`, not here.
@@ -40,6 +44,8 @@ from core.events import (
     RunDeadLettered,
     RunFailed,
     RunMaterialised,
+    RunOutcomeAnswered,
+    RunOutcomeAsked,
     RunReleased,
     RunReplayed,
     RunSkipped,
@@ -116,6 +122,7 @@ def timers_after(state: PartitionState, event: AnyEvent, lead_ms: int = 0) -> li
             ]
         case RunCompleted() | RunDeadLettered():
             changes = [(("ready", event.run_id), None), (("lease", event.run_id), None)]
+            changes += _no_ask(event.run_id)
             if lead_ms:  # perhaps the last live run: the next slot may be materialised ahead
                 changes.append(_slot_timer(state, event.job_id, lead_ms))
             return changes
@@ -124,11 +131,19 @@ def timers_after(state: PartitionState, event: AnyEvent, lead_ms: int = 0) -> li
         case RunCancelled():
             if event.was_running:  # keep the lease timer: it clears the cancelled run
                 changes = [(("ready", event.run_id), None)]
-            else:
+            else:  # pending, or asking (a run cancelled while its target was asked)
                 changes = [(("ready", event.run_id), None), (("lease", event.run_id), None)]
+                changes += _no_ask(event.run_id)
             if lead_ms or event.reason is CancelReason.WITHDRAWN:  # the next slot moved
                 changes.append(_slot_timer(state, event.job_id, lead_ms))
             return changes
+        case RunOutcomeAsked():
+            return [
+                (("ask", event.run_id), event.ask_at),
+                (("answer", event.run_id), event.answer_by),
+            ]
+        case RunOutcomeAnswered():
+            return _no_ask(event.run_id)
         case RunFailed():
             # The attempt ended: its lease is gone (a retry or dead letter follows as its own
             # event). Left armed, the timer would fire for a run that holds no lease.
@@ -139,6 +154,10 @@ def timers_after(state: PartitionState, event: AnyEvent, lead_ms: int = 0) -> li
             return [(("slot", event.job_id), None)]
         case _:
             assert_never(event)
+
+
+def _no_ask(run_id: str) -> list[TimerChange]:
+    return [(("ask", run_id), None), (("answer", run_id), None)]
 
 
 def forget_timer(state: PartitionState, job_id: str, retention_ms: int) -> TimerChange:
@@ -164,10 +183,15 @@ def all_timers(
 
 
 def run_timers(state: PartitionState) -> Iterator[tuple[TimerKey, Millis]]:
-    """The lease and ready timers of every run ``state`` holds."""
+    """The lease, ready and ask timers of every run ``state`` holds."""
     for run in state.runs.values():
         if run.lease_expires_at is not None:
             yield ("lease", run.run_id), run.lease_expires_at
+        if run.status is RunStatus.ASKING and run.ask_at is not None:
+            # a new owner asks at once what its predecessor was asking
+            yield ("ask", run.run_id), run.ask_at
+        if run.answer_by is not None:
+            yield ("answer", run.run_id), run.answer_by
         for key, deadline in _ready_timer(state, run):
             if deadline is not None:
                 yield key, deadline

@@ -29,6 +29,19 @@ reach; the node's log keeps the details for the operator.
 Where a call may go is the operator's egress policy (``core/egress.py``), applied here on the
 address actually connected to (``node/egress.py``).
 
+**Asking what became of an attempt** (``core.asking``). A critical run whose attempt's outcome
+is unknown and whose target names a ``status_url`` is asked about: ``GET <status_url>`` with
+the target's own headers (its credentials, secrets read as for a call) and
+
+``X-Cronlog-Ask-Key: <the attempt's Idempotency-Key>``  ``X-Cronlog-Ask-Token: <its token>``
+``X-Cronlog-Run-Id``
+
+never ``Idempotency-Key``, so nothing takes the ask for a call. A guard (the SDK's
+``cronlog_client.target``) answers ``200 {"outcome": "succeeded" | "failed" | "never_seen" |
+"in_progress" | "unknown", "status": <the handler's status, succeeded only>}``; anything else
+(another status, another body, unreachable, no answer within ``ASK_TIMEOUT_S``, refused by the
+egress policy) is ``no_answer``.
+
 A Kafka-topic target gets the same body produced to the topic (key: the job id, headers as
 above); it succeeded once the broker acknowledged it (``acks=all``). The topic must be one the
 egress policy grants the team, and never one of the cluster's own.
@@ -46,6 +59,7 @@ import contextvars
 import functools
 import logging
 import unicodedata
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, assert_never
 
@@ -60,6 +74,7 @@ from core import events as ev
 from core.commands import Outcome
 from core.egress import parse_host
 from core.errors import InvalidDefinition
+from core.events import OutcomeAnswer
 from core.ids import idempotency_key, team_id
 from core.jobs import (
     HttpTarget,
@@ -115,6 +130,54 @@ def run_headers(lease: ev.LeaseGranted) -> dict[str, str]:
         "X-Cronlog-Attempt": str(lease.attempt),
         "X-Cronlog-Fencing-Token": str(lease.fencing_token),
     }
+
+
+ASK_TIMEOUT_S = 10.0  # an ask's call gives up after this (core.asking.ASK_WAIT_MS is longer)
+ASK_KEY = "X-Cronlog-Ask-Key"
+ASK_TOKEN = "X-Cronlog-Ask-Token"
+MAX_ASK_ANSWER = 4096  # bytes of a status answer read
+
+
+class _StatusAnswer(msgspec.Struct):
+    outcome: str
+    status: int | None = None
+
+
+_status_answer = msgspec.json.Decoder(_StatusAnswer)
+# what a guard may answer, as the decisions read it (NO_ANSWER is the caller's own)
+_ANSWERS = {a.value: a for a in OutcomeAnswer if a is not OutcomeAnswer.NO_ANSWER}
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a target's status URL said about an attempt (``AnswerOutcome``'s fields)."""
+
+    answer: OutcomeAnswer
+    status: int | None = None
+    detail: str = ""
+
+
+def ask_headers(asked: ev.RunOutcomeAsked) -> dict[str, str]:
+    return {
+        ASK_KEY: idempotency_key(asked.job_id, asked.scheduled_for),
+        ASK_TOKEN: str(asked.fencing_token),
+        "X-Cronlog-Run-Id": team_id(asked.run_id),
+    }
+
+
+def read_answer(status: int, body: bytes) -> Answer:
+    """A status URL's response as an answer: only a guard's 200 with its JSON says anything."""
+    if status != 200:
+        return Answer(OutcomeAnswer.NO_ANSWER, detail=f"the status URL answered {status}")
+    try:
+        said = _status_answer.decode(body)
+    except msgspec.DecodeError:
+        return Answer(OutcomeAnswer.NO_ANSWER, detail="the status URL's answer is not a status")
+    answer = _ANSWERS.get(said.outcome)
+    if answer is None:
+        return Answer(OutcomeAnswer.NO_ANSWER, detail="the status URL's answer is not a status")
+    code = said.status if answer is OutcomeAnswer.SUCCEEDED else None
+    return Answer(answer, code if code is not None and 100 <= code <= 599 else None)
 
 
 def excerpt(body: bytes, limit: int) -> str:
@@ -242,6 +305,44 @@ class Caller:
         finally:
             _progress.reset(token)
 
+    async def ask(self, asked: ev.RunOutcomeAsked, spec: JobSpec) -> Answer:
+        """Ask ``spec``'s target's status URL what became of the attempt ``asked`` names (see
+        the module), within the egress policy as any call."""
+        assert self._session is not None
+        target = spec.target
+        if not isinstance(target, HttpTarget) or not target.status_url:
+            return Answer(OutcomeAnswer.NO_ANSWER, detail="the target has no status_url")
+        url, reason = self._destinations(target.status_url)
+        if reason is not None:
+            log.info("run %s: egress policy: %s", asked.run_id, reason)
+            return Answer(OutcomeAnswer.NO_ANSWER, detail=f"egress policy: {reason}"[:MAX_ERROR])
+        try:
+            headers = self._target_headers(target, asked.tenant)
+        except (SecretUnavailable, InvalidDefinition) as err:
+            return Answer(OutcomeAnswer.NO_ANSWER, detail=str(err)[:MAX_ERROR])
+        headers.update(ask_headers(asked))
+        try:
+            async with asyncio.timeout(ASK_TIMEOUT_S):
+                async with self._session.get(
+                    url,
+                    headers=headers,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT_S),
+                ) as response:
+                    body = await response.content.read(MAX_ASK_ANSWER)
+                    return read_answer(response.status, body)
+        except (TimeoutError, aiohttp.ClientError) as err:
+            refusal = refusal_in(err)
+            if refusal is not None:
+                log.info("run %s: egress policy: %s", asked.run_id, refusal)
+                detail = f"egress policy: {refusal}"[:MAX_ERROR]
+            elif isinstance(err, TimeoutError):
+                detail = f"the status URL did not answer within {ASK_TIMEOUT_S} s"
+            else:
+                log.debug("run %s: ask failed: %r", asked.run_id, err)
+                detail = f"the status URL: {UNREACHABLE}"
+            return Answer(OutcomeAnswer.NO_ANSWER, detail=detail)
+
     def _destination(self, text: str) -> tuple[URL, str | None]:
         """The URL to call for ``text``, and why the policy refuses it if it does. A host
         written as an address is decided here (aiohttp connects to those without asking the
@@ -280,15 +381,20 @@ class Caller:
 
     def _headers(self, target: HttpTarget, lease: ev.LeaseGranted) -> dict[str, str]:
         """The target's headers with its secrets read, then the run's own."""
+        headers = self._target_headers(target, lease.tenant)
+        headers.update(run_headers(lease))
+        headers["Content-Type"] = "application/json"
+        return headers
+
+    def _target_headers(self, target: HttpTarget, tenant: str) -> dict[str, str]:
+        """The target's own headers (its credentials), its secrets read."""
         validate_headers(target.headers)  # a job stored before these checks existed
         headers: dict[str, str] = {}
         for name, value in target.headers.items():
             if isinstance(value, str):
                 headers[name] = value
             else:
-                headers[name] = self._secrets.read(lease.tenant, value.from_file)
-        headers.update(run_headers(lease))
-        headers["Content-Type"] = "application/json"
+                headers[name] = self._secrets.read(tenant, value.from_file)
         return headers
 
     async def _kafka(

@@ -9,6 +9,12 @@ processes (:mod:`node.call_process`): the HTTP and Kafka work of a midnight herd
 other cores than the partitions' deciding and the API. Either way the same :class:`Caller`
 makes the call; only the hop differs.
 
+**Asks.** A run whose attempt's outcome is unknown and whose target can say (``core.asking``)
+comes here too, when its ``ask`` timer comes due: its target's status URL is asked
+(:meth:`node.caller.Caller.ask`, on this loop also when calls go to executor processes: asks
+are few) and the answer is taken to the partition's owner (``AnswerOutcome``). An ask needs no
+call room; one whose answer cannot be recorded by its deadline is answered there instead.
+
 While a call runs, the executor heartbeats the lease every third of its length. A heartbeat
 refused because the run was cancelled, or its lease lost, abandons the call at once.
 
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING, Any, assert_never
 from urllib.parse import urlsplit
 
 from core import events as ev
-from core.commands import AnyCommand, CompleteRun, HeartbeatRun, Outcome
+from core.commands import AnswerOutcome, AnyCommand, CompleteRun, HeartbeatRun, Outcome
 from core.egress import EgressPolicy
 from core.errors import CronlogError, LeaseLost, Unavailable
 from core.jobs import HttpTarget, JobSpec, KafkaTarget, PullTarget
@@ -154,6 +160,10 @@ class Executors(Dispatcher):
         # Calls armed ahead, by run id, until they end (on the loop): a cancel drops them.
         self._armed: dict[str, asyncio.Future[Result]] = {}
         self._dropped: set[asyncio.Future[Result]] = set()
+        # The in-process caller that asks targets when calls go to executor processes (made on
+        # the loop at the first ask), and the asks under way: (run id, token, ask).
+        self._status_caller: Caller | None = None
+        self._asking: set[tuple[str, int, int]] = set()
         # The node's way to its partitions' owners (set by the node before it starts us).
         self.route: Route | None = None
         # Told when an executor process ended unasked (the node counts it).
@@ -191,6 +201,8 @@ class Executors(Dispatcher):
             await self._processes.stop()
         elif self._caller is not None:
             await self._caller.close()
+        if self._status_caller is not None:
+            await self._status_caller.close()
 
     def reserve(self, runner: PartitionRunner, run: RunState) -> bool:
         """Room for ``run``'s call now, or False: it waits and comes back through
@@ -362,6 +374,59 @@ class Executors(Dispatcher):
         if call is not None and not call.done():
             self._dropped.add(call)
             call.cancel()
+
+    def ask(self, runner: PartitionRunner, asked: ev.RunOutcomeAsked, spec: JobSpec) -> None:
+        """(From a runner's thread.) Ask the target of the run ``asked`` names what became of
+        its attempt, and take the answer to the run's owner (see the module)."""
+        self._handoff.post(self._spawn_ask, asked, spec)
+
+    def _spawn_ask(self, asked: ev.RunOutcomeAsked, spec: JobSpec) -> None:
+        key = (asked.run_id, asked.fencing_token, asked.ask)
+        if key in self._asking:
+            return  # asked already (its timer was armed again): one answer is enough
+        self._asking.add(key)
+        task = self._loop.create_task(self._ask_target(asked, spec))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._asking.discard(key))
+
+    async def _ask_target(self, asked: ev.RunOutcomeAsked, spec: JobSpec) -> None:
+        try:
+            caller = self._caller
+            if caller is None:  # calls go to executor processes; asks are made here
+                if self._status_caller is None:
+                    from node.caller import Caller
+
+                    self._status_caller = Caller(self.config)
+                    await self._status_caller.open()
+                caller = self._status_caller
+            said = await caller.ask(asked, spec)
+            log.info("run %s: ask %d answered %s", asked.run_id, asked.ask, said.answer)
+            command = AnswerOutcome(
+                run_id=asked.run_id,
+                fencing_token=asked.fencing_token,
+                ask=asked.ask,
+                answer=said.answer,
+                status=said.status,
+                detail=said.detail,
+            )
+            delay = 0.05
+            while True:
+                refused = await self._ask(command)
+                if not isinstance(refused, Unavailable):
+                    if refused is not None:  # answered meanwhile, or cancelled
+                        log.info("run %s: answer not recorded: %s", asked.run_id, refused)
+                    return
+                if time.time() * 1000 + delay * 1000 > asked.answer_by:
+                    # the deadline answers now (AnswerDue), and the next owner asks again
+                    log.warning("run %s: answer not recorded: %s", asked.run_id, refused)
+                    return
+                await asyncio.sleep(delay)  # a backoff between attempts
+                delay = min(1.0, delay * 2)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("run %s: asking its target failed", asked.run_id)
 
     def _withdrawn(self, lease: ev.LeaseGranted, call: asyncio.Future[Result]) -> bool:
         if call in self._dropped:

@@ -170,6 +170,13 @@ class NodeMetrics:
             "cronlog_runs_cancelled", "Runs cancelled, by reason.", ["reason"], registry=r
         )
         self.replayed = Counter("cronlog_runs_replayed", "Dead runs requeued.", registry=r)
+        self.answers = Counter(
+            "cronlog_outcome_answers",
+            "Answers of targets asked what became of a critical run's attempt of unknown"
+            " outcome (core.asking), by answer",
+            ["answer"],
+            registry=r,
+        )
         self.claims = Counter(
             "cronlog_claims",
             "Claims this node looked through its pools for, by whether they got runs (a"
@@ -378,6 +385,8 @@ class NodeMetrics:
                     tally[self.cancelled, event.reason.value] += 1
                 case ev.RunReplayed():
                     tally[self.replayed, ""] += 1
+                case ev.RunOutcomeAnswered():
+                    tally[self.answers, event.answer.value] += 1
                 case ev.JobForgotten():
                     tally[self.forgotten, ""] += 1
                 case (
@@ -389,6 +398,7 @@ class NodeMetrics:
                     | ev.RunReleased()
                     | ev.Heartbeat()
                     | ev.UpstreamRecorded()
+                    | ev.RunOutcomeAsked()
                 ):
                     pass  # counted nowhere: the gauges show jobs as they are
                 case _:

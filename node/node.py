@@ -53,6 +53,7 @@ from archive.store import ObjectStore
 from core import events as ev
 from core.clock import Clock, SystemClock
 from core.commands import (
+    AnswerOutcome,
     AnyCommand,
     CancelJob,
     CancelRun,
@@ -162,7 +163,14 @@ def routing_key(command: AnyCommand) -> str:
     match command:
         case PutJob() | PauseJob() | ResumeJob() | CancelJob() | TriggerRun() | UpstreamSucceeded():
             return command.job_id
-        case StartRun() | HeartbeatRun() | CompleteRun() | CancelRun() | ReplayRun():
+        case (
+            StartRun()
+            | HeartbeatRun()
+            | CompleteRun()
+            | AnswerOutcome()
+            | CancelRun()
+            | ReplayRun()
+        ):
             return job_id_of_run(command.run_id)
     raise TypeError(f"{type(command).__name__} is not routed by job")
 

@@ -50,6 +50,7 @@ from core.clock import Clock
 from core.commands import AnyCommand, StartRun
 from core.errors import CronlogError, Fenced, LogCorrupted, Unavailable
 from core.events import AnyEvent
+from core.jobs import JobSpec
 from core.partition import DEFAULT_RETENTION_MS, Partition
 from core.state import PartitionState, RunState, RunStatus
 from eventlog.port import EventLog, PartitionWriter
@@ -138,6 +139,11 @@ class Dispatcher:
 
     def cancelled(self, run_id: str) -> None:
         """``run_id`` was cancelled: a call armed ahead for it and not started is dropped."""
+
+    def ask(self, runner: PartitionRunner, asked: ev.RunOutcomeAsked, spec: JobSpec) -> None:
+        """Ask ``spec``'s target what became of the attempt ``asked`` names (its status URL:
+        ``core.asking``) and have the answer decided (``AnswerOutcome``). One that cannot ask
+        does nothing: the ask's deadline answers for it (``AnswerDue``)."""
 
 
 class PartitionRunner:
@@ -575,10 +581,12 @@ class PartitionRunner:
         starting: dict[str, str] = {}
         # Runs started in this batch that waited for call room (run id -> how long, why)
         waits: dict[str, Waited] = {}
+        # Runs whose target is to be asked (core.asking), once what asks it is durable
+        asks: list[str] = []
         deciding = self._enter("deciding")
         times.decided_at = deciding
         try:
-            through = self._decide_batch(batch, now, events, answers, starting, waits, times)
+            through = self._decide_batch(batch, now, events, answers, starting, waits, times, asks)
         except BaseException:
             # The state ran ahead of the log with nothing appended: the supervisor recovers.
             # Not deciding from here on, before any caller hears of the failure.
@@ -588,6 +596,7 @@ class PartitionRunner:
             raise
         if not events and through is None:
             _answer(answers, [], [])
+            self._ask_targets(asks)
             times.decide_s = time.monotonic() - deciding
             return
         appending = self._enter(APPENDING)
@@ -613,6 +622,7 @@ class PartitionRunner:
         self._append_failed = None
         _answer(answers, events, offsets)
         self._dispatch(events, starting)
+        self._ask_targets(asks)
         assert self._store is not None
         self._store.save(self.state, list(zip(offsets, events, strict=True)))
         self._snapshot_if_due(len(events))
@@ -701,10 +711,11 @@ class PartitionRunner:
         starting: dict[str, str],
         waits: dict[str, Waited],
         times: LoopTimes,
+        asks: list[str],
     ) -> int | None:
         """Decide the batch's requests, the runs granted room (noting in ``waits`` how long
-        each waited) and the timers due; return the command position the batch moves to, if
-        any."""
+        each waited) and the timers due (noting in ``asks`` the runs whose target is to be
+        asked); return the command position the batch moves to, if any."""
         through: int | None = None
         for request in batch:
             start = len(events)
@@ -734,6 +745,8 @@ class PartitionRunner:
             key = due[1]
             if key[0] == "ready":
                 self._start_if_room(key[1], now, events, starting)
+            elif key[0] == "ask":
+                asks.append(key[1])
             else:
                 events += self.core.fire(key, now)
         return through
@@ -767,6 +780,33 @@ class PartitionRunner:
                     self._dispatch_one(event, starting[event.run_id])
             elif isinstance(event, ev.RunCancelled):
                 self._dispatcher.cancelled(event.run_id)
+
+    def _ask_targets(self, run_ids: list[str]) -> None:
+        """Have the executors ask the targets of the runs still asking (core.asking). After
+        an append that failed the recovery arms these timers again."""
+        for run_id in run_ids:
+            run = self.state.runs.get(run_id)
+            job = self.state.jobs.get(run.job_id) if run is not None else None
+            if run is None or job is None or run.status is not RunStatus.ASKING:
+                continue
+            if run.ask_at is None or run.answer_by is None:
+                continue  # answered meanwhile
+            asked = ev.RunOutcomeAsked(
+                at=run.ask_at,
+                job_id=run.job_id,
+                tenant=run.tenant,
+                run_id=run.run_id,
+                scheduled_for=run.scheduled_for,
+                attempt=run.attempt,
+                fencing_token=run.fencing_token,
+                ask=run.ask,
+                ask_at=run.ask_at,
+                answer_by=run.answer_by,
+            )
+            try:
+                self._dispatcher.ask(self, asked, job.spec)
+            except Exception:  # its deadline answers for it
+                log.exception("partition %d: run %s was not asked about", self.partition, run_id)
 
     def _dispatch_one(self, lease: ev.LeaseGranted, tenant: str) -> None:
         try:

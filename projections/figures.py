@@ -51,6 +51,8 @@ from core.events import (
     RunDeadLettered,
     RunFailed,
     RunMaterialised,
+    RunOutcomeAnswered,
+    RunOutcomeAsked,
     RunReleased,
     RunReplayed,
     RunSkipped,
@@ -133,6 +135,8 @@ def observe(minute: Minute, event: AnyEvent, *, first_scheduled_start: bool) -> 
             | RunReplayed()
             | UpstreamRecorded()
             | JobForgotten()
+            | RunOutcomeAsked()
+            | RunOutcomeAnswered()
         ):
             return False
         case _:

@@ -51,6 +51,8 @@ from core.events import (
     RunDeadLettered,
     RunFailed,
     RunMaterialised,
+    RunOutcomeAnswered,
+    RunOutcomeAsked,
     RunReleased,
     RunReplayed,
     RunSkipped,
@@ -369,6 +371,8 @@ class ModelFold(ModelStore):
                 | RunDeadLettered()
                 | RunCancelled()
                 | RunReplayed()
+                | RunOutcomeAsked()
+                | RunOutcomeAnswered()
             ):
                 run = self._run(p, event.run_id)
                 if run is not None:

@@ -26,11 +26,13 @@ from core.events import (
     RunDeadLettered,
     RunFailed,
     RunMaterialised,
+    RunOutcomeAnswered,
+    RunOutcomeAsked,
     RunReleased,
     RunReplayed,
     RunStarted,
 )
-from projections.views import AttemptOutcome, AttemptView, RunStateName, RunView
+from projections.views import AskView, AttemptOutcome, AttemptView, RunStateName, RunView
 
 LEASE_EXPIRED = "lease expired"
 
@@ -46,6 +48,8 @@ RunChange = (
     | RunDeadLettered
     | RunCancelled
     | RunReplayed
+    | RunOutcomeAsked
+    | RunOutcomeAnswered
 )
 
 
@@ -105,7 +109,10 @@ def evolve(run: RunView, event: RunChange) -> RunStateName | None:
                 run.lateness_ms = event.started_at - event.scheduled_for
             return None
         case RunCompleted():
-            _close_attempt(run, event.fencing_token, event.at, "succeeded", "")
+            if event.by_asking:  # its attempt was closed as failed; its target says otherwise
+                _succeeded_after_all(run, event.fencing_token)
+            else:
+                _close_attempt(run, event.fencing_token, event.at, "succeeded", "")
             run.finished_at, run.error = event.at, ""
             return "succeeded"
         case RunFailed():
@@ -134,6 +141,17 @@ def evolve(run: RunView, event: RunChange) -> RunStateName | None:
             run.attempt, run.available_at = event.attempt, event.available_at
             run.finished_at, run.dead_reason, run.error = None, None, ""
             return "pending"
+        case RunOutcomeAsked():
+            ask = AskView(ask=event.ask, fencing_token=event.fencing_token, ask_at=event.ask_at)
+            run.asks = [*run.asks, ask]
+            return None  # still failed: the decision after the failure is being made
+        case RunOutcomeAnswered():
+            for ask in reversed(run.asks):
+                if ask.fencing_token == event.fencing_token and ask.answer is None:
+                    ask.answered_at, ask.answer = event.at, str(event.answer)
+                    ask.status, ask.detail = event.status, event.detail
+                    break
+            return None
         case _:
             assert_never(event)
 
@@ -151,6 +169,13 @@ def fold(runs: dict[str, RunView], event: AnyEvent) -> None:
             state = evolve(run, event)
             if state is not None:
                 run.state = state
+
+
+def _succeeded_after_all(run: RunView, token: int) -> None:
+    for attempt in reversed(run.attempts):
+        if attempt.fencing_token == token:
+            attempt.outcome = "succeeded"
+            return
 
 
 def _close_attempt(run: RunView, token: int, at: int, outcome: AttemptOutcome, error: str) -> None:

@@ -67,11 +67,25 @@ class AttemptView(msgspec.Struct, kw_only=True, gc=False):
     error: str = ""
 
 
+class AskView(msgspec.Struct, kw_only=True, gc=False):
+    """One ask of a run's target about what became of the attempt of ``fencing_token`` (its
+    outcome was unknown: ``core.asking``); ``answer`` stays None until it is answered."""
+
+    ask: int
+    fencing_token: int
+    ask_at: Millis
+    answered_at: Millis | None = None
+    answer: str | None = None  # core.events.OutcomeAnswer
+    status: int | None = None  # succeeded: the status the target's handler answered
+    detail: str = ""
+
+
 class RunView(msgspec.Struct, kw_only=True, gc=False):
     """One run of a job (its identity is the job and the slot ``scheduled_for``).
 
     ``state`` is ``failed`` between an attempt's failure and the decision that follows it (a retry
-    or the dead-letter list), ``retrying`` while a retry waits for its start time. ``started_at``
+    or the dead-letter list; for a critical run of unknown outcome whose target can say, the
+    asks of ``asks`` first), ``retrying`` while a retry waits for its start time. ``started_at``
     is the first lease; ``lateness_ms`` is that first start minus the slot. ``attempts`` is every
     lease the run's identity ever had, also those of an earlier materialisation of the same slot.
     """
@@ -91,6 +105,8 @@ class RunView(msgspec.Struct, kw_only=True, gc=False):
     attempts: list[AttemptView] = []
     dead_reason: str | None = None
     idempotency_key: str | None = None  # the key of the manual trigger that made the run
+    # the asks of its target about attempts of unknown outcome, oldest first (core.asking)
+    asks: list[AskView] = []
 
 
 class SkipView(msgspec.Struct, kw_only=True):

@@ -207,7 +207,7 @@ class FakeScheduler:
     def _fire(self, p: int) -> None:
         partition = self.partitions[p]
         while (key := partition.next_due()) is not None:
-            if key[0] != "ready":  # no push executors here
+            if key[0] not in ("ready", "ask"):  # no push executors here
                 self._record(p, partition.fire(key, self.clock.now_ms()))
 
     def fold(self) -> None:

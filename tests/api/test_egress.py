@@ -209,3 +209,32 @@ async def test_a_batch_refuses_every_spelling_as_a_single_create_does(strict: Ap
     assert [x["status"] for x in results] == [422] * len(urls)
     assert [x["error"]["field"] for x in results] == [f"jobs[{i}].target" for i in range(len(urls))]
     assert strict.everything() == before
+
+
+# -- the status URL a guard answers at (core.asking) -------------------------------------------
+
+
+def guarded(status_url: str) -> dict[str, Any]:
+    target = {"type": "http", "url": "https://svc/run", "status_url": status_url}
+    return {**JOB, "critical": True, "target": target}
+
+
+@pytest.mark.parametrize("url", REFUSED_URLS[:12])
+async def test_a_status_url_outside_the_policy_is_refused_naming_it(strict: Api, url: str) -> None:
+    before = strict.everything()
+    r = await strict.a.post("/v1/jobs", json=guarded(url))
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "target.status_url"
+    assert r.json()["message"].startswith("egress policy: ")
+    r = await strict.a.post("/v1/jobs:batch", json={"jobs": [guarded(url)]})
+    assert r.json()["results"][0]["error"]["field"] == "jobs[0].target.status_url"
+    assert strict.everything() == before
+
+
+async def test_a_status_url_is_stored_shown_and_never_the_jobs_own_url(strict: Api) -> None:
+    r = await strict.a.post("/v1/jobs", json=guarded("https://svc/cronlog/status"))
+    assert r.status_code == 201, r.text
+    job = (await strict.a.get(f"/v1/jobs/{r.json()['job_id']}")).json()
+    assert job["target"]["status_url"] == "https://svc/cronlog/status"
+    r = await strict.a.post("/v1/jobs", json=guarded("https://svc/run"))
+    assert r.status_code in (400, 422) and r.json()["field"] == "target.status_url", r.text

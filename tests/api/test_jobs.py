@@ -40,6 +40,7 @@ async def test_create_answers_201_with_the_id_the_next_run_and_the_version(api: 
         "url": "https://reports.internal/run",
         "headers": {},
         "max_calls_per_sec": None,
+        "status_url": None,
     }
     spec = api.fake.history.job("team-a", log_job_id("team-a", job["job_id"]))
     assert spec is not None and spec.spec.max_attempts == 3  # retries N: N + 1 attempts
@@ -89,6 +90,7 @@ async def test_target_forms(api: Api) -> None:
             "url": "http://svc/x",
             "headers": {},
             "max_calls_per_sec": None,
+            "status_url": None,
         },
     }
     for given, stored in forms.items():
@@ -100,6 +102,7 @@ async def test_target_forms(api: Api) -> None:
         "url": "https://svc/y",
         "headers": {"X-Team": "a"},
         "max_calls_per_sec": 50,
+        "status_url": "https://svc/y/cronlog-status",
     }
     r = await api.a.post("/v1/jobs", json={**REPORT, "target": obj})
     assert r.json()["target"] == obj

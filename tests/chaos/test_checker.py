@@ -389,6 +389,56 @@ def test_a_retry_after_a_definite_failure_is_not_a_duplicate() -> None:
     assert report.figures["retries_after_a_definite_failure"] == 1
 
 
+def test_a_critical_run_completed_by_asking_its_target_is_clean() -> None:
+    # Its call timed out after reaching the target; the target, asked (core.asking), said it
+    # had succeeded: the attempt ends a success with no live lease, and nothing is delivered
+    # twice.
+    b = clean()
+    slot = T0 + 10_000
+    b.materialise("b", slot)
+    lease = b.lease("b", slot, slot + 5)
+    b.deliver("b", slot, lease, slot + 10)
+    p = b.partition_of["b"]
+    b.emit(
+        p, b._run_ev("RunFailed", "b", slot, slot + 1000, lease, error="timed out", ambiguous=True)
+    )
+    b.emit(
+        p,
+        b._run_ev(
+            "RunOutcomeAsked",
+            "b",
+            slot,
+            slot + 1000,
+            lease,
+            ask=1,
+            ask_at=slot + 1000,
+            answer_by=slot + 31_000,
+        ),
+    )
+    b.emit(
+        p,
+        b._run_ev(
+            "RunOutcomeAnswered",
+            "b",
+            slot,
+            slot + 1100,
+            lease,
+            ask=1,
+            answer="succeeded",
+            status=200,
+        ),
+    )
+    b.emit(
+        p,
+        b._run_ev(
+            "RunCompleted", "b", slot, slot + 1100, lease, started_at=slot + 5, by_asking=True
+        ),
+    )
+    b.fine_run("a", slot)
+    report = check(b.history(end(11)))
+    assert report.ok, report.counts
+
+
 def test_a_delivery_without_a_lease_in_the_log_and_a_success_never_delivered_are_caught() -> None:
     b = clean()
     b.calls = [c for c in b.calls if c["key"] != f"chaos/a:{T0}"]  # a's first success: no call

@@ -51,6 +51,7 @@ class Sim:
         )
         self.log: list[bytes] = []
         self.ready: deque[str] = deque()  # push-target runs whose start time came
+        self.asks: deque[str] = deque()  # runs whose target is to be asked now (core.asking)
 
     @property
     def now(self) -> Millis:
@@ -77,7 +78,10 @@ class Sim:
     def _drain(self) -> None:
         while (key := self.partition.next_due()) is not None:
             kind, ident = key
-            if kind != "ready":
+            if kind == "ask":
+                if ident not in self.asks:
+                    self.asks.append(ident)
+            elif kind != "ready":
                 self._append(self.partition.fire(key, self.now))
             elif ident not in self.ready:
                 self.ready.append(ident)

@@ -2,8 +2,9 @@
 
 Hypothesis drives a partition through random commands and clock moves (punctual and late),
 including stale tokens, unknown ids and refused commands, with and without a lead time (runs
-materialised ahead of their slot), and slot decisions asked directly with any horizon
-(``SlotDue.through``). After every step the state folded
+materialised ahead of their slot), slot decisions asked directly with any horizon
+(``SlotDue.through``), and the answers of targets asked about runs of unknown outcome
+(``AnswerOutcome``, also stale ones). After every step the state folded
 from the encoded log, read back from zero, must equal the live state byte for byte, and a
 refused command must have changed nothing.
 """
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from core import events as ev
 from core.commands import (
+    AnswerOutcome,
     CancelJob,
     CancelRun,
     ClaimRuns,
@@ -34,6 +36,7 @@ from core.commands import (
     UpstreamSucceeded,
 )
 from core.errors import CronlogError
+from core.events import OutcomeAnswer
 from core.jobs import Backoff, HttpTarget, JobSpec, PullTarget
 from core.state import PartitionState, evolve
 from tests.core.harness import Sim
@@ -47,7 +50,14 @@ specs = st.builds(
     JobSpec,
     name=st.just("j"),
     tenant=st.sampled_from(["t1", "t2"]),
-    target=st.sampled_from([HttpTarget(url="http://127.0.0.1:9/"), PullTarget(pool="p")]),
+    target=st.sampled_from(
+        [
+            HttpTarget(url="http://127.0.0.1:9/"),
+            # a critical run of unknown outcome asks it (core.asking)
+            HttpTarget(url="http://127.0.0.1:9/", status_url="http://127.0.0.1:9/status"),
+            PullTarget(pool="p"),
+        ]
+    ),
     schedule=st.sampled_from(
         ["*/20 * * * * *", "*/20 * * * * *", "* * * * *", "*/5 * * * *", "30 1 * * *"]
     ),
@@ -115,6 +125,8 @@ steps = st.one_of(
     st.tuples(st.sampled_from(["cancel_run", "replay"]), st.integers(0, 20)),
     st.tuples(st.just("upstream"), st.sampled_from(["a", "b"]), st.integers(0, 3)),
     st.tuples(st.just("slot"), job_ids, st.one_of(st.none(), st.integers(-5_000, 120_000))),
+    st.tuples(st.just("answer"), st.sampled_from(list(OutcomeAnswer)), st.sampled_from([0, 0, -1])),
+    st.tuples(st.just("answer"), st.sampled_from(list(OutcomeAnswer)), st.just(0)),
 )
 
 
@@ -191,6 +203,18 @@ def _apply(sim: Sim, step: tuple, leases: list[ev.LeaseGranted]) -> None:  # typ
     elif kind == "slot":  # a slot decision asked directly, with any horizon
         through = None if step[2] is None else sim.now + step[2]
         sim.do(SlotDue(job_id=step[1], through=through))
+    elif kind == "answer" and sim.asks:  # the executors' answer to an ask (or a stale one)
+        run = sim.state.runs.get(sim.asks.popleft())
+        if run is not None:
+            sim.do(
+                AnswerOutcome(
+                    run_id=run.run_id,
+                    fencing_token=run.fencing_token,
+                    ask=run.ask + step[2],
+                    answer=step[1],
+                    status=200,
+                )
+            )
     elif kind == "upstream":
         sim.do(
             UpstreamSucceeded(

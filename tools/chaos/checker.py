@@ -311,6 +311,23 @@ def _run_event(
         run.leases.append(granted)
         run.live = granted
         return max(last_token, token)
+    if kind == "RunCompleted" and e.get("by_asking"):
+        # The attempt's outcome was unknown (its lease is over) and its target, asked, said
+        # it succeeded (core.asking): the attempt ends as a success, by that answer.
+        asked = run.lease(token)
+        if asked is None:
+            report.violate("answer_of_no_lease", f"{where}: {run_id} token {token}")
+        else:
+            asked.ended_by, asked.ended_at = "succeeded", at
+        run.outcomes.append((kind, ""))
+        return last_token
+    if kind == "RunOutcomeAnswered" and e.get("answer") in ("failed", "never_seen"):
+        # The target says the attempt did not take effect (never seen: and never will): a
+        # definite failure, so a retry is no duplicate.
+        asked = run.lease(token)
+        if asked is not None:
+            asked.ended_by = "failed"
+        return last_token
     if kind in ("Heartbeat", "RunCompleted", "RunFailed"):
         stale = live is None or live.token != token
         if stale:

@@ -12,7 +12,8 @@ have written for these requests.
 :func:`play` is the scenario: six jobs of two teams (cron, interval, one-shot, dependency;
 pull, HTTP and Kafka targets; the overlap policies; a critical job) and the requests that
 make every event kind happen, the fields added to events since the first build given values
-other than their defaults (a lease of a manual run, a lease granted ahead, a run withdrawn).
+other than their defaults (a lease of a manual run, a lease granted ahead, a run withdrawn, a
+run completed by asking its target).
 :func:`missing_kinds` says which kinds of ``core.events.AnyEvent`` a log lacks: the recorder
 refuses to write a corpus that lacks one, so a new kind of event must be added here.
 """
@@ -54,6 +55,8 @@ POOL = "p"
 # Whether the core this runs with grants leases ahead (events schema 5): the scenario also runs
 # on an earlier build's checkout, to record what that build wrote (tests/corpus/record_older.sh).
 _LEASES_AHEAD = "horizon_ms" in ClaimRuns.__struct_fields__
+# Whether a critical run's target is asked what became of an attempt (events schema 6).
+_ASKS = "status_url" in HttpTarget.__struct_fields__
 # Whether it materialises runs a lead time ahead (events schema 4): if not, every slot at its slot.
 _HAS_LEAD = "lead_ms" in inspect.signature(Partition).parameters
 LEAD: dict[str, Any] = {"lead_ms": LEAD_MS} if _HAS_LEAD else {}
@@ -95,6 +98,7 @@ class Owner:
             for p in range(log.num_partitions)
         ]
         self.ready: list[str] = []  # push runs whose start came (a node's executors start them)
+        self.asks: list[str] = []  # runs whose target is to be asked (a node's executors ask)
         self.seen: set[str] = set()
 
     @property
@@ -173,7 +177,9 @@ class Owner:
         for number, partition in enumerate(self.partitions):
             while (key := partition.next_due()) is not None:
                 kind, ident = key
-                if kind != "ready":
+                if kind == "ask":
+                    self.asks.append(ident)
+                elif kind != "ready":
                     self._append(number, partition.fire(key, self.now))
                 elif ident not in self.ready:
                     self.ready.append(ident)
@@ -219,6 +225,31 @@ def _finish(owner: Owner, lease: ev.LeaseGranted, outcome: Outcome, **kw: object
             **kw,  # type: ignore[arg-type]
         )
     )
+
+
+def _ask(owner: Owner) -> None:
+    """A critical call that timed out, its target asked: "in progress", then "succeeded"."""
+    # imported here: an earlier build's core, which this scenario also runs on, has neither
+    from core.commands import AnswerOutcome
+    from core.events import OutcomeAnswer
+
+    target = HttpTarget(url="https://example.com/pay", status_url="https://example.com/status")
+    spec = _pull("pay", "t1", run_at=owner.now, critical=True, target=target)
+    owner.do(PutJob(job_id="t1/pay", spec=spec))
+    for lease in owner.start_ready():
+        _finish(owner, lease, Outcome.FAILED, ambiguous=True)  # asked about, not set aside
+        for ask, answer in ((1, OutcomeAnswer.IN_PROGRESS), (2, OutcomeAnswer.SUCCEEDED)):
+            owner.advance(2_000)
+            owner.asks.clear()
+            owner.do(
+                AnswerOutcome(
+                    run_id=lease.run_id,
+                    fencing_token=lease.fencing_token,
+                    ask=ask,
+                    answer=answer,
+                    status=200 if answer is OutcomeAnswer.SUCCEEDED else None,
+                )
+            )
 
 
 def play(owner: Owner) -> None:
@@ -294,4 +325,6 @@ def play(owner: Owner) -> None:
     owner.jump(10 * 60_000)
     for lease in owner.claim("t1", limit=8) + owner.claim("t2", limit=8) + owner.start_ready():
         _finish(owner, lease, Outcome.SUCCEEDED)
+    if _ASKS:
+        _ask(owner)
     owner.advance(RETENTION_MS)

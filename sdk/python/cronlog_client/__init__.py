@@ -56,6 +56,7 @@ from cronlog_client.target import (
     Reply,
     RunGuard,
     SQLiteStore,
+    bearer_token,
 )
 from cronlog_client.worker import PermanentFailure, RetryLater, RunContext, RunLost, Worker
 
@@ -110,4 +111,5 @@ __all__ = [
     "Unreachable",
     "Worker",
     "__version__",
+    "bearer_token",
 ]

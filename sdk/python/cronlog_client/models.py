@@ -82,6 +82,9 @@ class HttpTarget(msgspec.Struct, frozen=True, kw_only=True, tag="http"):
     url: str
     headers: dict[str, str | SecretRef] = {}
     max_calls_per_sec: float | None = None
+    # where the target's guard answers what became of an attempt (RunGuard.answer): a critical
+    # run whose outcome is unknown is asked about there instead of being set aside
+    status_url: str | None = None
 
 
 class KafkaTarget(msgspec.Struct, frozen=True, kw_only=True, tag="kafka"):
@@ -356,6 +359,19 @@ class Attempt(msgspec.Struct, kw_only=True):
     fencing_token: int | None = None  # the attempt's lease's token
 
 
+class Ask(msgspec.Struct, kw_only=True):
+    """One ask of a run's target about what became of an attempt of unknown outcome (its
+    ``status_url``); ``answer`` is None while the ask waits."""
+
+    ask: int
+    fencing_token: int
+    ask_at: dt.datetime
+    answered_at: dt.datetime | None = None
+    answer: str | None = None  # succeeded, failed, never_seen, in_progress, unknown, no_answer
+    status: int | None = None
+    detail: str = ""
+
+
 class Run(msgspec.Struct, kw_only=True):
     run_id: str
     job_id: str
@@ -373,6 +389,8 @@ class Run(msgspec.Struct, kw_only=True):
     # "archive": the run left the server's history window and was read back from the archive
     # (defaults keep answers of servers from before the field readable).
     source: Literal["hot", "archive"] = "hot"
+    # a critical run's asks of its target about attempts of unknown outcome, oldest first
+    asks: list[Ask] = []
 
 
 class RunPage(msgspec.Struct, kw_only=True):

@@ -35,6 +35,37 @@ and a plain function for anything else (Flask, Django, a queue consumer)::
         reply = guard.run(request.headers, lambda: Reply.json(do_the_work(request.json)))
         return reply.body, reply.status, dict(reply.headers)
 
+**What became of an attempt.** When cronlog cannot tell whether a critical run's attempt took
+effect (its call timed out, its lease ran out mid-call), it asks the job's ``status_url``
+instead of setting the run aside: ``GET`` with ``X-Cronlog-Ask-Key: K`` (the attempt's
+Idempotency-Key), ``X-Cronlog-Ask-Token: T`` (its fencing token) and the job's own headers.
+The guard answers from what it keeps (:meth:`RunGuard.answer`), ``200 {"outcome": ...,
+"status": ...}``:
+
+==================================================  ==========================================
+what the guard knows of K                           ``outcome``
+==================================================  ==========================================
+an attempt succeeded (its answer kept, or too       ``succeeded``, with the status it answered
+large to keep)
+an attempt is being handled now                     ``in_progress``: cronlog asks again later
+T never arrived (nor a newer token)                 ``never_seen``, and T is **fenced**: the
+                                                    key's newest token becomes T + 1, so T
+                                                    arriving late is refused (409) and
+                                                    cronlog's retry (a newer token) is handled
+T (or a newer one) arrived; its handling answered   ``failed``: cronlog retries as after any
+no success (or raised)                              failure
+T arrived and its handling died midway, or its      ``unknown``: cronlog sets the run aside
+answer was cut short
+==================================================  ==========================================
+
+Serve it with ``CronlogTargetMiddleware(app, status_path="/cronlog/status",
+authorize=bearer_token(secret))`` (the job sends ``Authorization: Bearer <secret>`` in its
+target's headers, a secret reference), or from any framework with
+``guard.answer(request.headers)``. Authorize the asks as you authorize the calls: whoever may
+ask may also fence a key. The answer needs a store that keeps outcomes (:class:`MemoryStore`
+and :class:`SQLiteStore` do: :class:`AnsweringStore`); another store's answer is ``unknown``,
+and cronlog sets the run aside as before. A fence lasts as long as the store keeps the key.
+
 Where the guard keeps what it knows is a :class:`GuardStore`: :class:`MemoryStore` (the
 default; one process) or :class:`SQLiteStore` (the processes of one host, through one file).
 Several hosts share a store of their own making: the protocol is two atomic operations.
@@ -46,6 +77,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import hmac
 import json
 import sqlite3
 import threading
@@ -54,10 +86,12 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 IDEMPOTENCY_KEY = "idempotency-key"
 FENCING_TOKEN = "x-cronlog-fencing-token"
+ASK_KEY = "x-cronlog-ask-key"  # an ask about an attempt: its Idempotency-Key ...
+ASK_TOKEN = "x-cronlog-ask-token"  # ... and its fencing token
 REPLAYED = "Idempotent-Replayed"
 DEFAULT_TTL_S = 86_400.0
 DEFAULT_BUSY_S = 600.0  # a handling older than this is taken for abandoned (its process died)
@@ -93,6 +127,16 @@ class Decision(enum.Enum):
     INVALID = "invalid"  # a fencing token that is not a number
 
 
+class Outcome(enum.Enum):
+    """What became of an attempt, as :meth:`RunGuard.answer` tells cronlog (see the module)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    NEVER_SEEN = "never_seen"
+    IN_PROGRESS = "in_progress"
+    UNKNOWN = "unknown"
+
+
 class GuardStore(Protocol):
     """What a :class:`RunGuard` keeps, per key. Each method is atomic."""
 
@@ -111,12 +155,61 @@ class GuardStore(Protocol):
         ...
 
 
+@runtime_checkable
+class AnsweringStore(GuardStore, Protocol):
+    """A :class:`GuardStore` that also keeps how each handling ended, and so can say what
+    became of an attempt (:meth:`answer`). Each method is atomic."""
+
+    def finish(
+        self, key: str, reply: Reply | None, now: float, *, ended: int | None = None
+    ) -> None:
+        """:meth:`GuardStore.finish`, with the status the handling answered (None: it was cut
+        short, so it cannot be told whether it took effect)."""
+        ...
+
+    def answer(self, key: str, token: int, now: float) -> tuple[Outcome, int | None]:
+        """What became of the attempt of ``token`` (the module's table), with the status of a
+        success; ``NEVER_SEEN`` fences ``token`` (the key's newest becomes ``token + 1``)."""
+        ...
+
+
+def _decide_answer(
+    newest: int | None,
+    busy: bool,
+    kept: int | None,
+    failed: bool,
+    fenced: int | None,
+    token: int,
+) -> tuple[Outcome, int | None, int | None]:
+    """The answer about ``token`` from what a store keeps of its key, and the key's newest
+    token afterwards (a fence moves it past ``token``). ``kept``: the status of a success."""
+    if kept is not None:
+        return Outcome.SUCCEEDED, kept, newest
+    if busy:
+        return Outcome.IN_PROGRESS, None, newest
+    if fenced is not None and token <= fenced:
+        return Outcome.NEVER_SEEN, None, newest  # asked before: still fenced
+    if newest is None or newest < token:
+        return Outcome.NEVER_SEEN, None, token + 1
+    return (Outcome.FAILED if failed else Outcome.UNKNOWN), None, newest
+
+
+def _ended(ended: int | None) -> tuple[int | None, bool]:
+    """A handling's end as a store keeps it: (the status of a success, whether it failed)."""
+    if ended is None:
+        return None, False
+    return (ended, False) if 200 <= ended < 300 else (None, True)
+
+
 @dataclass(slots=True)
 class _Entry:
     newest: int | None = None
     busy_since: float | None = None
     reply: Reply | None = None
     stamp: float = 0.0
+    succeeded: int | None = None  # the status of a success whose answer was not kept
+    failed: bool = False  # the last handling ended without a success
+    fenced: int | None = None  # the newest token an answer said was never seen
 
 
 class MemoryStore:
@@ -149,12 +242,14 @@ class MemoryStore:
                 return Decision.REPLAY, entry.reply
             if entry.busy_since is not None and now - entry.busy_since < self._busy_s:
                 return Decision.BUSY, None
-            entry.busy_since = now
+            entry.busy_since, entry.failed = now, False
             while len(self._entries) > self._max_keys:  # evict the least recently used
                 self._entries.popitem(last=False)
             return Decision.PROCEED, None
 
-    def finish(self, key: str, reply: Reply | None, now: float) -> None:
+    def finish(
+        self, key: str, reply: Reply | None, now: float, *, ended: int | None = None
+    ) -> None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -162,11 +257,32 @@ class MemoryStore:
             entry.busy_since, entry.stamp = None, now
             if reply is not None:
                 entry.reply = reply
+            succeeded, entry.failed = _ended(ended)
+            if succeeded is not None:
+                entry.succeeded = succeeded
 
     def newest(self, key: str) -> int | None:
         with self._lock:
             entry = self._entries.get(key)
             return None if entry is None else entry.newest
+
+    def answer(self, key: str, token: int, now: float) -> tuple[Outcome, int | None]:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or now - entry.stamp > self._ttl_s:
+                entry = self._entries[key] = _Entry()
+            self._entries.move_to_end(key)
+            entry.stamp = now
+            busy = entry.busy_since is not None and now - entry.busy_since < self._busy_s
+            kept = entry.reply.status if entry.reply is not None else entry.succeeded
+            outcome, status, entry.newest = _decide_answer(
+                entry.newest, busy, kept, entry.failed, entry.fenced, token
+            )
+            if outcome is Outcome.NEVER_SEEN:
+                entry.fenced = max(token, entry.fenced or 0)
+            while len(self._entries) > self._max_keys:
+                self._entries.popitem(last=False)
+            return outcome, status
 
 
 class SQLiteStore:
@@ -184,6 +300,11 @@ class SQLiteStore:
                 "CREATE TABLE IF NOT EXISTS runs (key TEXT PRIMARY KEY, newest INTEGER,"
                 " busy_since REAL, status INTEGER, headers TEXT, body BLOB, stamp REAL)"
             )
+            # how handlings ended (AnsweringStore), added to files of earlier versions
+            have = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+            for column in ("succeeded INTEGER", "failed INTEGER", "fenced INTEGER"):
+                if column.split()[0] not in have:
+                    db.execute(f"ALTER TABLE runs ADD COLUMN {column}")
 
     @contextlib.contextmanager
     def _db(self) -> Any:
@@ -229,27 +350,81 @@ class SQLiteStore:
             db.execute(
                 "INSERT INTO runs (key, newest, busy_since, stamp) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT(key) DO UPDATE SET newest = excluded.newest,"
-                " busy_since = excluded.busy_since, stamp = excluded.stamp",
+                " busy_since = excluded.busy_since, stamp = excluded.stamp, failed = NULL",
                 (key, newest, now, now),
             )
             return Decision.PROCEED, None
 
-    def finish(self, key: str, reply: Reply | None, now: float) -> None:
+    def finish(
+        self, key: str, reply: Reply | None, now: float, *, ended: int | None = None
+    ) -> None:
+        succeeded, failed = _ended(ended)
         with self._db() as db:
+            db.execute(
+                "UPDATE runs SET busy_since = NULL, stamp = ?, failed = ?,"
+                " succeeded = coalesce(?, succeeded) WHERE key = ?",
+                (now, int(failed), succeeded, key),
+            )
             if reply is None:
-                db.execute("UPDATE runs SET busy_since = NULL, stamp = ? WHERE key = ?", (now, key))
                 return
             headers = json.dumps([[k.decode(), v.decode()] for k, v in reply.headers])
             db.execute(
-                "UPDATE runs SET busy_since = NULL, status = ?, headers = ?, body = ?, stamp = ?"
-                " WHERE key = ?",
-                (reply.status, headers, reply.body, now, key),
+                "UPDATE runs SET status = ?, headers = ?, body = ? WHERE key = ?",
+                (reply.status, headers, reply.body, key),
             )
+
+    def answer(self, key: str, token: int, now: float) -> tuple[Outcome, int | None]:
+        with self._db() as db:
+            row = db.execute(
+                "SELECT newest, busy_since, status, succeeded, failed, fenced, stamp FROM runs"
+                " WHERE key = ?",
+                (key,),
+            ).fetchone()
+            if row is not None and now - row[6] > self._ttl_s:
+                db.execute("DELETE FROM runs WHERE key = ?", (key,))
+                row = None
+            newest, busy_since, status, succeeded, failed, fenced, _ = (
+                (None,) * 7 if row is None else row
+            )
+            busy = busy_since is not None and now - busy_since < self._busy_s
+            kept = status if status is not None else succeeded
+            outcome, answered, newest = _decide_answer(
+                newest, busy, kept, bool(failed), fenced, token
+            )
+            if outcome is Outcome.NEVER_SEEN:
+                fenced = max(token, fenced or 0)
+            db.execute(
+                "INSERT INTO runs (key, newest, fenced, stamp) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT(key) DO UPDATE SET newest = excluded.newest,"
+                " fenced = excluded.fenced, stamp = excluded.stamp",
+                (key, newest, fenced, now),
+            )
+            return outcome, answered
 
     def newest(self, key: str) -> int | None:
         with self._db() as db:
             row = db.execute("SELECT newest FROM runs WHERE key = ?", (key,)).fetchone()
             return None if row is None else row[0]
+
+
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+_UNSET = _Unset.UNSET
+
+
+def bearer_token(secret: str) -> Callable[[Mapping[str, str]], bool]:
+    """An ``authorize`` for :class:`CronlogTargetMiddleware`'s status path: the ask carries
+    ``Authorization: Bearer <secret>`` (put it in the job's target headers, a secret
+    reference, and cronlog sends it with every call and ask)."""
+    expected = f"Bearer {secret}".encode()
+
+    def authorize(headers: Mapping[str, str]) -> bool:
+        given = {k.lower(): v for k, v in headers.items()}.get("authorization", "")
+        return hmac.compare_digest(given.encode(), expected)
+
+    return authorize
 
 
 @dataclass
@@ -287,6 +462,8 @@ class RunGuard:
         max_body: int = DEFAULT_MAX_BODY,
     ) -> None:
         self.store: GuardStore = store if store is not None else MemoryStore()
+        # the store again if it keeps how handlings ended, and so can answer (asked once)
+        self._answers = self.store if isinstance(self.store, AnsweringStore) else None
         self._clock = clock
         self.max_body = max_body
 
@@ -326,9 +503,13 @@ class RunGuard:
             )
         return Admission(decision, key, token, reply, self)
 
-    def finish(self, admission: Admission, reply: Reply | None) -> None:
-        """The admitted request was handled; ``reply`` its answer (None: it failed or was
-        not completed). A successful answer is kept for repeats of the key."""
+    def finish(
+        self, admission: Admission, reply: Reply | None, *, ended: int | _Unset | None = _UNSET
+    ) -> None:
+        """The admitted request was handled; ``reply`` its answer (None: it raised, or its
+        answer was not kept whole). A successful answer is kept for repeats of the key.
+        ``ended``: the status the handling answered, None if it was cut short (by default
+        ``reply``'s, or 500 without one: a handler that raised)."""
         if admission.decision is not Decision.PROCEED:
             return
         keep = (
@@ -340,7 +521,27 @@ class RunGuard:
                 keep.body,
                 tuple(h for h in keep.headers if h[0].lower() not in _NOT_KEPT),
             )
-        self.store.finish(admission.key, keep, self._clock())
+        if isinstance(ended, _Unset):
+            ended = reply.status if reply is not None else 500
+        if self._answers is not None:
+            self._answers.finish(admission.key, keep, self._clock(), ended=ended)
+        else:
+            self.store.finish(admission.key, keep, self._clock())
+
+    def answer(self, headers: Mapping[str, str]) -> Reply:
+        """cronlog's ask "what became of the attempt of ``X-Cronlog-Ask-Key`` and
+        ``X-Cronlog-Ask-Token``?" answered (see the module): ``200 {"outcome": ..., "status":
+        ...}``. Authorize the ask before calling this: an answer may fence the key."""
+        lower = {name.lower(): value for name, value in headers.items()}
+        key, given = lower.get(ASK_KEY), (lower.get(ASK_TOKEN) or "").strip()
+        if not key or not given.isascii() or not given.isdigit() or len(given) > MAX_TOKEN_DIGITS:
+            return _error(
+                400, "bad_request", "X-Cronlog-Ask-Key and a numeric X-Cronlog-Ask-Token are needed"
+            )
+        outcome, status = Outcome.UNKNOWN, None
+        if self._answers is not None:
+            outcome, status = self._answers.answer(key, int(given), self._clock())
+        return Reply.json({"outcome": outcome.value, "status": status})
 
     def run(self, headers: Mapping[str, str], work: Callable[[], Reply]) -> Reply:
         """The plain function: decide, do ``work`` if the request is to be handled, keep its
@@ -381,17 +582,37 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 class CronlogTargetMiddleware:
     """ASGI middleware: every HTTP request goes through a :class:`RunGuard` (a new one with a
     :class:`MemoryStore` unless given). The handler finds the admission in
-    ``scope["cronlog.run"]``."""
+    ``scope["cronlog.run"]``.
 
-    def __init__(self, app: ASGIApp, guard: RunGuard | None = None) -> None:
+    With ``status_path``, a ``GET`` of that path is cronlog asking what became of an attempt:
+    answered by the guard (:meth:`RunGuard.answer`), never passed to the app, once
+    ``authorize(headers)`` says the ask may be answered (else 401). ``authorize`` is required
+    with a status path (:func:`bearer_token` checks a bearer secret): an unauthorized asker
+    could fence the keys of runs to come."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        guard: RunGuard | None = None,
+        *,
+        status_path: str | None = None,
+        authorize: Callable[[Mapping[str, str]], bool] | None = None,
+    ) -> None:
+        if status_path is not None and authorize is None:
+            raise ValueError("a status_path needs authorize: who may ask may fence (bearer_token)")
         self.app = app
         self.guard = guard if guard is not None else RunGuard()
+        self.status_path = status_path
+        self._authorize = authorize
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.status_path is not None and scope["path"] == self.status_path:
+            await _send(send, self._status(scope, headers))
+            return
         admission = self.guard.admit(headers)
         if admission.decision is Decision.UNTRACKED:
             await self.app(scope, receive, send)
@@ -403,7 +624,15 @@ class CronlogTargetMiddleware:
         try:
             await self.app({**scope, "cronlog.run": admission}, receive, answer.send)
         finally:
-            self.guard.finish(admission, answer.reply())
+            self.guard.finish(admission, answer.reply(), ended=answer.ended())
+
+    def _status(self, scope: Scope, headers: dict[str, str]) -> Reply:
+        if scope["method"] != "GET":
+            return _error(405, "method_not_allowed", "ask with GET", (b"allow", b"GET"))
+        assert self._authorize is not None  # required with a status path
+        if not self._authorize(headers):
+            return _error(401, "unauthorized", "this ask is not authorized")
+        return self.guard.answer(headers)
 
 
 class _Capture:
@@ -438,6 +667,15 @@ class _Capture:
         if self.status is None or not self.complete or self.too_large:
             return None
         return Reply(self.status, bytes(self.body), self.headers)
+
+    def ended(self) -> int | None:
+        """The status the app answered; 500 if it raised before answering; None if it was
+        cut short once a success had begun (it may have taken effect)."""
+        if self.status is None:
+            return 500  # the server answers it so
+        if not self.complete and 200 <= self.status < 300:
+            return None
+        return self.status
 
 
 async def _send(send: Send, reply: Reply) -> None:

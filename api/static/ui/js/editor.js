@@ -257,7 +257,7 @@ export function editorView(jobId) {
 }
 
 function targetText(t) {
-  if (t.type === "http" && !Object.keys(t.headers || {}).length && !t.max_calls_per_sec) return t.url;
+  if (t.type === "http" && !Object.keys(t.headers || {}).length && !t.max_calls_per_sec && !t.status_url) return t.url;
   if (t.type === "kafka") return `kafka://${t.topic}`;
   if (t.type === "pull") return `pull://${t.pool}`;
   return t.url;

@@ -169,6 +169,20 @@ function attemptsRow(run) {
             h("td", { class: "mono" }, utc(a.started_at)),
             h("td", { class: "mono" }, utc(a.finished_at)),
             h("td", { class: "error-cell" }, a.error)))))
-      : h("p", { class: "muted" }, "No attempt has started yet.")));
+      : h("p", { class: "muted" }, "No attempt has started yet."),
+    (run.asks || []).length ? asksTable(run.asks) : null));
+}
+
+// A critical run whose attempt's outcome was unknown: its target asked what became of it.
+function asksTable(asks) {
+  return h("table", { class: "plain attempts", "data-testid": "asks" },
+    h("thead", {}, h("tr", {}, ["Ask", "Answer", "Fencing token", "Asked", "Answered", "Detail"].map((t) => h("th", {}, t)))),
+    h("tbody", {}, asks.map((a) => h("tr", {},
+      h("td", {}, String(a.ask)),
+      h("td", {}, a.answer ? badge(a.answer) : badge("asking")),
+      h("td", { class: "mono" }, String(a.fencing_token)),
+      h("td", { class: "mono" }, utc(a.ask_at)),
+      h("td", { class: "mono" }, utc(a.answered_at)),
+      h("td", { class: "error-cell" }, a.status ? `HTTP ${a.status}` : a.detail)))));
 }
 
