@@ -807,6 +807,20 @@ class KafkaMembership:
         with self._lock:
             return frozenset(self._writers)
 
+    def others(self, timeout_s: float) -> int | None:
+        group = f"{self._log.prefix}.scheduler"
+        try:
+            [future] = (
+                self._log._admin_client()
+                .describe_consumer_groups([group], request_timeout=timeout_s)
+                .values()
+            )
+            members = future.result(timeout=timeout_s).members
+        except Exception as err:  # unknown: the caller takes the cautious way
+            logger.warning("the members of group %s are unknown: %s", group, err)
+            return None
+        return max(0, len(members) - 1)
+
     def renew(self, partition: int) -> KafkaPartitionWriter:
         with self._lock:
             old = self._writers.get(partition)

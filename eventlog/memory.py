@@ -135,6 +135,9 @@ class SingleNodeMembership:
         with self._lock:
             return frozenset(self._writers)
 
+    def others(self, timeout_s: float) -> int | None:
+        return None  # tests' in-process members: a stop drains first, as a node alone does
+
     def renew(self, partition: int) -> PartitionWriter:
         # The only writer of an in-process log fails only once another member replaced this
         # one, and then the partition is not owned here any more.

@@ -116,6 +116,11 @@ class Membership(Protocol):
         Raises ``Fenced`` when the partition is not owned here any more. Called from the
         thread that polls."""
 
+    def others(self, timeout_s: float) -> int | None:
+        """How many other members share the group now, as its coordinator says (None when
+        that is not known, or not asked: a group whose members stop together). A node that
+        stops hands its partitions over before it drains its calls only when others remain."""
+
     def close(self) -> None:
         """Leave the group; partitions are revoked first."""
 

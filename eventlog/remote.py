@@ -342,6 +342,9 @@ class RemoteMembership:
         with self._lock:
             return frozenset(self._writers)
 
+    def others(self, timeout_s: float) -> int | None:
+        return None  # the worker processes of one node stop together: nobody to hand over to
+
     def renew(self, partition: int) -> RemoteWriter:
         with self._lock:
             old = self._writers.get(partition)

@@ -151,6 +151,8 @@ FENCE_GRACE_S = 5.0
 # when the group revokes them, and when the node stops (no group waits then).
 STOP_WAIT_S = 3.0
 NODE_STOP_WAIT_S = 10.0
+# How long a stopping node asks the group's coordinator whether others remain to hand over to.
+OTHERS_TIMEOUT_S = 2.0
 NEXT_READY_SCAN = 10_000  # ready entries of a pool a waiting claim looks at, per partition
 RETRY_BACKOFF_S = 0.2  # a thread of the node that failed tries again after this, doubling
 MAX_RETRY_BACKOFF_S = 10.0
@@ -235,6 +237,10 @@ class Node:
         self._lock = threading.Lock()
         self._membership: Membership | None = None
         self._stopping = threading.Event()
+        # A stop that hands the partitions over before it drains: the membership thread leaves
+        # the group when asked to (it is the thread that owns the membership), then says so.
+        self._hand_over = threading.Event()
+        self._handed_over = threading.Event()
         self._assigned = threading.Event()
         self._ownership = threading.Condition()
         self._mailbox: Mailbox | None = None
@@ -454,9 +460,21 @@ class Node:
         self.services.start()
 
     def stop(self, drain_s: float = 30.0) -> None:
-        """Leave gracefully: let the calls in flight finish and record their outcomes (up to
-        ``drain_s``; a critical run's call cut short would be dead-lettered as outcome_unknown),
-        then stop deciding and give the partitions up, and stop every service."""
+        """Leave gracefully: start no more calls; when other members remain, hand the
+        partitions over at once (stop deciding, leave the group) so their runs keep their
+        slots; let the calls in flight finish and record their outcomes (up to ``drain_s``; a
+        critical run's call cut short would be dead-lettered as outcome_unknown), wherever
+        their partitions run now (the outcomes are routed to the new owners); then stop
+        deciding and give up what is left, and stop every service.
+
+        A node alone (or one whose group is not known) drains before it gives its partitions
+        up, as there is nobody to record the outcomes meanwhile: its runs due during the
+        drain wait for it or for the next owner."""
+        self.executors.drain(0.0)  # start no more calls
+        if self._others_remain():
+            self._hand_over.set()
+            if not self._handed_over.wait(NODE_STOP_WAIT_S + OTHERS_TIMEOUT_S):
+                log.warning("%s: the partitions were not handed over in time", self.node_id)
         if not self.executors.drain(drain_s):
             log.warning(
                 "%s: calls still in flight after %.0f s are abandoned", self.node_id, drain_s
@@ -490,13 +508,26 @@ class Node:
         if self._membership is not None:
             self._membership.close()  # revokes what is left (nothing: every runner stopped)
 
+    def _others_remain(self) -> bool:
+        membership = self._membership
+        if membership is None or not membership.owned():
+            return False
+        return (membership.others(OTHERS_TIMEOUT_S) or 0) > 0
+
     def _poll(self, stopping: threading.Event) -> None:
         """The membership thread: poll the log's membership (its callbacks run here), decide
         the commands it hands over, and keep what this node owns alive (:meth:`_supervise`).
-        Ends for good when the log has failed."""
+        Ends for good when the log has failed. A stop that hands over (:meth:`stop`) has it
+        leave the group here, and then wait for the stop."""
         assert self._membership is not None
         failures = 0
         while not stopping.is_set():
+            if self._hand_over.is_set():
+                self._leave()
+                log.info("%s: handed its partitions over to the group", self.node_id)
+                self._handed_over.set()
+                stopping.wait()
+                return
             try:
                 records = self._membership.poll(0.2)
                 for record in records:

@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class HoldingTarget:
     """Answers 200 after ``hold_s`` unless the caller closes the connection first; ``hung_up``
-    is set (and ``hung_up_at`` is its ``time.time()``) when one does."""
+    is set (and ``hung_up_at`` is its ``time.time()``) when one does, ``answered`` when a call
+    was answered."""
 
     def __init__(self, hold_s: float = 10.0) -> None:
         self.hold_s = hold_s
@@ -19,6 +20,7 @@ class HoldingTarget:
         self.received_at = 0.0
         self.hung_up = threading.Event()
         self.hung_up_at = 0.0
+        self.answered = threading.Event()  # set once a call was answered 200
         target = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -37,6 +39,7 @@ class HoldingTarget:
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                target.answered.set()
 
             def log_message(self, *args: object) -> None:
                 pass

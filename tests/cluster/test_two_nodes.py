@@ -258,12 +258,31 @@ def test_a_pull_worker_that_stops_heartbeating_loses_its_runs_and_its_late_compl
         assert [a["worker_id"] for a in run["attempts"]] == ["w1", "w2"]
 
 
-def test_a_rolling_restart_lets_a_critical_call_finish(cluster: Cluster) -> None:
-    slow = HoldingTarget(hold_s=3.0)
+def owned_by(node: NodeProcess) -> int:
+    for line in node.metrics().splitlines():
+        if line.startswith("cronlog_partitions_owned "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no cronlog_partitions_owned in /metrics")
+
+
+def test_a_rolling_restart_hands_the_partitions_over_and_lets_a_critical_call_finish(
+    cluster: Cluster,
+) -> None:
+    slow = HoldingTarget(hold_s=8.0)
     try:
         run_id, runner, survivor = start_held_call(cluster, slow, "careful", 1, {"critical": True})
-        runner.stop()  # SIGTERM: the node drains its calls before it leaves
-        assert runner.process is not None and runner.process.returncode == 0
+        assert runner.process is not None
+        runner.process.terminate()  # SIGTERM, as a rolling restart sends it
+        # The stopping node hands its partitions over first, so their runs keep their slots
+        # while its call is still held (before, the node held them until the call ended).
+        wait_until(
+            "the survivor did not own every partition while the call was held",
+            lambda: owned_by(survivor) == PARTITIONS,
+        )
+        assert not slow.answered.is_set(), "the partitions moved only after the call ended"
+        # It drains its call meanwhile and ends (a second SIGTERM would cut the drain short).
+        assert runner.process.wait(30) == 0
+        runner.down = True
         assert not slow.hung_up.is_set(), "the call was cut short"
         done = wait_until(
             "the drained call's outcome was not recorded",
