@@ -12,7 +12,9 @@ from tools.chaos.checker import (
     FAULT_AFTER_MS,
     FAULT_BEFORE_MS,
     History,
+    Job,
     NodeHealth,
+    _late_between,
     check,
     summary,
 )
@@ -818,3 +820,11 @@ def test_no_node_is_judged_while_a_clock_is_moved() -> None:
     ]
     report = check(b.history(T0 + 24_000, health_samples=[sample("n3", T0 + 10_000, [0])]))
     assert report.ok, report.as_json()["violations"]
+
+
+def test_slots_late_until_a_fault_healed_are_counted_over_the_faults_whole_length() -> None:
+    job = Job("sec-0", 0, {"schedule": "* * * * * *"}, first_slot=10_000, next_slot=None)
+    # Slots 11..14 s: on time, 1.5 s late, never started, 0.2 s late; the fault runs 10.5-14 s.
+    first_at = {"sec-0": {11_000: 11_100, 12_000: 13_500, 14_000: 14_200, 15_000: 18_000}}
+    late, worst = _late_between([job], first_at, 10_500, 14_000)
+    assert (late, worst) == (2, 1_500)  # 12 s (1.5 s late) and 13 s (never); 15 s is after

@@ -898,6 +898,8 @@ def _recovery(
                 late = [first_at.get(j.job_id, {}).get(second) for j in every_second]
                 worst = max([worst] + [a - second for a in late if a is not None])
             second += 1000
+        healed = fault.get("ready_at") or fault.get("healed_at") or struck
+        late_slots, late_worst = _late_between(every_second, first_at, struck, healed)
         entry = {
             "kind": fault["kind"],
             "what": {
@@ -910,6 +912,11 @@ def _recovery(
             "ready_s": _seconds(fault.get("ready_at"), struck),
             "on_time_again_s": _seconds(recovered, struck),
             "worst_lateness_ms": worst,
+            # Every every-second slot from the strike until the fault healed (a rolling
+            # restart's whole length, a killed node's until it is ready again): how many
+            # started more than a second late, and the latest.
+            "late_until_healed": late_slots,
+            "worst_until_healed_ms": late_worst,
             # Else the figure includes the faults that came next.
             "before_the_next_fault": recovered is not None
             and (next_strike is None or recovered < next_strike),
@@ -927,6 +934,26 @@ def _recovery(
             "median": round(statistics.median(times), 1),
             "max": round(max(times), 1),
         }
+
+
+def _late_between(
+    jobs: list[Job], first_at: dict[str, dict[int, int]], start: int, end: int
+) -> tuple[int, int]:
+    """The every-second slots in [start, end] (ms) that started more than ``ON_TIME_MS`` late
+    (or not at all, by the end of the run), and the worst lateness among those that started."""
+    late = 0
+    worst = 0
+    for job in jobs:
+        if job.first_slot is None:
+            continue
+        first = max(job.first_slot, start - start % 1000 + (1000 if start % 1000 else 0))
+        for second in range(first, end + 1, 1000):
+            at = first_at.get(job.job_id, {}).get(second)
+            if at is None or at - second > ON_TIME_MS:
+                late += 1
+            if at is not None:
+                worst = max(worst, at - second)
+    return late, worst
 
 
 # -- readiness through the run ------------------------------------------------------------------
@@ -1261,7 +1288,9 @@ def summary(report: Report) -> str:
             f"  {r['kind']:<18} {r['what']}  ready {r['ready_s']} s, on time again "
             f"{r['on_time_again_s']} s"
             + ("" if r["before_the_next_fault"] else " (after the next fault too)")
-            + f", worst lateness {r['worst_lateness_ms']} ms"
+            + f", worst lateness {r['worst_lateness_ms']} ms; until healed"
+            f" {r.get('late_until_healed')} slots over 1 s late (worst"
+            f" {r.get('worst_until_healed_ms')} ms)"
         )
         for d in r.get("dark_partitions", []):
             lines.append(
