@@ -139,7 +139,7 @@ READ_WAIT_MS = 10
 SESSION_TIMEOUT_MS = 3000
 STOCK_MIN_SESSION_TIMEOUT_MS = 6000
 # Heartbeats: the members hear of a rebalance at their next one, so a shorter interval moves a
-# dead node's partitions sooner (at most a sixth of the session, at least this).
+# dead node's partitions sooner (a tenth of the session, at least this).
 MIN_HEARTBEAT_MS = 250
 # Client settings that shorten a broker's death for cronlog's clients, unless the operator's
 # own (``--kafka-config``) say otherwise. librdkafka backs off reconnecting to a broker up to
@@ -467,7 +467,7 @@ class KafkaLog:
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
                 "session.timeout.ms": self._session_timeout_ms,
-                "heartbeat.interval.ms": max(MIN_HEARTBEAT_MS, self._session_timeout_ms // 6),
+                "heartbeat.interval.ms": max(MIN_HEARTBEAT_MS, self._session_timeout_ms // 10),
                 "max.poll.interval.ms": self._max_poll_interval_ms,
             }
         )

@@ -460,9 +460,9 @@ class Node:
         self.services.start()
 
     def stop(self, drain_s: float = 30.0) -> None:
-        """Leave gracefully: start no more calls; when other members remain, hand the
-        partitions over at once (stop deciding, leave the group) so their runs keep their
-        slots; let the calls in flight finish and record their outcomes (up to ``drain_s``; a
+        """Leave gracefully: when other members remain, hand the partitions over at once
+        (stop deciding, leave the group) so their runs keep their slots; start no more calls,
+        and let those in flight finish and record their outcomes (up to ``drain_s``; a
         critical run's call cut short would be dead-lettered as outcome_unknown), wherever
         their partitions run now (the outcomes are routed to the new owners); then stop
         deciding and give up what is left, and stop every service.
@@ -470,7 +470,8 @@ class Node:
         A node alone (or one whose group is not known) drains before it gives its partitions
         up, as there is nobody to record the outcomes meanwhile: its runs due during the
         drain wait for it or for the next owner."""
-        self.executors.drain(0.0)  # start no more calls
+        # Until the partitions are handed over, their runs start here: a run not started while
+        # the node still decides would wait for the next owner, and come late.
         if self._others_remain():
             self._hand_over.set()
             if not self._handed_over.wait(NODE_STOP_WAIT_S + OTHERS_TIMEOUT_S):
