@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     target_p.add_argument("--port", type=int, required=True)
     target_p.add_argument("--record", type=Path, required=True)
     target_p.add_argument("--max-seconds", type=float, default=3600.0)
+    target_p.add_argument(
+        "--guard-secret", default="", help="the bearer secret asks at the status path carry"
+    )
 
     worker_p = sub.add_parser("worker", help="(internal) a pull worker")
     worker_p.add_argument("--worker-id", required=True)
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "target":
         from tools.chaos.target import serve
 
-        serve(args.port, args.record, args.max_seconds)
+        serve(args.port, args.record, args.max_seconds, args.guard_secret)
         return 0
     if args.command == "worker":
         from tools.chaos.worker import main as worker_main
