@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("--warmup", type=float, default=8.0, help="seconds before the faults")
     run_p.add_argument("--every-second", type=int, default=Shape.every_second)
     run_p.add_argument("--critical", type=int, default=Shape.every_second_critical)
+    run_p.add_argument(
+        "--guarded",
+        type=int,
+        default=Shape.every_second_guarded,
+        help="of the critical every-second jobs, how many call the guard and name a status_url",
+    )
     run_p.add_argument("--every-five", type=int, default=Shape.every_five)
     run_p.add_argument("--pull", type=int, default=Shape.pull)
     run_p.add_argument("--pull-critical", type=int, default=Shape.pull_critical)
@@ -162,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         shape=Shape(
             every_second=args.every_second,
             every_second_critical=args.critical,
+            every_second_guarded=args.guarded,
             every_five=args.every_five,
             pull=args.pull,
             pull_critical=args.pull_critical,
