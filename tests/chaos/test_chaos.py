@@ -1,6 +1,7 @@
 """The chaos run in its bounded form: every fault kind once, in pairs where they combine, on a
-real cluster on loopback (three KRaft brokers, three nodes, the recording target, two pull
-workers); the checker must find no violation, a node that said ready while one of its
+real cluster on loopback (three KRaft brokers, three nodes, the recording target with the SDK's
+guard in front of the guarded critical jobs, two pull workers); the checker must find no
+violation, a node that said ready while one of its
 partitions was dark included (the harness samples every node's ``/readyz`` and ``/metrics``
 through the run).
 
@@ -32,4 +33,9 @@ def test_every_fault_kind_once_and_the_checker_finds_no_violation(tmp_path: Path
     # The nodes' /readyz and /metrics were sampled through the run (ready_while_dark holds
     # them to the truth), not only read at the end.
     assert report.figures["health_samples"] > 300, text
+    # Guarded critical jobs ran beside unguarded ones, and the guard was asked about some
+    # (a guarded slow job's attempts held past the timeout): the asking checks judged them.
+    asking = report.figures["critical_asking"]
+    assert asking["guarded"]["runs"] > 100 and asking["unguarded"]["runs"] > 100, text
+    assert asking["guarded"]["runs_asked"] > 0, text
     assert report.ok, text

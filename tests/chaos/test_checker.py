@@ -53,10 +53,15 @@ class Builder:
         critical: bool = False,
         pull: bool = False,
         run_at: int | None = None,
+        status_url: str | None = None,
         **more: Any,
     ) -> None:
         self.partition_of[job_id] = partition
-        target = {"type": "pull", "pool": "p"} if pull else {"type": "http", "url": "x"}
+        target: dict[str, Any] = (
+            {"type": "pull", "pool": "p"} if pull else {"type": "http", "url": "x"}
+        )
+        if status_url is not None:
+            target["status_url"] = status_url
         spec: dict[str, Any] = {
             "name": job_id,
             "tenant": TENANT,
@@ -150,28 +155,31 @@ class Builder:
         attempt: int = 1,
         status: int = 200,
         worker: str | None = None,
+        guard: str | None = None,
+        held_ms: int = 20,
     ) -> None:
+        """A call at the target (``guard``: what the guard in front of it decided; a
+        ``proceed`` is handled for ``held_ms``) or a work item at a worker."""
         key = f"{self.log_id(job_id)}:{slot}"  # the target is sent the team's ids and this key
         if worker is None:
-            self.calls.append(
-                {
-                    "kind": "call",
-                    "job": job_id,
-                    "run": f"{job_id}.{slot}",
-                    "slot": slot,
-                    "attempt": attempt,
-                    "token": token,
-                    "key": key,
-                    "at": at,
-                }
-            )
+            call = {
+                "kind": "call",
+                "job": job_id,
+                "run": f"{job_id}.{slot}",
+                "slot": slot,
+                "attempt": attempt,
+                "token": token,
+                "key": key,
+                "at": at,
+            }
+            self.calls.append(call if guard is None else {**call, "guard": guard})
             self.calls.append(
                 {
                     "kind": "answer",
                     "key": key,
                     "token": token,
                     "status": status,
-                    "at": at + 20,
+                    "at": at + held_ms,
                     "ok": True,
                 }
             )
@@ -226,6 +234,60 @@ class Builder:
                     delay_ms=200,
                 ),
             )
+
+    def ask(
+        self,
+        job_id: str,
+        slot: int,
+        token: int,
+        at: int,
+        said: str,
+        *,
+        ask: int = 1,
+        heard: str | None = None,
+    ) -> None:
+        """An ask about ``token``'s attempt: the guard answers ``said`` (recorded by the target)
+        and the log records ``heard`` (by default what was said)."""
+        p = self.partition_of[job_id]
+        self.emit(
+            p,
+            self._run_ev(
+                "RunOutcomeAsked",
+                job_id,
+                slot,
+                at,
+                token,
+                ask=ask,
+                ask_at=at,
+                answer_by=at + 30_000,
+            ),
+        )
+        self.calls.append(
+            {
+                "kind": "status",
+                "key": f"{self.log_id(job_id)}:{slot}",
+                "token": token,
+                "outcome": said,
+                "status": 200 if said == "succeeded" else None,
+                "at": at + 5,
+                "authorized": True,
+            }
+        )
+        answer = heard or said
+        status = 200 if answer == "succeeded" else None
+        self.emit(
+            p,
+            self._run_ev(
+                "RunOutcomeAnswered",
+                job_id,
+                slot,
+                at + 10,
+                token,
+                ask=ask,
+                answer=answer,
+                status=status,
+            ),
+        )
 
     def fine_run(
         self, job_id: str, slot: int, late_ms: int = 10, worker: str = "n1/executor"
@@ -392,53 +454,39 @@ def test_a_retry_after_a_definite_failure_is_not_a_duplicate() -> None:
 
 
 def test_a_critical_run_completed_by_asking_its_target_is_clean() -> None:
-    # Its call timed out after reaching the target; the target, asked (core.asking), said it
+    # Its call timed out after reaching the target; the guard, asked (core.asking), said it
     # had succeeded: the attempt ends a success with no live lease, and nothing is delivered
     # twice.
     b = clean()
-    slot = T0 + 10_000
-    b.materialise("b", slot)
-    lease = b.lease("b", slot, slot + 5)
-    b.deliver("b", slot, lease, slot + 10)
-    p = b.partition_of["b"]
+    b.job("g", 1, critical=True, run_at=T0 + 5000, status_url="s")
+    slot = T0 + 5000
+    b.materialise("g", slot)
+    lease = b.lease("g", slot, slot + 5)
+    b.deliver("g", slot, lease, slot + 10, guard="proceed", held_ms=1050)
+    p = b.partition_of["g"]
     b.emit(
-        p, b._run_ev("RunFailed", "b", slot, slot + 1000, lease, error="timed out", ambiguous=True)
+        p, b._run_ev("RunFailed", "g", slot, slot + 1000, lease, error="timed out", ambiguous=True)
     )
-    b.emit(
-        p,
-        b._run_ev(
-            "RunOutcomeAsked",
-            "b",
-            slot,
-            slot + 1000,
-            lease,
-            ask=1,
-            ask_at=slot + 1000,
-            answer_by=slot + 31_000,
-        ),
-    )
+    b.ask("g", slot, lease, slot + 1000, "in_progress")
+    b.ask("g", slot, lease, slot + 2100, "succeeded", ask=2)
     b.emit(
         p,
         b._run_ev(
-            "RunOutcomeAnswered",
-            "b",
-            slot,
-            slot + 1100,
-            lease,
-            ask=1,
-            answer="succeeded",
-            status=200,
+            "RunCompleted", "g", slot, slot + 2110, lease, started_at=slot + 5, by_asking=True
         ),
     )
-    b.emit(
-        p,
-        b._run_ev(
-            "RunCompleted", "b", slot, slot + 1100, lease, started_at=slot + 5, by_asking=True
-        ),
-    )
-    b.fine_run("a", slot)
-    report = check(b.history(end(11)))
+    report = check(b.history(end()))
     assert report.ok, report.counts
+    assert report.figures["critical_asking"]["guarded"] == {
+        "runs": 1,
+        "runs_asked": 1,
+        "asks": 2,
+        "answers": {"in_progress": 1, "succeeded": 1},
+        "completed_by_asking": 1,
+        "retried_after": {},
+        "outcome_unknown": 0,
+    }
+    assert report.figures["critical_asking"]["unguarded"]["runs"] == 10
 
 
 def test_a_delivery_without_a_lease_in_the_log_and_a_success_never_delivered_are_caught() -> None:
@@ -828,3 +876,242 @@ def test_slots_late_until_a_fault_healed_are_counted_over_the_faults_whole_lengt
     first_at = {"sec-0": {11_000: 11_100, 12_000: 13_500, 14_000: 14_200, 15_000: 18_000}}
     late, worst = _late_between([job], first_at, 10_500, 14_000)
     assert (late, worst) == (2, 1_500)  # 12 s (1.5 s late) and 13 s (never); 15 s is after
+
+
+# -- asking a guarded target (core.asking, tools.chaos.target) --------------------------------
+
+ASKED = T0 + 5000  # the slot of the guarded one-shot asked about
+
+
+def never_seen_then_retried(zombie: str | None = None) -> tuple[Builder, int, int]:
+    """A guarded critical one-shot whose first lease ran out before its call went out (its
+    node stood still); the guard, asked, answered never_seen and fenced the token; the retry
+    was handled. ``zombie``: the first attempt's call then arrives all the same, and the guard
+    decides it so (``stale``: refused; ``proceed``: handled, the fence broken)."""
+    b = Builder()
+    b.job("g", 0, critical=True, run_at=ASKED, status_url="s")
+    b.materialise("g", ASKED)
+    first = b.lease("g", ASKED, ASKED + 5)
+    b.emit(
+        0,
+        b._run_ev("LeaseExpired", "g", ASKED, ASKED + 5 + LEASE_MS, first, lease_expires_at=0),
+    )
+    b.ask("g", ASKED, first, ASKED + 5 + LEASE_MS, "never_seen")
+    b.emit(
+        0,
+        b._run_ev(
+            "RetryScheduled",
+            "g",
+            ASKED,
+            ASKED + LEASE_MS + 20,
+            first,
+            2,
+            available_at=ASKED + LEASE_MS + 300,
+            delay_ms=200,
+        ),
+    )
+    second = b.lease("g", ASKED, ASKED + LEASE_MS + 300, attempt=2)
+    b.deliver("g", ASKED, second, ASKED + LEASE_MS + 310, attempt=2, guard="proceed")
+    b.complete("g", ASKED, second, ASKED + LEASE_MS + 400, attempt=2)
+    if zombie is not None:
+        status = 409 if zombie == "stale" else 200
+        b.deliver("g", ASKED, first, ASKED + LEASE_MS + 900, guard=zombie, status=status)
+    return b, first, second
+
+
+def test_a_retry_after_never_seen_and_the_late_original_refused_by_the_fence_are_clean() -> None:
+    b, _, _ = never_seen_then_retried(zombie="stale")
+    views = {
+        f"g.{ASKED}": {
+            "state": "succeeded",
+            "dead_reason": None,
+            "attempts": [  # the read model keeps the first attempt's end as the log has it
+                {"attempt": 1, "worker_id": "n1/executor", "outcome": "lease_expired"},
+                {"attempt": 2, "worker_id": "n1/executor", "outcome": "succeeded"},
+            ],
+        }
+    }
+    report = check(b.history(ASKED, api_runs={"n1": views}))
+    assert report.ok, report.as_json()["violations"]
+    assert report.figures["critical_delivered_twice"] == 0
+    assert report.figures["calls_refused_by_the_guard_stale"] == 1
+    assert report.figures["guard"] == {
+        "calls": {"proceed": 1, "stale": 1},
+        "asks": {"never_seen": 1},
+        "late_originals_refused_after_never_seen": 1,
+    }
+    guarded = report.figures["critical_asking"]["guarded"]
+    assert guarded["answers"] == {"never_seen": 1}
+    assert guarded["retried_after"] == {"never_seen": 1}
+    assert guarded["outcome_unknown"] == 0 and guarded["completed_by_asking"] == 0
+
+
+def test_a_retry_after_the_guard_answered_failed_is_no_duplicate() -> None:
+    # The call was handled and failed (503), but its lease ran out before cronlog heard it;
+    # asked, the guard says failed: the retry is no duplicate, and the attempt's end stays the
+    # log's (lease_expired), as the read model shows it.
+    b = Builder()
+    b.job("g", 0, critical=True, run_at=ASKED, status_url="s")
+    b.materialise("g", ASKED)
+    first = b.lease("g", ASKED, ASKED + 5)
+    b.deliver("g", ASKED, first, ASKED + 10, guard="proceed", status=503, held_ms=LEASE_MS)
+    b.emit(0, b._run_ev("LeaseExpired", "g", ASKED, ASKED + 5 + LEASE_MS, first))
+    b.ask("g", ASKED, first, ASKED + 5 + LEASE_MS, "failed")
+    b.emit(
+        0,
+        b._run_ev("RetryScheduled", "g", ASKED, ASKED + LEASE_MS + 20, first, 2, available_at=0),
+    )
+    second = b.lease("g", ASKED, ASKED + LEASE_MS + 300, attempt=2)
+    b.deliver("g", ASKED, second, ASKED + LEASE_MS + 310, attempt=2, guard="proceed")
+    b.complete("g", ASKED, second, ASKED + LEASE_MS + 400, attempt=2)
+    views = {
+        f"g.{ASKED}": {
+            "state": "succeeded",
+            "dead_reason": None,
+            "attempts": [
+                {"attempt": 1, "worker_id": "n1/executor", "outcome": "lease_expired"},
+                {"attempt": 2, "worker_id": "n1/executor", "outcome": "succeeded"},
+            ],
+        }
+    }
+    report = check(b.history(ASKED, api_runs={"n1": views}))
+    assert report.ok, report.as_json()["violations"]
+    assert report.figures["retries_after_a_definite_failure"] == 1
+    assert report.figures["critical_asking"]["guarded"]["retried_after"] == {"failed": 1}
+
+
+def test_a_late_original_the_guard_handled_after_never_seen_is_a_broken_fence() -> None:
+    b, first, _ = never_seen_then_retried(zombie="proceed")
+    report = check(b.history(ASKED))
+    assert report.counts["fence_broken"] == 1, report.counts
+    [said] = report.violations["fence_broken"]
+    assert said.startswith(f"chaos/g.{ASKED}: token {first} handled")
+    # cronlog sent nothing twice; the zombie's call is the old lease's, after a newer one
+    assert report.counts["critical_delivered_twice"] == 1
+
+
+def test_a_call_handled_before_the_never_seen_answer_breaks_no_fence() -> None:
+    # A handled call of an older token, then an ask about a newer one the guard never saw:
+    # the fence covers what comes after its answer only.
+    b = Builder()
+    b.job("g", 0, critical=True, run_at=ASKED, status_url="s")
+    b.materialise("g", ASKED)
+    first = b.lease("g", ASKED, ASKED + 5)
+    b.deliver("g", ASKED, first, ASKED + 10, guard="proceed", status=503)
+    b.emit(0, b._run_ev("RunFailed", "g", ASKED, ASKED + 40, first, error="HTTP 503"))
+    b.emit(
+        0,
+        b._run_ev("RetryScheduled", "g", ASKED, ASKED + 40, first, 2, available_at=ASKED + 240),
+    )
+    second = b.lease("g", ASKED, ASKED + 240, attempt=2)
+    b.emit(0, b._run_ev("LeaseExpired", "g", ASKED, ASKED + 240 + LEASE_MS, second))
+    b.ask("g", ASKED, second, ASKED + 240 + LEASE_MS, "never_seen")
+    b.emit(
+        0,
+        b._run_ev(
+            "RunDeadLettered",
+            "g",
+            ASKED,
+            ASKED + 240 + LEASE_MS + 20,
+            second,
+            reason="attempts_exhausted",
+        ),
+    )
+    report = check(b.history(ASKED))
+    assert report.counts["fence_broken"] == 0, report.counts
+
+
+def test_a_guarded_run_set_aside_after_a_definite_answer_is_caught() -> None:
+    # The guard answered never_seen; the log heard no answer and, out of asks, set it aside.
+    b = Builder()
+    b.job("g", 0, critical=True, run_at=ASKED, status_url="s")
+    b.faults.append(kill(ASKED, ASKED + 3000))  # a fault near: outcome_unknown is not judged
+    b.materialise("g", ASKED)
+    token = b.lease("g", ASKED, ASKED + 5)
+    b.deliver("g", ASKED, token, ASKED + 10, guard="proceed", held_ms=LEASE_MS + 100)
+    b.emit(0, b._run_ev("LeaseExpired", "g", ASKED, ASKED + 5 + LEASE_MS, token))
+    b.ask("g", ASKED, token, ASKED + LEASE_MS + 10, "in_progress")
+    b.ask("g", ASKED, token, ASKED + LEASE_MS + 1100, "succeeded", ask=2, heard="no_answer")
+    b.emit(
+        0,
+        b._run_ev(
+            "RunDeadLettered",
+            "g",
+            ASKED,
+            ASKED + LEASE_MS + 1200,
+            token,
+            reason="outcome_unknown",
+        ),
+    )
+    report = check(b.history(ASKED))
+    assert report.counts == {"resolvable_outcome_unknown": 1}, report.counts
+    [said] = report.violations["resolvable_outcome_unknown"]
+    assert said.endswith(f"the guard answered succeeded about its last attempt (token {token})")
+    assert report.figures["critical_asking"]["guarded"]["outcome_unknown"] == 1
+    assert report.figures["critical_asking"]["guarded"]["answers"] == {
+        "in_progress": 1,
+        "no_answer": 1,
+    }
+
+
+def test_a_guarded_run_set_aside_when_the_guard_could_not_say_is_no_violation() -> None:
+    b = Builder()
+    b.job("g", 0, critical=True, run_at=ASKED, status_url="s")
+    b.faults.append(kill(ASKED, ASKED + 3000))
+    b.materialise("g", ASKED)
+    token = b.lease("g", ASKED, ASKED + 5)
+    b.deliver("g", ASKED, token, ASKED + 10, guard="proceed", held_ms=LEASE_MS + 100)
+    b.emit(0, b._run_ev("LeaseExpired", "g", ASKED, ASKED + 5 + LEASE_MS, token))
+    b.ask("g", ASKED, token, ASKED + LEASE_MS + 10, "unknown")
+    b.emit(
+        0,
+        b._run_ev(
+            "RunDeadLettered", "g", ASKED, ASKED + LEASE_MS + 20, token, reason="outcome_unknown"
+        ),
+    )
+    report = check(b.history(ASKED))
+    assert report.ok, report.counts
+
+
+def test_a_run_completed_by_asking_that_the_target_never_handled_with_a_success_is_caught() -> None:
+    b = Builder()
+    b.job("g", 0, critical=True, run_at=ASKED, status_url="s")
+    b.materialise("g", ASKED)
+    token = b.lease("g", ASKED, ASKED + 5)
+    b.deliver("g", ASKED, token, ASKED + 10, guard="proceed", status=503, held_ms=1100)
+    b.emit(
+        0,
+        b._run_ev("RunFailed", "g", ASKED, ASKED + 1000, token, error="timed out", ambiguous=True),
+    )
+    b.ask("g", ASKED, token, ASKED + 1000, "succeeded")  # the guard says so; its handling failed
+    b.emit(0, b._run_ev("RunCompleted", "g", ASKED, ASKED + 1010, token, by_asking=True))
+    report = check(b.history(ASKED))
+    assert report.counts == {"completed_by_asking_without_success": 1}, report.counts
+
+
+def test_an_answer_the_log_records_that_the_guard_never_gave_is_caught() -> None:
+    b = Builder()
+    b.job("g", 0, critical=True, run_at=ASKED, status_url="s")
+    b.materialise("g", ASKED)
+    token = b.lease("g", ASKED, ASKED + 5)
+    b.deliver("g", ASKED, token, ASKED + 10, guard="proceed", held_ms=1100)
+    b.emit(
+        0,
+        b._run_ev("RunFailed", "g", ASKED, ASKED + 1000, token, error="timed out", ambiguous=True),
+    )
+    b.ask("g", ASKED, token, ASKED + 1000, "in_progress", heard="succeeded")
+    b.emit(0, b._run_ev("RunCompleted", "g", ASKED, ASKED + 1010, token, by_asking=True))
+    report = check(b.history(ASKED))
+    assert report.counts == {"answer_not_given": 1}, report.counts
+
+
+def test_a_guarded_attempt_held_past_the_timeout_is_not_the_targets_doing() -> None:
+    # The target can say what became of a slow attempt: set aside all the same, with no fault
+    # near, it is the nodes' doing.
+    slow = {"chaos": {"hold_ms": [20, 200], "slow_permille": 1000, "slow_ms": 4600}}
+    b = set_aside(
+        payload=slow, timeout_sec=4.0, target={"type": "http", "url": "x", "status_url": "s"}
+    )
+    report = check(b.history(T0 + 39_000))
+    assert report.counts == {"outcome_unknown_without_fault": 1}, report.counts
+    assert report.figures["critical_outcome_unknown_target_slow"] == 0

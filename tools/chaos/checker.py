@@ -54,8 +54,17 @@ What must hold (a violation of any is a failed run):
     ``outcome_unknown``) only near a fault: its last lease, from its grant to its end, overlaps
     a fault of the plan from ``FAULT_BEFORE_MS`` before its strike to ``FAULT_AFTER_MS`` after
     it ended (wider by the largest clock move), or its attempt was told to outlast the job's
-    timeout (the target's doing). Anything else is the nodes' own doing: their queueing, a
-    stall, a node that exited by itself.
+    timeout (the target's doing, unless the target can be asked: a guarded one's is not
+    excused). Anything else is the nodes' own doing: their queueing, a stall, a node that
+    exited by itself.
+16. Asking a guarded target (``core.asking``), held to the guard's own records (the target's
+    calls with the guard's decision, its answers to asks, in the order decided):
+    ``resolvable_outcome_unknown`` (a guarded run set aside although the guard answered an
+    ask about its last attempt succeeded, failed or never seen), ``completed_by_asking_without_
+    success`` (completed by asking, its key never handled with a 2xx), ``answer_not_given``
+    (an answer in the log the guard never gave), ``fence_broken`` (a call the guard handled
+    with a token it had answered never seen about, after that answer). A call the guard
+    refused as stale (409) did no work: it counts for no ``critical_delivered_twice``.
 """
 
 from __future__ import annotations
@@ -168,6 +177,9 @@ class Lease:
     expires_at: int
     ended_by: str | None = None  # succeeded, failed, failed_ambiguous, lease_expired
     ended_at: int | None = None
+    # What its target, asked about it, said it became of it (core.asking); the lease's end
+    # above is the log's, as the read model shows it.
+    answered: str | None = None
 
 
 @dataclass
@@ -181,6 +193,9 @@ class Run:
     live: Lease | None = None
     outcomes: list[tuple[str, str]] = field(default_factory=list)  # (event type, reason)
     cancelled: bool = False
+    asks: int = 0  # RunOutcomeAsked
+    answers: list[tuple[int, str]] = field(default_factory=list)  # (token, answer) recorded
+    by_asking: int | None = None  # the token of a completion by its target's answer
 
     def lease(self, token: int) -> Lease | None:
         for lease in self.leases:
@@ -205,6 +220,17 @@ class Job:
     @property
     def pull(self) -> bool:
         return (self.spec.get("target") or {}).get("type") == "pull"
+
+    @property
+    def guarded(self) -> bool:
+        """Whether its target can be asked what became of an attempt (a ``status_url``)."""
+        return bool((self.spec.get("target") or {}).get("status_url"))
+
+    @property
+    def group(self) -> str:
+        """A critical job's group: ``guarded`` (its target can say), ``unguarded`` (a push
+        target that cannot), ``pull``."""
+        return "pull" if self.pull else "guarded" if self.guarded else "unguarded"
 
 
 @dataclass
@@ -320,13 +346,18 @@ def _run_event(
         else:
             asked.ended_by, asked.ended_at = "succeeded", at
         run.outcomes.append((kind, ""))
+        run.by_asking = token
         return last_token
-    if kind == "RunOutcomeAnswered" and e.get("answer") in ("failed", "never_seen"):
-        # The target says the attempt did not take effect (never seen: and never will): a
-        # definite failure, so a retry is no duplicate.
+    if kind == "RunOutcomeAsked":
+        run.asks += 1
+        return last_token
+    if kind == "RunOutcomeAnswered":
+        # Failed or never seen: the attempt did not take effect (never seen: and never will),
+        # a definite failure, so a retry is no duplicate. The lease's end stays the log's.
+        run.answers.append((token, str(e.get("answer"))))
         asked = run.lease(token)
         if asked is not None:
-            asked.ended_by = "failed"
+            asked.answered = str(e.get("answer"))
         return last_token
     if kind in ("Heartbeat", "RunCompleted", "RunFailed"):
         stale = live is None or live.token != token
@@ -443,6 +474,7 @@ def check(history: History) -> Report:
     _check_outcomes(f, in_window, report)
     deliveries = _check_deliveries(history, f, in_window, report)
     _unknown_outcomes(history, f, in_window, deliveries, report)
+    _check_asking(history, f, in_window, report)
     _check_timing(history, f, in_window, deliveries, report)
     _check_projections(history, f, in_window, report)
     _check_health(history, report)
@@ -560,6 +592,7 @@ class Delivery:
     by: str  # "target" or the worker id
     status: int | None = None  # what the target answered (push)
     answered_at: int | None = None  # when it did
+    guard: str | None = None  # what the guard decided of it (a guarded target's call)
 
 
 def _deliveries(history: History) -> dict[str, list[Delivery]]:
@@ -577,6 +610,7 @@ def _deliveries(history: History) -> dict[str, list[Delivery]]:
                     "target",
                     answer["status"] if answer else None,
                     answer["at"] if answer else None,
+                    r.get("guard"),
                 )
             )
     for r in history.work:
@@ -601,6 +635,7 @@ def _check_deliveries(
     dup: Counter[str] = Counter()
     critical_twice = 0
     retried = 0
+    refused = 0
     for run_id, got in deliveries.items():
         run = f.runs.get(run_id)
         if run is None and run_id in f.withdrawn:
@@ -626,15 +661,23 @@ def _check_deliveries(
                     "delivered_to_wrong_worker",
                     f"{run_id} token {d.token}: {d.by} != {lease.worker}",
                 )
-            if i == 0:
+            if d.guard == "stale":
+                # The guard refused it (409), a newer attempt seen or its token fenced: the
+                # work was not done, so it delivers nothing twice (fence_broken is the rest).
+                refused += 1
                 continue
-            if d.token < max(x.token for x in got[:i]):
+            prior = [x for x in got[:i] if x.guard != "stale"]
+            if not prior:
+                continue
+            if d.token < max(x.token for x in prior):
                 # A zombie: an attempt whose lease was already lost (its node stopped, say)
                 # arrived after a newer attempt had been delivered.
                 cause: str | None = "stale_token"
             else:
-                before = run.lease(got[i - 1].token)
+                before = run.lease(prior[-1].token)
                 cause = before.ended_by if before is not None else None
+                if before is not None and before.answered in ("failed", "never_seen"):
+                    cause = "failed"  # its target, asked, said it did not take effect
             if cause == "failed":
                 retried += 1  # the target or worker said it failed: a retry, not a duplicate
                 continue
@@ -665,6 +708,7 @@ def _check_deliveries(
     report.figures["duplicate_deliveries"] = dict(dup)
     report.figures["retries_after_a_definite_failure"] = retried
     report.figures["critical_delivered_twice"] = critical_twice
+    report.figures["calls_refused_by_the_guard_stale"] = refused
     return deliveries
 
 
@@ -709,7 +753,8 @@ def _unknown_outcomes(
         else:
             cause = f"answered_{got[0].status}_after_the_lease_ran_out"
         why[cause] += 1
-        if _told_past_timeout(job, run, last):
+        if not job.guarded and _told_past_timeout(job, run, last):
+            # A guarded target can say what became of a slow attempt: not excused.
             target_slow += 1
             continue
         lo, hi = last.granted_at, max(last.expires_at, last.ended_at or last.expires_at)
@@ -727,6 +772,136 @@ def _unknown_outcomes(
     report.figures["critical_outcome_unknown_without_fault"] = report.counts[
         "outcome_unknown_without_fault"
     ]
+
+
+DEFINITE_ANSWERS = ("succeeded", "failed", "never_seen")
+GUARD_ANSWERS = (*DEFINITE_ANSWERS, "in_progress", "unknown")  # what only a guard says
+
+
+def _check_asking(history: History, f: Fold, in_window: set[str], report: Report) -> None:
+    """Asking what became of a critical run (``core.asking``), held to what the guard in front
+    of the target recorded (:mod:`tools.chaos.target`: each call with the guard's decision,
+    each ask with its answer, in the order the guard decided them):
+
+    - ``resolvable_outcome_unknown``: a guarded run dead-lettered ``outcome_unknown`` although
+      the guard answered an ask about its last attempt definitively (succeeded, failed, never
+      seen): asking failed to resolve what it could have;
+    - ``completed_by_asking_without_success``: a run completed by asking whose key the target
+      never handled with a 2xx answer (the guard, or the node reading it, lied);
+    - ``answer_not_given``: an answer the log records as the target's (anything but
+      ``no_answer``) that the guard never gave about that key and token;
+    - ``fence_broken``: a call the guard handled (``proceed``) with a token at or below one it
+      had answered ``never_seen`` about, decided after that answer: the late original request
+      the fence exists to refuse.
+
+    Figures per group of critical runs in the window (guarded, unguarded, pull): runs asked,
+    asks, answers by kind, completed by asking, retried after a failed or never-seen answer,
+    dead-lettered ``outcome_unknown``; and what the guard decided of the calls and asks."""
+    handled: set[str] = set()  # keys the target handled with a 2xx answer
+    answers = {(r["key"], r["token"]): r for r in history.calls if r.get("kind") == "answer"}
+    given: set[tuple[str, int, str]] = set()
+    fenced: dict[str, int] = {}  # key -> the highest token answered never_seen so far
+    decisions: Counter[str] = Counter()
+    asked_at_target: Counter[str] = Counter()
+    late_refused = 0
+    for r in history.calls:  # in the order written: the guard's order of decisions
+        kind, key = r.get("kind"), r.get("key", "")
+        if kind == "status":
+            outcome = r.get("outcome")
+            asked_at_target[
+                str(outcome or "bad_request") if r.get("authorized") else "unauthorized"
+            ] += 1
+            if outcome is not None:
+                given.add((key, r["token"], outcome))
+            if outcome == "never_seen":
+                fenced[key] = max(fenced.get(key, r["token"]), r["token"])
+            continue
+        if kind != "call":
+            continue
+        guard = r.get("guard")
+        if guard is not None:
+            decisions[guard] += 1
+        answer = answers.get((key, r["token"]))
+        if guard in (None, "proceed") and answer and 200 <= int(answer["status"]) < 300:
+            handled.add(key)
+        if key in fenced and r["token"] <= fenced[key]:
+            if guard == "proceed":
+                report.violate(
+                    "fence_broken",
+                    f"{_run_of_key(key)}: token {r['token']} handled at {r['at']} after the"
+                    f" guard answered never_seen about token {fenced[key]}",
+                )
+            elif guard == "stale":
+                late_refused += 1
+
+    groups: dict[str, dict[str, Any]] = {}
+    for run_id in sorted(in_window):
+        run = f.runs[run_id]
+        job = f.jobs[run.job_id]
+        if not job.critical:
+            continue
+        g = groups.setdefault(
+            job.group,
+            {
+                "runs": 0,
+                "runs_asked": 0,
+                "asks": 0,
+                "answers": Counter(),
+                "completed_by_asking": 0,
+                "retried_after": Counter(),
+                "outcome_unknown": 0,
+            },
+        )
+        g["runs"] += 1
+        g["runs_asked"] += run.asks > 0
+        g["asks"] += run.asks
+        key = f"{run.job_id}:{run.slot}"
+        for token, said in run.answers:
+            g["answers"][said] += 1
+            if said in ("failed", "never_seen") and any(x.token > token for x in run.leases):
+                g["retried_after"][said] += 1
+            if said in GUARD_ANSWERS and (key, token, said) not in given:
+                report.violate(
+                    "answer_not_given",
+                    f"{run_id}: the log says token {token} was answered {said}; the guard"
+                    " never said so",
+                )
+        if run.by_asking is not None:
+            g["completed_by_asking"] += 1
+            if key not in handled:
+                report.violate(
+                    "completed_by_asking_without_success",
+                    f"{run_id}: completed by asking (token {run.by_asking}); the target never"
+                    " handled its key with a success",
+                )
+        if run.outcomes and run.outcomes[-1] == ("RunDeadLettered", "outcome_unknown"):
+            g["outcome_unknown"] += 1
+            last = run.leases[-1].token if run.leases else None
+            said_then = sorted(
+                {o for (k, t, o) in given if k == key and t == last and o in DEFINITE_ANSWERS}
+            )
+            if job.guarded and said_then:
+                report.violate(
+                    "resolvable_outcome_unknown",
+                    f"{run_id}: dead-lettered outcome_unknown; the guard answered"
+                    f" {', '.join(said_then)} about its last attempt (token {last})",
+                )
+    for g in groups.values():
+        g["answers"] = dict(g["answers"])
+        g["retried_after"] = dict(g["retried_after"])
+    report.figures["critical_asking"] = {k: groups[k] for k in sorted(groups)}
+    report.figures["guard"] = {
+        "calls": dict(decisions),
+        "asks": dict(asked_at_target),
+        "late_originals_refused_after_never_seen": late_refused,
+    }
+    for check_name in (
+        "resolvable_outcome_unknown",
+        "completed_by_asking_without_success",
+        "answer_not_given",
+        "fence_broken",
+    ):
+        report.figures[check_name] = report.counts[check_name]
 
 
 def _fault_spans(history: History) -> list[tuple[int, int]]:
@@ -1269,6 +1444,7 @@ def summary(report: Report) -> str:
         f"{f.get('critical_outcome_unknown_why')}; no fault near "
         f"{f.get('critical_outcome_unknown_without_fault')}, the target told to outlast the "
         f"timeout {f.get('critical_outcome_unknown_target_slow')}",
+        *_asking_lines(f),
         f"at the end: partitions owned {f.get('partitions_owned')}, not deciding "
         f"{f.get('partitions_not_deciding')}, nodes not ready {f.get('nodes_not_ready')}, dark "
         f"partitions (slots never run in the last 10 s) {f.get('dark_partitions_at_the_end')}",
@@ -1307,3 +1483,23 @@ def summary(report: Report) -> str:
         lines.append(f"VIOLATION {check_name}: {report.counts[check_name]}")
         lines += [f"    {x}" for x in report.violations[check_name][:5]]
     return "\n".join(lines)
+
+
+def _asking_lines(f: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, g in f.get("critical_asking", {}).items():
+        lines.append(
+            f"critical {name}: runs {g['runs']}, asked {g['runs_asked']} ({g['asks']} asks),"
+            f" answers {g['answers']}, completed by asking {g['completed_by_asking']}, retried"
+            f" after {g['retried_after']}, outcome_unknown {g['outcome_unknown']}"
+        )
+    guard = f.get("guard")
+    if guard is not None:
+        lines.append(
+            f"guard: calls {guard['calls']}, asks {guard['asks']}, late originals refused after"
+            f" never_seen {guard['late_originals_refused_after_never_seen']}; resolvable left"
+            f" outcome_unknown {f.get('resolvable_outcome_unknown')}, completed by asking"
+            f" without a success {f.get('completed_by_asking_without_success')}, answers never"
+            f" given {f.get('answer_not_given')}, fence broken {f.get('fence_broken')}"
+        )
+    return lines

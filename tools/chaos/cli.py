@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("--warmup", type=float, default=8.0, help="seconds before the faults")
     run_p.add_argument("--every-second", type=int, default=Shape.every_second)
     run_p.add_argument("--critical", type=int, default=Shape.every_second_critical)
+    run_p.add_argument(
+        "--guarded",
+        type=int,
+        default=Shape.every_second_guarded,
+        help="of the critical every-second jobs, how many call the guard and name a status_url",
+    )
     run_p.add_argument("--every-five", type=int, default=Shape.every_five)
     run_p.add_argument("--pull", type=int, default=Shape.pull)
     run_p.add_argument("--pull-critical", type=int, default=Shape.pull_critical)
@@ -76,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     target_p.add_argument("--port", type=int, required=True)
     target_p.add_argument("--record", type=Path, required=True)
     target_p.add_argument("--max-seconds", type=float, default=3600.0)
+    target_p.add_argument(
+        "--guard-secret", default="", help="the bearer secret asks at the status path carry"
+    )
 
     worker_p = sub.add_parser("worker", help="(internal) a pull worker")
     worker_p.add_argument("--worker-id", required=True)
@@ -106,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "target":
         from tools.chaos.target import serve
 
-        serve(args.port, args.record, args.max_seconds)
+        serve(args.port, args.record, args.max_seconds, args.guard_secret)
         return 0
     if args.command == "worker":
         from tools.chaos.worker import main as worker_main
@@ -159,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         shape=Shape(
             every_second=args.every_second,
             every_second_critical=args.critical,
+            every_second_guarded=args.guarded,
             every_five=args.every_five,
             pull=args.pull,
             pull_critical=args.pull_critical,

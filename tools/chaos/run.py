@@ -43,14 +43,16 @@ from tools.chaos.checker import History, NodeHealth, Report, check, summary
 from tools.chaos.nodes import METRICS_TOKEN, REPO, Cluster, NodeConfig
 from tools.chaos.procs import free_port, now_ms, popen
 from tools.chaos.records import Recorder, read, read_all
+from tools.chaos.target import GUARDED, HOOK, STATUS
 from tools.chaos.watch import HealthWatch
-from tools.chaos.workload import POOL, Shape, Workload, create
+from tools.chaos.workload import GUARD_SECRET_NAME, POOL, Shape, Workload, create
 from tools.kafka import broker
 
 log = logging.getLogger("chaos")
 
 TENANT = "chaos"
 TOKEN = "chaos-token"
+GUARD_SECRET = "chaos-guard-secret"  # asks at the target's status path carry it as a bearer
 NODES = ("n1", "n2", "n3")
 SKEWED = "n3"
 WINDOW_MARGIN_MS = 3000  # slots this close to the pause may not have fired yet: not checked
@@ -90,7 +92,8 @@ def ci_settings(out: Path, seed: int = CI_SEED) -> Settings:
         combine_p=1.0,
         shape=Shape(
             every_second=12,
-            every_second_critical=3,
+            every_second_critical=6,  # 3 guarded (slow, flaky, beat), 3 unguarded likewise
+            every_second_guarded=3,
             every_five=3,
             pull=2,
             pull_critical=1,
@@ -167,10 +170,15 @@ class Run:
     # -- processes ----------------------------------------------------------------------------
 
     def _python(self, *args: str, log_name: str) -> subprocess.Popen[bytes]:
+        # This checkout's SDK (the target's guard), as pytest's pythonpath gives the harness.
+        path = os.pathsep.join(
+            p for p in (str(REPO), str(REPO / "sdk" / "python"), os.environ.get("PYTHONPATH")) if p
+        )
         with (self.out / log_name).open("ab") as out:
             return popen(
                 [sys.executable, "-m", "tools.chaos", *args],
                 cwd=REPO,
+                env={**os.environ, "PYTHONPATH": path},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -185,6 +193,8 @@ class Run:
             str(self.out / "target.jsonl"),
             "--max-seconds",
             str(self._lifetime()),
+            "--guard-secret",
+            GUARD_SECRET,
             log_name="target.log",
         )
         deadline = time.monotonic() + 30
@@ -259,7 +269,8 @@ class Run:
         for node_id in NODES:
             # One node runs as worker processes (the process_kill fault's), the others as one.
             extra = ("--workers", str(fl.PROCESSES)) if node_id == fl.PROCESSES_NODE else ()
-            self.cluster.add(node_id, self.clock if node_id == SKEWED else None, extra)
+            node = self.cluster.add(node_id, self.clock if node_id == SKEWED else None, extra)
+            _write_secret(node.data_dir, GUARD_SECRET_NAME, f"Bearer {GUARD_SECRET}")
         for node in self.cluster.nodes.values():
             node.start(self.kafka.bootstrap_servers, self.cluster.prefix)
         self._supervisor.start()
@@ -272,7 +283,14 @@ class Run:
         )
         self.watch.start()
 
-        workload = Workload(s.shape, f"http://127.0.0.1:{self.target_port}/hook", self.rng)
+        here = f"http://127.0.0.1:{self.target_port}"
+        workload = Workload(
+            s.shape,
+            f"{here}{HOOK}",
+            self.rng,
+            guarded_url=f"{here}{GUARDED}",
+            status_url=f"{here}{STATUS}",
+        )
         clients = [n.http for n in self.cluster.nodes.values()]
         self._create_all(clients, workload.cron_jobs())
         self.workers = fl.Workers(self._start_worker, s.workers)
@@ -542,6 +560,15 @@ class Run:
         self.creates.close()
         self.probes.close()
         self.health_log.close()
+
+
+def _write_secret(data_dir: Path, name: str, value: str) -> None:
+    """The team's secret ``name`` in a node's secrets directory (``node/secrets.py``: the data
+    directory's ``secrets/<tenant>/<name>``), before the node first starts."""
+    team = data_dir / "secrets" / TENANT
+    for directory in (data_dir, team.parent, team):  # the node's own, as serve makes them
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (team / name).write_text(value + "\n")
 
 
 def _settled_health(url: str, partitions: int) -> NodeHealth:

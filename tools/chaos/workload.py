@@ -12,8 +12,23 @@ Behaviours (:mod:`tools.chaos.behaviour`) are chosen to exercise the paths that 
 - ``beat``: held about a third of the lease, so the call often ends while its heartbeat is
   being decided (the race of issue 12);
 - ``flaky``: one attempt in twenty answered 503 (definite: retried, even when critical);
-- ``slow``: one attempt in fifty held past the job's timeout (ambiguous: retried, or
-  dead-lettered ``outcome_unknown`` when critical; so critical jobs are never ``slow``).
+- ``slow``: one attempt in fifty held past the job's timeout (ambiguous: retried, or, when
+  critical, asked about or dead-lettered ``outcome_unknown``).
+
+Critical push jobs come in two groups, told apart by their ids and their target:
+
+- **guarded** (``sec-000-guarded``, ``once-00-007-guarded``): they call the target's
+  ``/guarded``, the SDK's :class:`~cronlog_client.target.RunGuard` in front of the handling,
+  and name its status path as their ``status_url``, with the guard's bearer secret in their
+  target's headers (a secret reference, ``GUARD_SECRET_NAME``, which the harness writes into
+  every node's secrets directory). A run whose outcome is unknown is asked about;
+- **unguarded** (``sec-003-unguarded``): ``/hook`` and no ``status_url``: such a run is
+  dead-lettered ``outcome_unknown``, as for any target that cannot say.
+
+The every-second critical jobs of each group take the behaviours ``slow``, ``flaky``, ``beat``
+and ``fast`` in turn, so both groups meet the same ambiguity and the checker compares like
+with like: an unguarded ``slow`` job's attempts held past the timeout are dead-lettered by
+design (the checker's ``critical_outcome_unknown_target_slow``), a guarded one's are asked.
 """
 
 from __future__ import annotations
@@ -33,6 +48,9 @@ BACKOFF = {"base_sec": 0.2, "factor": 2, "cap_sec": 2, "jitter": False}
 RETRIES = 3
 POOL = "chaos"
 CREATE_TRIES = 4
+GUARD_SECRET_NAME = "chaos-guard"  # the secret the guarded jobs' headers name
+# The every-second critical jobs' behaviours, in turn within each group (guarded, unguarded).
+CRITICAL_TURNS = ("slow", "flaky", "beat", "fast")
 
 BEHAVIOURS: dict[str, dict[str, Any]] = {
     "fast": {"hold_ms": [0, 50]},
@@ -48,6 +66,7 @@ class Shape:
 
     every_second: int = 24  # push (HTTP) jobs on "* * * * * *"
     every_second_critical: int = 6  # of those
+    every_second_guarded: int = 3  # of the critical ones, behind the guard with a status_url
     every_five: int = 6  # push jobs on "* * * * * */5"
     pull: int = 4  # pull jobs on "* * * * * *"
     pull_critical: int = 1  # of those
@@ -58,8 +77,10 @@ class Shape:
 @dataclass
 class Workload:
     shape: Shape
-    target_url: str
+    target_url: str  # the unguarded handling (/hook)
     rng: random.Random
+    guarded_url: str = ""  # the handling behind the guard (/guarded)
+    status_url: str = ""  # where the guard answers asks
     crons: list[dict[str, Any]] = field(default_factory=list)
 
     def cron_jobs(self) -> list[dict[str, Any]]:
@@ -68,8 +89,15 @@ class Workload:
         kinds = list(BEHAVIOURS)
         for i in range(s.every_second):
             critical = i < s.every_second_critical
-            behaviour = self.rng.choice(["fast", "beat", "flaky"] if critical else kinds)
-            jobs.append(self._push(f"sec-{i:03d}", "*", behaviour, critical))
+            guarded = i < min(s.every_second_guarded, s.every_second_critical)
+            if critical:
+                turn = i if guarded else i - min(s.every_second_guarded, s.every_second_critical)
+                behaviour = CRITICAL_TURNS[turn % len(CRITICAL_TURNS)]
+                job_id = f"sec-{i:03d}-{'guarded' if guarded else 'unguarded'}"
+            else:
+                behaviour = self.rng.choice(kinds)
+                job_id = f"sec-{i:03d}"
+            jobs.append(self._push(job_id, "*", behaviour, critical, guarded))
         for i in range(s.every_five):
             jobs.append(self._push(f"five-{i:03d}", "*/5", self.rng.choice(kinds), False))
         for i in range(s.pull):
@@ -85,8 +113,12 @@ class Workload:
         jobs = []
         for i in range(self.shape.oneshot_per_burst):
             critical = rng.random() < 0.25
+            guarded = critical and rng.random() < 0.5
             behaviour = rng.choice(["fast", "beat", "flaky"])
-            body = self._body(f"once-{index:02d}-{i:03d}", behaviour, critical, self.target_url)
+            job_id = f"once-{index:02d}-{i:03d}"
+            if critical:
+                job_id += "-guarded" if guarded else "-unguarded"
+            body = self._http(job_id, behaviour, critical, guarded)
             jobs.append({**body, "run_at": iso(due_ms)})
         return jobs
 
@@ -94,13 +126,30 @@ class Workload:
         """A one-shot job due at ``run_at_ms`` (to the millisecond)."""
         return {**self._body(job_id, "fast", False, self.target_url), "run_at": iso(run_at_ms)}
 
-    def _push(self, job_id: str, seconds: str, behaviour: str, critical: bool) -> dict[str, Any]:
+    def _push(
+        self, job_id: str, seconds: str, behaviour: str, critical: bool, guarded: bool = False
+    ) -> dict[str, Any]:
         """A push job of every minute at ``seconds`` (the API takes the seconds apart)."""
-        body = self._body(job_id, behaviour, critical, self.target_url)
+        body = self._http(job_id, behaviour, critical, guarded)
         return {**body, "schedule": "* * * * *", "seconds": seconds}
 
+    def _http(self, job_id: str, behaviour: str, critical: bool, guarded: bool) -> dict[str, Any]:
+        """A push job's body; a guarded one calls the guard and names its status path."""
+        if not guarded:
+            return self._body(job_id, behaviour, critical, self.target_url)
+        target = {
+            "type": "http",
+            "url": self.guarded_url,
+            "headers": {"Authorization": {"from_file": GUARD_SECRET_NAME}},
+            "status_url": self.status_url,
+        }
+        body = self._body(job_id, behaviour, critical, target)
+        return {**body, "name": f"chaos {behaviour} guarded"}
+
     @staticmethod
-    def _body(job_id: str, behaviour: str, critical: bool, target: str) -> dict[str, Any]:
+    def _body(
+        job_id: str, behaviour: str, critical: bool, target: str | dict[str, Any]
+    ) -> dict[str, Any]:
         return {
             "job_id": job_id,
             "name": f"chaos {behaviour}",
