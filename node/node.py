@@ -153,6 +153,8 @@ STOP_WAIT_S = 3.0
 NODE_STOP_WAIT_S = 10.0
 # How long a stopping node asks the group's coordinator whether others remain to hand over to.
 OTHERS_TIMEOUT_S = 2.0
+# A handover begins this long after a whole second (the second's slots have started by then).
+HANDOVER_AFTER_MS = 150
 NEXT_READY_SCAN = 10_000  # ready entries of a pool a waiting claim looks at, per partition
 RETRY_BACKOFF_S = 0.2  # a thread of the node that failed tries again after this, doubling
 MAX_RETRY_BACKOFF_S = 10.0
@@ -473,6 +475,11 @@ class Node:
         # Until the partitions are handed over, their runs start here: a run not started while
         # the node still decides would wait for the next owner, and come late.
         if self._others_remain():
+            # Just after a whole second: cron slots are whole seconds, and that second's have
+            # started here, so the next owner has nearly two seconds before the next slot's
+            # run is late (it had less than one when the handover began late in a second).
+            into = self._clock.now_ms() % 1000
+            time.sleep(((HANDOVER_AFTER_MS - into) % 1000) / 1000)
             self._hand_over.set()
             if not self._handed_over.wait(NODE_STOP_WAIT_S + OTHERS_TIMEOUT_S):
                 log.warning("%s: the partitions were not handed over in time", self.node_id)
