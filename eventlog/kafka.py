@@ -1004,8 +1004,19 @@ class KafkaPartitionWriter:
                     return []
                 self._in_flight = True
             deadline = time.monotonic() + self._log._timeout_s
+            abandoned = False
             try:
                 offsets = self._transaction(producer, events, commands_through, deadline)
+            except _Stuck as e:
+                # A thread is still inside the producer: never touch it again, keep it alive
+                # (destroying a client another thread is inside of is not safe), and let the
+                # runner recover with a new writer, whose init_transactions fences this one.
+                abandoned = True
+                with self._lock:
+                    self._producer = None
+                _ABANDONED.append(producer)
+                logger.error("partition %d: %s; the writer is abandoned", self._partition, e)
+                raise Fenced(f"writer {self._transactional_id} abandoned: {e}") from None
             except KafkaException as e:
                 if self._closed():  # given up meanwhile: whatever it did, the next owner reads
                     raise Fenced(f"writer {self._transactional_id} closed: {e.args[0]}") from e
@@ -1014,7 +1025,7 @@ class KafkaPartitionWriter:
                 with self._lock:
                     self._in_flight = False
                     closed = self._producer is None
-                if closed:  # closed while the transaction ran (or by its failure): now
+                if closed and not abandoned:  # closed while it ran (or by its failure): now
                     _close_producer(producer)
             with self._lock:
                 if commands_through is not None:
@@ -1087,11 +1098,18 @@ class KafkaPartitionWriter:
             position = [
                 TopicPartition(self._log.topics["commands"], self._partition, commands_through)
             ]
-            _retrying(
-                lambda left: producer.send_offsets_to_transaction(
-                    position, self._group_metadata(), left
+            # It takes milliseconds, or seconds while the group's coordinator moves: given
+            # less than the whole append, so a call that never returns costs less.
+            by = min(deadline, time.monotonic() + OFFSETS_TIMEOUT_S)
+            _bounded(
+                lambda: _retrying(
+                    lambda left: producer.send_offsets_to_transaction(
+                        position, self._group_metadata(), left
+                    ),
+                    by,
                 ),
-                deadline,
+                by,
+                f"partition {self._partition}: sending the command position to the transaction",
             )
         # The commit flushes the events first and serves their delivery reports on this thread;
         # a delivery that failed fails the commit as abortable. A flush of its own before it
@@ -1202,6 +1220,44 @@ def _warn_if_commands_were_deleted(
 def _start_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float) -> int:
     low, _ = consumer.get_watermark_offsets(partition, timeout=timeout_s)
     return int(low)
+
+
+# librdkafka can stay inside send_offsets_to_transaction past the timeout it was given when the
+# group's coordinator was on a broker that died (confluentinc/librdkafka#5456 and #5511, open
+# at 2.16): a runner was held there for over six minutes after a broker kill, its partition
+# dark. The call runs on a thread of its own and is given up this long after the append's
+# deadline.
+STUCK_GRACE_S = 2.0
+OFFSETS_TIMEOUT_S = 10.0  # what an append gives send_offsets_to_transaction, at most
+# Producers given up while a thread was still inside them; kept, so none is destroyed under it.
+_ABANDONED: list[Producer] = []
+
+
+class _Stuck(CronlogError):
+    """A call into librdkafka that did not return by its deadline (see ``STUCK_GRACE_S``)."""
+
+
+def _bounded(call: Callable[[], T], deadline: float, what: str) -> T:
+    """``call()`` on a thread of its own; ``_Stuck`` if it has not returned ``STUCK_GRACE_S``
+    after ``deadline`` (``time.monotonic``). Whatever it raises is raised here."""
+    done = threading.Event()
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as err:  # handed to the caller
+            failure.append(err)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="kafka-bounded-call", daemon=True).start()
+    if not done.wait(max(0.0, deadline - time.monotonic()) + STUCK_GRACE_S):
+        raise _Stuck(f"{what} did not return in time")
+    if failure:
+        raise failure[0]
+    return result[0]
 
 
 def _retrying(call: Callable[[float], T], deadline: float) -> T:

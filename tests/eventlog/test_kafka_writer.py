@@ -221,3 +221,40 @@ def test_an_append_that_fails_after_its_writer_was_closed_raises_fenced() -> Non
     [error] = outcome
     assert isinstance(error, Fenced)
     assert producer.closed == 1
+
+
+class OffsetsNeverReturn(ScriptedProducer):
+    """``send_offsets_to_transaction`` stays inside librdkafka past its timeout, as it did when
+    the group's coordinator was on a broker that died (confluentinc/librdkafka#5456, #5511)."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda timeout: None)
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def send_offsets_to_transaction(self, positions: Any, metadata: Any, timeout: float) -> None:
+        self.inside.set()
+        self.release.wait(30)
+
+
+def test_an_append_whose_command_position_never_returns_abandons_the_writer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kafka, "OFFSETS_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(kafka, "STUCK_GRACE_S", 0.2)
+    producer = OffsetsNeverReturn()
+    writer = writer_of(producer)
+    try:
+        with pytest.raises(Fenced, match="abandoned"):
+            writer.append([b"e"], commands_through=7)
+        assert producer.inside.is_set()
+        # Never touched again (a thread is still inside it), and kept alive meanwhile.
+        assert producer.closed == 0
+        assert producer in kafka._ABANDONED
+        with pytest.raises(Fenced):
+            writer.append([b"next"])
+        writer.close()
+        assert producer.closed == 0
+    finally:
+        producer.release.set()
+        kafka._ABANDONED.remove(producer)
