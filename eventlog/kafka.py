@@ -785,14 +785,13 @@ class KafkaMembership:
             raise CronlogError("poll on a closed membership")
         deadline = time.monotonic() + timeout_s
         while True:
-            first = self._consumer.poll(max(deadline - time.monotonic(), 0.0))
+            consumer = self._consumer
+            first = consumer.poll(max(deadline - time.monotonic(), 0.0))
             self._refresh_group_metadata()
             if first is None:
                 return []
-            batch = (
-                [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
-            )
-            records = [_record(msg) for msg in batch if self._accept(msg)]
+            batch = [first, *consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
+            records = [_record(msg) for msg in batch if self._accept(msg, consumer)]
             if records or time.monotonic() >= deadline:
                 return records
 
@@ -865,13 +864,14 @@ class KafkaMembership:
         if left:  # the revocation callback did not run: give them up here
             self._give_up(left)
 
-    def _accept(self, msg: Message) -> bool:
+    def _accept(self, msg: Message, consumer: Consumer) -> bool:
         err = msg.error()
         if err is None:
             return True
         if err.fatal():
             raise CronlogError(f"consumer of {self._commands} failed: {err}")
-        if err.code() == KafkaError.INVALID_SESSION_TIMEOUT:
+        # (A refusal reported again by a consumer already replaced says nothing of the new one.)
+        if err.code() == KafkaError.INVALID_SESSION_TIMEOUT and consumer is self._consumer:
             self._widen_session(err)
         return False  # informational (e.g. a broker connection came and went)
 
