@@ -410,19 +410,9 @@ class Executors(Dispatcher):
                 status=said.status,
                 detail=said.detail,
             )
-            delay = 0.05
-            while True:
-                refused = await self._ask(command)
-                if not isinstance(refused, Unavailable):
-                    if refused is not None:  # answered meanwhile, or cancelled
-                        log.info("run %s: answer not recorded: %s", asked.run_id, refused)
-                    return
-                if time.time() * 1000 + delay * 1000 > asked.answer_by:
-                    # the deadline answers now (AnswerDue), and the next owner asks again
-                    log.warning("run %s: answer not recorded: %s", asked.run_id, refused)
-                    return
-                await asyncio.sleep(delay)  # a backoff between attempts
-                delay = min(1.0, delay * 2)
+            # Past the deadline the deadline answers (AnswerDue), and the owner asks again.
+            left_s = (asked.answer_by - time.time() * 1000) / 1000
+            await self._record(command, time.monotonic() + left_s, f"answer {said.answer}")
         except asyncio.CancelledError:
             pass
         except Exception:
@@ -470,18 +460,26 @@ class Executors(Dispatcher):
             started_late_ms=result.started_late_ms if lease.start_at is not None else None,
         )
         give_up = time.monotonic() + spec.lease_sec + COMPLETE_GRACE_S
+        await self._record(command, give_up, f"outcome {result.outcome}")
+
+    async def _record(
+        self, command: CompleteRun | AnswerOutcome, give_up: float, what: str
+    ) -> None:
+        """Have the run's owner decide ``command``, asking again while it is unavailable until
+        ``give_up`` (``time.monotonic``). A refusal (the lease ran out, the run was cancelled or
+        answered meanwhile) ends it: logged, as is giving up."""
         delay = 0.05
         while True:
             refused = await self._ask(command)
             if not isinstance(refused, Unavailable):
-                if refused is not None:  # the lease ran out, or the run was cancelled
-                    log.info("run %s: outcome not recorded: %s", lease.run_id, refused)
+                if refused is not None:
+                    log.info("run %s: %s not recorded: %s", command.run_id, what, refused)
                 return
             if time.monotonic() + delay > give_up:
                 log.warning(
-                    "run %s: outcome %s not recorded, its partition stayed unavailable: %s",
-                    lease.run_id,
-                    result.outcome,
+                    "run %s: %s not recorded, its partition stayed unavailable: %s",
+                    command.run_id,
+                    what,
                     refused,
                 )
                 return

@@ -227,13 +227,23 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
+    def _touch(self, key: str, now: float) -> _Entry:
+        """``key``'s entry, new if none or expired, marked used now (under the lock)."""
+        entry = self._entries.get(key)
+        if entry is None or now - entry.stamp > self._ttl_s:
+            entry = self._entries[key] = _Entry()
+        self._entries.move_to_end(key)
+        entry.stamp = now
+        return entry
+
+    def _evict(self) -> None:
+        """Forget the least recently used keys past ``max_keys`` (under the lock)."""
+        while len(self._entries) > self._max_keys:
+            self._entries.popitem(last=False)
+
     def begin(self, key: str, token: int | None, now: float) -> tuple[Decision, Reply | None]:
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None or now - entry.stamp > self._ttl_s:
-                entry = self._entries[key] = _Entry()
-            self._entries.move_to_end(key)
-            entry.stamp = now
+            entry = self._touch(key, now)
             if token is not None:
                 if entry.newest is not None and token < entry.newest:
                     return Decision.STALE, None
@@ -243,8 +253,7 @@ class MemoryStore:
             if entry.busy_since is not None and now - entry.busy_since < self._busy_s:
                 return Decision.BUSY, None
             entry.busy_since, entry.failed = now, False
-            while len(self._entries) > self._max_keys:  # evict the least recently used
-                self._entries.popitem(last=False)
+            self._evict()
             return Decision.PROCEED, None
 
     def finish(
@@ -268,11 +277,7 @@ class MemoryStore:
 
     def answer(self, key: str, token: int, now: float) -> tuple[Outcome, int | None]:
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None or now - entry.stamp > self._ttl_s:
-                entry = self._entries[key] = _Entry()
-            self._entries.move_to_end(key)
-            entry.stamp = now
+            entry = self._touch(key, now)
             busy = entry.busy_since is not None and now - entry.busy_since < self._busy_s
             kept = entry.reply.status if entry.reply is not None else entry.succeeded
             outcome, status, entry.newest = _decide_answer(
@@ -280,8 +285,7 @@ class MemoryStore:
             )
             if outcome is Outcome.NEVER_SEEN:
                 entry.fenced = max(token, entry.fenced or 0)
-            while len(self._entries) > self._max_keys:
-                self._entries.popitem(last=False)
+            self._evict()
             return outcome, status
 
 
