@@ -2,7 +2,7 @@
 
     CRONLOG_URL=... CRONLOG_TOKEN=... python examples/tail.py
 
-It follows a job of its own while it triggers it twice and pauses it, stops after those
+It follows a job of its own while it triggers it once and pauses it, stops after those
 events, and shows how to resume after the last one seen (the ``cursor``).
 """
 
