@@ -47,14 +47,13 @@ from api.edge import (
     json_response,
     lease_refused,
     over_rate,
-    read_json,
+    read_typed_or_json,
     take_items,
 )
 from api.errors import ApiError, ErrorBody, from_exception
 from api.instants import to_rfc3339
 from api.translate import heartbeat_run
 from api.wire import FencingToken, StartedLate
-from core.commands import HeartbeatRun
 from core.errors import CronlogError, LeaseLost, NotYetReadable
 from core.events import AnyEvent, Heartbeat
 from core.ids import team_id
@@ -81,6 +80,15 @@ class HeartbeatBatchIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     one is answered in its result (400 naming ``runs[i].<field>``) while the request is a 200."""
 
     runs: Annotated[list[Any], Meta(min_length=1, max_length=MAX_BATCH_RUNS)]
+
+
+class _WellFormed(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A batch whose every item is well formed, as nearly every worker's is: decoded at once."""
+
+    runs: Annotated[list[RunHeartbeat], Meta(min_length=1, max_length=MAX_BATCH_RUNS)]
+
+
+_well_formed = msgspec.json.Decoder(_WellFormed)
 
 
 class HeartbeatResult(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -126,30 +134,39 @@ def _extended(index: int, run_id: str, events: list[AnyEvent]) -> HeartbeatResul
 
 async def heartbeat_runs(request: Request) -> Response:
     call = authenticate(request)
-    raw = await read_json(request, MAX_BATCH_BODY_BYTES, deep="runs")
-    if isinstance(raw, dict) and isinstance(raw.get("runs"), list):
-        count = len(raw["runs"])
-        if count > MAX_BATCH_RUNS:
-            raise ApiError(
-                400,
-                "bad_request",
-                f"a batch holds at most {MAX_BATCH_RUNS} heartbeats, not {count}; send several",
-                field="runs",
-            )
-    shape = msgspec.convert(raw, HeartbeatBatchIn)
-    results: list[HeartbeatResult | None] = [None] * len(shape.runs)
-    allowed = 1 + take_items(request, call, len(shape.runs) - 1)
-    sent: list[tuple[int, HeartbeatRun]] = []
-    for i, item in enumerate(shape.runs):
+    raw = await read_typed_or_json(request, MAX_BATCH_BODY_BYTES, _well_formed, deep="runs")
+    if isinstance(raw, _WellFormed):
+        items: list[Any] = raw.runs
+    else:
+        if isinstance(raw, dict) and isinstance(raw.get("runs"), list):
+            count = len(raw["runs"])
+            if count > MAX_BATCH_RUNS:
+                raise ApiError(
+                    400,
+                    "bad_request",
+                    f"a batch holds at most {MAX_BATCH_RUNS} heartbeats, not {count}; send several",
+                    field="runs",
+                )
+        items = msgspec.convert(raw, HeartbeatBatchIn).runs
+    results: list[HeartbeatResult | None] = [None] * len(items)
+    allowed = 1 + take_items(request, call, len(items) - 1)
+    bodies: list[tuple[int, RunHeartbeat]] = []
+    for i, item in enumerate(items):
         if i >= allowed:
             results[i] = _refused(i, over_rate(call))
             continue
+        if isinstance(item, RunHeartbeat):
+            bodies.append((i, item))
+            continue
         try:
-            body = as_type(item, RunHeartbeat)
+            bodies.append((i, as_type(item, RunHeartbeat)))
         except msgspec.ValidationError as err:
             results[i] = _refused(i, err)
-            continue
-        sent.append((i, heartbeat_run(call.run_id(body.run_id), body, call.tenant)))
+    run_ids = call.run_ids([body.run_id for _, body in bodies])
+    sent = [
+        (i, heartbeat_run(run_id, body, call.tenant))
+        for (i, body), run_id in zip(bodies, run_ids, strict=True)
+    ]
     # As a single heartbeat: the partition decides first (it checks the run is the team's),
     # the read model is asked only about a refusal, which may not have folded the run yet.
     answers = await call.scheduler.execute_many([command for _, command in sent], visible=False)

@@ -43,11 +43,11 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
 
     undelivered = _Undelivered()
     logging.getLogger("cronlog_client").addHandler(undelivered)
-    started: list[str] = []
+    started: list[tuple[int, RunContext]] = []
 
     async def hold(run: RunContext) -> None:
-        slot = round(run.run.scheduled_for.timestamp() * 1000)
-        started.append(f"{time.time_ns()} {slot} {run.run_id}")
+        # the instant first, and nothing else a run: the record is written at the end
+        started.append((time.time_ns(), run))
         await asyncio.sleep(args.hold_s)
 
     async with AsyncClient(args.url, args.token, timeout_s=120) as client:
@@ -68,7 +68,12 @@ async def work(args: argparse.Namespace) -> dict[str, Any]:
         left = max(0.0, (args.until_ms - now_ms()) / 1000)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), left)
-        Path(args.out).write_text("".join(line + "\n" for line in started))
+        Path(args.out).write_text(
+            "".join(
+                f"{at} {round(run.scheduled_for.timestamp() * 1000)} {run.run_id}\n"
+                for at, run in started
+            )
+        )
         worker.stop()
         await asyncio.wait_for(running, 120)
     return {

@@ -1,7 +1,8 @@
 """Sustained load: the highest rate of runs a second that ``cronlog serve`` starts with p99 start
 lag ≤ 100 ms for a whole window, found by steps.
 
-    python -m bench.sustained [--kind http|pull] [--rates 250,500,1000,2000] [--window-s 60]
+    python -m bench.sustained [--kind http|pull|pull-sdk] [--rates 250,500,1000,2000]
+        [--window-s 60]
 
 A rate of R runs a second is R interval jobs of one second, their first slots spread evenly
 over a second (``start_at`` = T0 + i/R s), so R runs come due every second, one every 1/R s.
@@ -9,9 +10,11 @@ Each step starts a fresh node, registers the jobs (``POST /v1/jobs`` 64 at a tim
 batch endpoint), lets them run ``--warm-s`` seconds, then measures every slot in the next
 ``--window-s`` seconds. HTTP targets call the recorder (lag = arrival - slot); pull targets are
 claimed and completed by :mod:`bench.pull_workers` (lag = lease granted - slot; the answer's
-arrival at the worker is reported beside it). A slot not started 2 s after the window counts as
-infinitely late. A step holds when p99 ≤ 100 ms; the search stops at the first step that does
-not hold.
+arrival at the worker is reported beside it); ``pull-sdk`` runs them with two processes of
+the SDK's ``Worker`` (:mod:`bench.held_workers`, claims reaching 5 s ahead, the SDK's
+default; lag = when the handler began - slot, on the same machine's clock). A slot not started
+2 s after the window counts as infinitely late. A step holds when p99 ≤ 100 ms; the search
+stops at the first step that does not hold.
 
 Appends one JSON line per step to bench/results/sustained.jsonl and prints it.
 """
@@ -58,6 +61,8 @@ from bench.common import (
 
 GOAL_P99_MS = 100.0
 SETTLE_MS = 2000
+SDK_WORKERS = 2  # pull-sdk: processes of the SDK's Worker (bench.held_workers)
+SDK_AHEAD_S = 5  # how far their claims reach (the SDK's default)
 POOL = "steady"
 LEASE_SEC = 300.0
 
@@ -104,6 +109,18 @@ def step(
         end = begin + window_s * 1000
         workers = None
         counts: dict[str, Any] = {}
+        held: list[subprocess.Popen[str]] = []
+        held_outs = [tmp / f"held-{i}-{secrets.token_hex(4)}" for i in range(SDK_WORKERS)]
+        if kind == "pull-sdk":
+            # the SDK's Worker as a team runs it, its claims reaching ahead (the SDK's default)
+            room = rate * (SDK_AHEAD_S + 3) // SDK_WORKERS + 1
+            for out_i in held_outs:
+                command = [
+                    PYTHON, "-m", "bench.held_workers", serve.url, serve.token, POOL,
+                    "--out", str(out_i), "--until-ms", str(end + SETTLE_MS),
+                    "--hold-s", "0", "--concurrency", str(room), "--worker-id", out_i.name,
+                ]  # fmt: skip
+                held.append(subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True))
         if kind == "pull":
             command = [
                 PYTHON, "-m", "bench.pull_workers", serve.url, serve.token, POOL,
@@ -129,9 +146,14 @@ def step(
             rss, _ = rss_bytes(serve.pid)
             if workers is not None:
                 workers.wait(60)
+            for proc in held:
+                proc.wait(60)
         finally:
             if workers is not None:
                 counts = json.loads(stop_process(workers, 10) or "{}")
+            held_counts = [json.loads(stop_process(proc, 30) or "{}") for proc in held]
+            if held:
+                counts = {k: sum(c.get(k, 0) for c in held_counts) for k in held_counts[0]}
         arrivals = recorder.take() if recorder is not None else []
     lags: list[float] = []
     received: list[float] = []
@@ -140,6 +162,12 @@ def step(
             slot = slot_of(key)
             if key.startswith(f"{TENANT}/") and slot is not None and begin <= slot < end:
                 lags.append(at / 1e6 - slot)
+    elif kind == "pull-sdk":  # when each handler began, less its slot
+        for path in held_outs:
+            for line in (path.read_text() if path.exists() else "").splitlines():
+                started_ns, slot_ms, _ = line.split(" ", 2)
+                if begin <= int(slot_ms) < end:
+                    lags.append(int(started_ns) / 1e6 - int(slot_ms))
     else:
         for line in (out.read_text() if out.exists() else "").splitlines():
             received_ns, granted_ms, slot_ms, _ = line.split()
@@ -161,6 +189,7 @@ def step(
         figures["profile"] = profiled
     if kind == "pull":
         figures["lag_received"] = lag_summary(received, expected)
+    if kind != "http":
         figures["workers"] = counts
     return {
         "timestamp": stamp(),
@@ -207,7 +236,7 @@ def search(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kind", choices=("http", "pull"), default="http")
+    parser.add_argument("--kind", choices=("http", "pull", "pull-sdk"), default="http")
     parser.add_argument("--rates", default="250,500,1000,2000,3000,4000")
     parser.add_argument("--window-s", type=int, default=60)
     parser.add_argument(
@@ -222,7 +251,7 @@ def main() -> None:
                     "http", rates, args.window_s, Path(tmp), recorder, profile=args.profile
                 )
         else:
-            result = search("pull", rates, args.window_s, Path(tmp), None, profile=args.profile)
+            result = search(args.kind, rates, args.window_s, Path(tmp), None, profile=args.profile)
     print(f"highest {args.kind} rate holding p99 <= 100 ms: {result['highest_holding_per_s']}/s")
 
 

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -164,6 +164,9 @@ _NOTHING = SlotDue(job_id="")
 
 def routing_key(command: AnyCommand) -> str:
     """The job id that decides which partition a command goes to."""
+    kind = type(command)
+    if kind is HeartbeatRun or kind is CompleteRun:  # the most numerous, by far
+        return job_id_of_run(cast(HeartbeatRun | CompleteRun, command).run_id)
     match command:
         case PutJob() | PauseJob() | ResumeJob() | CancelJob() | TriggerRun() | UpstreamSucceeded():
             return command.job_id
@@ -1156,7 +1159,19 @@ class Node:
                     for i in indices
                 ]
             else:
-                local.append((p, indices, runner))
+                asked = []
+                for i in indices:
+                    command = commands[i]
+                    if (
+                        type(command) is HeartbeatRun
+                        and command.check
+                        and runner.lease_holds(command)
+                    ):
+                        results[i] = []  # the lease holds, and nothing to come can withdraw it
+                    else:
+                        asked.append(i)
+                if asked:
+                    local.append((p, asked, runner))
         # The runners' answers are kept where their threads leave them, and the loop is woken
         # once, by the last: not a hand-over and a call in the loop per command.
         expected = sum(len(indices) for _, indices, _ in local)

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 
 from core import events as ev
 from core.clock import Clock
-from core.commands import AnyCommand, StartRun
+from core.commands import AnyCommand, HeartbeatRun, StartRun
+from core.decide import CHECK_GUARD_MS
 from core.errors import CronlogError, Fenced, LogCorrupted, Unavailable
 from core.events import AnyEvent
 from core.jobs import JobSpec
@@ -215,6 +216,10 @@ class PartitionRunner:
         # same event under the name the node's start-up waits by.
         self.deciding = threading.Event()
         self.caught_up = self.deciding
+        # The partition time of the batch being decided (or last decided), set before its first
+        # decision: no decision from then on is taken at an earlier time. 0 from the start of
+        # each recovery until its first batch. Read by ``lease_holds`` from the API's thread.
+        self._deciding_at = 0
         self.fenced = False  # the loop ended because another writer owns the partition
         self.ended = threading.Event()  # the loop's thread has returned
         self._ended_at: float | None = None  # its time.monotonic()
@@ -291,6 +296,30 @@ class PartitionRunner:
             self._cv.notify()
             return True
 
+    def lease_holds(self, check: HeartbeatRun) -> bool:
+        """Whether ``check`` (a worker asking, about a second before the start of a run leased
+        ahead, whether its lease still holds) can be answered "it holds" from this thread,
+        without queueing for a batch: the run is leased ahead under the check's token, and the
+        batch being decided is already past the instant up to which a pause, a schedule change
+        or a cancel withdraws it (``CHECK_GUARD_MS`` before its start), so no decision to come
+        can. Every decision taken at or before that instant is folded into the state already,
+        since the loop takes its batches one after another. False means only "ask the loop"
+        (which answers a refusal, or a lease not leased ahead). A herd's fifty thousand checks
+        come in the second before its slot: queued, they waited behind the partitions'
+        appends and were answered seconds late."""
+        if not self.deciding.is_set():
+            return False
+        deciding_at = self._deciding_at  # read first: the state read after it is at least as new
+        run = self.core.state.runs.get(check.run_id)
+        return (
+            run is not None
+            and run.start_at is not None
+            and run.status is RunStatus.RUNNING
+            and run.fencing_token == check.fencing_token
+            and (check.tenant is None or run.tenant == check.tenant)
+            and deciding_at > run.start_at - CHECK_GUARD_MS
+        )
+
     @property
     def state(self) -> PartitionState:
         """The partition's state as last decided (read by the node's gauges and executors)."""
@@ -314,6 +343,7 @@ class PartitionRunner:
 
     def _recover(self) -> None:
         self.deciding.clear()
+        self._deciding_at = 0
         warm, self._warm = self._warm, None
         loaded = None
         if warm is not None and self._store is None:
@@ -444,6 +474,7 @@ class PartitionRunner:
             # due" to the wheel, decided too early to do anything, and lost; so until the clock
             # catches up, the partition decides at the wheel's time.
             now = max(self._clock.now_ms(), self.core.wheel.now_ms)
+            self._deciding_at = now
             if self._due_at is not None and now > self._due_at:
                 times.woke_late_s = (now - self._due_at) / 1000
             self.core.advance(now)

@@ -108,6 +108,44 @@ def test_a_pause_before_the_check_withdraws_a_run_leased_ahead(node: Serve, a: C
     assert a.get_job(job_id).status == "paused"
 
 
+def test_runs_held_past_their_check_are_not_started_by_a_worker_that_stops(
+    node: Serve, a: Client
+) -> None:
+    """Runs held to one instant are checked together; a stop between the check and the start
+    starts none of them and returns at once, without waiting for the instant."""
+    pool = unique("held")
+    slot = slot_in(4)
+    jobs = [unique("held") for _ in range(30)]
+    ran: list[str] = []
+
+    async def handle(run: RunContext) -> None:
+        ran.append(run.run_id)
+
+    async def scenario() -> tuple[Worker, float]:
+        async with async_client(node) as cronlog:
+            for job_id in jobs:
+                await cronlog.put_job(
+                    job_id, JobDefinition(name="h", run_at=slot, target=f"pull://{pool}")
+                )
+            worker = Worker(cronlog, pool, handle, concurrency=50, worker_id="w-held")
+            running = asyncio.ensure_future(worker.run())
+            for job_id in jobs:
+                await leased(cronlog, job_id)
+            # the check goes about a second before the start, all thirty in one request
+            while worker.heartbeat_requests == 0:
+                await asyncio.sleep(0.02)
+            assert time.time() < slot.timestamp() - 0.3, "the check came too late to test"
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+            return worker, time.time()
+
+    worker, stopped_at = asyncio.run(scenario())
+    assert ran == [] and worker.completed == 0 and worker.withdrawn == 0
+    assert worker.heartbeat_requests == 1
+    assert stopped_at < slot.timestamp()  # it did not wait for the instant
+    assert all("RunStarted" not in [e["type"] for e in events_of(a, job_id)] for job_id in jobs)
+
+
 async def leased(cronlog: AsyncClient, job_id: str) -> None:
     """Until the job's run is running (leased ahead), read as a user would."""
     for _ in range(100):

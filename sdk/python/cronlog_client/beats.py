@@ -131,6 +131,33 @@ class Beater:
             self._wake.set()
         return await waiting.answer  # a cancelled caller cancels it: it is then not sent
 
+    async def check_many(self, leases: list[tuple[str, int, float]]) -> list[Answer]:
+        """Whether each lease still holds, for runs leased ahead about to start: ``leases``
+        are (run id, fencing token, when the lease runs out, the loop's time), answered in
+        their order. The checks join the queue together (a herd's runs held to one instant are
+        tens of thousands), sent in batches of ``max_batch`` like any beats."""
+        if not leases:
+            return []
+        beats = [
+            Beat(run_id=run_id, fencing_token=token, check=True) for run_id, token, _ in leases
+        ]
+        if self._alone:
+            return list(await asyncio.gather(*(self._one(beat) for beat in beats)))
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        waiting = [
+            _Waiting(beat, until, now, loop.create_future())
+            for beat, (_, _, until) in zip(beats, leases, strict=True)
+        ]
+        self._queue.extend(waiting)
+        self._wake.set()
+        try:
+            return list(await asyncio.gather(*(w.answer for w in waiting)))
+        finally:
+            for w in waiting:  # a cancelled caller: those not sent yet are not sent
+                if not w.answer.done():
+                    w.answer.cancel()
+
     async def close(self, sending: asyncio.Future[None]) -> None:
         """Send what still waits, then end :meth:`run` (``sending``)."""
         self._closing = True
