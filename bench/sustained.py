@@ -11,7 +11,7 @@ batch endpoint), lets them run ``--warm-s`` seconds, then measures every slot in
 ``--window-s`` seconds. HTTP targets call the recorder (lag = arrival - slot); pull targets are
 claimed and completed by :mod:`bench.pull_workers` (lag = lease granted - slot; the answer's
 arrival at the worker is reported beside it); ``pull-sdk`` runs them with two processes of
-the SDK's ``Worker`` (:mod:`bench.held_workers`, claims reaching 5 s ahead, the SDK's
+the SDK's ``Worker`` (:mod:`bench.held_workers`, claims reaching 15 s ahead, the SDK's
 default; lag = when the handler began - slot, on the same machine's clock). A slot not started
 2 s after the window counts as infinitely late. A step holds when p99 ≤ 100 ms; the search
 stops at the first step that does not hold.
@@ -62,7 +62,7 @@ from bench.common import (
 GOAL_P99_MS = 100.0
 SETTLE_MS = 2000
 SDK_WORKERS = 2  # pull-sdk: processes of the SDK's Worker (bench.held_workers)
-SDK_AHEAD_S = 5  # how far their claims reach (the SDK's default)
+SDK_AHEAD_S = 15  # how far their claims reach (the SDK's default for a worker this large)
 POOL = "steady"
 LEASE_SEC = 300.0
 

@@ -19,20 +19,21 @@ What the worker does for the handler:
 - **Claims long-poll** (``wait_sec``, 20 s by default): an idle worker holds one request open
   and is answered the moment a run of its pool is ready, so it neither spins nor sees a run a
   poll interval late.
-- **Claims reach ahead** (``ahead_sec``, 5 s by default): a run due within that long is leased
-  ahead, and the worker holds it and starts the handler at the run's start instant, never
-  before: it waits ``start_in_ms`` (the node's word for how far off the start is) from the
-  moment the answer arrived, so no clock of the worker's is read and a worker whose clock runs
-  ahead cannot start early; it starts late by at most the answer's way from the node. About
-  ``check_sec`` (1 s) before the start it asks whether the lease still holds (a heartbeat that
-  only checks, decided without writing anything): a pause, a schedule change or a cancel decided
-  before that check withdraws the run and it is not started; one decided after it reaches the
-  run as a running run's cancel does, at its first heartbeat. The start is reported with the
-  first heartbeat after it, or with the outcome, so the node's scheduling delay measures the
-  start, not the lease. The runs held to one instant are checked together (a thousand a request)
-  and their tasks made before it, so at the instant only the handlers begin: a herd's 25,000
-  runs in one worker process start within about a third of a second. A node that does not take
-  ``ahead_sec`` (older than it) is claimed from without it, for the worker's life.
+- **Claims reach ahead** (``ahead_sec``, 5 s by default, 15 s for a worker whose ``concurrency``
+  is 1,000 or more, time for the node to lease a herd before its slot): a run due within that
+  long is leased ahead, and the worker holds it and starts the handler at the run's start
+  instant, never before: it waits ``start_in_ms`` (the node's word for how far off the start is)
+  from the moment the answer arrived, so no clock of the worker's is read and a worker whose
+  clock runs ahead cannot start early; it starts late by at most the answer's way from the node.
+  About ``check_sec`` (1 s) before the start it asks whether the lease still holds (a heartbeat
+  that only checks, decided without writing anything): a pause, a schedule change or a cancel
+  decided before that check withdraws the run and it is not started; one decided after it
+  reaches the run as a running run's cancel does, at its first heartbeat. The start is reported
+  with the first heartbeat after it, or with the outcome, so the node's scheduling delay
+  measures the start, not the lease. The runs held to one instant are checked together (a
+  thousand a request) and their tasks made before it, so at the instant only the handlers begin:
+  a herd's 25,000 runs in one worker process start within about a third of a second. A node that
+  does not take ``ahead_sec`` (older than it) is claimed from without it, for the worker's life.
 - **Heartbeats** every third of the lease with the run's fencing token. The beats of the runs
   the worker holds that come due together go in one ``POST /v1/runs:heartbeat`` (one waits
   ``heartbeat_linger_sec``, 50 ms by default, for others; 1,000 a request at most), each
@@ -96,9 +97,14 @@ MAX_CLAIM = 1000  # the most runs the node leases in one claim (100 before lease
 OLD_MAX_CLAIM = 100
 MAX_COMPLETE_BATCH = 1000  # the most outcomes the node takes in one POST /v1/runs:complete
 # How far ahead a claim reaches by default: far enough that a herd is leased before its slot
-# (a node materialises runs 30 s ahead), near enough that a pause shortly before a slot seldom
-# finds its run leased already (it is withdrawn all the same, up to the check).
+# (a node materialises runs 30 s ahead), near enough that a run held ahead seldom keeps a small
+# worker's room from a run ready now (a pause is withdrawn all the same, up to the check).
 DEFAULT_AHEAD_SEC = 5.0
+# ... and for a worker with room for a herd (HERD_CONCURRENCY runs or more), far enough for the
+# node to lease it: a 2-core node leases about 5,000 runs a second (bench/results/perfherd.md,
+# "A herd's checks and starts"), so 50,000 runs due at once take it some ten seconds.
+HERD_CONCURRENCY = 1000
+HERD_AHEAD_SEC = 15.0
 MAX_AHEAD_SEC = 300.0  # the node's bound (the longest lead time)
 MAX_CHECK_SEC = 1.0  # the node withdraws a run leased ahead up to 1.5 s before its start
 DEFAULT_CHECK_SEC = 1.0  # a run leased ahead: its lease is checked this long before its start
@@ -198,10 +204,12 @@ class Worker:
         complete_batch: int = MAX_COMPLETE_BATCH,
         complete_linger_sec: float = 0.005,
         heartbeat_linger_sec: float = 0.05,
-        ahead_sec: float = DEFAULT_AHEAD_SEC,
+        ahead_sec: float | None = None,
         check_sec: float = DEFAULT_CHECK_SEC,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
+        if ahead_sec is None:
+            ahead_sec = DEFAULT_AHEAD_SEC if concurrency < HERD_CONCURRENCY else HERD_AHEAD_SEC
         if not 0 <= ahead_sec <= MAX_AHEAD_SEC:
             raise ValueError(f"ahead_sec must be between 0 and {MAX_AHEAD_SEC}")
         if not 0 <= check_sec <= MAX_CHECK_SEC:
