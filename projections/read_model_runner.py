@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Sequence
 
 from core.errors import CronlogError, LogCorrupted, StoreDamaged
-from core.linger import LINGER_S, Linger
 from eventlog.port import EventLog
 from projections.decoding import EventDecoder
 from projections.model_fold import ModelFold
@@ -38,18 +37,17 @@ class ReadModelRunner:
 
     ``run_once()`` folds in everything there is now and returns how many events it read.
     ``start()`` runs one thread per partition, each blocking in ``read_events(..., timeout_s)``
-    from the model's position, so an event is queryable moments after it is committed (a steady
-    stream of small appends waits ``linger_s``, 5 ms, to be folded and committed several at a
-    time: :mod:`core.linger`); ``stop()`` ends them (within ``poll_s``). While ``defer_while()``
-    is true (the node's partitions are still recovering), a follower more than a batch behind
-    the log's end waits, for at most ``defer_for_s`` after ``start()`` (see ``DEFER_FOR_S``).
-    Records that are not events go through ``decoder`` (reported once, passed over). A model
-    found damaged while folding is set aside and folded again from offset 0 (up to
-    ``MAX_SET_ASIDE`` times), or refilled from a history checkpoint where there is one. A thread
-    whose read or fold fails otherwise says so (the first failure of a streak with its
-    traceback), tells ``on_failed``, and tries again from the model's position after a backoff:
-    it never stops following while the runner runs, unless the log itself is damaged
-    (``LogCorrupted``: the log has failed and the node that owns it stops).
+    from the model's position, so an event is queryable moments after it is committed;
+    ``stop()`` ends them (within ``poll_s``). While ``defer_while()`` is true (the node's
+    partitions are still recovering), a follower more than a batch behind the log's end waits,
+    for at most ``defer_for_s`` after ``start()`` (see ``DEFER_FOR_S``). Records that are not
+    events go through ``decoder`` (reported once, passed over). A model found damaged while
+    folding is set aside and folded again from offset 0 (up to ``MAX_SET_ASIDE`` times), or
+    refilled from a history checkpoint where there is one. A thread whose read or fold fails
+    otherwise says so (the first failure of a streak with its traceback), tells ``on_failed``,
+    and tries again from the model's position after a backoff: it never stops following while
+    the runner runs, unless the log itself is damaged (``LogCorrupted``: the log has failed and
+    the node that owns it stops).
     """
 
     def __init__(
@@ -63,10 +61,8 @@ class ReadModelRunner:
         defer_while: Callable[[], bool] | None = None,
         defer_for_s: float = DEFER_FOR_S,
         partitions: Sequence[int] | None = None,
-        linger_s: float = LINGER_S,
     ) -> None:
         self._log = log_
-        self._linger_s = linger_s  # a steady stream's small batches wait this long for more
         # the partitions it follows: every one of the log's (a model of every partition), or
         # those given (history kept with its partition: a model of one)
         self._partitions = None if partitions is None else list(partitions)
@@ -143,7 +139,6 @@ class ReadModelRunner:
     def _follow(self, partition: int) -> None:
         model = self._model
         failures = 0
-        linger = Linger(self._linger_s)
         while not self._stopping.is_set():
             try:
                 if self._deferring(partition):
@@ -155,12 +150,6 @@ class ReadModelRunner:
                 records = self._log.read_events(partition, position, self._batch_size, self._poll_s)
                 if not records:
                     model.reached_the_end(partition, position, generation)
-                elif pause := linger.wait(len(records), time.monotonic()):
-                    # a steady stream of small appends: one commit for a few of them
-                    self._stopping.wait(pause)
-                    records += self._log.read_events(
-                        partition, records[-1].offset + 1, self._batch_size - len(records)
-                    )
                 if records:
                     try:
                         model.process_records(
