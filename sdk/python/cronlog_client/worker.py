@@ -32,8 +32,9 @@ What the worker does for the handler:
   with the first heartbeat after it, or with the outcome, so the node's scheduling delay
   measures the start, not the lease. The runs held to one instant are checked together (a
   thousand a request) and their tasks made before it, so at the instant only the handlers begin:
-  a herd's 25,000 runs in one worker process start within about a third of a second. A node that
-  does not take ``ahead_sec`` (older than it) is claimed from without it, for the worker's life.
+  a herd's 25,000 runs start in about a third of a second on a core of the worker's own. A node
+  that does not take ``ahead_sec`` (older than it) is claimed from without it, for the worker's
+  life.
 - **Heartbeats** every third of the lease with the run's fencing token. The beats of the runs
   the worker holds that come due together go in one ``POST /v1/runs:heartbeat`` (one waits
   ``heartbeat_linger_sec``, 50 ms by default, for others; 1,000 a request at most), each
