@@ -182,6 +182,12 @@ def routing_key(command: AnyCommand) -> str:
     raise TypeError(f"{type(command).__name__} is not routed by job")
 
 
+def _holds_here(runner: PartitionRunner, command: AnyCommand) -> bool:
+    """Whether ``command`` is a worker's check of a run leased ahead that the partition's state
+    answers "the lease holds" without its loop (:meth:`PartitionRunner.lease_holds`)."""
+    return type(command) is HeartbeatRun and command.check and runner.lease_holds(command)
+
+
 class Node:
     def __init__(
         self,
@@ -1161,12 +1167,7 @@ class Node:
             else:
                 asked = []
                 for i in indices:
-                    command = commands[i]
-                    if (
-                        type(command) is HeartbeatRun
-                        and command.check
-                        and runner.lease_holds(command)
-                    ):
+                    if _holds_here(runner, commands[i]):
                         results[i] = []  # the lease holds, and nothing to come can withdraw it
                     else:
                         asked.append(i)
@@ -1266,6 +1267,8 @@ class Node:
             return await self._forward(
                 partition, command, visible=visible, timeout_s=timeout_s or FORWARD_TIMEOUT_S
             )
+        if _holds_here(runner, command):
+            return []
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Decided | CronlogError | None] = loop.create_future()
 

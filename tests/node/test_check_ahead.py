@@ -104,8 +104,10 @@ def test_a_check_past_the_cut_off_is_answered_from_the_state_and_before_it_by_th
     # then past it.
     assert asyncio.run(node.execute_many([check(leases[a])], visible=False)) == [[]]
     assert len(asked) == 2
-    # From here on no decision can withdraw a: its checks are answered without the loop ...
+    # From here on no decision can withdraw a: its checks are answered without the loop,
+    # in a batch or alone ...
     assert asyncio.run(node.execute_many([check(leases[a])] * 3, visible=False)) == [[]] * 3
+    assert asyncio.run(node.execute(check(leases[a]))) == []
     assert len(asked) == 2
     # ... but b's refusal, another team's check and a stale token still go to the loop.
     [withdrawn, foreign, stale] = asyncio.run(
