@@ -21,6 +21,11 @@ Scenarios (each its own processes, started afresh; one recorder for all):
   runs a claim, completing each run) in another process from one second before the slot. Lag
   = lease granted - slot (the node's own statement in the claim), and the answer's arrival at
   the worker - slot.
+* ``pull-sdk``: the same jobs, claimed by two processes of the SDK's ``Worker``
+  (:mod:`bench.held_workers`) with its defaults: claims reaching ahead (15 s, for a worker with
+  room for a herd), each lease checked a second before its start, each handler begun at the
+  instant and done a second later. Lag = when the handler began - the slot (0 early is the
+  rule).
 * ``http-wN``, ``pull-wN``: the same on ``cronlog serve --workers N`` (N worker processes
   beside the parent that serves them the log); the CPU is the whole process tree's.
   ``http-aS``: with ``--arm-ahead S`` (``http-a0``: every call leased at its slot).
@@ -82,6 +87,11 @@ MAX_CALLS = 512  # cronlog serve's --max-calls default: the floor's concurrency
 # node's own timers, after registration ended, as for jobs registered long before their slot
 # (registered within the lead, they would be materialised as they are registered).
 SETTLE_S = 35.0
+SDK_WORKERS = 2  # pull-sdk: processes of the SDK's Worker, each with room for its share
+# pull-sdk: each handler holds its run this long, as work does, so that the outcomes follow the
+# starts rather than share the workers' loop with them (with none, the p99 ran 0.4-1.4 s)
+SDK_HOLD_S = 1.0
+SDK_SETTLE_MS = 20_000  # pull-sdk: the longest the workers run after the slot before they stop
 
 # name -> aps_peer arguments: APScheduler's settings that start a herd soonest and drop none
 # (no misfire limit, coalescing; the asyncio executor on the floor's client or a pool of 20
@@ -280,6 +290,75 @@ def herd_pull(
     }  # fmt: skip
 
 
+def herd_pull_sdk(
+    jobs: int,
+    tmp: Path,
+    *,
+    kafka: str | None = None,
+    extra: list[str] | None = None,
+    settle_s: float = SETTLE_S,
+) -> dict[str, Any]:
+    """The pull herd as a team runs it: ``SDK_WORKERS`` processes of the SDK's ``Worker``
+    (:mod:`bench.held_workers`, its defaults: claims reaching ahead, checks, starts at the
+    instant), each with room for its share, each run held ``SDK_HOLD_S`` as work would. Lag
+    = when the handler began - the slot, on the same machine's clock. The node's CPU is
+    taken over the second before the slot to the last start: the checks come in that second."""
+    data = tmp / f"serve-{secrets.token_hex(4)}"
+    with Serve(data, kafka=kafka, extra=extra or []) as serve:
+        batch = find_batch_endpoint(serve.openapi())
+
+        def make(i: int, w: dict[str, Any]) -> dict[str, Any]:
+            return pull_job(i, POOL, LEASE_SEC, **w)
+
+        slot, warm = place_slot(serve, jobs, make, batch, margin_s=_margin_s(jobs, settle_s))
+        registered = register(
+            serve, [make(i, daily_at_fields(slot)) for i in range(jobs)], batch=batch
+        )
+        settle_ms = min(SDK_SETTLE_MS, 3_000 + jobs // 5)
+        until = slot + settle_ms
+        outs = [tmp / f"held-{i}-{secrets.token_hex(4)}" for i in range(SDK_WORKERS)]
+        share = -(-jobs // SDK_WORKERS)
+        workers = []
+        for out in outs:
+            command = [
+                PYTHON, "-m", "bench.held_workers", serve.url, serve.token, POOL,
+                "--out", str(out), "--until-ms", str(until), "--hold-s", str(SDK_HOLD_S),
+                "--concurrency", str(share), "--worker-id", out.name,
+            ]  # fmt: skip
+            workers.append(subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True))
+        try:
+            cpu = CpuWindow(serve.pid)
+            sleep_until_ms(slot - 1000)
+            cpu.begin()
+            while now_ms() < until - settle_ms // 2:
+                cpu.sample()
+                time.sleep(0.1)
+            window = cpu.end()
+            rss, peak = rss_bytes(serve.pid)
+            for worker in workers:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.wait(max(60.0, (until - now_ms()) / 1000 + 60))
+        finally:
+            counts = [json.loads(stop_process(worker, 30) or "{}") for worker in workers]
+    lags: list[float] = []
+    for out in outs:
+        for line in (out.read_text() if out.exists() else "").splitlines():
+            started_ns, slot_ms, _ = line.split(" ", 2)
+            lags.append(int(started_ns) / 1e6 - int(slot_ms))
+    return {
+        "lag": lag_summary(lags, jobs),
+        "early_starts": sum(1 for lag in lags if lag < 0),
+        "workers": {k: sum(c.get(k, 0) for c in counts) for k in (counts[0] if counts else {})},
+        "worker_processes": SDK_WORKERS,
+        "node_cpu": window,
+        "registration": registered.figures(),
+        "warm_up_jobs_per_s": round(warm.rate),
+        "rss_mb": round(rss / 2**20, 1),
+        "peak_rss_mb": round(peak / 2**20, 1),
+        "log": "kafka" if kafka else "embedded",
+    }
+
+
 def aps(recorder: Recorder, jobs: int, tmp: Path, variant: str) -> dict[str, Any]:
     recorder.take()
     command = [PYTHON, "-m", "bench.aps_peer", recorder.url, "--jobs", str(jobs),
@@ -355,6 +434,8 @@ def run_scenario(
             profile=profile,
             settle_s=settle_s,
         )
+    elif name == "pull-sdk":
+        figures = herd_pull_sdk(jobs, tmp, kafka=kafka, settle_s=settle_s)
     elif name.split("-")[0] == "pull":
         figures = herd_pull(
             jobs, tmp, kafka=kafka, extra=_workers(name), profile=profile, settle_s=settle_s

@@ -6,7 +6,8 @@ noisy minute falls on all of them alike; the report gives the median of the roun
 range. The scenarios (see each module's docstring):
 
 1. the herd (:mod:`bench.herd_serve`): the floor, cronlog's HTTP and pull herds (one process,
-   and ``--workers 2``), APScheduler's variants;
+   and ``--workers 2``; the pull herd also through the SDK's ``Worker``), APScheduler's
+   variants;
 2. registration (:mod:`bench.registration`): ``POST /v1/jobs`` with wrk against cronlog and a
    bare Starlette endpoint; the batch endpoint when served;
 3. restart (:mod:`bench.restart`): ``/readyz`` and RSS on a data directory built once;
@@ -167,7 +168,7 @@ def _round(
     if "herd" not in plan.skip:
         # The node as one process (``--workers 1``, the default) and as two worker processes
         # beside their parent (``--workers 2``, history kept with each worker's partitions).
-        for name in ("floor", "http", "pull", "http-w2", "pull-w2"):
+        for name in ("floor", "http", "pull", "pull-sdk", "http-w2", "pull-w2"):
             the_run.attempt(name, r, lambda n=name: herd(n, plan.herd_jobs))
     if "aps" not in plan.skip:
         for name, jobs in plan.aps_jobs.items():

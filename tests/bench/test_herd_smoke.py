@@ -113,6 +113,11 @@ def test_the_short_herd_measures_every_run(tmp_path: Path) -> None:
         # the worker cannot receive a lease before the node granted it
         assert received["p50_ms"] >= pull["figures"]["lag"]["p50_ms"]
 
+        sdk = run_scenario("pull-sdk", recorder, JOBS, tmp_path)
+        _sane(sdk, JOBS)
+        assert sdk["figures"]["workers"]["completed"] == JOBS
+        assert sdk["figures"]["early_starts"] == 0  # held to the instant, never before
+
 
 def test_a_profile_charges_each_sample_to_the_innermost_module_of_ours(tmp_path: Path) -> None:
     raw = tmp_path / "raw.txt"
