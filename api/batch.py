@@ -46,6 +46,7 @@ from api.edge import (
     json_response,
     over_rate,
     read_json,
+    refuse_oversized,
     take_items,
     too_deep,
 )
@@ -161,16 +162,7 @@ def _refused(index: int, err: Exception, job_id: str | None = None) -> JobResult
 async def create_jobs(request: Request) -> Response:
     call = authenticate(request)
     raw = await read_json(request, MAX_BATCH_BODY_BYTES, deep="jobs")
-    if isinstance(raw, dict) and isinstance(raw.get("jobs"), list):
-        count = len(raw["jobs"])
-        if count > MAX_BATCH_JOBS:
-            # The document's maxItems: a 400, as every bound the document states.
-            raise ApiError(
-                400,
-                "bad_request",
-                f"a batch holds at most {MAX_BATCH_JOBS} jobs, not {count}; send several",
-                field="jobs",
-            )
+    refuse_oversized(raw, "jobs", MAX_BATCH_JOBS, "jobs")
     # Converted as it came: an item's payload is kept exactly as sent (as_type reads each item).
     shape = msgspec.convert(raw, _Shape)
     if not shape.jobs:

@@ -42,9 +42,10 @@ from api.edge import (
     json_response,
     over_rate,
     read_json,
+    refuse_oversized,
     take_items,
 )
-from api.errors import ApiError, ErrorBody, from_exception
+from api.errors import ErrorBody, from_exception
 from api.repeats import CATCH_UP_S, outcome_refused
 from api.translate import complete_run
 from api.wire import MAX_RETRY_AFTER_SEC, FencingToken, StartedLate
@@ -112,15 +113,7 @@ def _refused(index: int, err: Exception, run_id: str | None = None) -> Completio
 async def complete_runs(request: Request) -> Response:
     call = authenticate(request)
     raw = await read_json(request, MAX_BATCH_BODY_BYTES, deep="runs")
-    if isinstance(raw, dict) and isinstance(raw.get("runs"), list):
-        count = len(raw["runs"])
-        if count > MAX_BATCH_RUNS:
-            raise ApiError(
-                400,
-                "bad_request",
-                f"a batch holds at most {MAX_BATCH_RUNS} outcomes, not {count}; send several",
-                field="runs",
-            )
+    refuse_oversized(raw, "runs", MAX_BATCH_RUNS, "outcomes")
     shape = msgspec.convert(raw, CompletionBatchIn)
     results: list[CompletionResult | None] = [None] * len(shape.runs)
     allowed = 1 + take_items(request, call, len(shape.runs) - 1)

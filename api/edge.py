@@ -197,6 +197,20 @@ async def read_json(request: Request, max_bytes: int, deep: str | None) -> Any:
     return _decode_json(body, deep)
 
 
+def refuse_oversized(raw: Any, field: str, most: int, what: str) -> None:
+    """A batch body (plain JSON) whose ``field`` lists more than ``most`` items is a 400 naming
+    the field before any item is read: the document's maxItems, as every bound it states."""
+    if isinstance(raw, dict) and isinstance(raw.get(field), list):
+        count = len(raw[field])
+        if count > most:
+            raise ApiError(
+                400,
+                "bad_request",
+                f"a batch holds at most {most} {what}, not {count}; send several",
+                field=field,
+            )
+
+
 async def read_typed_or_json(
     request: Request, max_bytes: int, typed: msgspec.json.Decoder[T], deep: str | None
 ) -> T | Any:

@@ -48,9 +48,10 @@ from api.edge import (
     lease_refused,
     over_rate,
     read_typed_or_json,
+    refuse_oversized,
     take_items,
 )
-from api.errors import ApiError, ErrorBody, from_exception
+from api.errors import ErrorBody, from_exception
 from api.instants import to_rfc3339
 from api.translate import heartbeat_run
 from api.wire import FencingToken, StartedLate
@@ -138,15 +139,7 @@ async def heartbeat_runs(request: Request) -> Response:
     if isinstance(raw, _WellFormed):
         items: list[Any] = raw.runs
     else:
-        if isinstance(raw, dict) and isinstance(raw.get("runs"), list):
-            count = len(raw["runs"])
-            if count > MAX_BATCH_RUNS:
-                raise ApiError(
-                    400,
-                    "bad_request",
-                    f"a batch holds at most {MAX_BATCH_RUNS} heartbeats, not {count}; send several",
-                    field="runs",
-                )
+        refuse_oversized(raw, "runs", MAX_BATCH_RUNS, "heartbeats")
         items = msgspec.convert(raw, HeartbeatBatchIn).runs
     results: list[HeartbeatResult | None] = [None] * len(items)
     allowed = 1 + take_items(request, call, len(items) - 1)
