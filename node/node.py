@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
@@ -164,9 +164,6 @@ _NOTHING = SlotDue(job_id="")
 
 def routing_key(command: AnyCommand) -> str:
     """The job id that decides which partition a command goes to."""
-    kind = type(command)
-    if kind is HeartbeatRun or kind is CompleteRun:  # the most numerous, by far
-        return job_id_of_run(cast(HeartbeatRun | CompleteRun, command).run_id)
     match command:
         case PutJob() | PauseJob() | ResumeJob() | CancelJob() | TriggerRun() | UpstreamSucceeded():
             return command.job_id
