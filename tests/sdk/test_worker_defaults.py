@@ -1,11 +1,16 @@
-"""The Worker's defaults that need no node: how far its claims reach ahead."""
+"""The Worker without a node: how far its claims reach ahead, and runs held ahead whose
+check fails."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
+import logging
 from typing import Any
 
 import pytest
 from cronlog_client import RunContext, Worker
+from cronlog_client.models import ClaimedRun
 from cronlog_client.worker import DEFAULT_AHEAD_SEC, HERD_AHEAD_SEC, HERD_CONCURRENCY
 
 
@@ -25,3 +30,55 @@ def test_a_worker_with_room_for_a_herd_reaches_further_ahead() -> None:
     assert worker(ahead_sec=0).ahead_sec == 0
     with pytest.raises(ValueError, match="ahead_sec"):
         worker(ahead_sec=301)
+
+
+def test_runs_held_ahead_whose_check_fails_give_their_room_back_and_say_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug while checking runs held to their start ends their task with a logged error, and
+    the room they took is free again: the worker is not left claiming less for ever."""
+    ran: list[str] = []
+
+    async def record(run: RunContext) -> None:
+        ran.append(run.run_id)
+
+    async def scenario() -> Worker:
+        w = Worker(None, "p", record, concurrency=10, check_sec=0.05)  # type: ignore[arg-type]
+
+        async def broken(leases: list[tuple[str, int, float]]) -> list[object]:
+            raise RuntimeError("a bug in the checks")
+
+        w._beater.check_many = broken  # type: ignore[assignment,method-assign]
+        loop = asyncio.get_running_loop()
+        runs = [claimed(f"j{i}.1", start_in_ms=100) for i in range(3)]
+        w._free -= len(runs)  # as the claim loop does before it claims
+        received = loop.time()  # one claim's answer: the three are held to one instant
+        for run in runs:
+            w._hold(run, received)
+        await asyncio.wait(set(w._running), timeout=5)
+        return w
+
+    with caplog.at_level(logging.ERROR, logger="cronlog_client.worker"):
+        w = asyncio.run(scenario())
+    assert ran == [] and not w._running
+    assert w._free == 10  # all three runs' room given back
+    assert any(
+        "3 runs held to their start could not be started" in r.message for r in caplog.records
+    )
+
+
+def claimed(run_id: str, start_in_ms: int) -> ClaimedRun:
+    now = dt.datetime.now(dt.UTC)
+    return ClaimedRun(
+        run_id=run_id,
+        job_id=run_id.rpartition(".")[0],
+        scheduled_for=now,
+        attempt=1,
+        fencing_token=1,
+        lease_expires_at=now,
+        lease_sec=60.0,
+        payload=None,
+        idempotency_key="k",
+        timeout_sec=60.0,
+        start_in_ms=start_in_ms,
+    )

@@ -32,9 +32,9 @@ What the worker does for the handler:
   with the first heartbeat after it, or with the outcome, so the node's scheduling delay
   measures the start, not the lease. The runs held to one instant are checked together (a
   thousand a request) and their tasks made before it, so at the instant only the handlers begin:
-  a herd's 25,000 runs start in about a third of a second on a core of the worker's own. A node
-  that does not take ``ahead_sec`` (older than it) is claimed from without it, for the worker's
-  life.
+  50,000 runs held by two worker processes on a 2-core machine started with p99 about 0.55 s. A
+  node that does not take ``ahead_sec`` (older than it) is claimed from without it, for the
+  worker's life.
 - **Heartbeats** every third of the lease with the run's fencing token. The beats of the runs
   the worker holds that come due together go in one ``POST /v1/runs:heartbeat`` (one waits
   ``heartbeat_linger_sec``, 50 ms by default, for others; 1,000 a request at most), each
@@ -140,6 +140,7 @@ class RunContext:
     reason: str = ""
     # leased ahead: how late it started, until a heartbeat or the outcome has said so
     _started_late_ms: int | None = None
+    _settled: bool = False  # held ahead: started, or its room given back
 
     @property
     def run_id(self) -> str:
@@ -416,7 +417,20 @@ class Worker:
         """The runs held to ``start``: their leases checked ``check_sec`` before it (those
         withdrawn meanwhile are not started), then each one's task made, to begin its
         handler at the instant (:meth:`_gated`). Runs leased to the same instant
-        after the check has gone are held by another task, which checks them at once."""
+        after the check has gone are held by another task, which checks them at once. A bug
+        on the way is logged, and the runs not yet started give their room back (their leases
+        run out and they are retried): a task holding runs never ends without a word."""
+        try:
+            await self._check_and_start(start, held)
+        except Exception:
+            unsettled = [c for c in held if not c._settled]
+            log.exception(
+                "%d runs held to their start could not be started (their leases run out)",
+                len(unsettled),
+            )
+            self._release(len(unsettled))
+
+    async def _check_and_start(self, start: float, held: list[RunContext]) -> None:
         await self._instant(start - self.check_sec)
         if self._holds.get(start) is held:
             del self._holds[start]  # from here on the group takes no more runs
@@ -431,6 +445,7 @@ class Worker:
             if answer.how == "lost":
                 self.withdrawn += 1
                 log.info("run %s: withdrawn before its start: %s", context.run_id, answer.reason)
+                context._settled = True
                 self._release(1)
                 continue
             if answer.how == "undelivered":  # the lease is ours: start, and hear of it by beating
@@ -448,6 +463,7 @@ class Worker:
     def _not_started(self, held: list[RunContext], why: str) -> None:
         for context in held:
             log.info("run %s: %s; not started (its lease runs out)", context.run_id, why)
+            context._settled = True
         self._release(len(held))
 
     def _release(self, runs: int) -> None:
@@ -501,6 +517,7 @@ class Worker:
                 work = loop.create_task(self.handler(context))  # type: ignore[arg-type]
             else:
                 work = loop.create_task(self._call(context))
+            context._settled = True  # its room is the task's to give back now
             running = _Running(context, work, group)
             group.running.add(running)
             self._running.add(work)
