@@ -383,7 +383,7 @@ class EmbeddedLog(SingleProcessLog):
                     checked = _CHECKED + _STREAM_ID[stream]
                     if since_last:
                         start = max(start, min(end, self._meta_u64(checked, partition)))
-                    total += self._check(stream, partition, start, end)
+                    total += self._check_pruning(stream, partition, start, end)
                     self._tables[_META].put(checked + _U32.pack(partition), _U64.pack(end))
                 except LogCorrupted as found:
                     raise self._damaged(found) from None
@@ -929,6 +929,20 @@ class EmbeddedLog(SingleProcessLog):
             partition=partition,
             start=start,
         )
+
+    def _check_pruning(self, stream: str, partition: int, start: int, end: int) -> int:
+        """:meth:`_check` over ``[start, end)`` while retention may prune the front: a gap
+        where the start has moved past is the prune, not damage, and the check goes on from
+        the new start (how many records it counts is then what is left of the range)."""
+        while True:
+            try:
+                return self._check(stream, partition, start, end)
+            except LogCorrupted as found:
+                with self._signal.cond:
+                    now = self._starts[stream][partition]
+                if found.offset is None or found.offset >= now or now <= start:
+                    raise
+                start = min(now, end)
 
     def _check(self, stream: str, partition: int, start: int, end: int) -> int:
         """:meth:`_scan`'s checks over ``[start, end)``, one iterator, no records made; returns

@@ -7,11 +7,12 @@ A fake wall clock stamps the segments; offsets and records are the log's own.
 from __future__ import annotations
 
 import itertools
+import struct
 from pathlib import Path
 
 import pytest
 
-from core.errors import Pruned
+from core.errors import LogCorrupted, Pruned
 from eventlog.embedded import EmbeddedLog
 from tests.projections.histories import Writers
 
@@ -122,3 +123,39 @@ def test_commands_are_cut_into_segments_too(tmp_path: Path) -> None:
         assert log.read_commands(0, segments[1].first)[0].value == b"command %d" % segments[1].first
         with pytest.raises(Pruned):
             log.read_commands(0, 0)
+
+
+def test_a_prune_while_the_check_runs_is_not_damage(tmp_path: Path) -> None:
+    """Serve checks the log while retention archives and prunes: the check read the start,
+    then a prune removed the front before its iterator was made. The gap it meets is the
+    prune; the check goes on from the new start and the log stays usable."""
+    with _open(tmp_path / "log", Wall()) as log:
+        values = _fill(log, 0, 40)
+        cut = log.segments("events", 0)[2].first
+        check = log._check
+        pruned: list[int] = []
+
+        def pruning_first(stream: str, partition: int, start: int, end: int) -> int:
+            if stream == "events" and partition == 0 and not pruned:
+                pruned.append(log.prune("events", 0, cut))
+            return check(stream, partition, start, end)
+
+        log._check = pruning_first  # type: ignore[method-assign]
+        checked = log.verify()
+        assert pruned == [cut]
+        assert checked == 40 - cut + log.end_offset("commands", 0) * 2
+        assert [r.value for r in log.read_events(0, cut, 100)] == values[cut:]
+
+
+def test_a_gap_past_the_start_is_damage_though_a_prune_ran(tmp_path: Path) -> None:
+    """The prune excuses only what it removed: a record missing at or past the new start is
+    damage, and the log fails."""
+    with _open(tmp_path / "log", Wall()) as log:
+        _fill(log, 0, 40)
+        cut = log.segments("events", 0)[1].first
+        log.prune("events", 0, cut)
+        log._tables["events"].delete(struct.pack(">IQ", 0, cut + 3))  # raw: a lost record
+        with pytest.raises(LogCorrupted, match=f"no record at offset {cut + 3}"):
+            log.verify()
+        with pytest.raises(LogCorrupted):
+            log.read_events(0, cut, 100)
