@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from eventlog.port import EventLog
     from eventlog.snapshots import SnapshotStore
     from node.owned_history import HistoryOn
+    from node.produced import ProducedTargets
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CRONLOG_DATA_DIR", "~/.local/share/cronlog")).expanduser()
 
@@ -110,6 +111,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--target-kafka",
         metavar="HOST:PORT",
         help="Kafka for kafka:// job targets (default: --kafka)",
+    )
+    serve.add_argument(
+        "--kafka-targets",
+        choices=("exactly-once", "at-least-once"),
+        help="how kafka:// runs are produced: exactly-once, in the events' own transaction (the"
+        " default in cluster mode when the target Kafka is the cluster and has no credentials of"
+        " its own), or at-least-once, as a call (the default otherwise; docs/reliability.md)",
     )
     serve.add_argument(
         "--max-calls",
@@ -711,6 +719,7 @@ def _serve(args: argparse.Namespace) -> int:
         history_window_ms=args.history_window,
         history_on=history_on(args),
         archive=archive,
+        produced=produced_targets(args, raw_log, target_kafka, egress),
     )
     # Of a node's worker processes, the first speaks for them all (the parent says where).
     speaks = not worker or args.worker_index == 0
@@ -768,6 +777,9 @@ def _serve(args: argparse.Namespace) -> int:
     gc.set_threshold(50_000, 20, 20)
     if speaks:
         print(f"cronlog: {egress.describe()}", flush=True)
+    if speaks:
+        how = "exactly once" if node.produced is not None else "at least once"
+        print(f"cronlog: kafka:// targets: {how} (docs/reliability.md)", flush=True)
     if speaks and args.kafka and target_kafka == args.kafka and args.target_kafka_config is None:
         print(
             "cronlog: kafka:// targets are produced with the cluster's own credentials; give"
@@ -980,3 +992,23 @@ def _stored_partitions(data_dir: Path, requested: int) -> int:
         return int(text)
     marker.write_text(f"{requested}\n")
     return requested
+
+
+def produced_targets(
+    args: argparse.Namespace, raw_log: Any, target_kafka: str | None, egress: EgressPolicy
+) -> ProducedTargets | None:
+    """Whether ``kafka://`` runs go into the events' own transaction (:mod:`node.produced`):
+    only on the cluster itself, with the cluster's credentials, as its partitions' writers are
+    the producers. Exits when ``--kafka-targets exactly-once`` asks for it elsewhere."""
+    from node.produced import ProducedTargets
+
+    can = bool(args.kafka) and target_kafka == args.kafka and args.target_kafka_config is None
+    if args.kafka_targets == "exactly-once" and not can:
+        sys.exit(
+            "cronlog: --kafka-targets exactly-once needs cluster mode (--kafka), kafka:// targets"
+            " on the cluster itself (no other --target-kafka) and its own credentials (no"
+            " --target-kafka-config): the record goes into the events' transaction"
+        )
+    if not can or args.kafka_targets == "at-least-once":
+        return None
+    return ProducedTargets(egress, raw_log.topic_names)

@@ -38,7 +38,9 @@ arms its timers by the lead it is given. 0 (the default) decides every slot at t
 ``arm_ms`` before its ``available_at``, and the driver's ``StartRun`` reaches that far
 (``horizon_ms``): the lease is granted ahead, counting from ``available_at`` (its
 ``start_at``), and the executor makes the call at that instant on its own timer. Like the lead,
-a setting, not state.
+a setting, not state. With ``kafka_at_slot`` set (a cluster whose runner produces ``kafka://``
+runs in the events' own transaction, ``node.produced``) a Kafka target's run is not armed
+ahead: its lease, its success and its record are decided together at its start.
 
 ``snapshot()`` gives the canonical state as bytes with a format version in front, and
 ``restore()`` takes them back (rebuilding every timer from the state): a snapshot of a state
@@ -67,6 +69,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from typing import Any
 
 from core import events as ev
 from core.clock import Millis
@@ -74,6 +77,7 @@ from core.commands import AnswerDue, AnyCommand, ForgetDue, LeaseDue, SlotDue
 from core.decide import MAX_HORIZON_MS, decide
 from core.errors import CronlogError, InvalidDefinition
 from core.ids import SEPARATOR
+from core.jobs import KafkaTarget
 from core.state import JobStatus, PartitionState, ended_at, evolve
 from core.timers import TimerKey, forget_timer, run_timers, slot_timer, timers_after
 from core.turns import Turns
@@ -116,6 +120,7 @@ class Partition:
         park_ms: int = DEFAULT_PARK_MS,
         lead_ms: int = 0,
         arm_ms: int = 0,
+        kafka_at_slot: bool = False,
     ) -> None:
         if not 0 <= lead_ms <= MAX_LEAD_MS:
             raise ValueError(f"lead_ms must be between 0 and {MAX_LEAD_MS}, got {lead_ms}")
@@ -129,6 +134,7 @@ class Partition:
         self.retention_ms = retention_ms
         self.lead_ms = lead_ms
         self.arm_ms = arm_ms
+        self.kafka_at_slot = kafka_at_slot
         self.state = state if state is not None else PartitionState(number)
         self.wheel: TimingWheel[TimerKey] = TimingWheel(now, tick_ms=tick_ms, wheel_size=wheel_size)
         # Timers that came due, (deadline, key), each team's in the order they came due and the
@@ -275,10 +281,16 @@ class Partition:
         return deadline
 
     def _arm(self, key: TimerKey, deadline: Millis) -> None:
-        if key[0] == "ready":  # a push run's start is decided its arming time ahead
-            deadline -= self.arm_ms
+        if key[0] == "ready" and not (self.kafka_at_slot and self._produced(key[1])):
+            deadline -= self.arm_ms  # a push run's start is decided its arming time ahead
         if not self.wheel.add(key, deadline):  # already due
             self._came_due(deadline, key)
+
+    def _produced(self, run_id: str) -> bool:
+        """Whether the run's target is a Kafka topic (produced in the events' transaction)."""
+        run = self.state.runs.get(run_id)
+        job = self.state.jobs.get(run.job_id) if run is not None else None
+        return job is not None and isinstance(job.spec.target, KafkaTarget)
 
     def _came_due(self, deadline: Millis, key: TimerKey) -> None:
         # The team is the job id's scope (core.ids); a job from before ids were scoped is a
@@ -292,7 +304,7 @@ class Partition:
         return bytes([SNAPSHOT_FORMAT]) + self.state.snapshot()
 
     @classmethod
-    def restore(cls, data: bytes, now: Millis, **settings: int) -> Partition:
+    def restore(cls, data: bytes, now: Millis, **settings: Any) -> Partition:
         """The partition a snapshot describes, its timers armed as of ``now``."""
         if not data or data[0] not in READABLE_SNAPSHOT_FORMATS:
             found = data[0] if data else None

@@ -88,7 +88,7 @@ from rocksdict import (
 from core.errors import CronlogError, Fenced, LogCorrupted, Pruned
 from eventlog.mailbox import LocalPostOffice
 from eventlog.memory import ChangeSignal, SingleProcessLog
-from eventlog.port import PartitionWriter, Record
+from eventlog.port import NO_OUTBOUND, Outbound, PartitionWriter, Record
 from eventlog.retention import DEFAULT_SEGMENT_BYTES, DEFAULT_SEGMENT_MS, Segment
 from eventlog.rocks import bounded, checked_reads, is_damage, iterator_error
 
@@ -241,7 +241,15 @@ class EmbeddedWriter:
     def epoch(self) -> int:
         return self._epoch
 
-    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+    def append(
+        self,
+        events: Sequence[bytes],
+        *,
+        commands_through: int | None = None,
+        outbound: Sequence[Outbound] = (),
+    ) -> list[int]:
+        if outbound:
+            raise ValueError(NO_OUTBOUND)
         if self._closed:
             raise Fenced(f"writer of partition {self._partition} (epoch {self._epoch}) is closed")
         if commands_through is not None and not 0 <= commands_through <= _MAX_OFFSET:

@@ -84,6 +84,7 @@ import contextlib
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -106,7 +107,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from core.errors import CronlogError, Fenced, Pruned
-from eventlog.port import OwnershipListener, Record, partition_for
+from eventlog.port import Outbound, OwnershipListener, Record, partition_for
 from eventlog.retention import Retention, commands_may_go_below
 
 if TYPE_CHECKING:
@@ -371,6 +372,11 @@ class KafkaLog:
         if committed.error is not None:
             raise CronlogError(f"committed offset of {tp.topic}[{partition}]: {committed.error}")
         return max(int(committed.offset), 0)  # OFFSET_INVALID (-1001): nothing committed yet
+
+    def topic_names(self, timeout_s: float) -> frozenset[str]:
+        """The topics the cluster has now (the admin API's metadata: asking creates none)."""
+        topics = self._admin_client().list_topics(timeout=timeout_s).topics
+        return frozenset(name for name, meta in topics.items() if meta.error is None)
 
     def trim_commands(self, partition: int) -> tuple[int, int] | None:
         """Delete the commands of ``partition`` that every owner, present or future, is done
@@ -990,11 +996,19 @@ class KafkaPartitionWriter:
     def partition(self) -> int:
         return self._partition
 
-    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+    def append(
+        self,
+        events: Sequence[bytes],
+        *,
+        commands_through: int | None = None,
+        outbound: Sequence[Outbound] = (),
+    ) -> list[int]:
         """One transaction, within the log's timeout in all (every retry of every call to the
         broker included): past it the writer closes and raises ``Fenced``, and the runner
         recovers from the log with a new writer, rather than hold its partition while a broker
-        that stopped answering is asked again and again."""
+        that stopped answering is asked again and again. ``outbound`` records go into the same
+        transaction (invariant 9): one that cannot be delivered (no such topic, say) aborts it,
+        and the append raises ``AppendAborted``."""
         with self._appending:
             with self._lock:
                 producer = self._producer
@@ -1006,7 +1020,7 @@ class KafkaPartitionWriter:
             deadline = time.monotonic() + self._log._timeout_s
             abandoned = False
             try:
-                offsets = self._transaction(producer, events, commands_through, deadline)
+                offsets = self._transaction(producer, events, commands_through, outbound, deadline)
             except _Stuck as e:
                 # A thread is still inside the producer: never touch it again, keep it alive
                 # (destroying a client another thread is inside of is not safe), and let the
@@ -1083,6 +1097,7 @@ class KafkaPartitionWriter:
         producer: Producer,
         events: Sequence[bytes],
         commands_through: int | None,
+        outbound: Sequence[Outbound],
         deadline: float,
     ) -> list[int]:
         reports: list[tuple[KafkaError | None, int]] = []
@@ -1094,6 +1109,12 @@ class KafkaPartitionWriter:
         topic = self._log.topics["events"]
         for value in events:
             producer.produce(topic, value, partition=self._partition, on_delivery=on_delivery)
+        # Others' records: a delivery that fails fails the commit as abortable, so nothing of
+        # the append is read (their reports are not the events' offsets, and are not kept).
+        for record in outbound:
+            producer.produce(
+                record.topic, record.value, key=record.key, headers=list(record.headers)
+            )
         if commands_through is not None:
             position = [
                 TopicPartition(self._log.topics["commands"], self._partition, commands_through)
@@ -1278,8 +1299,11 @@ def _retrying(call: Callable[[float], T], deadline: float) -> T:
 
 
 def _close_producer(producer: Producer) -> None:
-    # A fenced producer reports its fence again on close; nothing is left to undo.
-    with contextlib.suppress(KafkaException):
+    # A fenced producer reports its fence again on close; nothing is left to undo. Closing
+    # one left inside a transaction tries to abort it and warns that it cannot (the fenced
+    # commit is "in progress"): the broker aborted it already, so the warning says nothing.
+    with contextlib.suppress(KafkaException), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Producer abort_transaction failed", RuntimeWarning)
         producer.purge()
         producer.close()
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from core.errors import CronlogError, Fenced
 from eventlog.mailbox import LocalMailbox, LocalPostOffice
-from eventlog.port import OwnershipListener, PartitionWriter, Record
+from eventlog.port import NO_OUTBOUND, Outbound, OwnershipListener, PartitionWriter, Record
 
 STREAMS = ("commands", "events")
 
@@ -217,7 +217,15 @@ class MemoryWriter:
     def partition(self) -> int:
         return self._partition
 
-    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+    def append(
+        self,
+        events: Sequence[bytes],
+        *,
+        commands_through: int | None = None,
+        outbound: Sequence[Outbound] = (),
+    ) -> list[int]:
+        if outbound:
+            raise ValueError(NO_OUTBOUND)
         if self._closed:
             raise Fenced(f"writer of partition {self._partition} (epoch {self._epoch}) is closed")
         if commands_through is not None and commands_through < 0:

@@ -38,6 +38,11 @@ Invariants every adapter keeps (the contract suite in ``tests/eventlog`` checks 
    :meth:`EventLog.start_offset` says where it starts now. A read from below the start raises
    :class:`core.errors.Pruned` (never a silent jump forward), so a reader that needs them turns
    to the archive (:class:`archive.reading.ArchivedLog` does it for every reader).
+9. **Records for others, with the events** (Kafka only). ``append(events, outbound=[...])``
+   produces ``outbound`` records to other topics of the same cluster in the events'
+   transaction: a ``read_committed`` reader of those topics sees them exactly when the events
+   are readable, and never those of an aborted or fenced append. A log that cannot (embedded,
+   in memory, a worker process's remote log) refuses them: ``ValueError``.
 
 All calls are blocking; the node runtime calls them from worker threads.
 """
@@ -48,6 +53,19 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+NO_OUTBOUND = "this log carries no records for other topics (outbound): only Kafka's does"
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """A record for a topic other than the log's own, produced with the events (invariant 9):
+    a ``kafka://`` target's run, exactly once."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +90,18 @@ class PartitionWriter(Protocol):
     @property
     def partition(self) -> int: ...
 
-    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+    def append(
+        self,
+        events: Sequence[bytes],
+        *,
+        commands_through: int | None = None,
+        outbound: Sequence[Outbound] = (),
+    ) -> list[int]:
         """Append ``events`` atomically and durably; return their offsets.
 
         ``commands_through`` (if given) is the next command offset to process, stored in the
-        same atomic unit. Raises ``Fenced`` once a newer writer owns the partition.
+        same atomic unit; ``outbound`` records too, where the log carries them (invariant 9;
+        elsewhere a ``ValueError``). Raises ``Fenced`` once a newer writer owns the partition.
         """
 
     def wait_until_readable(self) -> None:

@@ -36,7 +36,7 @@ import msgspec
 
 from core.errors import CronlogError, Fenced, Unavailable
 from eventlog import log_wire as wire
-from eventlog.port import OwnershipListener, Record
+from eventlog.port import NO_OUTBOUND, Outbound, OwnershipListener, Record
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_REQUEST_TIMEOUT_S = 30.0  # beyond a call's own wait: a group commit on a busy disk
@@ -267,7 +267,15 @@ class RemoteWriter:
     def partition(self) -> int:
         return self._partition
 
-    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+    def append(
+        self,
+        events: Sequence[bytes],
+        *,
+        commands_through: int | None = None,
+        outbound: Sequence[Outbound] = (),
+    ) -> list[int]:
+        if outbound:
+            raise ValueError(NO_OUTBOUND)
         if self._closed:
             raise Fenced(f"writer of partition {self._partition} is closed")
         if commands_through is not None and not 0 <= commands_through <= _MAX_OFFSET:

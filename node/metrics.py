@@ -37,7 +37,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from core import events as ev
-from eventlog.port import PartitionWriter
+from eventlog.port import Outbound, PartitionWriter
 from node.runner import Recovery
 from node.snapshotter import Written
 from projections.decoding import ForeignRecord
@@ -489,9 +489,15 @@ class TimedWriter:
     def partition(self) -> int:
         return self._writer.partition
 
-    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+    def append(
+        self,
+        events: Sequence[bytes],
+        *,
+        commands_through: int | None = None,
+        outbound: Sequence[Outbound] = (),
+    ) -> list[int]:
         started = time.perf_counter()
-        offsets = self._writer.append(events, commands_through=commands_through)
+        offsets = self._writer.append(events, commands_through=commands_through, outbound=outbound)
         self._metrics.append_seconds.observe(time.perf_counter() - started)
         self._metrics.appended_events.inc(len(events))
         return offsets

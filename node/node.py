@@ -103,6 +103,7 @@ from node.owned_history import (
     HotWindows,
     OwnedHistory,
 )
+from node.produced import ProducedTargets
 from node.ready_watch import AHEAD_MS as WATCH_AHEAD_MS
 from node.ready_watch import MAX_INSTANTS, ReadyWatches, Told, Watching
 from node.relay import DependencyRelay, RelayMetrics
@@ -211,6 +212,7 @@ class Node:
         history_checkpoint_grace_ms: int = history_checkpoint.DEFAULT_GRACE_MS,
         history_on: HistoryOn = "every-node",
         monotonic: Callable[[], float] = time.monotonic,
+        produced: ProducedTargets | None = None,
     ) -> None:
         """``monotonic``: the clock the supervisor times its restarts by (seconds).
         ``history_store``: where read-model checkpoints are kept (the archive's object
@@ -220,7 +222,10 @@ class Node:
         ``history_checkpoint_grace_ms`` is over. None: every new read model folds from the
         first event. ``history_on``: where history is kept, ``every-node`` (one read model
         folding every partition) or ``owner`` (a model per partition this node owns,
-        :mod:`node.owned_history`; other partitions' history is asked of their owners)."""
+        :mod:`node.owned_history`; other partitions' history is asked of their owners).
+        ``produced``: set where ``kafka://`` runs go into the events' own transaction, exactly
+        once (:mod:`node.produced`: cluster mode, the teams' topics on the cluster)."""
+        self.produced = produced
         self.history_on = history_on
         # a node of several worker processes: why the others are not ready (cli.workers)
         self.siblings_not_ready: Callable[[], list[str]] | None = None
@@ -749,6 +754,7 @@ class Node:
             lead_ms=self._lead_ms,
             arm_ms=self._arm_ms,
             on_late=self.late_starts.add,
+            produced=self.produced,
         )
         with self._lock:
             self._runners[partition] = runner

@@ -44,23 +44,28 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from core import events as ev
 from core.clock import Clock
-from core.commands import AnyCommand, HeartbeatRun, StartRun
+from core.commands import AnyCommand, CompleteRun, HeartbeatRun, Outcome, StartRun
 from core.decide import CHECK_GUARD_MS
 from core.errors import CronlogError, Fenced, LogCorrupted, Unavailable
 from core.events import AnyEvent
-from core.jobs import JobSpec
+from core.jobs import JobSpec, KafkaTarget
 from core.partition import DEFAULT_RETENTION_MS, Partition
 from core.state import PartitionState, RunState, RunStatus
-from eventlog.port import EventLog, PartitionWriter
+from eventlog.port import EventLog, Outbound, PartitionWriter
 from node import decisions
+from node.calls import MAX_ERROR
 from node.snapshotter import Snapshotter
 from node.stalls import THRESHOLD_S, LoopTimes
 from node.standby import Warm
 from projections.decoding import EventDecoder
 from projections.state_store import StateStore, catch_up
+
+if TYPE_CHECKING:
+    from node.produced import ProducedTargets
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +94,9 @@ STUCK_S = 2.0
 APPENDING = "appending to the log"
 RESTART_DELAY_S = 0.1  # the first recovery after a failure; doubles with each failure in a row
 MAX_RESTART_DELAY_S = 30.0
+# Appends carrying a kafka:// run's record that may fail before its attempt is decided failed
+# (without the record: an aborted transaction left nothing, so the failure is not ambiguous).
+OUTBOUND_TRIES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +174,17 @@ class PartitionRunner:
         lead_ms: int = 0,
         arm_ms: int = 0,
         on_late: LateStart | None = None,
+        produced: ProducedTargets | None = None,
     ) -> None:
+        """``produced``: set where the log produces ``kafka://`` runs in the events' own
+        transaction (:mod:`node.produced`); without it they are calls, as any push target."""
         self.partition = partition
+        self._produced = produced
+        # The records for others (kafka:// runs) the batch in hand appends with its events
+        self._outbound: list[Outbound] = []
+        # kafka:// runs whose record was in appends that failed: run id -> (attempt, appends
+        # failed, the last one's error); tried OUTBOUND_TRIES times, then decided failed
+        self._outbound_failed: dict[str, tuple[int, int, str]] = {}
         self._on_late = on_late
         self._retention_ms = retention_ms
         self._lead_ms = lead_ms
@@ -198,7 +215,12 @@ class PartitionRunner:
         self._thread: threading.Thread | None = None
         # The partition's pure core: its state and timers (replaced by every recovery).
         self.core = Partition(
-            partition, clock.now_ms(), retention_ms=retention_ms, lead_ms=lead_ms, arm_ms=arm_ms
+            partition,
+            clock.now_ms(),
+            retention_ms=retention_ms,
+            lead_ms=lead_ms,
+            arm_ms=arm_ms,
+            kafka_at_slot=produced is not None,
         )
         # (tenant, run id, how long it waited and why) given room by the dispatcher
         self._granted: list[tuple[str, str, Waited | None]] = []
@@ -381,6 +403,7 @@ class PartitionRunner:
             retention_ms=self._retention_ms,
             lead_ms=self._lead_ms,
             arm_ms=self._arm_ms,
+            kafka_at_slot=self._produced is not None,
         )
         # A recovery that replayed a long tail (or, the first time, the whole log) leaves a
         # snapshot due at once, so the next owner need not replay it again.
@@ -616,6 +639,7 @@ class PartitionRunner:
         asks: list[str] = []
         deciding = self._enter("deciding")
         times.decided_at = deciding
+        self._outbound = []
         try:
             through = self._decide_batch(batch, now, events, answers, starting, waits, times, asks)
         except BaseException:
@@ -632,8 +656,11 @@ class PartitionRunner:
             return
         appending = self._enter(APPENDING)
         times.decide_s = appending - deciding
+        outbound, self._outbound = self._outbound, []
         try:
-            offsets = self._writer.append([ev.encode(e) for e in events], commands_through=through)
+            offsets = self._writer.append(
+                [ev.encode(e) for e in events], commands_through=through, outbound=outbound
+            )
         except Fenced:
             self.deciding.clear()
             self._release(starting)
@@ -643,6 +670,7 @@ class PartitionRunner:
             self.deciding.clear()
             self._append_failed = f"{type(err).__name__}: {err}"[:200]
             log.exception("partition %d: append failed; recovering", self.partition)
+            self._carried(outbound, events, f"{type(err).__name__}: {err}")
             _answer(answers, [], [], Unavailable(f"partition {self.partition}: {err}"))
             self._recover_after_append(events, starting)
             return
@@ -651,6 +679,8 @@ class PartitionRunner:
         saving = self._enter("saving its state")
         times.append_s = saving - appending
         self._append_failed = None
+        if self._outbound_failed:
+            self._forget_settled()
         _answer(answers, events, offsets)
         self._dispatch(events, starting)
         self._ask_targets(asks)
@@ -865,10 +895,70 @@ class PartitionRunner:
         except BaseException:
             self._dispatcher.release(tenant)
             raise
-        if any(isinstance(e, ev.LeaseGranted) for e in events[before:]):
-            starting[run_id] = tenant
-        else:  # not started after all (a misfire of a run materialised ahead): no room held
+        lease = next((e for e in events[before:] if isinstance(e, ev.LeaseGranted)), None)
+        if lease is None:  # not started after all (a misfire of a run materialised ahead)
             self._dispatcher.release(tenant)
+        elif self._produced is not None and self._produce(lease, now, events):
+            self._dispatcher.release(tenant)  # decided here and now: no call to make
+        else:
+            starting[run_id] = tenant
+
+    def _produce(self, lease: ev.LeaseGranted, now: int, events: list[AnyEvent]) -> bool:
+        """A ``kafka://`` run, just leased: decide its outcome in the same batch, its record
+        going into the batch's transaction when it may be produced (:mod:`node.produced`);
+        False for any other target."""
+        assert self._produced is not None
+        job = self.state.jobs.get(lease.job_id)
+        if job is None or not isinstance(job.spec.target, KafkaTarget):
+            return False
+        if lease.start_at is not None and lease.start_at > now:
+            return False  # leased ahead (armed before its job became kafka://): made as a call
+        topic = job.spec.target.topic
+        refused = self._produced.refusal(lease.tenant, topic)
+        failed = self._outbound_failed.get(lease.run_id)
+        if failed is not None and failed[0] == lease.attempt and failed[1] >= OUTBOUND_TRIES:
+            del self._outbound_failed[lease.run_id]
+            gave_up = f"Kafka: {failed[1]} transactions carrying it failed: {failed[2]}"
+            refused = refused or (gave_up, False)
+        if refused is not None:
+            error, permanent = refused
+            outcome = CompleteRun(
+                run_id=lease.run_id,
+                fencing_token=lease.fencing_token,
+                outcome=Outcome.FAILED,
+                error=error[:MAX_ERROR],
+                permanent=permanent,
+            )
+            log.info("partition %d: run %s: %s", self.partition, lease.run_id, error)
+        else:
+            outcome = CompleteRun(
+                run_id=lease.run_id, fencing_token=lease.fencing_token, outcome=Outcome.SUCCEEDED
+            )
+            self._outbound.append(self._produced.record(lease, job.spec, topic))
+        self._decide(outcome, now, events)
+        return True
+
+    def _carried(self, outbound: list[Outbound], events: list[AnyEvent], error: str) -> None:
+        """After an append that failed: count it against each ``kafka://`` run whose record it
+        carried, so a run is tried ``OUTBOUND_TRIES`` times and then decided failed."""
+        if not outbound:
+            return
+        for event in events:
+            if isinstance(event, ev.RunCompleted):
+                job = self.state.jobs.get(event.job_id)
+                if job is None or not isinstance(job.spec.target, KafkaTarget):
+                    continue
+                attempt, tries, _ = self._outbound_failed.get(event.run_id, (event.attempt, 0, ""))
+                tries = tries + 1 if attempt == event.attempt else 1
+                self._outbound_failed[event.run_id] = (event.attempt, tries, error[:500])
+
+    def _forget_settled(self) -> None:
+        """Drop the counts of runs no longer waiting to start (the append was committed after
+        all, or the run was cancelled or moved on)."""
+        for run_id in list(self._outbound_failed):
+            run = self.state.runs.get(run_id)
+            if run is None or run.status is not RunStatus.PENDING:
+                del self._outbound_failed[run_id]
 
     def _release(self, starting: dict[str, str]) -> None:
         for tenant in starting.values():

@@ -35,6 +35,7 @@ class Builder:
     faults: list[dict[str, Any]] = field(default_factory=list)
     tokens: dict[int, int] = field(default_factory=dict)
     partition_of: dict[str, int] = field(default_factory=dict)
+    topic_records: list[dict[str, Any]] = field(default_factory=list)
     scoped: bool = True  # the log's ids are <tenant>/<id>, as cronlog writes them now
 
     def log_id(self, job_id: str) -> str:
@@ -54,12 +55,15 @@ class Builder:
         pull: bool = False,
         run_at: int | None = None,
         status_url: str | None = None,
+        topic: bool = False,
         **more: Any,
     ) -> None:
         self.partition_of[job_id] = partition
         target: dict[str, Any] = (
             {"type": "pull", "pool": "p"} if pull else {"type": "http", "url": "x"}
         )
+        if topic:
+            target = {"type": "kafka", "topic": "team-chaos.ticks"}
         if status_url is not None:
             target["status_url"] = status_url
         spec: dict[str, Any] = {
@@ -198,6 +202,26 @@ class Builder:
                 }
             )
 
+    def produce(self, job_id: str, slot: int, token: int, at: int, attempt: int = 1) -> None:
+        """A record in the team's topic, as a kafka:// run's transaction commits it."""
+        body = {
+            "job_id": job_id,
+            "tenant": TENANT,
+            "run_id": f"{job_id}.{slot}",
+            "scheduled_for_ms": slot,
+            "attempt": attempt,
+            "fencing_token": token,
+        }
+        self.topic_records.append({"e": body, "t": at})
+
+    def produced_run(self, job_id: str, slot: int, late_ms: int = 5) -> int:
+        """A kafka:// run: leased, completed and produced together."""
+        self.materialise(job_id, slot)
+        token = self.lease(job_id, slot, slot + late_ms)
+        self.complete(job_id, slot, token, slot + late_ms)
+        self.produce(job_id, slot, token, slot + late_ms)
+        return token
+
     def complete(self, job_id: str, slot: int, token: int, at: int, attempt: int = 1) -> None:
         self.emit(
             self.partition_of[job_id],
@@ -307,6 +331,7 @@ class Builder:
             creates=self.creates,
             faults=self.faults,
             window_end_ms=window_end,
+            topic_records=self.topic_records,
             **extra,
         )
 
@@ -1115,3 +1140,33 @@ def test_a_guarded_attempt_held_past_the_timeout_is_not_the_targets_doing() -> N
     report = check(b.history(T0 + 39_000))
     assert report.counts == {"outcome_unknown_without_fault": 1}, report.counts
     assert report.figures["critical_outcome_unknown_target_slow"] == 0
+
+
+def _with_topic_job(seconds: int = 10) -> Builder:
+    b = clean(seconds)
+    b.job("t", 0, topic=True, critical=True)
+    for i in range(seconds):
+        b.produced_run("t", T0 + i * 1000)
+    return b
+
+
+def test_a_topic_job_with_one_record_per_succeeded_run_is_clean() -> None:
+    report = check(_with_topic_job().history(end()))
+    assert report.ok, report.as_json()["violations"]
+    assert report.figures["topic_records"] == 10 == report.figures["topic_runs_succeeded"]
+    assert report.figures["first_delivery_lateness_ms"]["topic"]["max"] == 5
+
+
+def test_a_topic_record_twice_lost_or_of_a_run_that_did_not_succeed_is_caught() -> None:
+    b = _with_topic_job()
+    b.produce("t", T0, 10, T0 + 6)  # the first run again (a zombie's record, say)
+    lost = T0 + 3000
+    b.topic_records = [r for r in b.topic_records if r["e"]["scheduled_for_ms"] != lost]
+    b.materialise("t", T0 + 10_000)
+    token = b.lease("t", T0 + 10_000, T0 + 10_005)
+    b.expire("t", T0 + 10_000, token, T0 + 13_005, critical=False)
+    b.produce("t", T0 + 10_000, token, T0 + 10_005)  # produced, yet its lease expired
+    report = check(b.history(end()))
+    assert report.counts["topic_record_twice"] == 1
+    assert report.counts["success_without_delivery"] == 1  # the record lost
+    assert report.counts["topic_record_without_success"] == 1

@@ -11,10 +11,18 @@ import time
 import uuid
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from core.errors import CronlogError, Fenced
-from eventlog.kafka import REPLY_PARTITIONS, REPLY_RETENTION_MS, AppendAborted, KafkaLog
-from eventlog.port import Membership, partition_for
+from eventlog.kafka import (
+    REPLY_PARTITIONS,
+    REPLY_RETENTION_MS,
+    AppendAborted,
+    KafkaLog,
+    KafkaPartitionWriter,
+)
+from eventlog.port import Membership, Outbound, partition_for
 
 pytestmark = pytest.mark.kafka
 
@@ -255,3 +263,73 @@ def test_an_append_whose_delivery_fails_is_aborted_and_nothing_of_it_is_read(
         member.close()
     finally:
         log.close()
+
+
+def test_records_for_others_commit_with_the_events_and_never_from_a_fenced_writer(
+    kafka_bootstrap: str,
+) -> None:
+    """Invariant 9: an append's records for another topic are read (read_committed) exactly
+    when its events are; a writer fenced by the partition's next one gets none of its records
+    read, though it produced them."""
+    prefix = f"kafkalog-{uuid.uuid4().hex[:12]}"
+    team_topic = f"team-a.out.{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(team_topic, 1, 1)])[team_topic].result(30)
+    log = KafkaLog.open(
+        kafka_bootstrap, 1, prefix=prefix, replication_factor=-1, min_insync_replicas=None
+    )
+    try:
+        assert team_topic in log.topic_names(10)
+        member = log.join(Recorder())
+        _poll_until([member], lambda: 0 in member.owned(), "never owned partition 0")
+        first = member.writer(0)
+
+        def out(n: int) -> Outbound:
+            return Outbound(team_topic, b"job", b"run-%d" % n, (("Idempotency-Key", f"k{n}"),))
+
+        [kept] = first.append([b"completed-1"], outbound=[out(1)])
+        # the partition's next writer (a new owner) fences the first
+        second = KafkaPartitionWriter.open(log, 0, lambda: None)
+        with pytest.raises(Fenced):
+            first.append([b"completed-2"], outbound=[out(2)])
+        [taken] = second.append([b"completed-3"], outbound=[out(3)])
+        got = log.read_events(0, 0, 100)
+        assert [(r.offset, r.value) for r in got] == [
+            (kept, b"completed-1"),
+            (taken, b"completed-3"),
+        ]
+        assert _committed_values(kafka_bootstrap, team_topic, 2) == [b"run-1", b"run-3"]
+        second.close()
+        member.close()
+    finally:
+        log.close()
+
+
+def _committed_values(bootstrap: str, topic: str, expected: int) -> list[bytes]:
+    """The values a read_committed consumer reads from ``topic``'s partition 0, once it has
+    ``expected`` of them and has reached the partition's end (nothing more behind them)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while True:
+            message = consumer.poll(0.5)
+            if message is not None:
+                assert message.error() is None, message.error()
+                values.append(message.value())
+                continue
+            _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+            [position] = consumer.position([TopicPartition(topic, 0)])
+            if len(values) >= expected and position.offset >= end:
+                return values
+            assert time.monotonic() < deadline, f"read {values}; at {position.offset} of {end}"
+    finally:
+        consumer.close()

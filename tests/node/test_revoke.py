@@ -8,6 +8,7 @@ import asyncio
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from core.commands import PutJob
 from core.errors import CronlogError, Fenced
@@ -31,7 +32,9 @@ class HeldWriter:
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
 
-    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+    def append(
+        self, events: Sequence[bytes], *, commands_through: int | None = None, outbound: Any = ()
+    ) -> list[int]:
         self._entered.release()
         assert self._gate.wait(30), "the test never let the append go"
         raise Fenced("writer closed while the append was in flight")

@@ -240,7 +240,9 @@ class HeldWriter:
         self._release = threading.Event()
         self.partition = writer.partition
 
-    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+    def append(
+        self, events: Sequence[bytes], *, commands_through: int | None = None, outbound: Any = ()
+    ) -> list[int]:
         self.entered.set()
         assert self._release.wait(10)
         self._writer.close()
@@ -302,7 +304,9 @@ class SettlingWriter:
         self.settling = threading.Event()  # the runner waits for the last append to settle
         self._settled = threading.Event()
 
-    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+    def append(
+        self, events: Sequence[bytes], *, commands_through: int | None = None, outbound: Any = ()
+    ) -> list[int]:
         self.appends.append(len(events))
         return list(self._writer.append(events, commands_through=commands_through))
 
@@ -430,7 +434,9 @@ class StuckWriter:
         self.released = threading.Event()
         self._fail = fail
 
-    def append(self, events: Sequence[bytes], *, commands_through: int | None = None) -> list[int]:
+    def append(
+        self, events: Sequence[bytes], *, commands_through: int | None = None, outbound: Any = ()
+    ) -> list[int]:
         self.entered.set()
         assert self.released.wait(10)
         if self._fail:

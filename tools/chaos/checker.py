@@ -136,6 +136,8 @@ class History:
     probes: list[dict[str, Any]] = field(default_factory=list)  # one-shots due across a step
     # What the nodes said through the run (tools.chaos.watch): /readyz and /metrics, sampled.
     health_samples: list[dict[str, Any]] = field(default_factory=list)
+    # The team's topic the kafka:// jobs produce to, read_committed: {"e": record, "t": ms}
+    topic_records: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -223,6 +225,11 @@ class Job:
         return (self.spec.get("target") or {}).get("type") == "pull"
 
     @property
+    def topic(self) -> bool:
+        """Whether it produces to a Kafka topic (exactly once, in the events' transaction)."""
+        return (self.spec.get("target") or {}).get("type") == "kafka"
+
+    @property
     def guarded(self) -> bool:
         """Whether its target can be asked what became of an attempt (a ``status_url``)."""
         return bool((self.spec.get("target") or {}).get("status_url"))
@@ -230,8 +237,10 @@ class Job:
     @property
     def group(self) -> str:
         """A critical job's group: ``guarded`` (its target can say), ``unguarded`` (a push
-        target that cannot), ``pull``."""
-        return "pull" if self.pull else "guarded" if self.guarded else "unguarded"
+        target that cannot), ``pull``, ``topic`` (produced with its completion)."""
+        if self.pull or self.topic:
+            return "pull" if self.pull else "topic"
+        return "guarded" if self.guarded else "unguarded"
 
 
 @dataclass
@@ -594,6 +603,7 @@ class Delivery:
     status: int | None = None  # what the target answered (push)
     answered_at: int | None = None  # when it did
     guard: str | None = None  # what the guard decided of it (a guarded target's call)
+    topic: bool = False  # a record in the team's topic (a kafka:// job's), not a call
 
 
 def _deliveries(history: History) -> dict[str, list[Delivery]]:
@@ -618,6 +628,13 @@ def _deliveries(history: History) -> dict[str, list[Delivery]]:
         if r.get("kind") == "work":
             run_id = _run_of_key(r["key"])
             out[run_id].append(Delivery(run_id, r["token"], r["at"], r["worker"]))
+    for r in history.topic_records:
+        body = r.get("e") or {}
+        # the record names the run as its team does; the log's id has the team in front
+        run_id = f"{body.get('tenant')}/{body.get('run_id')}"
+        at = r.get("t") or 0
+        token = int(body.get("fencing_token", -1))
+        out[run_id].append(Delivery(run_id, token, at, "target", 200, at, topic=True))
     for runs in out.values():
         runs.sort(key=lambda d: d.at)
     return out
@@ -705,12 +722,49 @@ def _check_deliveries(
                 report.violate(
                     "completion_not_recorded", f"{r['run']} token {r['token']} ({r.get('at')})"
                 )
+    _check_topic(history, f, deliveries, report)
     report.figures["deliveries"] = sum(len(v) for v in deliveries.values())
     report.figures["duplicate_deliveries"] = dict(dup)
     report.figures["retries_after_a_definite_failure"] = retried
     report.figures["critical_delivered_twice"] = critical_twice
     report.figures["calls_refused_by_the_guard_stale"] = refused
     return deliveries
+
+
+def _check_topic(
+    history: History, f: Fold, deliveries: dict[str, list[Delivery]], report: Report
+) -> None:
+    """The kafka:// jobs' records, read_committed from the team's topic: exactly one for each
+    run the log says succeeded (``success_without_delivery`` is a record lost), under its
+    succeeding lease's token, and none for anything else, whatever the faults did."""
+    records = 0
+    for run_id, got in deliveries.items():
+        produced = [d for d in got if d.topic]
+        if not produced:
+            continue
+        records += len(produced)
+        if len(produced) > 1:
+            tokens = [d.token for d in produced]
+            report.violate("topic_record_twice", f"{run_id}: {len(produced)} records {tokens}")
+        run = f.runs.get(run_id)
+        job = f.jobs.get(run.job_id) if run is not None else None
+        for d in produced:
+            lease = run.lease(d.token) if run is not None else None
+            if job is not None and not job.topic:
+                report.violate("topic_record_of_another_job", f"{run_id} token {d.token}")
+            elif lease is not None and lease.ended_by != "succeeded":
+                report.violate(
+                    "topic_record_without_success",
+                    f"{run_id} token {d.token}: its lease ended {lease.ended_by}",
+                )
+    succeeded = sum(
+        1
+        for run in f.runs.values()
+        if f.jobs[run.job_id].topic and any(lease.ended_by == "succeeded" for lease in run.leases)
+    )
+    report.figures["topic_records"] = records
+    report.figures["topic_runs_succeeded"] = succeeded
+    report.figures["topic_records_read"] = len(history.topic_records)
 
 
 def _unknown_outcomes(
@@ -958,7 +1012,7 @@ def _check_timing(
     leads = _clock_leads(history)
     any_lead = max(leads.values(), default=0.0)
     early = 0
-    lateness: dict[str, list[int]] = {"push": [], "pull": []}
+    lateness: dict[str, list[int]] = {"push": [], "pull": [], "topic": []}
     first_at: dict[str, dict[int, int]] = defaultdict(dict)  # job -> slot -> first delivery
     for run_id, got in deliveries.items():
         run = f.runs.get(run_id)
@@ -981,7 +1035,9 @@ def _check_timing(
                     f"(allowed {allowed:.1f} s)",
                 )
         if run_id in in_window:
-            lateness["pull" if f.jobs[run.job_id].pull else "push"].append(got[0].at - run.slot)
+            job = f.jobs[run.job_id]
+            kind = "pull" if job.pull else "topic" if job.topic else "push"
+            lateness[kind].append(got[0].at - run.slot)
             first_at[run.job_id][run.slot] = got[0].at
     report.figures["fired_early"] = early
     report.figures["max_clock_lead_s"] = dict(leads)

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     worker_p.add_argument("--threads", type=int, default=4)
     worker_p.add_argument("--max-seconds", type=float, default=3600.0)
 
-    events_p = sub.add_parser("events", help="(internal) append the events topic to a file")
+    events_p = sub.add_parser("events", help="(internal) append a topic's records to a file")
     events_p.add_argument("--bootstrap", required=True)
     events_p.add_argument("--topic", required=True)
     events_p.add_argument("--out", type=Path, required=True)

@@ -1,7 +1,8 @@
 """Gathering a chaos run's history for the checker, with clients that share no code with cronlog.
 
 - The events topic is read ``read_committed`` by kafka-python (pure Python; cronlog writes with
-  librdkafka), every partition from the beginning to its end offset, and decoded as plain JSON.
+  librdkafka), every partition from the beginning to its end offset, and decoded as plain JSON;
+  the team's topic that the ``kafka://`` jobs produce to likewise (:func:`topic_records`).
 - The target's and the workers' records are read from their files.
 - Each node's read model is asked over HTTP for every run of every job; its readiness and
   metrics likewise.
@@ -59,8 +60,9 @@ class TopicReader:
 
     def read(
         self, start: dict[int, int], timeout_s: float = READ_TIMEOUT_S
-    ) -> Iterator[tuple[int, int, bytes | None]]:
-        """(partition, offset, value) from ``start`` (default 0) to the end offsets."""
+    ) -> Iterator[tuple[int, int, bytes | None, int]]:
+        """(partition, offset, value, timestamp ms) from ``start`` (default 0) to the end
+        offsets."""
         for tp in self._tps:
             self._consumer.seek(tp, start.get(tp.partition, 0))
         end = self._consumer.end_offsets(self._tps)
@@ -72,21 +74,23 @@ class TopicReader:
             batch = self._consumer.poll(timeout_ms=500, max_records=5000)
             for tp, records in batch.items():
                 for r in records:
-                    yield tp.partition, r.offset, r.value
+                    yield tp.partition, r.offset, r.value, r.timestamp
 
     def close(self) -> None:
         self._consumer.close()
 
 
 def read_to_file(bootstrap: str, topic: str, start: dict[int, int], out: Path) -> int:
-    """Append the events from ``start`` to the end to ``out`` as ``{"p", "o", "e"}`` lines
-    (``e`` the event as JSON, or null for a record that is not one); how many."""
+    """Append the records from ``start`` to the end to ``out`` as ``{"p", "o", "e", "t"}``
+    lines (``e`` the record as JSON, or null for one that is not; ``t`` its timestamp, ms);
+    how many."""
     reader = TopicReader(bootstrap, topic)
     n = 0
     try:
         with out.open("a") as f:
-            for partition, offset, value in reader.read(start):
-                f.write(json.dumps({"p": partition, "o": offset, "e": _decode(value)}) + "\n")
+            for partition, offset, value, at in reader.read(start):
+                line = {"p": partition, "o": offset, "e": _decode(value), "t": at}
+                f.write(json.dumps(line) + "\n")
                 n += 1
     finally:
         reader.close()
@@ -145,6 +149,24 @@ class EventReader:
 
     def close(self) -> None:
         pass
+
+
+def topic_records(path: Path) -> list[dict[str, Any]]:
+    """The records an :class:`EventReader` of a team's topic wrote to ``path``, each once
+    (a read tried again may repeat some): ``{"e": the record as JSON, "t": its timestamp}``."""
+    seen: set[tuple[int, int]] = set()
+    out: list[dict[str, Any]] = []
+    if not path.exists():
+        return out
+    with path.open() as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            r = json.loads(line)
+            if (r["p"], r["o"]) not in seen:
+                seen.add((r["p"], r["o"]))
+                out.append({"e": r["e"], "t": r.get("t")})
+    return out
 
 
 def _decode(value: bytes | None) -> dict[str, Any] | None:

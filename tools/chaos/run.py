@@ -45,7 +45,7 @@ from tools.chaos.procs import free_port, now_ms, popen
 from tools.chaos.records import Recorder, read, read_all
 from tools.chaos.target import GUARDED, HOOK, STATUS
 from tools.chaos.watch import HealthWatch
-from tools.chaos.workload import GUARD_SECRET_NAME, POOL, Shape, Workload, create
+from tools.chaos.workload import GUARD_SECRET_NAME, POOL, TEAM_TOPIC, Shape, Workload, create
 from tools.kafka import broker
 
 log = logging.getLogger("chaos")
@@ -99,6 +99,8 @@ def ci_settings(out: Path, seed: int = CI_SEED) -> Settings:
             pull_critical=1,
             oneshot_bursts=2,
             oneshot_per_burst=30,
+            topic=2,
+            topic_critical=1,
         ),
         warmup_s=5.0,
         drain_s=20.0,
@@ -254,6 +256,7 @@ class Run:
         self.kafka = broker.start(3, self.out / "kafka")
         log.info("3 brokers ready in %.1f s", time.monotonic() - began)
         self._start_target()
+        _create_team_topic(self.kafka.bootstrap_servers)
         config = NodeConfig(
             partitions=s.partitions,
             replication_factor=3,
@@ -261,6 +264,7 @@ class Run:
             tokens=f"{TENANT}={TOKEN}",
             token=TOKEN,
             drain_sec=s.node_drain_s,
+            serve_args=("--allow-topics", f"{TENANT}={TEAM_TOPIC.partition('.')[0]}."),
         )
         self.cluster = Cluster(
             self.kafka.bootstrap_servers, self.out, config, prefix=f"chaos-{s.seed}"
@@ -487,6 +491,9 @@ class Run:
     def _history(self, reader: gather.EventReader, window_end: int) -> History:
         assert self.cluster is not None
         reader.catch_up()
+        assert self.kafka is not None
+        topic = self.out / "topic.jsonl"  # the kafka:// jobs' records
+        gather.EventReader(self.kafka.bootstrap_servers, TEAM_TOPIC, topic).catch_up()
         calls, bad_calls = read(self.out / "target.jsonl")
         work, bad_work = read_all(sorted((self.out / "workers").glob("*.jsonl")))
         creates, _ = read(self.out / "creates.jsonl")
@@ -506,6 +513,7 @@ class Run:
             unreadable_records=bad_calls + bad_work,
             probes=probes,
             health_samples=samples,
+            topic_records=gather.topic_records(self.out / "topic.jsonl"),
         )
         for node in self.cluster.nodes.values():
             history.health[node.node_id] = _settled_health(node.url, self.s.partitions)
@@ -653,7 +661,17 @@ def load_history(out: Path) -> History:
         unreadable_records=saved["unreadable_records"],
         probes=probes,
         health_samples=samples,
+        topic_records=gather.topic_records(out / "topic.jsonl"),
     )
+
+
+def _create_team_topic(bootstrap: str) -> None:
+    """The team's topic the ``kafka://`` jobs produce to, replicated as the cluster's own."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = NewTopic(TEAM_TOPIC, 3, 3, config={"min.insync.replicas": "2"})
+    admin.create_topics([topic])[TEAM_TOPIC].result(60)
 
 
 def run(s: Settings) -> Report:

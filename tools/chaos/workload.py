@@ -25,6 +25,11 @@ Critical push jobs come in two groups, told apart by their ids and their target:
 - **unguarded** (``sec-003-unguarded``): ``/hook`` and no ``status_url``: such a run is
   dead-lettered ``outcome_unknown``, as for any target that cannot say.
 
+**Kafka-topic jobs** (``topic-000-critical``, ``topic-001``) produce every second to the team's
+topic ``TEAM_TOPIC`` on the cluster, exactly once (``node.produced``): the checker reads the
+topic ``read_committed`` and holds each run that succeeded to one record, and no record to a
+run that did not.
+
 The every-second critical jobs of each group take the behaviours ``slow``, ``flaky``, ``beat``
 and ``fast`` in turn, so both groups meet the same ambiguity and the checker compares like
 with like: an unguarded ``slow`` job's attempts held past the timeout are dead-lettered by
@@ -49,6 +54,7 @@ RETRIES = 3
 POOL = "chaos"
 CREATE_TRIES = 4
 GUARD_SECRET_NAME = "chaos-guard"  # the secret the guarded jobs' headers name
+TEAM_TOPIC = "team-chaos.ticks"  # where the kafka:// jobs produce (granted with --allow-topics)
 # The every-second critical jobs' behaviours, in turn within each group (guarded, unguarded).
 CRITICAL_TURNS = ("slow", "flaky", "beat", "fast")
 
@@ -72,6 +78,8 @@ class Shape:
     pull_critical: int = 1  # of those
     oneshot_bursts: int = 3
     oneshot_per_burst: int = 40
+    topic: int = 2  # kafka:// jobs on "* * * * * *", producing to TEAM_TOPIC
+    topic_critical: int = 1  # of those
 
 
 @dataclass
@@ -104,6 +112,11 @@ class Workload:
             critical = i < s.pull_critical
             behaviour = self.rng.choice(["fast", "beat", "flaky"])
             body = self._body(f"pull-{i:03d}", behaviour, critical, f"pull://{POOL}")
+            jobs.append({**body, "schedule": "* * * * *", "seconds": "*"})
+        for i in range(s.topic):
+            critical = i < s.topic_critical
+            job_id = f"topic-{i:03d}{'-critical' if critical else ''}"
+            body = self._body(job_id, "fast", critical, f"kafka://{TEAM_TOPIC}")
             jobs.append({**body, "schedule": "* * * * *", "seconds": "*"})
         self.crons = jobs
         return jobs
