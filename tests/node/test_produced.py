@@ -272,3 +272,40 @@ def test_a_kafka_run_is_not_armed_ahead_where_it_is_produced_at_its_slot() -> No
 def _events(runner: PartitionRunner, kind: type[Any]) -> list[Any]:
     records = runner._log.read_events(0, 0, 1000)
     return [e for e in (ev.decode(r.value) for r in records) if isinstance(e, kind)]
+
+
+@pytest.mark.parametrize(
+    ("kafka", "target_kafka", "target_config", "asked", "exactly_once"),
+    [
+        ("b:9092", "b:9092", None, None, True),  # the cluster's own topics, its credentials
+        ("b:9092", "b:9092", None, "at-least-once", False),  # the operator says otherwise
+        ("b:9092", "other:9092", None, None, False),  # the teams' topics on another Kafka
+        ("b:9092", "b:9092", "targets.conf", None, False),  # credentials of their own
+        (None, "t:9092", None, None, False),  # embedded
+    ],
+)
+def test_serve_produces_kafka_runs_in_the_transaction_only_where_it_can(
+    kafka: str | None,
+    target_kafka: str,
+    target_config: str | None,
+    asked: str | None,
+    exactly_once: bool,
+) -> None:
+    from argparse import Namespace
+
+    from cli.serve import produced_targets
+
+    args = Namespace(kafka=kafka, target_kafka_config=target_config, kafka_targets=asked)
+    log = Namespace(topic_names=_known(TOPIC))
+    produced = produced_targets(args, log, target_kafka, _policy())
+    assert (produced is not None) == exactly_once
+
+
+def test_serve_refuses_exactly_once_where_it_cannot_keep_it() -> None:
+    from argparse import Namespace
+
+    from cli.serve import produced_targets
+
+    args = Namespace(kafka=None, target_kafka_config=None, kafka_targets="exactly-once")
+    with pytest.raises(SystemExit, match="needs cluster mode"):
+        produced_targets(args, Namespace(), "t:9092", _policy())
