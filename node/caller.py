@@ -60,7 +60,6 @@ import functools
 import logging
 import unicodedata
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, assert_never
 
 import aiohttp
@@ -81,7 +80,6 @@ from core.jobs import (
     JobSpec,
     KafkaTarget,
     PullTarget,
-    payload_of,
     validate_headers,
 )
 from node.calls import (
@@ -92,44 +90,13 @@ from node.calls import (
     FairGate,
     Result,
     classify,
+    run_body,
+    run_headers,
 )
 from node.egress import PolicyResolver, guarded_socket, refusal_in
 from node.secrets import Secrets, SecretUnavailable
 
 log = logging.getLogger(__name__)
-
-
-def iso(ms: int) -> str:
-    return (
-        datetime.fromtimestamp(ms / 1000, UTC)
-        .isoformat(timespec="milliseconds")
-        .replace("+00:00", "Z")
-    )
-
-
-def run_body(lease: ev.LeaseGranted, spec: JobSpec) -> bytes:
-    return msgspec.json.encode(
-        {
-            "job_id": team_id(lease.job_id),
-            "name": spec.name,
-            "tenant": lease.tenant,
-            "run_id": team_id(lease.run_id),
-            "scheduled_for": iso(lease.scheduled_for),
-            "scheduled_for_ms": lease.scheduled_for,
-            "attempt": lease.attempt,
-            "fencing_token": lease.fencing_token,
-            "payload": payload_of(spec),
-        }
-    )
-
-
-def run_headers(lease: ev.LeaseGranted) -> dict[str, str]:
-    return {
-        "Idempotency-Key": idempotency_key(lease.job_id, lease.scheduled_for),
-        "X-Cronlog-Run-Id": team_id(lease.run_id),
-        "X-Cronlog-Attempt": str(lease.attempt),
-        "X-Cronlog-Fencing-Token": str(lease.fencing_token),
-    }
 
 
 ASK_TIMEOUT_S = 10.0  # an ask's call gives up after this (core.asking.ASK_WAIT_MS is longer)

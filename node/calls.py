@@ -18,7 +18,8 @@ import msgspec
 from core.commands import Outcome
 from core.egress import EgressPolicy
 from core.events import LeaseGranted
-from core.jobs import JobSpec
+from core.ids import idempotency_key, team_id
+from core.jobs import JobSpec, payload_of
 from core.turns import Turns
 from node.admission import DEFAULT_ROOM
 
@@ -170,3 +171,39 @@ class CallerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.error_excerpt_bytes <= MAX_ERROR_EXCERPT:
             raise ValueError(f"error_excerpt_bytes must be between 0 and {MAX_ERROR_EXCERPT}")
+
+
+# -- what a push run is sent (an HTTP call's body and headers; a Kafka record's) --------------
+
+
+def iso(ms: int) -> str:
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def run_body(lease: LeaseGranted, spec: JobSpec) -> bytes:
+    return msgspec.json.encode(
+        {
+            "job_id": team_id(lease.job_id),
+            "name": spec.name,
+            "tenant": lease.tenant,
+            "run_id": team_id(lease.run_id),
+            "scheduled_for": iso(lease.scheduled_for),
+            "scheduled_for_ms": lease.scheduled_for,
+            "attempt": lease.attempt,
+            "fencing_token": lease.fencing_token,
+            "payload": payload_of(spec),
+        }
+    )
+
+
+def run_headers(lease: LeaseGranted) -> dict[str, str]:
+    return {
+        "Idempotency-Key": idempotency_key(lease.job_id, lease.scheduled_for),
+        "X-Cronlog-Run-Id": team_id(lease.run_id),
+        "X-Cronlog-Attempt": str(lease.attempt),
+        "X-Cronlog-Fencing-Token": str(lease.fencing_token),
+    }

@@ -44,7 +44,7 @@ from core.egress import EgressPolicy
 from core.ids import team_id
 from core.jobs import JobSpec
 from eventlog.port import Outbound
-from node.caller import run_body, run_headers
+from node.calls import run_body, run_headers
 
 log = logging.getLogger(__name__)
 
