@@ -67,6 +67,35 @@ def test_runs_held_ahead_whose_check_fails_give_their_room_back_and_say_so(
     )
 
 
+def test_a_group_whose_task_failed_before_its_check_takes_no_more_runs() -> None:
+    """Its task ended before the group closed: a run leased to the same instant afterwards
+    goes to a group of its own, whose task holds it, not to the dead one's list."""
+
+    async def scenario() -> tuple[Worker, bool]:
+        w = Worker(None, "p", handle, concurrency=10, check_sec=0.05)  # type: ignore[arg-type]
+        instant = w._instant
+
+        async def broken_once(at: float) -> None:
+            w._instant = instant  # type: ignore[method-assign]
+            raise RuntimeError("a bug before the check")
+
+        w._instant = broken_once  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+        received = loop.time()
+        w._free -= 2
+        w._hold(claimed("j0.1", start_in_ms=5_000), received)
+        await asyncio.wait(set(w._running), timeout=5)
+        w._hold(claimed("j1.1", start_in_ms=5_000), received)
+        held_anew = [c.run_id for c in next(iter(w._holds.values()))] == ["j1.1"]
+        for task in w._running:
+            task.cancel()
+        return w, held_anew
+
+    w, held_anew = asyncio.run(scenario())
+    assert held_anew  # a new group, with a task of its own, holds the later run
+    assert w._free == 9  # the failed group's run gave its room back
+
+
 def claimed(run_id: str, start_in_ms: int) -> ClaimedRun:
     now = dt.datetime.now(dt.UTC)
     return ClaimedRun(

@@ -423,6 +423,8 @@ class Worker:
         try:
             await self._check_and_start(start, held)
         except Exception:
+            if self._holds.get(start) is held:
+                del self._holds[start]  # no run may join a group nobody will start
             unsettled = [c for c in held if not c._settled]
             log.exception(
                 "%d runs held to their start could not be started (their leases run out)",
