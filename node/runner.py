@@ -622,7 +622,11 @@ class PartitionRunner:
         self, run_id: str, now: int, events: list[AnyEvent], starting: dict[str, str]
     ) -> None:
         run = self.state.runs.get(run_id)
-        if run is not None and self._dispatcher.reserve(self, run):
+        if run is None:
+            return
+        if self._produced_now(run, now):
+            self._start_produced(run_id, now, events)  # no call to make: no call room taken
+        elif self._dispatcher.reserve(self, run):
             self._start(run.tenant, run_id, now, events, starting)
         # else it waits in the dispatcher's queue, to come back through grant()
 
@@ -656,7 +660,7 @@ class PartitionRunner:
             return
         appending = self._enter(APPENDING)
         times.decide_s = appending - deciding
-        outbound, self._outbound = self._outbound, []
+        outbound = self._outbound
         try:
             offsets = self._writer.append(
                 [ev.encode(e) for e in events], commands_through=through, outbound=outbound
@@ -895,24 +899,38 @@ class PartitionRunner:
         except BaseException:
             self._dispatcher.release(tenant)
             raise
-        lease = next((e for e in events[before:] if isinstance(e, ev.LeaseGranted)), None)
-        if lease is None:  # not started after all (a misfire of a run materialised ahead)
-            self._dispatcher.release(tenant)
-        elif self._produced is not None and self._produce(lease, now, events):
-            self._dispatcher.release(tenant)  # decided here and now: no call to make
-        else:
+        if any(isinstance(e, ev.LeaseGranted) for e in events[before:]):
             starting[run_id] = tenant
+        else:  # not started after all (a misfire of a run materialised ahead): no room held
+            self._dispatcher.release(tenant)
 
-    def _produce(self, lease: ev.LeaseGranted, now: int, events: list[AnyEvent]) -> bool:
-        """A ``kafka://`` run, just leased: decide its outcome in the same batch, its record
-        going into the batch's transaction when it may be produced (:mod:`node.produced`);
-        False for any other target."""
-        assert self._produced is not None
-        job = self.state.jobs.get(lease.job_id)
-        if job is None or not isinstance(job.spec.target, KafkaTarget):
+    def _produced_now(self, run: RunState, now: int) -> bool:
+        """Whether the run is a ``kafka://`` run to produce in this batch's transaction
+        (:mod:`node.produced`): one due now. One not due yet was armed ahead before its job
+        became ``kafka://``; it is leased ahead and made as a call, as it was armed."""
+        if self._produced is None or run.available_at > now:
             return False
-        if lease.start_at is not None and lease.start_at > now:
-            return False  # leased ahead (armed before its job became kafka://): made as a call
+        job = self.state.jobs.get(run.job_id)
+        return job is not None and isinstance(job.spec.target, KafkaTarget)
+
+    def _start_produced(self, run_id: str, now: int, events: list[AnyEvent]) -> None:
+        """Decide a due ``kafka://`` run's start, then at once its outcome (``_produce``)."""
+        before = len(events)
+        try:
+            self._decide(StartRun(run_id=run_id, worker_id=self._dispatcher.worker_id), now, events)
+        except CronlogError as err:  # cancelled, finished or moved on since it came due
+            log.debug("partition %d: %s", self.partition, err)
+            return
+        lease = next((e for e in events[before:] if isinstance(e, ev.LeaseGranted)), None)
+        if lease is not None:  # else not started after all (a misfire of a run made ahead)
+            self._produce(lease, now, events)
+
+    def _produce(self, lease: ev.LeaseGranted, now: int, events: list[AnyEvent]) -> None:
+        """A ``kafka://`` run, just leased: decide its outcome in the same batch, its record
+        going into the batch's transaction when it may be produced (:mod:`node.produced`)."""
+        assert self._produced is not None
+        job = self.state.jobs[lease.job_id]
+        assert isinstance(job.spec.target, KafkaTarget)
         topic = job.spec.target.topic
         refused = self._produced.refusal(lease.tenant, topic)
         failed = self._outbound_failed.get(lease.run_id)
@@ -936,7 +954,6 @@ class PartitionRunner:
             )
             self._outbound.append(self._produced.record(lease, job.spec, topic))
         self._decide(outcome, now, events)
-        return True
 
     def _carried(self, outbound: list[Outbound], events: list[AnyEvent], error: str) -> None:
         """After an append that failed: count it against each ``kafka://`` run whose record it

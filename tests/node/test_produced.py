@@ -44,8 +44,11 @@ class Room(Dispatcher):
         self.reserved = 0
         self.released = 0
         self.dispatched: list[str] = []
+        self.full = False  # every place taken: a run asking for room waits
 
     def reserve(self, runner: PartitionRunner, run: RunState) -> bool:
+        if self.full:
+            return False
         self.reserved += 1
         return True
 
@@ -163,8 +166,22 @@ def test_a_due_kafka_run_is_leased_completed_and_produced_in_one_append() -> Non
     headers = dict(record.headers)
     assert headers["Idempotency-Key"] == f"team-a/out:{START + 1_000}"
     assert headers["X-Cronlog-Run-Id"] == body["run_id"]
-    # decided here: nothing handed to the executors, the room it reserved given back
-    assert room.dispatched == [] and room.reserved == room.released == 1
+    # decided here: nothing handed to the executors, and no call room taken for it
+    assert room.dispatched == [] and room.reserved == room.released == 0
+
+
+def test_a_kafka_run_needs_no_call_room_so_held_calls_do_not_delay_it() -> None:
+    """Another team's calls holding every place in the executors leave a kafka:// run, which
+    makes no call, to start at its slot all the same."""
+    runner, writer, room = _running(ProducedTargets(_policy(), _known(TOPIC)))
+    room.full = True
+    try:
+        _put(runner, KafkaTarget(topic=TOPIC))
+        carried = writer.wait_for("RunCompleted")
+    finally:
+        runner.stop()
+    assert [len(records) for _, records in carried if records] == [1]
+    assert room.reserved == 0 and room.dispatched == []
 
 
 def test_without_produced_targets_a_kafka_run_is_a_call() -> None:
