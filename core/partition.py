@@ -281,8 +281,14 @@ class Partition:
         return deadline
 
     def _arm(self, key: TimerKey, deadline: Millis) -> None:
-        if key[0] == "ready" and not (self.kafka_at_slot and self._produced(key[1])):
-            deadline -= self.arm_ms  # a push run's start is decided its arming time ahead
+        # A push run's start is decided its arming time ahead; a kafka:// run produced in the
+        # events' transaction at its start (its job looked up only where that can differ).
+        if (
+            key[0] == "ready"
+            and self.arm_ms
+            and not (self.kafka_at_slot and self._produced(key[1]))
+        ):
+            deadline -= self.arm_ms
         if not self.wheel.add(key, deadline):  # already due
             self._came_due(deadline, key)
 

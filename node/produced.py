@@ -91,6 +91,8 @@ class ProducedTargets:
         )
 
     def _exists(self, topic: str) -> bool:
+        # The cluster is asked outside the lock: the other partitions' runners go on deciding
+        # runs to topics already known meanwhile; only this runner waits for the answer.
         with self._lock:
             if topic in self._known:
                 return True
@@ -98,11 +100,13 @@ class ProducedTargets:
             if self._asked_at is not None and now - self._asked_at < TOPICS_EVERY_S:
                 return False
             self._asked_at = now
-            try:
-                self._known = self._topic_names(TOPICS_TIMEOUT_S)
-            except Exception as err:
-                # Unknown for now: let the transaction find out. A topic that is not there
-                # aborts it, and the run's second try is decided failed.
-                log.warning("the cluster's topics are unknown (%s); producing to %r", err, topic)
-                return True
-            return topic in self._known
+        try:
+            known = self._topic_names(TOPICS_TIMEOUT_S)
+        except Exception as err:
+            # Unknown for now: let the transaction find out. A topic that is not there
+            # aborts it, and the run's second try is decided failed.
+            log.warning("the cluster's topics are unknown (%s); producing to %r", err, topic)
+            return True
+        with self._lock:
+            self._known = known
+        return topic in known

@@ -326,3 +326,33 @@ def test_serve_refuses_exactly_once_where_it_cannot_keep_it() -> None:
     args = Namespace(kafka=None, target_kafka_config=None, kafka_targets="exactly-once")
     with pytest.raises(SystemExit, match="needs cluster mode"):
         produced_targets(args, Namespace(), "t:9092", _policy())
+
+
+def test_a_runner_asking_the_cluster_does_not_hold_the_others_back() -> None:
+    """One runner waits for the cluster's topics (a topic it has not seen); another deciding a
+    run to a topic already known is answered meanwhile."""
+    asking = threading.Event()
+    answer = threading.Event()
+    first = [True]
+
+    def names(timeout_s: float) -> frozenset[str]:
+        if first[0]:
+            first[0] = False
+            return frozenset({TOPIC})
+        asking.set()
+        assert answer.wait(10)
+        return frozenset({TOPIC, "team-a.new"})
+
+    now = [100.0]
+    produced = ProducedTargets(_policy(), names, monotonic=lambda: now[0])
+    assert produced.refusal("team-a", TOPIC) is None  # known from the first ask
+    now[0] += TOPICS_EVERY_S
+    waiting = threading.Thread(target=produced.refusal, args=("team-a", "team-a.new"))
+    waiting.start()
+    try:
+        assert asking.wait(10)
+        assert produced.refusal("team-a", TOPIC) is None  # not behind the ask in flight
+    finally:
+        answer.set()
+        waiting.join(10)
+    assert produced.refusal("team-a", "team-a.new") is None
