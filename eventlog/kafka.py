@@ -114,6 +114,11 @@ if TYPE_CHECKING:
     from eventlog.port import EventLog
 
 logger = logging.getLogger(__name__)
+# Closing a fenced producer left inside a transaction tries to abort it and warns that it
+# cannot (its fenced commit is "in progress"); the broker aborted it already, so the warning
+# says nothing. Filtered once here, since warnings.catch_warnings around each close is not
+# thread-safe and writers close from the rebalance callback and from their appends.
+warnings.filterwarnings("ignore", "Producer abort_transaction failed", RuntimeWarning)
 
 STREAMS = ("commands", "events")
 REPLY_PARTITIONS = 4  # fixed, so every node finds a node id's replies in the same partition
@@ -1299,11 +1304,8 @@ def _retrying(call: Callable[[float], T], deadline: float) -> T:
 
 
 def _close_producer(producer: Producer) -> None:
-    # A fenced producer reports its fence again on close; nothing is left to undo. Closing
-    # one left inside a transaction tries to abort it and warns that it cannot (the fenced
-    # commit is "in progress"): the broker aborted it already, so the warning says nothing.
-    with contextlib.suppress(KafkaException), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Producer abort_transaction failed", RuntimeWarning)
+    # A fenced producer reports its fence again on close; nothing is left to undo.
+    with contextlib.suppress(KafkaException):
         producer.purge()
         producer.close()
 
