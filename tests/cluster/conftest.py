@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.nodes import Cluster
+from tests.cluster.nodes import Cluster, two_nodes
 from tests.node.targets import Target
 
 
@@ -31,10 +31,5 @@ def cluster(
     parametrized with ``indirect=["cluster"]`` names where they keep history (``every-node``,
     the default, or ``owner``: ``--history-on``)."""
     history_on = getattr(request, "param", "every-node")
-    c = Cluster(kafka_bootstrap, tmp_path, ("--history-on", history_on))
-    try:
-        c.start("n1", "n2")
+    with two_nodes(kafka_bootstrap, tmp_path, ("--history-on", history_on)) as c:
         yield c
-    finally:
-        c.stop()
-        print(c.logs())  # shown when the test failed

@@ -6,7 +6,9 @@ the tests speak as ``team-a``. Job ids are picked per partition with :func:`job_
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 from core.ids import log_job_id
@@ -15,7 +17,17 @@ from tools.chaos import nodes
 from tools.chaos.nodes import NodeConfig, NodeProcess
 from tools.chaos.procs import free_port, iso, now_ms
 
-__all__ = ["AUTH", "PARTITIONS", "Cluster", "NodeProcess", "free_port", "iso", "job_ids", "now_ms"]
+__all__ = [
+    "AUTH",
+    "PARTITIONS",
+    "Cluster",
+    "NodeProcess",
+    "free_port",
+    "iso",
+    "job_ids",
+    "now_ms",
+    "two_nodes",
+]
 
 PARTITIONS = 4
 # One broker in tests; a cluster of three given by KAFKA_BOOTSTRAP_SERVERS works too.
@@ -39,3 +51,18 @@ class Cluster(nodes.Cluster):
     def __init__(self, bootstrap: str, base_dir: Path, serve_args: tuple[str, ...] = ()) -> None:
         # serve_args: more `cronlog serve` options for every node
         super().__init__(bootstrap, base_dir, dataclasses.replace(CONFIG, serve_args=serve_args))
+
+
+@contextlib.contextmanager
+def two_nodes(
+    bootstrap: str, base_dir: Path, serve_args: tuple[str, ...] = ()
+) -> Iterator[Cluster]:
+    """``n1`` and ``n2``, both ready, on topics of their own; stopped after, their logs printed
+    (pytest shows them when the test failed)."""
+    c = Cluster(bootstrap, base_dir, serve_args)
+    try:
+        c.start("n1", "n2")
+        yield c
+    finally:
+        c.stop()
+        print(c.logs())

@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.cluster.nodes import PARTITIONS, Cluster, iso, job_ids, now_ms
+from tests.cluster.nodes import PARTITIONS, Cluster, iso, job_ids, now_ms, two_nodes
 
 pytestmark = pytest.mark.slow
 
@@ -30,13 +30,8 @@ TEAM_TOPIC_PARTITIONS = 3
 
 @pytest.fixture
 def cluster(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(kafka_bootstrap, tmp_path, serve_args=("--allow-topics", "team-a=team-a."))
-    try:
-        c.start("n1", "n2")
+    with two_nodes(kafka_bootstrap, tmp_path, ("--allow-topics", "team-a=team-a.")) as c:
         yield c
-    finally:
-        c.stop()
-        print(c.logs())  # shown when the test failed
 
 
 def test_every_succeeded_run_is_in_the_team_topic_once_through_a_node_kill(

@@ -38,7 +38,7 @@ from core.ids import idempotency_key, log_job_id
 from eventlog.kafka import KafkaLog
 from projections.read_model import ReadModel, ReadModelRunner
 from projections.views import RunView
-from tests.cluster.nodes import PARTITIONS, Cluster, NodeProcess, job_ids, now_ms
+from tests.cluster.nodes import PARTITIONS, Cluster, NodeProcess, job_ids, now_ms, two_nodes
 from tests.node.targets import Call, Target
 
 pytestmark = pytest.mark.slow
@@ -50,13 +50,8 @@ LIVE = {"blocked", "pending", "running", "failed", "retrying"}
 
 @pytest.fixture
 def cluster(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(kafka_bootstrap, tmp_path, serve_args=("--retention-check", "1s"))
-    try:
-        c.start("n1", "n2")
+    with two_nodes(kafka_bootstrap, tmp_path, ("--retention-check", "1s")) as c:
         yield c
-    finally:
-        c.stop()
-        print(c.logs())  # shown when the test failed
 
 
 def wait_for_call(target: Target, wanted: object, timeout_s: float) -> Call:
