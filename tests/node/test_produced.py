@@ -130,11 +130,7 @@ def _running(
         produced=produced, arm_ms=arm_ms,
     )  # fmt: skip
     runner.start()
-    runners[runner] = clock
     return runner, writer, room
-
-
-runners: dict[PartitionRunner, FakeClock] = {}
 
 
 def _put(runner: PartitionRunner, target: Any) -> None:
@@ -143,7 +139,9 @@ def _put(runner: PartitionRunner, target: Any) -> None:
     spec = JobSpec(name="out", tenant="team-a", target=target, run_at=START + 1_000)
     runner.submit(Request(PutJob(job_id="team-a/out", spec=spec), reply=answer.set_result))
     assert isinstance(answer.result(timeout=10), Decided)
-    runners.pop(runner).advance(1_000)  # the runner looks at the clock every IDLE_WAIT_S
+    clock = runner._clock
+    assert isinstance(clock, FakeClock)
+    clock.advance(1_000)  # the runner looks at the clock every IDLE_WAIT_S
 
 
 def _known(*names: str) -> Any:
