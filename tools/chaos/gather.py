@@ -151,22 +151,28 @@ class EventReader:
         pass
 
 
-def topic_records(path: Path) -> list[dict[str, Any]]:
-    """The records an :class:`EventReader` of a team's topic wrote to ``path``, each once
-    (a read tried again may repeat some): ``{"e": the record as JSON, "t": its timestamp}``."""
-    seen: set[tuple[int, int]] = set()
-    out: list[dict[str, Any]] = []
+def read_file(path: Path) -> dict[int, list[tuple[int, dict[str, Any] | None, int | None]]]:
+    """What :func:`read_to_file` wrote to ``path`` (nothing if it is not there): per
+    partition, (offset, record, timestamp) in offset order, each once (a read tried again may
+    repeat some); a line cut short ends it."""
+    records: dict[int, list[tuple[int, dict[str, Any] | None, int | None]]] = {}
     if not path.exists():
-        return out
+        return records
     with path.open() as f:
         for line in f:
             if not line.endswith("\n"):
                 break
             r = json.loads(line)
-            if (r["p"], r["o"]) not in seen:
-                seen.add((r["p"], r["o"]))
-                out.append({"e": r["e"], "t": r.get("t")})
-    return out
+            got = records.setdefault(r["p"], [])
+            if not got or r["o"] > got[-1][0]:
+                got.append((r["o"], r["e"], r.get("t")))
+    return records
+
+
+def topic_records(path: Path) -> list[dict[str, Any]]:
+    """A team's topic as an :class:`EventReader` wrote it to ``path``:
+    ``{"e": the record as JSON, "t": its timestamp}``, each once."""
+    return [{"e": e, "t": t} for records in read_file(path).values() for _, e, t in records]
 
 
 def _decode(value: bytes | None) -> dict[str, Any] | None:

@@ -640,13 +640,10 @@ def write_report(out: Path, report: Report) -> None:
 def load_history(out: Path) -> History:
     """A finished run's history from its directory (``check`` without the cluster)."""
     saved = json.loads((out / "history.json").read_text())
-    events: dict[int, list[tuple[int, dict[str, Any] | None]]] = {}
-    with (out / "events.jsonl").open() as f:
-        for line in f:
-            r = json.loads(line)
-            records = events.setdefault(r["p"], [])
-            if not records or r["o"] > records[-1][0]:  # a read tried again may repeat some
-                records.append((r["o"], r["e"]))
+    events = {
+        p: [(o, e) for o, e, _ in records]
+        for p, records in gather.read_file(out / "events.jsonl").items()
+    }
     calls, _ = read(out / "target.jsonl")
     work, _ = read_all(sorted((out / "workers").glob("*.jsonl")))
     creates, _ = read(out / "creates.jsonl")
