@@ -777,6 +777,7 @@ def _serve(args: argparse.Namespace) -> int:
     gc.set_threshold(50_000, 20, 20)
     if speaks:
         print(f"cronlog: {egress.describe()}", flush=True)
+    if speaks and egress.topics:  # without a grant every kafka:// target is refused: nothing to say
         how = "exactly once" if node.produced is not None else "at least once"
         print(f"cronlog: kafka:// targets: {how} (docs/reliability.md)", flush=True)
     if speaks and args.kafka and target_kafka == args.kafka and args.target_kafka_config is None:

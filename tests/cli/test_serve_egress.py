@@ -64,6 +64,7 @@ def test_loopback_is_refused_until_allowed_and_the_startup_line_says_which(tmp_p
     finally:
         out = stop(proc)
     assert "egress policy: public addresses" in out and "allowed (none)" in out
+    assert "kafka:// targets: " not in out  # none granted: every one refused, no promise to state
 
     config = tmp_path / "egress.toml"
     config.write_text(
@@ -87,6 +88,7 @@ def test_loopback_is_refused_until_allowed_and_the_startup_line_says_which(tmp_p
     finally:
         out = stop(proc)
     assert "allowed (127.0.0.0/8)" in out and "*={tenant}." in out
+    assert "kafka:// targets: at least once" in out  # embedded: a call, not a transaction
 
 
 @pytest.mark.parametrize(
