@@ -13,6 +13,7 @@ Starlette's lifespan state.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -64,6 +65,7 @@ from api.stats import team_stats
 from api.team import get_team
 from api.wire import Health
 from core.egress import EgressPolicy
+from core.shares import Shares
 
 # -- service -----------------------------------------------------------------------------------
 
@@ -177,6 +179,7 @@ def create_app(
     egress: EgressPolicy | None = None,
     operator_token: str | None = None,
     past_states: time_travel.PastStates | None = None,
+    shares: Shares | None = None,
 ) -> Starlette:
     """The API over ``scheduler``; ``tokens`` maps each bearer token to its tenant.
 
@@ -188,14 +191,16 @@ def create_app(
     ``operator_token`` reads every team's events on ``GET /v1/events`` (a team's token reads
     its own). With ``past_states``, ``GET /v1/operator/state`` answers ``operator_token``'s
     bearer what a partition believed as of an offset or an instant (``api/time_travel.py``).
+    ``shares`` are the node's of its teams' limits across a cluster (``core.shares``): the
+    requests per token and the requests held open are then the cluster's, not each node's.
     """
     state = {
         "scheduler": scheduler,
         "tokens": Tokens(tokens),
         "quota": JobQuota(),
-        "held": Held(),
+        "held": Held(shares, clock or time.monotonic),
         "operator": events_stream.operator_tokens(operator_token),
-        **edge_state(limits, clock),
+        **edge_state(limits, clock, shares),
         "egress": egress if egress is not None else EgressPolicy(),
     }
 

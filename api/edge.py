@@ -34,6 +34,7 @@ from core.commands import AnyCommand
 from core.errors import Conflict, InvalidDefinition, LeaseLost, NotFound
 from core.events import AnyEvent
 from core.ids import log_job_id, team_id
+from core.shares import Shares
 from projections.history import SourcedRun
 from projections.read_model import MAX_LIMIT
 from projections.views import JobView, RunView
@@ -98,7 +99,7 @@ def authenticate(request: Request) -> Call:
     rates: RequestRates = request.state.rates
     clock: Callable[[], float] = request.state.clock
     token = authorization.partition(" ")[2].strip()
-    wait = rates.take(token, limits.requests_per_sec, limits.request_burst, clock())
+    wait = rates.take(token, limits.requests_per_sec, limits.request_burst, clock(), tenant)
     if wait > 0:
         raise rate_limited(wait, limits.requests_per_sec)
     return Call(request.state.scheduler, tenant, limits)
@@ -113,11 +114,14 @@ def rate_limited(wait_s: float, per_sec: float) -> ApiError:
     )
 
 
-def edge_state(limits: Limits | None, clock: Callable[[], float] | None) -> dict[str, Any]:
-    """What the edge keeps in the app's lifespan state besides the scheduler and tokens."""
+def edge_state(
+    limits: Limits | None, clock: Callable[[], float] | None, shares: Shares | None = None
+) -> dict[str, Any]:
+    """What the edge keeps in the app's lifespan state besides the scheduler and tokens; with
+    ``shares``, the requests per token are this member's share of the cluster's rate."""
     return {
         "limits": limits or Limits(),
-        "rates": RequestRates(),
+        "rates": RequestRates(shares),
         "clock": clock or time.monotonic,
     }
 
@@ -432,4 +436,6 @@ def take_items(request: Request, call: Call, n: int) -> int:
     clock: Callable[[], float] = request.state.clock
     token = (request.headers.get("authorization") or "").partition(" ")[2].strip()
     limits = call.limits
-    return rates.take_up_to(token, n, limits.requests_per_sec, limits.request_burst, clock())
+    return rates.take_up_to(
+        token, n, limits.requests_per_sec, limits.request_burst, clock(), call.tenant
+    )

@@ -4,21 +4,32 @@ Each waits without costing a thread (``projections.wakeups``), but each holds a 
 a little memory for as long as it lasts, so a team holds at most its limit of each at once
 (``max_waiting_claims``, ``max_event_streams``; ``api/limits.py``). One over the limit is
 answered 429 at once, with ``Retry-After``, and changes nothing.
+
+Across a cluster a team's limit is the whole group's: each member holds up to its share of it
+(``core.shares``), which follows where the team's requests are held; a member alone holds the
+whole limit.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 from api.errors import ApiError
+from core.shares import Shares, key_of
 
 
 class Held:
-    """Open requests per (kind, tenant); used from the event loop's thread only."""
+    """Open requests per (kind, tenant); used from the event loop's thread only. With
+    ``shares``, a team holds at most this member's share of its limit here."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, shares: Shares | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._open: dict[tuple[str, str], int] = {}
+        self._shares = shares
+        self._clock = clock
 
     def count(self, kind: str, tenant: str) -> int:
         return self._open.get((kind, tenant), 0)
@@ -29,15 +40,24 @@ class Held:
         holds ``limit`` of them already."""
         key = (kind, tenant)
         held = self._open.get(key, 0)
-        if held >= limit:
+        share_key = key_of(tenant, kind.replace(" ", "-"))
+        here = limit
+        if self._shares is not None:
+            here = self._shares.count(share_key, limit, held, round(self._clock() * 1000))
+        if held >= here:
+            where = (
+                "on this node, as many as it may"
+                if here == limit
+                else f"on this node, its share here of the {limit} it may hold across the cluster"
+            )
             raise ApiError(
                 429,
                 "too_many_open",
-                f"this team holds {held} {kind} open on this node, as many as it may; try again"
-                " when one has ended",
+                f"this team holds {held} {kind} open {where}; try again when one has ended",
                 headers={"Retry-After": "1"},
             )
         self._open[key] = held + 1
+        self._said(share_key, held + 1)
         try:
             yield
         finally:
@@ -46,3 +66,8 @@ class Held:
                 self._open[key] = left
             else:
                 del self._open[key]
+            self._said(share_key, left)
+
+    def _said(self, share_key: str, holding: int) -> None:
+        if self._shares is not None:
+            self._shares.held(share_key, holding)

@@ -720,6 +720,8 @@ def _serve(args: argparse.Namespace) -> int:
         history_on=history_on(args),
         archive=archive,
         produced=produced_targets(args, raw_log, target_kafka, egress),
+        # One member of several: a team's limits are the cluster's (core.shares).
+        cluster_limits=bool(args.kafka) or worker,
     )
     # Of a node's worker processes, the first speaks for them all (the parent says where).
     speaks = not worker or args.worker_index == 0
@@ -749,6 +751,7 @@ def _serve(args: argparse.Namespace) -> int:
         egress=egress,
         operator_token=load_operator_token(data_dir),
         past_states=PastStates(log_, snapshots),
+        shares=node.shares,
     )
     config = uvicorn.Config(
         app,

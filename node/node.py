@@ -79,10 +79,11 @@ from core.errors import (
 )
 from core.jobs import MAX_PRIORITY
 from core.partition import DEFAULT_ARM_MS, DEFAULT_LEAD_MS, DEFAULT_RETENTION_MS
+from core.shares import ShareBook, Shares
 from core.state import JobStatus, PartitionState, RunStatus
 from eventlog.port import EventLog, Mailbox, Membership, Record, partition_for
 from eventlog.snapshots import SnapshotStore
-from node import decisions, wire
+from node import decisions, limit_shares, wire
 from node.claims import ReadyHints, split
 from node.executors import Executors
 from node.handoff import handoff_to
@@ -95,6 +96,7 @@ from node.hot_window import (
     HotWindow,
     HotWindowMetrics,
 )
+from node.limit_shares import ShareAsking
 from node.metrics import Gauges, Measured, NodeMetrics, TimedWriter
 from node.owned_history import (
     Checkpointing,
@@ -213,6 +215,7 @@ class Node:
         history_on: HistoryOn = "every-node",
         monotonic: Callable[[], float] = time.monotonic,
         produced: ProducedTargets | None = None,
+        cluster_limits: bool = False,
     ) -> None:
         """``monotonic``: the clock the supervisor times its restarts by (seconds).
         ``history_store``: where read-model checkpoints are kept (the archive's object
@@ -224,8 +227,14 @@ class Node:
         folding every partition) or ``owner`` (a model per partition this node owns,
         :mod:`node.owned_history`; other partitions' history is asked of their owners).
         ``produced``: set where ``kafka://`` runs go into the events' own transaction, exactly
-        once (:mod:`node.produced`: cluster mode, the teams' topics on the cluster)."""
+        once (:mod:`node.produced`: cluster mode, the teams' topics on the cluster).
+        ``cluster_limits``: this node is one member of several (a cluster, or worker processes),
+        and its teams' limits are the cluster's: ``shares`` holds this node's shares of them,
+        asked of each team's owner (:mod:`node.limit_shares`). Otherwise ``shares`` is None and
+        a team's limits are whole on this node."""
         self.produced = produced
+        self.shares = Shares(self._owned_fraction) if cluster_limits else None
+        self._share_book = ShareBook()
         self.history_on = history_on
         # a node of several worker processes: why the others are not ready (cli.workers)
         self.siblings_not_ready: Callable[[], list[str]] | None = None
@@ -463,6 +472,19 @@ class Node:
             ),
             Worker("membership", self._poll, required=True, opens=self._join, closes=self._leave),
             self.standby,
+            None
+            if self.shares is None
+            else ShareAsking(
+                self.node_id,
+                self.shares,
+                self._share_book,
+                num_partitions=self._log.num_partitions,
+                owned=self._owned_now,
+                ask=self._ask_owner,
+                now_ms=lambda: round(monotonic() * 1000),
+                wall_ms=self._clock.now_ms,
+                on_failed=self.metrics.thread_failures.labels("limit-shares").inc,
+            ),
         ):
             if service is not None:
                 self.services.add(service)
@@ -586,7 +608,11 @@ class Node:
                 self.metrics.history_questions.labels(query.name, "stale").inc()
                 return
             self.metrics.history_questions.labels(query.name, "answered").inc()
-            if query.name == "watch_ready":  # quick, and never behind a question that waits
+            if query.name == limit_shares.QUERY:  # quick: a lock and a sum per limit
+                self._watch_answers.submit(
+                    self._answer_shares, query, envelope.reply_to, envelope.request_id
+                )
+            elif query.name == "watch_ready":  # quick, and never behind a question that waits
                 self._watch_answers.submit(
                     self._watched, partition, query, envelope.reply_to, envelope.request_id
                 )
@@ -1365,6 +1391,49 @@ class Node:
             ),
             QUERY_TIMEOUT_S,
         )
+
+    def _owned_fraction(self) -> float:
+        return len(self._runners) / self._log.num_partitions
+
+    def _answer_shares(self, query: wire.Query, node_id: str, request_id: str | None) -> None:
+        """(On the watch thread.) Another node's asks for its shares of teams' limits whose
+        partition this node owns (:mod:`node.limit_shares`)."""
+        if request_id is None:
+            return
+        try:
+            shares = limit_shares.answer(
+                self._share_book, node_id, query, round(time.monotonic() * 1000)
+            )
+            message = wire.Reply(request_id=request_id, answer=shares)
+        except msgspec.ValidationError as err:
+            log.warning("a malformed shares question from %s was refused: %s", node_id, err)
+            message = wire.refusal(request_id, CronlogError(f"malformed shares question: {err}"))
+        try:
+            self._log.send_reply(node_id, wire.encode(message))
+        except CronlogError as err:  # the asker keeps its shares and asks again next period
+            log.info("shares for %s were not sent: %s", node_id, err)
+
+    def _ask_owner(
+        self, partition: int, query: wire.Query, on_reply: Callable[[wire.Reply], None]
+    ) -> Callable[[], None]:
+        """Send ``query`` to the owner of ``partition``; ``on_reply`` gets its reply (from the
+        mailbox thread). Returns the function that stops waiting for it."""
+        request_id = uuid.uuid4().hex
+
+        def stop_waiting() -> None:
+            with self._lock:
+                self._waiting.pop(request_id, None)
+
+        with self._lock:
+            self._waiting[request_id] = on_reply
+        envelope = wire.Envelope(query=query, request_id=request_id, reply_to=self.node_id)
+        try:
+            self._log.submit(partition, wire.encode(envelope))
+        except BaseException:
+            stop_waiting()
+            raise
+        self.metrics.history_questions.labels(query.name, "asked").inc()
+        return stop_waiting
 
     def _watched(
         self, partition: int, query: wire.Query, node_id: str, request_id: str | None

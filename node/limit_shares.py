@@ -1,0 +1,136 @@
+"""The node's side of its teams' limits across the cluster (``core.shares``): asking each team's
+owner for this node's shares once a period, and answering the asks of the teams it owns.
+
+A team's owner is the owner of the partition the team's name hashes to. An ask travels like a
+history question: a record on that partition's commands (a :class:`~node.wire.Query` named
+``"shares"``, the asks as its argument), answered into the asking node's mailbox with the
+shares in order. One record a period for each owning partition of the teams the node served
+lately, whatever the number of requests. A team whose partition this node owns is answered
+here, without the log; a node that owns every partition asks nobody (its shares are whole).
+
+An ask left unanswered for the period (the owner moving, the log slow) changes nothing: the
+node keeps the shares it has and asks again at the next period, the new owner then.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from core.errors import CronlogError
+from core.shares import PERIOD_MS, Ask, ShareBook, Shares, tenant_of
+from eventlog.port import partition_for
+from node import wire
+from node.worker import PeriodicWorker
+
+log = logging.getLogger(__name__)
+
+QUERY = "shares"  # the question's name on the commands stream
+_asks = msgspec.json.Decoder(list[Ask])
+
+
+def asks_of(query: wire.Query) -> list[Ask]:
+    """The asks a ``shares`` question carries (``msgspec.ValidationError``: malformed)."""
+    if len(query.args) != 1:
+        raise msgspec.ValidationError("a shares question has one argument, its asks")
+    return msgspec.convert(query.args[0], list[Ask])
+
+
+def answer(book: ShareBook, member: str, query: wire.Query, now_ms: int) -> msgspec.Raw:
+    """The owner's answer to a member's ``shares`` question: its shares, in the asks' order."""
+    return msgspec.Raw(msgspec.json.encode(book.grant(member, asks_of(query), now_ms)))
+
+
+class ShareAsking(PeriodicWorker):
+    """Once a period: this node's asks, to each team's owner; the grants, into its shares.
+
+    ``ask(partition, query, on_reply)`` sends a question to a partition's owner and calls
+    ``on_reply`` with its reply (from the mailbox thread); it returns a function that stops
+    waiting for it. ``owned()`` are the partitions this node owns."""
+
+    _thread_name = "limit-shares"
+
+    def __init__(
+        self,
+        member: str,
+        shares: Shares,
+        book: ShareBook,
+        *,
+        num_partitions: int,
+        owned: Callable[[], frozenset[int]],
+        ask: Callable[[int, wire.Query, Callable[[wire.Reply], None]], Callable[[], None]],
+        now_ms: Callable[[], int],
+        wall_ms: Callable[[], int],
+        on_failed: Callable[[], None] = lambda: None,
+        period_ms: int = PERIOD_MS,
+    ) -> None:
+        self._member = member
+        self._shares = shares
+        self._book = book
+        self._num_partitions = num_partitions
+        self._owned = owned
+        self._ask = ask
+        self._now_ms = now_ms
+        self._wall_ms = wall_ms
+        self._on_failed = on_failed
+        self._period_ms = period_ms
+        self.unanswered = 0  # asks of a period whose answer did not come within it
+
+    def _interval_s(self) -> float:
+        return self._period_ms / 1000.0
+
+    def _failed(self) -> None:
+        self._on_failed()
+        log.exception("%s: asking for the teams' limit shares failed", self._member)
+
+    def _pass(self) -> None:
+        now = self._now_ms()
+        self._book.forget_silent(now)
+        asks = self._shares.due(now)
+        if not asks or self._shares.alone():
+            return
+        by_partition: dict[int, list[Ask]] = {}
+        for one in asks:
+            p = partition_for(tenant_of(one.key), self._num_partitions)
+            by_partition.setdefault(p, []).append(one)
+        owned = self._owned()
+        answered = threading.Semaphore(0)
+        waiting: list[tuple[list[Ask], Callable[[], None]]] = []
+        for p, of_p in by_partition.items():
+            if p in owned:
+                self._shares.granted(of_p, self._book.grant(self._member, of_p, now))
+                continue
+            query = wire.Query(name=QUERY, args=[of_p], asked_at=self._wall_ms())
+            try:
+                waiting.append((of_p, self._ask(p, query, self._on_reply(of_p, answered))))
+            except CronlogError as err:  # the log is down: the shares stay as they are
+                self.unanswered += 1
+                log.info("%s: shares not asked of partition %d: %s", self._member, p, err)
+        deadline = time.monotonic() + self._period_ms / 1000.0 * 0.8
+        for i in range(len(waiting)):
+            if not answered.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                self.unanswered += len(waiting) - i
+                break
+        for _, stop_waiting in waiting:
+            stop_waiting()
+
+    def _on_reply(
+        self, asks: list[Ask], answered: threading.Semaphore
+    ) -> Callable[[wire.Reply], None]:
+        def take(reply: wire.Reply) -> None:
+            try:
+                if reply.error is None:
+                    shares = msgspec.json.decode(reply.answer, type=list[float])
+                    self._shares.granted(asks, shares)
+                else:
+                    log.info("%s: shares not granted: %s", self._member, reply.message)
+            except (msgspec.ValidationError, ValueError) as err:
+                log.warning("%s: a malformed shares answer was passed over: %s", self._member, err)
+            finally:
+                answered.release()
+
+        return take

@@ -1,0 +1,134 @@
+"""The node's asks for its shares of teams' limits: one question a period to each owning
+partition, the answers taken, the teams it owns answered at home; and the owner's answer."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import msgspec
+import pytest
+
+from core.errors import Unavailable
+from core.shares import PERIOD_MS, Ask, ShareBook, Shares, key_of
+from eventlog.port import partition_for
+from node import wire
+from node.limit_shares import QUERY, ShareAsking, answer, asks_of
+
+PARTITIONS = 4
+
+
+def team_on(partition: int) -> str:
+    return next(
+        f"team-{i}" for i in range(1000) if partition_for(f"team-{i}", PARTITIONS) == partition
+    )
+
+
+class Owners:
+    """The other nodes: each partition's owner answers from one book, on a thread of its own
+    (as the mailbox thread would deliver it), unless it is silent."""
+
+    def __init__(self, silent: frozenset[int] = frozenset()) -> None:
+        self.book = ShareBook()
+        self.silent = silent
+        self.asked: list[tuple[int, wire.Query]] = []
+        self.stopped = 0
+
+    def ask(
+        self, partition: int, query: wire.Query, on_reply: Callable[[wire.Reply], None]
+    ) -> Callable[[], None]:
+        self.asked.append((partition, query))
+        if partition not in self.silent:
+            reply = wire.Reply(request_id="r", answer=answer(self.book, "n1", query, 0))
+            threading.Thread(target=on_reply, args=(reply,)).start()
+
+        def stop() -> None:
+            self.stopped += 1
+
+        return stop
+
+
+def asking(
+    shares: Shares, owners: Owners, owned: frozenset[int], period_ms: int = PERIOD_MS
+) -> ShareAsking:
+    return ShareAsking(
+        "n1",
+        shares,
+        ShareBook(),
+        num_partitions=PARTITIONS,
+        owned=lambda: owned,
+        ask=owners.ask,
+        now_ms=lambda: 5_000,
+        wall_ms=lambda: 1_700_000_000_000,
+        period_ms=period_ms,
+    )
+
+
+def test_one_question_per_owning_partition_and_the_teams_owned_here_answered_at_home() -> None:
+    there, home = team_on(1), team_on(2)
+    shares = Shares(lambda: 0.25)
+    for name in ("t1", "t2"):
+        shares.rate(key_of(there, "requests", name), 100, 0)
+    shares.rate(key_of(home, "requests", "t3"), 100, 0)
+    owners = Owners()
+    asker = asking(shares, owners, owned=frozenset({2}))
+    asker._pass()
+    assert [(p, q.name) for p, q in owners.asked] == [(1, QUERY)]
+    assert len(asks_of(owners.asked[0][1])) == 2  # both tokens in one question
+    # Each alone in its owner's book: the whole rate each.
+    assert shares.in_force(key_of(there, "requests", "t1")) == 100
+    assert shares.in_force(key_of(home, "requests", "t3")) == 100
+    assert owners.stopped == 1 and asker.unanswered == 0
+
+
+def test_an_owner_that_does_not_answer_leaves_the_shares_as_they_were() -> None:
+    team = team_on(3)
+    shares = Shares(lambda: 0.25)
+    shares.rate(key_of(team, "requests", "t1"), 100, 0)
+    owners = Owners(silent=frozenset({3}))
+    asker = asking(shares, owners, owned=frozenset(), period_ms=50)
+    asker._pass()
+    assert asker.unanswered == 1 and owners.stopped == 1
+    assert shares.in_force(key_of(team, "requests", "t1")) == 25  # the default still
+
+
+def test_a_log_that_refuses_the_question_leaves_the_shares_as_they_were() -> None:
+    team = team_on(0)
+    shares = Shares(lambda: 0.5)
+    shares.rate(key_of(team, "requests", "t1"), 100, 0)
+
+    def refuse(*_: object) -> Callable[[], None]:
+        raise Unavailable("the log is down")
+
+    asker = ShareAsking(
+        "n1",
+        shares,
+        ShareBook(),
+        num_partitions=PARTITIONS,
+        owned=frozenset,
+        ask=refuse,
+        now_ms=lambda: 0,
+        wall_ms=lambda: 0,
+    )
+    asker._pass()
+    assert asker.unanswered == 1
+    assert shares.in_force(key_of(team, "requests", "t1")) == 50
+
+
+def test_a_member_alone_asks_nobody() -> None:
+    shares = Shares()
+    shares.rate(key_of(team_on(1), "requests", "t1"), 100, 0)
+    owners = Owners()
+    asking(shares, owners, owned=frozenset(range(PARTITIONS)))._pass()
+    assert owners.asked == []
+
+
+def test_a_malformed_question_is_refused_by_its_owner() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        answer(ShareBook(), "n1", wire.Query(name=QUERY, args=[[["k", "much"]]]), 0)
+    with pytest.raises(msgspec.ValidationError):
+        answer(ShareBook(), "n1", wire.Query(name=QUERY, args=[]), 0)
+    asked = wire.Query(name=QUERY, args=[[Ask("a/requests/t", 10, 3, 5), Ask("a/s/", 8, 1, 2)]])
+    travelled = wire.decode_envelope(wire.encode(wire.Envelope(query=asked, reply_to="n1")))
+    assert travelled.query is not None
+    assert msgspec.json.decode(answer(ShareBook(), "n1", travelled.query, 0)) == [10.0, 8.0]
