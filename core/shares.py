@@ -155,7 +155,7 @@ class _Item:
     asked_ms: int | None = None  # when it was last asked for
     active_ms: int = 0  # when it was last wanted
     said: float = 0.0  # what its last ask said was wanted, and used
-    moved: bool = False  # its holdings changed since its last ask
+    moved: bool = False  # its holdings or its share changed since its last ask
 
 
 class Shares:
@@ -240,6 +240,9 @@ class Shares:
                 item = self._items.get(ask.key)
                 if item is not None and item.limit == ask.limit:
                     item.share = share
+                    # The owner counts the share the ask said was in force until the next ask
+                    # says what is now: a share that moved is said at the next period.
+                    item.moved = item.moved or share != ask.in_force
 
     def in_force(self, key: str) -> float | None:
         with self._lock:

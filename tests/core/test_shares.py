@@ -190,3 +190,14 @@ def test_a_grant_for_a_changed_limit_is_not_taken() -> None:
     shares.rate(RATE, 200, PERIOD_MS)  # the limits file changed under the ask
     shares.granted(asks, [10.0])
     assert shares.in_force(RATE) == 100  # the new limit's default, not the old grant
+
+
+def test_a_share_that_moved_is_said_at_the_next_period_so_the_owner_can_hand_it_on() -> None:
+    shares = Shares(lambda: 0.5)
+    shares.rate(RATE, 100, 0)
+    asks = shares.due(PERIOD_MS)
+    shares.due(2 * PERIOD_MS)  # the fall to nothing wanted is said
+    shares.granted(asks, [0.0])  # the owner took the share back
+    [confirm] = shares.due(3 * PERIOD_MS)
+    assert confirm.in_force == 0
+    assert shares.due(4 * PERIOD_MS) == []
