@@ -18,7 +18,9 @@ waits here and is handed back later, its room already reserved, by :meth:`Admiss
 - **A downstream's rate**: a job's HTTP target may say ``max_calls_per_sec``; the calls of one
   team to one origin (scheme, host, port) then share a token bucket of that rate, with a burst
   of one second's worth. A throttled run waits in its bucket, first come first served, and
-  neither holds room nor blocks its team's other runs.
+  neither holds room nor blocks its team's other runs. On a node of several (``shares``), the
+  rate is the cluster's: the bucket refills at this node's share of it (``core.shares``), and
+  a throttled run looks again at least once a share's period.
 
 Not thread-safe: the executors call it under their lock. Time is passed in as a clock
 (``time.monotonic`` in the node, a fake one in tests).
@@ -33,6 +35,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from core.shares import PERIOD_MS, Shares, key_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +74,19 @@ class _Bucket:
 
     def refill(self, now: float) -> None:
         burst = max(1.0, self.per_sec)
+        if self.tokens > burst:  # a share that shrank
+            self.tokens = burst
         self.tokens = min(burst, self.tokens + (now - self.stamp) * self.per_sec)
         self.stamp = now
 
     def seconds_to_token(self) -> float:
+        if self.per_sec <= 0:  # no share here for now: looked at again when it may have one
+            return SHARE_LOOK_S
         return max(0.0, (1.0 - self.tokens) / self.per_sec)
 
+
+# A throttled run on a node of several looks again this often: its share may have grown.
+SHARE_LOOK_S = PERIOD_MS / 1000.0
 
 # The node's room unless told (``cronlog serve --max-calls``): the seeds' 10,000 runs executing
 # at once. What an open call costs is measured in docs/operations.md ("Calls in flight").
@@ -121,6 +132,8 @@ class Admission:
         # ending costs nothing for the many origins nobody waits on.
         self._throttled: dict[tuple[str, str], _Bucket] = {}
         self._draining = False
+        # This node's shares of the downstreams' rates, on a node of several (None: whole).
+        self.shares: Shares | None = None
 
     # -- asking and giving back -------------------------------------------------------------
 
@@ -128,7 +141,7 @@ class Admission:
         """Room for ``ticket``'s call now (taken), or False: it waits here until granted."""
         if self._draining:
             return False  # left pending: the partition's next owner starts it
-        bucket = self._bucket(ticket.limit)
+        bucket = self._bucket(ticket.limit, asked=1)
         if bucket is not None and (bucket.waiting or bucket.tokens < 1.0):
             assert ticket.limit is not None
             ticket.waiting_since = self._clock()
@@ -165,6 +178,7 @@ class Admission:
             return granted
         now = self._clock()
         for key, bucket in list(self._throttled.items()):
+            self._share_of(bucket)
             bucket.refill(now)
             while bucket.waiting and bucket.tokens >= 1.0:
                 ticket = bucket.waiting.popleft()
@@ -183,8 +197,11 @@ class Admission:
         now = self._clock()
         waits = []
         for bucket in self._throttled.values():
+            self._share_of(bucket)
             bucket.refill(now)
             waits.append(bucket.seconds_to_token())
+        if waits and self.shares is not None:
+            waits.append(SHARE_LOOK_S)
         return min(waits) if waits else None
 
     def drain(self) -> None:
@@ -208,16 +225,29 @@ class Admission:
 
     # -- inside -----------------------------------------------------------------------------
 
-    def _bucket(self, limit: RateLimit | None) -> _Bucket | None:
+    def _bucket(self, limit: RateLimit | None, asked: int = 0) -> _Bucket | None:
         if limit is None:
             return None
         now = self._clock()
+        rate = limit.per_sec  # the latest job's word for the origin
+        if self.shares is not None:
+            tenant, origin = limit.key
+            key = key_of(tenant, "calls-to", origin)
+            rate = self.shares.rate(key, limit.per_sec, round(now * 1000), asked)
         bucket = self._buckets.get(limit.key)
         if bucket is None:
-            bucket = self._buckets[limit.key] = _Bucket(limit.per_sec, max(1.0, limit.per_sec), now)
-        bucket.per_sec = limit.per_sec  # the latest job's word for the origin
+            tokens = max(1.0, rate) if rate > 0 else 0.0
+            bucket = self._buckets[limit.key] = _Bucket(rate, tokens, now)
+        elif bucket.per_sec != rate:
+            bucket.refill(now)  # what came at the old rate stays
+        bucket.per_sec = rate
         bucket.refill(now)
         return bucket
+
+    def _share_of(self, bucket: _Bucket) -> None:
+        """A throttled bucket's rate, this node's share of it now (a node of several)."""
+        if self.shares is not None and bucket.waiting:
+            self._bucket(bucket.waiting[0].limit)
 
     def _throttle(self, ticket: Ticket, bucket: _Bucket, *, first: bool) -> None:
         assert ticket.limit is not None

@@ -44,6 +44,7 @@ from core.commands import AnswerOutcome, AnyCommand, CompleteRun, HeartbeatRun, 
 from core.egress import EgressPolicy
 from core.errors import CronlogError, LeaseLost, Unavailable
 from core.jobs import HttpTarget, JobSpec, KafkaTarget, PullTarget
+from core.shares import Shares
 from core.state import RunState, ageing_key
 from core.turns import Turns
 from node.admission import DEFAULT_ROOM, Admission, RateLimit, Ticket, default_reserve
@@ -222,6 +223,12 @@ class Executors(Dispatcher):
             self._look_again(self._admission.next_due_s())
             self._lock.notify_all()
         self._hand_out(granted)
+
+    def share_limits(self, shares: Shares) -> None:
+        """The node is one of several: a downstream's ``max_calls_per_sec`` is the cluster's,
+        and this node's calls to it take its share (``core.shares``)."""
+        with self._lock:
+            self._admission.shares = shares
 
     @staticmethod
     def _limit(runner: PartitionRunner, run: RunState) -> RateLimit | None:

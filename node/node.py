@@ -255,6 +255,8 @@ class Node:
         self._data_dir = Path(data_dir)
         self._clock = clock or SystemClock()
         self.executors = executors or Executors(node_id)
+        if self.shares is not None:
+            self.executors.share_limits(self.shares)
         self._runners: dict[int, PartitionRunner] = {}
         self._lock = threading.Lock()
         self._membership: Membership | None = None

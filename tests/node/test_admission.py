@@ -170,3 +170,24 @@ def test_the_default_reserve_is_a_tenth_in_hundredths() -> None:
         Admission(4, reserved=4, reserved_per_team=1)
     with pytest.raises(ValueError):
         Admission(4, reserved=1)
+
+
+def test_on_a_node_of_several_a_downstream_s_rate_is_its_share_of_the_cluster_s() -> None:
+    from core.shares import Shares
+
+    clock = Clock()
+    room = Admission(100, clock=clock)
+    room.shares = Shares(lambda: 0.5)  # half the partitions: half the rate until granted
+    got = [room.reserve(ticket(f"a{i}", rate=8)) for i in range(6)]
+    assert got == [True] * 4 + [False] * 2  # a burst of four, at four a second
+    [ask] = room.shares.due(round(clock.now * 1000))
+    assert (ask.key, ask.wanted, ask.in_force) == ("a/calls-to/https://a", 6, 4)
+    room.shares.granted([ask], [0.0])  # the others call it at the whole rate for now
+    assert room.due() == []  # the bucket takes its new share when it is next looked at
+    clock.now += 0.5
+    assert room.due() == []
+    assert room.next_due_s() == pytest.approx(1.0)  # looks again when its share may be back
+    room.shares.granted([ask], [8.0])
+    assert room.due() == []
+    clock.now += 0.25  # two tokens at eight a second
+    assert names(room.due()) == ["a4", "a5"]
