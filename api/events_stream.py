@@ -238,6 +238,7 @@ async def events(request: Request) -> Response:
     # following: no end but the server's, unless asked
     limit = query_int(request, 0 if follow else DEFAULT_LIMIT, MAX_LIMIT, "max_events")
     held: Held = request.state.held
+    await held.first_share("event streams", reader.key, reader.max_streams)
     holding = held.hold("event streams", reader.key, reader.max_streams)
     holding.__enter__()
     try:

@@ -12,12 +12,17 @@ whole limit.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
 
 from api.errors import ApiError
 from core.shares import Shares, key_of
+
+# The longest a request waits for its node's first share of its team's limit (the owner's
+# answer through the log takes milliseconds); past it, the node's default part is enforced.
+FIRST_GRANT_WAIT_S = 1.0
 
 
 class Held:
@@ -33,6 +38,32 @@ class Held:
 
     def count(self, kind: str, tenant: str) -> int:
         return self._open.get((kind, tenant), 0)
+
+    async def first_share(self, kind: str, tenant: str, limit: int) -> None:
+        """Before :meth:`hold` on a node of several: if this node has no share yet of the
+        team's limit of ``kind`` (the team was not served here lately), ask its owner now and
+        wait for the answer (at most ``FIRST_GRANT_WAIT_S``), so the hold is decided by the
+        share rather than by a guess."""
+        if self._shares is None:
+            return
+        loop = asyncio.get_running_loop()
+        granted: asyncio.Future[None] = loop.create_future()
+
+        def settle() -> None:
+            if not granted.done():
+                granted.set_result(None)
+
+        def told() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(settle)
+
+        key = key_of(tenant, kind.replace(" ", "-"))
+        if not self._shares.first_grant(key, limit, round(self._clock() * 1000), told):
+            return
+        try:
+            await asyncio.wait_for(granted, FIRST_GRANT_WAIT_S)
+        except TimeoutError:
+            self._shares.stop_waiting(key, told)
 
     @contextlib.contextmanager
     def hold(self, kind: str, tenant: str, limit: int) -> Iterator[None]:

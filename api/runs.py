@@ -166,6 +166,7 @@ async def claim(request: Request) -> Response:
     body = await decode(request, ClaimIn)
     if body.wait_sec > 0:
         held: Held = request.state.held
+        await held.first_share("waiting claims", call.tenant, call.limits.max_waiting_claims)
         with held.hold("waiting claims", call.tenant, call.limits.max_waiting_claims):
             leases = await _claim_waiting(call, body, request.is_disconnected)
     else:

@@ -173,6 +173,47 @@ class Shares:
         self._lock = threading.Lock()
         self._items: dict[str, _Item] = {}
         self._period_start_ms: int | None = None
+        # Counts waiting for their first grant: who to tell when it comes, and who asks now.
+        self._first: dict[str, list[Callable[[], None]]] = {}
+        self._ask_now: Callable[[], None] = lambda: None
+
+    def asks_now_with(self, wake: Callable[[], None]) -> None:
+        """``wake()`` has the member ask at once for the counts :meth:`first_grant` waits on."""
+        self._ask_now = wake
+
+    def first_grant(self, key: str, limit: int, now_ms: int, told: Callable[[], None]) -> bool:
+        """A count this member has no grant of yet: ask the owner at once, and call ``told()``
+        when the answer comes (from the thread that takes it). False when there is nothing to
+        wait for (a grant is in force, or the member is alone): decide now."""
+        if self.alone():
+            return False
+        with self._lock:
+            item = self._item(key, float(limit), True, now_ms)
+            if item.share is not None:
+                return False
+            self._first.setdefault(key, []).append(told)
+        self._ask_now()
+        return True
+
+    def stop_waiting(self, key: str, told: Callable[[], None]) -> None:
+        """``told`` no longer waits for the first grant of ``key`` (it gave up)."""
+        with self._lock:
+            waiting = self._first.get(key)
+            if waiting is not None and told in waiting:
+                waiting.remove(told)
+                if not waiting:
+                    del self._first[key]
+
+    def first_asks(self) -> list[Ask]:
+        """The asks of the counts waiting for their first grant (the period's wants stay)."""
+        with self._lock:
+            asks = []
+            for key in self._first:
+                item = self._items.get(key)
+                if item is not None:
+                    wanted = max(item.wanted, item.used + 1)
+                    asks.append(Ask(key, item.limit, wanted, 0.0, item.used, True))
+            return asks
 
     def alone(self) -> bool:
         return self._fraction() >= 1.0
@@ -235,6 +276,7 @@ class Shares:
 
     def granted(self, asks: Iterable[Ask], shares: Iterable[float]) -> None:
         """The owner's answer to ``asks``."""
+        told: list[Callable[[], None]] = []
         with self._lock:
             for ask, share in zip(asks, shares, strict=True):
                 item = self._items.get(ask.key)
@@ -243,6 +285,9 @@ class Shares:
                     # The owner counts the share the ask said was in force until the next ask
                     # says what is now: a share that moved is said at the next period.
                     item.moved = item.moved or share != ask.in_force
+                    told += self._first.pop(ask.key, [])
+        for tell in told:
+            tell()
 
     def in_force(self, key: str) -> float | None:
         with self._lock:

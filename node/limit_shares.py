@@ -46,7 +46,8 @@ def answer(book: ShareBook, member: str, query: wire.Query, now_ms: int) -> msgs
 
 
 class ShareAsking(PeriodicWorker):
-    """Once a period: this node's asks, to each team's owner; the grants, into its shares.
+    """Once a period: this node's asks, to each team's owner; the grants, into its shares; and
+    at once, the asks of counts waiting for their first grant (``Shares.first_grant``).
 
     ``ask(partition, query, on_reply)`` sends a question to a partition's owner and calls
     ``on_reply`` with its reply (from the mailbox thread); it returns a function that stops
@@ -79,6 +80,7 @@ class ShareAsking(PeriodicWorker):
         self._on_failed = on_failed
         self._period_ms = period_ms
         self.unanswered = 0  # asks of a period whose answer did not come within it
+        self._woken = threading.Event()
 
     def _interval_s(self) -> float:
         return self._period_ms / 1000.0
@@ -87,10 +89,40 @@ class ShareAsking(PeriodicWorker):
         self._on_failed()
         log.exception("%s: asking for the teams' limit shares failed", self._member)
 
+    def start(self) -> None:
+        self._woken = threading.Event()
+        self._shares.asks_now_with(self._woken.set)
+        super().start()
+
+    def _wake(self) -> None:
+        self._woken.set()
+
+    def _work(self) -> None:
+        """A pass every period; between them, at once, the asks of counts that wait for their
+        first grant (a request held until its team's share here is known)."""
+        next_at = time.monotonic() + self._interval_s()
+        while not self._stopping.is_set():
+            self._woken.wait(max(0.0, next_at - time.monotonic()))
+            if self._stopping.is_set():
+                return
+            try:
+                if self._woken.is_set():
+                    self._woken.clear()
+                    self._send(self._shares.first_asks(), self._now_ms())
+                if time.monotonic() >= next_at:
+                    next_at = time.monotonic() + self._interval_s()
+                    self._pass()
+            except Exception:
+                self._failed()
+
     def _pass(self) -> None:
         now = self._now_ms()
         self._book.forget_silent(now)
-        asks = self._shares.due(now)
+        self._send(self._shares.due(now), now)
+
+    def _send(self, asks: list[Ask], now: int) -> None:
+        """``asks`` to their owners (those of teams owned here answered here); returns once
+        every answer came, or most of a period passed."""
         if not asks or self._shares.alone():
             return
         by_partition: dict[int, list[Ask]] = {}

@@ -4,6 +4,8 @@ clock."""
 
 from __future__ import annotations
 
+import contextlib
+
 import httpx
 import pytest
 
@@ -94,3 +96,41 @@ async def test_through_the_api_a_member_refuses_past_its_share(fake: FakeSchedul
         clock.now += 1.0  # a second at four a second
         codes = [(await a.get("/v1/jobs")).status_code for _ in range(5)]
         assert codes == [200, 200, 200, 200, 429]
+
+
+async def test_the_first_hold_waits_for_the_node_s_share_rather_than_guessing() -> None:
+    import asyncio
+    import threading
+
+    shares = Shares(lambda: 0.5)  # the default part would be 2 of 5
+    held = Held(shares, clock=lambda: 0.0)
+
+    def owner_answers() -> None:  # the asking thread, answered by the owner
+        def answer() -> None:
+            shares.granted(shares.first_asks(), [5.0])
+
+        threading.Thread(target=answer).start()
+
+    shares.asks_now_with(owner_answers)
+    await asyncio.wait_for(held.first_share("event streams", "team-a", 5), 2.0)
+    with contextlib.ExitStack() as stack:
+        for _ in range(5):
+            stack.enter_context(held.hold("event streams", "team-a", 5))
+    await held.first_share("event streams", "team-a", 5)  # granted already: no wait
+
+
+async def test_an_owner_that_does_not_answer_leaves_the_default_after_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import api.held
+
+    monkeypatch.setattr(api.held, "FIRST_GRANT_WAIT_S", 0.05)
+    shares = Shares(lambda: 0.5)
+    held = Held(shares, clock=lambda: 0.0)
+    await held.first_share("event streams", "team-a", 5)
+    assert shares.first_asks() == []  # it stopped waiting
+    with contextlib.ExitStack() as stack:
+        for _ in range(2):
+            stack.enter_context(held.hold("event streams", "team-a", 5))
+        with pytest.raises(ApiError):
+            held.hold("event streams", "team-a", 5).__enter__()

@@ -87,7 +87,9 @@ def open_stream(node: NodeProcess, stack: contextlib.ExitStack, wait_s: float) -
         client = stack.enter_context(
             httpx.Client(base_url=node.url, headers=node.config.auth, timeout=30.0)
         )
-        response = stack.enter_context(client.stream("GET", "/v1/events"))
+        response = stack.enter_context(
+            client.stream("GET", "/v1/events", params={"follow": "true"})
+        )
         if response.status_code == 200:
             return True
         assert response.status_code == 429, response.status_code

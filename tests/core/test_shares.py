@@ -201,3 +201,33 @@ def test_a_share_that_moved_is_said_at_the_next_period_so_the_owner_can_hand_it_
     [confirm] = shares.due(3 * PERIOD_MS)
     assert confirm.in_force == 0
     assert shares.due(4 * PERIOD_MS) == []
+
+
+def test_a_count_without_a_grant_asks_at_once_and_tells_who_waits() -> None:
+    shares = Shares(lambda: 0.5)
+    woken: list[bool] = []
+    told: list[str] = []
+    shares.asks_now_with(lambda: woken.append(True))
+    assert shares.first_grant(STREAMS, 8, 0, lambda: told.append("first"))
+    assert shares.first_grant(STREAMS, 8, 0, lambda: told.append("second"))
+    assert woken == [True, True]
+    [first] = shares.first_asks()
+    assert (first.key, first.wanted, first.in_force, first.whole) == (STREAMS, 1, 0, True)
+    shares.granted([first], [6.0])
+    assert told == ["first", "second"]
+    assert shares.first_asks() == []
+    assert not shares.first_grant(STREAMS, 8, 0, lambda: told.append("third"))  # granted
+    assert shares.count(STREAMS, 8, 5, 0) == 6
+
+
+def test_one_that_gave_up_waiting_is_not_told() -> None:
+    shares = Shares(lambda: 0.5)
+    told: list[str] = []
+
+    def tell() -> None:
+        told.append("late")
+
+    assert shares.first_grant(STREAMS, 8, 0, tell)
+    shares.stop_waiting(STREAMS, tell)
+    assert shares.first_asks() == []
+    assert not Shares().first_grant(STREAMS, 8, 0, tell)  # alone: nothing to wait for

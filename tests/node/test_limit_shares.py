@@ -132,3 +132,21 @@ def test_a_malformed_question_is_refused_by_its_owner() -> None:
     travelled = wire.decode_envelope(wire.encode(wire.Envelope(query=asked, reply_to="n1")))
     assert travelled.query is not None
     assert msgspec.json.decode(answer(ShareBook(), "n1", travelled.query, 0)) == [10.0, 8.0]
+
+
+def test_a_count_waiting_for_its_first_grant_is_asked_at_once_not_at_the_period() -> None:
+    team = team_on(1)
+    shares = Shares(lambda: 0.25)
+    owners = Owners()
+    asker = asking(shares, owners, owned=frozenset(), period_ms=60_000)
+    asker.start()
+    try:
+        told = threading.Event()
+        assert shares.first_grant(key_of(team, "event-streams"), 8, 0, told.set)
+        assert told.wait(5.0)
+        [(partition, query)] = owners.asked
+        assert partition == 1 and [a.key for a in asks_of(query)] == [key_of(team, "event-streams")]
+        assert shares.count(key_of(team, "event-streams"), 8, 0, 0) == 8
+    finally:
+        asker.stop()
+    assert not asker.alive

@@ -70,9 +70,7 @@ def test_a_page_cut_at_the_limit_goes_on_after_its_last_item() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(dealt, st.integers(min_value=1, max_value=6))
-def test_run_keys_merged_list_every_key_once_in_order(
-    split: list[list[bytes]], limit: int
-) -> None:
+def test_run_keys_merged_list_every_key_once_in_order(split: list[list[bytes]], limit: int) -> None:
     models = split
     wanted = sorted({k for model in models for k in model})
     listed: list[bytes] = []
