@@ -157,8 +157,8 @@ FIELDS: dict[str, str] = {
     "ambiguous": "The attempt may have taken effect (timed out after sending, say).",
     "retry_after_sec": "The target's own 'not before': the retry waits at least this long.",
     "wait_sec": "Long polling: with no run ready, wait up to this many seconds for one (answered the moment one is); 0 answers at once.",
-    "max_waiting_claims": "Claims with wait_sec the team may hold open on a node at once.",
-    "max_event_streams": "Event streams (GET /v1/events) the team may hold open on a node at once.",
+    "max_waiting_claims": "Claims with wait_sec the team may hold open at once, across the cluster.",
+    "max_event_streams": "Event streams (GET /v1/events) the team may hold open at once, across the cluster.",
     # -- a job's slots (backfills)
     "slots": "The job's slots in the range, oldest first.",
     "more": "The range holds more slots than were listed.",

@@ -54,8 +54,8 @@ class TenantLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     # once. Pull workers sharing a token share its rate.
     requests_per_sec: Annotated[float, Meta(gt=0, le=MAX_RATE_CEILING)] = 100.0
     request_burst: Annotated[int, Meta(ge=1, le=int(MAX_RATE_CEILING))] = 200
-    # Requests held open on one node at once: claims long-polling (``wait_sec``), and event
-    # streams (``GET /v1/events``). Past them a request is answered 429 at once.
+    # Requests held open at once, across the cluster (core.shares): claims long-polling
+    # (``wait_sec``), and event streams (``GET /v1/events``). Past them: 429 at once.
     max_waiting_claims: Annotated[int, Meta(ge=0, le=MAX_WAITING_CEILING)] = 256
     max_event_streams: Annotated[int, Meta(ge=0, le=MAX_WAITING_CEILING)] = 8
 

@@ -21,12 +21,15 @@ the partition the team's name hashes to), decides the shares:
   limit; a member that owns every partition is alone and enforces the whole limit, without
   asking anybody.
 
-What a team gets across the cluster, and how far from its limit (the tolerance): shares of a
-limit never sum above it once every member has asked once since its demand last moved; in the
-period after a member's demand first appears (its first second), it enforces its default
-fraction alongside the others' shares; a member that stops asking (it died, or lost the owner)
-keeps its share in the owner's book for ``SILENT_PERIODS`` before the others may take it.
-Measured figures: docs/reliability.md ("A team's limits across the cluster").
+What a team gets across the cluster, and how far from its limit (the tolerance): the shares
+granted never sum above the limit with what the others hold or enforce. While a limit is new
+in the owner's book (``YOUNG_PERIODS``), the default parts of the members that have not asked
+yet count as enforced, so the members starting together never exceed it either. A member that
+starts serving a team later enforces its default part beside the others' shares until its
+first grant: up to a period (a rate; a count waits for its grant, :meth:`Shares.first_grant`).
+A member that stops asking (it died, or lost the owner) keeps its share in the owner's book for
+``SILENT_PERIODS`` before the others may take it. Figures: docs/security.md ("Across the
+cluster") and docs/reliability.md ("A team's limits across the cluster").
 
 Pure: no I/O, no clock; time is an argument in milliseconds on the caller's monotonic scale.
 Both classes are thread-safe (a lock each): the API's loop, the executors and the reporter
@@ -46,6 +49,9 @@ import msgspec
 PERIOD_MS = 1_000  # a member asks for its shares this often
 IDLE_ASK_PERIODS = 10  # a limit a member did not use lately is asked for this seldom
 SILENT_PERIODS = 30  # the owner forgets a member it has not heard from on a limit in this long
+# A rate new in the owner's book keeps, for this long, the default parts of the members that
+# have not asked yet: each may be enforcing it (its first ask is at most a period away).
+YOUNG_PERIODS = 2
 FORGET_PERIODS = 600  # a member forgets a limit it did not use in this long (ten minutes)
 
 
@@ -67,6 +73,7 @@ class Ask(msgspec.Struct, array_like=True, frozen=True):
     in_force: float  # the share the member enforces now
     used: float = 0.0  # a count's holdings now (a rate: 0)
     whole: bool = False  # a count: shares are whole numbers
+    part: float = 0.0  # the member's part of the partitions: its default share's fraction
 
 
 @dataclass(slots=True)
@@ -76,6 +83,7 @@ class _Entry:
     used: float
     granted: float
     seen_ms: int
+    part: float = 0.0
 
 
 def fair_division(limit: float, wanted: dict[str, float]) -> dict[str, float]:
@@ -99,6 +107,7 @@ class ShareBook:
         self._period_ms = period_ms
         self._lock = threading.Lock()
         self._limits: dict[str, dict[str, _Entry]] = {}
+        self._born: dict[str, int] = {}  # when each limit entered the book
 
     def grant(self, member: str, asks: Iterable[Ask], now_ms: int) -> list[float]:
         """The shares of ``member``, one for each of its ``asks``, in order."""
@@ -122,14 +131,17 @@ class ShareBook:
             del entries[member]
         if not entries:
             del self._limits[key]
+            self._born.pop(key, None)
         return entries
 
     def _grant(self, member: str, ask: Ask, now_ms: int) -> float:
         entries = self._limits.setdefault(ask.key, {})
+        born = self._born.setdefault(ask.key, now_ms)
         entry = entries.get(member)
         if entry is None:
             entry = entries[member] = _Entry(0.0, 0.0, 0.0, 0.0, now_ms)
         entry.wanted, entry.in_force, entry.used = ask.wanted, ask.in_force, ask.used
+        entry.part = ask.part
         entry.seen_ms = now_ms
         entries = self._expire(ask.key, now_ms)
         wanted = {m: max(e.wanted, e.used) for m, e in entries.items()}
@@ -138,6 +150,11 @@ class ShareBook:
         target = targets[member] + spare / len(entries)
         # What the others hold, enforce or were granted: a share grows only into the rest.
         others = sum(max(e.granted, e.in_force, e.used) for m, e in entries.items() if m != member)
+        if not ask.whole and now_ms - born < YOUNG_PERIODS * self._period_ms:
+            # the members not heard from yet enforce their default parts of a rate meanwhile
+            # (a count's first hold waits for its grant instead)
+            unseen = max(0.0, 1.0 - sum(e.part for e in entries.values()))
+            others += unseen * ask.limit
         share = max(0.0, min(target, ask.limit - others))
         if ask.whole:
             share = float(math.floor(share + 1e-9))
@@ -212,7 +229,7 @@ class Shares:
                 item = self._items.get(key)
                 if item is not None:
                     wanted = max(item.wanted, item.used + 1)
-                    asks.append(Ask(key, item.limit, wanted, 0.0, item.used, True))
+                    asks.append(Ask(key, item.limit, wanted, 0.0, item.used, True, self._part()))
             return asks
 
     def alone(self) -> bool:
@@ -271,7 +288,9 @@ class Shares:
                 item.asked_ms = now_ms
                 item.said, item.moved = wanted + item.used, False
                 in_force = self._share(item)
-                asks.append(Ask(key, item.limit, wanted, in_force, item.used, item.whole))
+                asks.append(
+                    Ask(key, item.limit, wanted, in_force, item.used, item.whole, self._part())
+                )
             return asks
 
     def granted(self, asks: Iterable[Ask], shares: Iterable[float]) -> None:
@@ -301,8 +320,11 @@ class Shares:
         item.active_ms = now_ms
         return item
 
+    def _part(self) -> float:
+        return min(1.0, max(0.0, self._fraction()))
+
     def _share(self, item: _Item) -> float:
         if item.share is not None:
             return item.share
-        default = item.limit * min(1.0, max(0.0, self._fraction()))
+        default = item.limit * self._part()
         return float(math.floor(default)) if item.whole else default

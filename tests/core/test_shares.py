@@ -12,6 +12,7 @@ from core.shares import (
     IDLE_ASK_PERIODS,
     PERIOD_MS,
     SILENT_PERIODS,
+    YOUNG_PERIODS,
     Ask,
     ShareBook,
     Shares,
@@ -64,9 +65,8 @@ def test_three_members_pushing_alike_settle_on_a_third_each_and_never_sum_above(
     for period in range(4):
         now = period * PERIOD_MS
         for m in "abc":
-            [in_force[m]] = ask(book, m, now, Ask(RATE, 100, 250, in_force[m]))
-            if period:  # once each has asked: the first period is the tolerance
-                assert sum(in_force.values()) <= 100 + 1e-6
+            [in_force[m]] = ask(book, m, now, Ask(RATE, 100, 250, in_force[m], part=1 / 3))
+            assert sum(in_force.values()) <= 100 + 1e-6
     assert in_force == pytest.approx({"a": 100 / 3, "b": 100 / 3, "c": 100 / 3})
 
 
@@ -231,3 +231,18 @@ def test_one_that_gave_up_waiting_is_not_told() -> None:
     shares.stop_waiting(STREAMS, tell)
     assert shares.first_asks() == []
     assert not Shares().first_grant(STREAMS, 8, 0, tell)  # alone: nothing to wait for
+
+
+def test_a_new_limit_keeps_the_default_parts_of_the_members_not_heard_from_yet() -> None:
+    book = ShareBook()
+    [a] = ask(book, "a", 0, Ask(RATE, 90, 500, 30, part=1 / 3))
+    assert a == pytest.approx(30)  # b and c enforce their thirds until they ask
+    [b] = ask(book, "b", 10, Ask(RATE, 90, 0, 30, part=1 / 3))
+    [a] = ask(book, "a", PERIOD_MS, Ask(RATE, 90, 500, a, part=1 / 3))
+    assert a == pytest.approx(30)  # b said it enforces a third: not handed on yet
+    # Past the young periods, a member that never asked is taken to serve none of the team.
+    later = YOUNG_PERIODS * PERIOD_MS
+    [b] = ask(book, "b", later, Ask(RATE, 90, 0, b, part=1 / 3))
+    [a] = ask(book, "a", later + 1, Ask(RATE, 90, 500, a, part=1 / 3))
+    assert (a, b) == (pytest.approx(90 - b), pytest.approx(b))
+    assert b < 90 / 3

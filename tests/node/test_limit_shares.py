@@ -75,9 +75,10 @@ def test_one_question_per_owning_partition_and_the_teams_owned_here_answered_at_
     asker._pass()
     assert [(p, q.name) for p, q in owners.asked] == [(1, QUERY)]
     assert len(asks_of(owners.asked[0][1])) == 2  # both tokens in one question
-    # Each alone in its owner's book: the whole rate each.
-    assert shares.in_force(key_of(there, "requests", "t1")) == 100
-    assert shares.in_force(key_of(home, "requests", "t3")) == 100
+    # Each alone in its owner's book, new there: its part of the partitions, the others'
+    # parts kept for them until they have asked or the limit is no longer new.
+    assert shares.in_force(key_of(there, "requests", "t1")) == 25
+    assert shares.in_force(key_of(home, "requests", "t3")) == 25
     assert owners.stopped == 1 and asker.unanswered == 0
 
 
@@ -128,7 +129,8 @@ def test_a_malformed_question_is_refused_by_its_owner() -> None:
         answer(ShareBook(), "n1", wire.Query(name=QUERY, args=[[["k", "much"]]]), 0)
     with pytest.raises(msgspec.ValidationError):
         answer(ShareBook(), "n1", wire.Query(name=QUERY, args=[]), 0)
-    asked = wire.Query(name=QUERY, args=[[Ask("a/requests/t", 10, 3, 5), Ask("a/s/", 8, 1, 2)]])
+    asks = [Ask("a/requests/t", 10, 3, 5, part=1.0), Ask("a/s/", 8, 1, 2, whole=True)]
+    asked = wire.Query(name=QUERY, args=[asks])
     travelled = wire.decode_envelope(wire.encode(wire.Envelope(query=asked, reply_to="n1")))
     assert travelled.query is not None
     assert msgspec.json.decode(answer(ShareBook(), "n1", travelled.query, 0)) == [10.0, 8.0]

@@ -1,0 +1,185 @@
+"""One team's flood beside another team's few runs, on three ``cronlog serve --kafka`` nodes: how
+late the small team's runs start while 40,000 of the other's come due in one second.
+
+    python -m bench.flood_three [--rounds 1] [--flood 40000] [--b-jobs 20] [--partitions 6]
+        [--after-s 40] [--out bench/results/flood-three.md]
+
+One Kafka broker on loopback and three nodes as a user starts them (:mod:`tools.chaos.nodes`,
+each with its executor process), the benchmarks' limits file (rates at their ceilings: the
+flood is registered through the batch endpoint). Team B registers ``--b-jobs`` HTTP jobs that
+run every second from 15 s before the slot S; team A registers ``--flood`` one-shot HTTP jobs
+all due at S, through the three nodes in turn (1,000 a batch, six batches at once); every
+target is the recorder (:mod:`bench.recorder`, one process). Measured from the recorder's
+arrivals: each of B's slots from 10 s before S to ``--after-s`` after it (lag = first call's
+arrival - slot; a slot never called counts as infinitely late), and A's calls (first, median,
+p99, last, against S). Appends a JSON line per round to bench/results/flood_three.jsonl and
+writes ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import (
+    LIMITS,
+    Recorder,
+    append_result,
+    first_calls,
+    iso_ms,
+    lag_summary,
+    log,
+    machine,
+    now_ms,
+    sleep_until_ms,
+    slot_of,
+    stamp,
+)
+from tools.chaos.nodes import Cluster, NodeConfig, NodeProcess
+from tools.kafka import broker
+
+B_LEAD_S = 15
+B_FROM_S = 10
+BATCH = 1000
+AT_ONCE = 6
+SETTLE_S = 5
+
+
+async def _register(nodes: list[NodeProcess], token: str, jobs: list[dict[str, Any]]) -> float:
+    """Every job through ``POST /v1/jobs:batch``, the batches spread over the nodes; seconds."""
+    batches = [jobs[i : i + BATCH] for i in range(0, len(jobs), BATCH)]
+    queue = list(enumerate(batches))
+    headers = {"Authorization": f"Bearer {token}"}
+    began = time.perf_counter()
+
+    async def worker() -> None:
+        async with httpx.AsyncClient(headers=headers, timeout=120.0) as client:
+            while queue:
+                i, batch = queue.pop()
+                node = nodes[i % len(nodes)]
+                response = await client.post(f"{node.url}/v1/jobs:batch", json={"jobs": batch})
+                assert response.status_code in (200, 201, 207), response.text[:300]
+                refused = [r for r in response.json()["results"] if r["status"] >= 300]
+                assert not refused, refused[:3]
+
+    await asyncio.gather(*(worker() for _ in range(AT_ONCE)))
+    return time.perf_counter() - began
+
+
+def one_round(kafka: str, args: argparse.Namespace, recorder: Recorder) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="flood-three-") as tmp:
+        base = Path(tmp)
+        limits = base / "limits.toml"
+        limits.write_text(LIMITS)
+        config = NodeConfig(
+            partitions=args.partitions, log_level="warning", serve_args=("--limits", str(limits))
+        )
+        cluster = Cluster(kafka, base, config)
+        try:
+            nodes = cluster.start("n1", "n2", "n3")
+            time.sleep(3)
+            recorder.take()
+            slot = (now_ms() + 1000 * (B_LEAD_S + 5) + args.flood) // 1000 * 1000
+            b_jobs = [
+                {
+                    "name": f"every second {i}",
+                    "target": recorder.url,
+                    "interval_sec": 1,
+                    "start_at": iso_ms(slot - B_LEAD_S * 1000),
+                }
+                for i in range(args.b_jobs)
+            ]
+            a_jobs = [
+                {"name": f"flood {i}", "target": recorder.url, "run_at": iso_ms(slot)}
+                for i in range(args.flood)
+            ]
+            asyncio.run(_register(nodes, "token-b", b_jobs))
+            seconds = asyncio.run(_register(nodes, "token-a", a_jobs))
+            log(
+                f"registered {args.flood} in {seconds:.1f} s; S in {(slot - now_ms()) / 1000:.1f} s"
+            )
+            if now_ms() >= slot:
+                raise RuntimeError("team A's registration ran past its slot")
+            b_until = slot + args.after_s * 1000
+            sleep_until_ms(b_until + SETTLE_S * 1000)
+            arrivals = recorder.take()
+        finally:
+            cluster.stop()
+    b_from = slot - B_FROM_S * 1000
+    a: list[float] = []
+    b: list[float] = []
+    for key, at in first_calls(arrivals).items():
+        slot_ms = slot_of(key)
+        if slot_ms is None:
+            continue
+        lag = at / 1e6 - slot_ms
+        if key.startswith("team-b/") and b_from <= slot_ms < b_until:
+            b.append(lag)
+        elif key.startswith("team-a/"):
+            a.append(lag)
+    slots_b = (b_until - b_from) // 1000
+    return {
+        "timestamp": stamp(),
+        "flood": args.flood,
+        "registration_s": round(seconds, 1),
+        "team_a": lag_summary(a, args.flood),
+        "team_b": lag_summary(b, args.b_jobs * slots_b),
+        "team_b_over_1s": sum(lag > 1000 for lag in b),
+        "team_b_window_s": [-B_FROM_S, args.after_s],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--flood", type=int, default=40_000)
+    parser.add_argument("--b-jobs", type=int, default=20)
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--after-s", type=int, default=40)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/flood-three.md"))
+    args = parser.parse_args()
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="flood-kafka-") as kdir, Recorder() as recorder:
+        kafka = broker.start(1, Path(kdir))
+        try:
+            for i in range(args.rounds):
+                log(f"round {i + 1} of {args.rounds}")
+                record = one_round(kafka.bootstrap_servers, args, recorder)
+                record["machine"] = machine()
+                log(json.dumps({k: v for k, v in record.items() if k != "machine"}))
+                append_result("flood_three", record)
+                rounds.append(record)
+        finally:
+            kafka.stop()
+    lines = [
+        "# One team's flood beside another team's runs, three nodes",
+        "",
+        f"`python -m bench.flood_three --flood {args.flood} --b-jobs {args.b_jobs}"
+        f" --partitions {args.partitions}`, {stamp()}; three `cronlog serve --kafka` nodes on one"
+        " broker, this machine. Lags in ms from the slot to the first call's arrival.",
+        "",
+        "| round | B p50 | B p99 | B max | B over 1 s | B missing | A first | A p50 | A p99 |"
+        " A last |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(rounds):
+        b, a = r["team_b"], r["team_a"]
+        lines.append(
+            f"| {i + 1} | {b.get('p50_ms')} | {b.get('p99_ms')} | {b.get('max_ms')}"
+            f" | {r['team_b_over_1s']} | {b.get('missing')} | {a.get('min_ms')}"
+            f" | {a.get('p50_ms')} | {a.get('p99_ms')} | {a.get('max_ms')} |"
+        )
+    lines += ["", "```json", *(json.dumps(r) for r in rounds), "```", ""]
+    args.out.write_text("\n".join(lines))
+    log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
