@@ -208,7 +208,9 @@ class Shares:
             item = self._item(key, float(limit), True, now_ms)
             if item.share is not None:
                 return False
-            self._first.setdefault(key, []).append(told)
+            waiting = self._first.setdefault(key, [])
+            if told not in waiting:  # one who asks again waits once
+                waiting.append(told)
         self._ask_now()
         return True
 
@@ -244,13 +246,17 @@ class Shares:
             item.wanted += asked
             return limit if alone else self._share(item)
 
-    def count(self, key: str, limit: int, holding: int, now_ms: int) -> int:
+    def count(
+        self, key: str, limit: int, holding: int, now_ms: int, wanting: int | None = None
+    ) -> int:
         """This member's share of the count ``limit``, asked by one more holder while it holds
-        ``holding``: the holder may come in if the answer is above ``holding``."""
+        ``holding``: the holder may come in if the answer is above ``holding``. ``wanting``:
+        how many it would hold if it could (default: one more)."""
         alone = self.alone()
         with self._lock:
             item = self._item(key, float(limit), True, now_ms)
-            item.wanted = max(item.wanted, float(holding + 1))
+            want = holding + 1 if wanting is None else max(wanting, holding)
+            item.wanted = max(item.wanted, float(want))
             item.used = float(holding)
             return limit if alone else int(self._share(item))
 

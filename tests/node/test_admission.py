@@ -191,3 +191,30 @@ def test_on_a_node_of_several_a_downstream_s_rate_is_its_share_of_the_cluster_s(
     assert room.due() == []
     clock.now += 0.25  # two tokens at eight a second
     assert names(room.due()) == ["a4", "a5"]
+
+
+def test_on_a_node_of_several_a_team_s_cap_is_its_share_of_the_cluster_s() -> None:
+    from core.shares import Shares
+
+    clock = Clock()
+    room = Admission(100, max_per_tenant=6, clock=clock)
+    shares = room.shares = Shares(lambda: 0.5)
+    looked: list[bool] = []
+    room.on_share = lambda: looked.append(True)
+    asked_now: list[bool] = []
+    shares.asks_now_with(lambda: asked_now.append(True))
+    got = [room.reserve(ticket(f"a{i}")) for i in range(5)]
+    assert got == [True] * 3 + [False] * 2  # half the cap until the owner answers
+    assert asked_now  # asked at once
+    [first] = shares.first_asks()
+    assert first.key == "a/running-calls/" and first.wanted == 4 and first.used == 3
+    shares.granted([first], [2.0])  # the other node holds four of the team's six
+    assert looked == [True]
+    assert room.due() == []  # holds three already: no more here
+    assert room.next_due_s() == pytest.approx(1.0)  # its queued runs are looked at again
+    assert names(room.release("a")) == []  # 2 held: at its share
+    assert names(room.release("a")) == ["a3"]
+    shares.granted([first], [6.0])  # the other node's calls ended
+    assert names(room.due()) == ["a4"]
+    [ask] = shares.due(round(clock.now * 1000))
+    assert ask.used == 3
