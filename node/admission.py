@@ -140,6 +140,7 @@ class Admission:
         # arrives (from the thread that took it), to look at its waiting runs again.
         self.shares: Shares | None = None
         self.on_share: Callable[[], None] = lambda: None
+        self._first_asked: dict[str, float] = {}  # teams waiting for their first share
 
     # -- asking and giving back -------------------------------------------------------------
 
@@ -297,10 +298,20 @@ class Admission:
         if self.shares is None or self._max_per_tenant >= self._max:  # no cap, or whole
             return self._max_per_tenant
         key = key_of(tenant, "running-calls")
-        now = round(self._clock() * 1000)
-        self.shares.first_grant(key, self._max_per_tenant, now, self.on_share)
+        clock = self._clock()
+        now = round(clock * 1000)
         wanting = held + max(1, len(self._queued.get(tenant, ())))
-        return self.shares.count(key, self._max_per_tenant, held, now, wanting)
+        share = self.shares.count(key, self._max_per_tenant, held, now, wanting)
+        if self.shares.first_grant(key, self._max_per_tenant, now, self.on_share):
+            # No share yet: none here until the owner's answer (asked now; milliseconds), so
+            # another node granted the whole cap meanwhile is never exceeded. An owner silent
+            # for a period leaves this node its part of the partitions.
+            asked = self._first_asked.setdefault(tenant, clock)
+            if clock - asked < SHARE_LOOK_S:
+                return 0
+        else:
+            self._first_asked.pop(tenant, None)
+        return share
 
     def _holding(self, tenant: str, held: int) -> None:
         if self.shares is not None and self._max_per_tenant < self._max:
@@ -319,6 +330,11 @@ class Admission:
             queue = self._queued[ticket.tenant] = []
             self._turns.append(ticket.tenant)
         heapq.heappush(queue, (ticket.urgency, next(self._arrivals), ticket))
+        if self.shares is not None and self._max_per_tenant < self._max:
+            held = self._by_tenant.get(ticket.tenant, 0)
+            key = key_of(ticket.tenant, "running-calls")
+            now = round(self._clock() * 1000)
+            self.shares.count(key, self._max_per_tenant, held, now, held + len(queue))
 
     def _grants(self) -> list[Ticket]:
         """Reserve room for queued runs, one team after another, each team's most urgent
