@@ -253,8 +253,9 @@ def test_what_nobody_wants_goes_to_the_member_that_was_refused() -> None:
     for m in "ab":  # a holds four of eight streams, b none yet and wants one
         ask(book, m, 0, Ask(STREAMS, 8, 0, 0, whole=True))
     a, b = 4.0, 0.0
-    for period in range(3):  # b grows once a has said it enforces less
+    for period in range(3):  # b holds what it may and is refused one more, up to four
         [a] = ask(book, "a", period, Ask(STREAMS, 8, 4, a, used=4, whole=True))
-        [b] = ask(book, "b", period, Ask(STREAMS, 8, 1, b, whole=True))
+        wants = min(4.0, b + 1)
+        [b] = ask(book, "b", period, Ask(STREAMS, 8, wants, b, used=b, whole=True))
         assert a + b <= 8
-    assert (a, b) == (4, 4)  # the spare three went to b, not half of them to a
+    assert (a, b) == (4, 4)  # the spare went to b, not half of it to a
