@@ -131,8 +131,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--max-calls-per-team",
         type=int,
         metavar="N",
-        help="of those, the most one team's runs may hold (default: no limit beyond --max-calls"
-        " and --reserved-calls; when room is short, teams take turns either way)",
+        help="the most calls one team's runs may hold at once; on a cluster (or with --workers)"
+        " the team's across all of them, each node holding its share (default: no limit beyond"
+        " --max-calls and --reserved-calls; when room is short, teams take turns either way)",
     )
     serve.add_argument(
         "--reserved-calls",
@@ -589,11 +590,11 @@ def _serve(args: argparse.Namespace) -> int:
     node_id = args.node_id
     cores = usable_cores()
     if worker:
-        # The node's room, its reserve and each team's cap, divided among its workers; the
-        # cores too, for the executor processes' default.
+        # The node's room and its reserve, divided among its workers; the cores too, for the
+        # executor processes' default. Each team's cap is divided by what its runs want
+        # (core.shares), as over a cluster's nodes.
         room = max(1, room // args.workers)
         reserved = (reserved[0] // args.workers, reserved[1])
-        per_team = None if per_team is None else max(1, per_team // args.workers)
         node_id = worker_node_id(args.node_id, args.worker_index)
         cores = max(1, cores // args.workers)
     if args.history_checkpoints_kept < 1:

@@ -8,11 +8,12 @@ the partition the team's name hashes to), decides the shares:
 
 - Every period (a second), a member sends the owner an :class:`Ask` for each limit of the
   team it served lately: the limit, how much it **wanted** over the period (requests a second
-  asked, refused ones included; or the most it held at once, plus one for each refusal), what
-  it **uses** now (a count's holdings) and the share **in force** on it.
+  asked, refused ones included; or the most it held or was asked to hold at once), what it
+  **uses** now (a count's holdings) and the share **in force** on it.
 - The owner (:class:`ShareBook`) divides the limit by what the members want, each at most what
-  it wants and the rest in equal parts (max-min fairness), then hands out whatever the others
-  leave: a member's share grows only into what no other member holds, has in force or was
+  it wants and the rest in equal parts (max-min fairness; what nobody wants goes to the members
+  that want more than they have in force, whose want is only a floor), then hands out what
+  the others leave: a member's share grows only into what no other member holds, has in force or was
   granted, so a share moves from one member to another only once the first has taken the
   smaller one (its next ask says so). Shares shrink at once.
 - A member (:class:`Shares`) enforces the share it was last granted. Before its first grant on
@@ -146,8 +147,11 @@ class ShareBook:
         entries = self._expire(ask.key, now_ms)
         wanted = {m: max(e.wanted, e.used) for m, e in entries.items()}
         targets = fair_division(ask.limit, wanted)
+        # What nobody wants goes in equal parts to the members that want more than they have
+        # in force (refused ones: their want is only a floor), else to every member.
         spare = ask.limit - sum(targets.values())
-        target = targets[member] + spare / len(entries)
+        hungry = [m for m, e in entries.items() if wanted[m] > e.in_force] or list(entries)
+        target = targets[member] + (spare / len(hungry) if member in hungry else 0.0)
         # What the others hold, enforce or were granted: a share grows only into the rest.
         others = sum(max(e.granted, e.in_force, e.used) for m, e in entries.items() if m != member)
         if not ask.whole and now_ms - born < YOUNG_PERIODS * self._period_ms:
@@ -208,7 +212,9 @@ class Shares:
             item = self._item(key, float(limit), True, now_ms)
             if item.share is not None:
                 return False
-            self._first.setdefault(key, []).append(told)
+            waiting = self._first.setdefault(key, [])
+            if told not in waiting:  # one who asks again waits once
+                waiting.append(told)
         self._ask_now()
         return True
 
@@ -244,13 +250,17 @@ class Shares:
             item.wanted += asked
             return limit if alone else self._share(item)
 
-    def count(self, key: str, limit: int, holding: int, now_ms: int) -> int:
+    def count(
+        self, key: str, limit: int, holding: int, now_ms: int, wanting: int | None = None
+    ) -> int:
         """This member's share of the count ``limit``, asked by one more holder while it holds
-        ``holding``: the holder may come in if the answer is above ``holding``."""
+        ``holding``: the holder may come in if the answer is above ``holding``. ``wanting``:
+        how many it would hold if it could (default: one more)."""
         alone = self.alone()
         with self._lock:
             item = self._item(key, float(limit), True, now_ms)
-            item.wanted = max(item.wanted, float(holding + 1))
+            want = holding + 1 if wanting is None else max(wanting, holding)
+            item.wanted = max(item.wanted, float(want))
             item.used = float(holding)
             return limit if alone else int(self._share(item))
 

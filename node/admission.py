@@ -5,9 +5,12 @@ waits here and is handed back later, its room already reserved, by :meth:`Admiss
 (a call ended) or :meth:`Admission.due` (a rate limit has a token again). Three limits:
 
 - **Room**: at most ``max_in_flight`` calls at once on the node.
-- **A team's share**: at most ``max_per_tenant`` of them for one team. When room is short, the
-  teams' queues are served in turn (round-robin), each team's most urgent run first (priority
-  with ageing, the order pull claims use), so one team's burst waits behind itself.
+- **A team's share**: at most ``max_per_tenant`` of them for one team (on a node of several,
+  ``shares``: the team's cap across the cluster, of which this node holds its share, as the
+  team's runs here want it; a run held back by it is looked at again each period). When room
+  is short, the teams' queues are served in turn (round-robin), each team's most urgent run
+  first (priority with ageing, the order pull claims use), so one team's burst waits behind
+  itself.
 - **Room kept for the others**: the last ``reserved`` calls of the room go only to teams that
   hold fewer than ``reserved_per_team`` calls. Turns share room only as calls end, and a team
   whose calls each hold a connection for minutes frees none for minutes: without a reserve, a
@@ -132,8 +135,12 @@ class Admission:
         # ending costs nothing for the many origins nobody waits on.
         self._throttled: dict[tuple[str, str], _Bucket] = {}
         self._draining = False
-        # This node's shares of the downstreams' rates, on a node of several (None: whole).
+        # This node's shares of the downstreams' rates and of each team's cap, on a node of
+        # several (None: whole); ``on_share()`` is called when a team's first share of its cap
+        # arrives (from the thread that took it), to look at its waiting runs again.
         self.shares: Shares | None = None
+        self.on_share: Callable[[], None] = lambda: None
+        self._first_asked: dict[str, float] = {}  # teams waiting for their first share
 
     # -- asking and giving back -------------------------------------------------------------
 
@@ -168,6 +175,7 @@ class Admission:
             self._by_tenant[tenant] = held
         else:
             del self._by_tenant[tenant]
+        self._holding(tenant, held)
         return self._grants()
 
     def due(self) -> list[Ticket]:
@@ -190,6 +198,8 @@ class Admission:
                     break  # the token stays for it
             if not bucket.waiting:
                 del self._throttled[key]
+        if self.shares is not None:  # a team's share of its cap may have grown
+            granted += self._grants()
         return granted
 
     def next_due_s(self) -> float | None:
@@ -200,7 +210,7 @@ class Admission:
             self._share_of(bucket)
             bucket.refill(now)
             waits.append(bucket.seconds_to_token())
-        if waits and self.shares is not None:
+        if (waits or self._queued) and self.shares is not None:
             waits.append(SHARE_LOOK_S)
         return min(waits) if waits else None
 
@@ -262,7 +272,13 @@ class Admission:
         held = self._by_tenant.get(tenant, 0)
         if self.in_flight >= self._max:
             return f"the node's room was full ({self.in_flight} calls in flight, --max-calls)"
-        if held >= self._max_per_tenant:
+        cap = self._cap(tenant, held)
+        if held >= cap:
+            if cap < self._max_per_tenant:
+                return (
+                    f"its team held this node's share of its cap ({held} calls in flight of"
+                    f" {self._max_per_tenant} across the cluster, --max-calls-per-team)"
+                )
             return f"its team held its share ({held} calls in flight, --max-calls-per-team)"
         if self._has_room(tenant):
             return "its team's earlier runs were waiting for room"
@@ -273,15 +289,40 @@ class Admission:
 
     def _has_room(self, tenant: str) -> bool:
         held = self._by_tenant.get(tenant, 0)
-        if self.in_flight >= self._max or held >= self._max_per_tenant:
+        if self.in_flight >= self._max or held >= self._cap(tenant, held):
             return False
         return self.in_flight < self._open or held < self._reserved_per_team
+
+    def _cap(self, tenant: str, held: int) -> int:
+        """The calls ``tenant`` may hold here: its cap, or this node's share of it."""
+        if self.shares is None or self._max_per_tenant >= self._max:  # no cap, or whole
+            return self._max_per_tenant
+        key = key_of(tenant, "running-calls")
+        clock = self._clock()
+        now = round(clock * 1000)
+        wanting = held + max(1, len(self._queued.get(tenant, ())))
+        share = self.shares.count(key, self._max_per_tenant, held, now, wanting)
+        if self.shares.first_grant(key, self._max_per_tenant, now, self.on_share):
+            # No share yet: none here until the owner's answer (asked now; milliseconds), so
+            # another node granted the whole cap meanwhile is never exceeded. An owner silent
+            # for a period leaves this node its part of the partitions.
+            asked = self._first_asked.setdefault(tenant, clock)
+            if clock - asked < SHARE_LOOK_S:
+                return 0
+        else:
+            self._first_asked.pop(tenant, None)
+        return share
+
+    def _holding(self, tenant: str, held: int) -> None:
+        if self.shares is not None and self._max_per_tenant < self._max:
+            self.shares.held(key_of(tenant, "running-calls"), held)
 
     def _take(self, tenant: str, bucket: _Bucket | None) -> None:
         if bucket is not None:
             bucket.tokens -= 1.0
         self.in_flight += 1
-        self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
+        held = self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
+        self._holding(tenant, held)
 
     def _enqueue(self, ticket: Ticket) -> None:
         queue = self._queued.get(ticket.tenant)
@@ -289,6 +330,11 @@ class Admission:
             queue = self._queued[ticket.tenant] = []
             self._turns.append(ticket.tenant)
         heapq.heappush(queue, (ticket.urgency, next(self._arrivals), ticket))
+        if self.shares is not None and self._max_per_tenant < self._max:
+            held = self._by_tenant.get(ticket.tenant, 0)
+            key = key_of(ticket.tenant, "running-calls")
+            now = round(self._clock() * 1000)
+            self.shares.count(key, self._max_per_tenant, held, now, held + len(queue))
 
     def _grants(self) -> list[Ticket]:
         """Reserve room for queued runs, one team after another, each team's most urgent

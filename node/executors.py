@@ -225,10 +225,17 @@ class Executors(Dispatcher):
         self._hand_out(granted)
 
     def share_limits(self, shares: Shares) -> None:
-        """The node is one of several: a downstream's ``max_calls_per_sec`` is the cluster's,
-        and this node's calls to it take its share (``core.shares``)."""
+        """The node is one of several: a downstream's ``max_calls_per_sec`` and a team's cap
+        (``--max-calls-per-team``) are the cluster's, and this node's calls take their share
+        of each (``core.shares``)."""
         with self._lock:
             self._admission.shares = shares
+            self._admission.on_share = self._share_came
+
+    def _share_came(self) -> None:
+        """A team's first share of its cap arrived: its waiting runs are looked at now."""
+        with self._lock:
+            self._look_again(0.0)
 
     @staticmethod
     def _limit(runner: PartitionRunner, run: RunState) -> RateLimit | None:

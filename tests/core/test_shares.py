@@ -246,3 +246,16 @@ def test_a_new_limit_keeps_the_default_parts_of_the_members_not_heard_from_yet()
     [a] = ask(book, "a", later + 1, Ask(RATE, 90, 500, a, part=1 / 3))
     assert (a, b) == (pytest.approx(90 - b), pytest.approx(b))
     assert b < 90 / 3
+
+
+def test_what_nobody_wants_goes_to_the_member_that_was_refused() -> None:
+    book = ShareBook()
+    for m in "ab":  # a holds four of eight streams, b none yet and wants one
+        ask(book, m, 0, Ask(STREAMS, 8, 0, 0, whole=True))
+    a, b = 4.0, 0.0
+    for period in range(3):  # b holds what it may and is refused one more, up to four
+        [a] = ask(book, "a", period, Ask(STREAMS, 8, 4, a, used=4, whole=True))
+        wants = min(4.0, b + 1)
+        [b] = ask(book, "b", period, Ask(STREAMS, 8, wants, b, used=b, whole=True))
+        assert a + b <= 8
+    assert (a, b) == (4, 4)  # the spare went to b, not half of it to a

@@ -191,3 +191,40 @@ def test_on_a_node_of_several_a_downstream_s_rate_is_its_share_of_the_cluster_s(
     assert room.due() == []
     clock.now += 0.25  # two tokens at eight a second
     assert names(room.due()) == ["a4", "a5"]
+
+
+def test_on_a_node_of_several_a_team_s_cap_is_its_share_of_the_cluster_s() -> None:
+    from core.shares import Shares
+
+    clock = Clock()
+    room = Admission(100, max_per_tenant=6, clock=clock)
+    shares = room.shares = Shares(lambda: 0.5)
+    looked: list[bool] = []
+    room.on_share = lambda: looked.append(True)
+    asked_now: list[bool] = []
+    shares.asks_now_with(lambda: asked_now.append(True))
+    got = [room.reserve(ticket(f"a{i}")) for i in range(5)]
+    assert got == [False] * 5  # none until the owner answers
+    assert asked_now  # asked at once
+    [first] = shares.first_asks()
+    assert first.key == "a/running-calls/" and first.wanted == 5 and first.used == 0
+    shares.granted([first], [3.0])  # the other node holds three of the team's six
+    assert looked == [True]
+    assert names(room.due()) == ["a0", "a1", "a2"]
+    assert room.due() == []  # at its share
+    assert room.next_due_s() == pytest.approx(1.0)  # its queued runs are looked at again
+    shares.granted([first], [5.0])  # the other node's calls ended but one
+    assert names(room.due()) == ["a3", "a4"]
+    [ask] = shares.due(round(clock.now * 1000))
+    assert ask.used == 5
+
+
+def test_a_team_s_cap_falls_back_to_the_node_s_part_when_the_owner_is_silent() -> None:
+    from core.shares import Shares
+
+    clock = Clock()
+    room = Admission(100, max_per_tenant=6, clock=clock)
+    room.shares = Shares(lambda: 0.5)
+    assert [room.reserve(ticket(f"a{i}")) for i in range(4)] == [False] * 4
+    clock.now += 1.0  # a period without an answer
+    assert names(room.due()) == ["a0", "a1", "a2"]  # half the cap: its part of the partitions
