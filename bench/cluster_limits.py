@@ -2,13 +2,13 @@
 cluster, against its limit, wherever its requests and calls go (``core.shares``).
 
     python -m bench.cluster_limits [--rounds 3] [--phase-s 20] [--settle-s 4] [--rate 100]
-        [--streams 8] [--downstream-rate 40] [--downstream-jobs 120] [--partitions 6]
-        [--out bench/results/cluster-limits.md]
+        [--streams 8] [--downstream-rate 40] [--downstream-jobs 120] [--team-calls 10]
+        [--held-jobs 60] [--partitions 6] [--out bench/results/cluster-limits.md]
 
 One Kafka broker on loopback (:mod:`tools.kafka.broker`) and three nodes, each started as a
 user starts it (:mod:`tools.chaos.nodes`), with a limits file giving ``team-a``
-``requests_per_sec = --rate`` (burst the same) and ``max_event_streams = --streams``. Each
-round, on fresh topics and data directories:
+``requests_per_sec = --rate`` (burst the same) and ``max_event_streams = --streams``, and
+``--max-calls-per-team --team-calls``. Each round, on fresh topics and data directories:
 
 * **Requests per token**, three phases of ``--phase-s`` each, the clients in this process
   (an asyncio loop of httpx clients, 8 connections to a node that is pushed, each sending
@@ -25,6 +25,11 @@ round, on fresh topics and data directories:
   over the three nodes. Over ``--phase-s`` after ``--settle-s``, the calls a second arriving at
   the recorder (median, highest), against the rate (each node alone would allow the whole
   rate: three times it).
+* **Calls in flight**: ``--held-jobs`` one-shot HTTP jobs of team-a due at one instant, each
+  call held 2 s by the recorder (``/hold/2000``); their partitions are spread over the nodes.
+  From the calls' arrivals: the most in flight at once (arrivals within 2 s of each other),
+  against ``--team-calls`` (each node alone would allow that many: three times it), and the
+  seconds until the last call arrived.
 * **Event streams**: ``GET /v1/events`` streams opened on n1 one after another (each refused
   one tried again after 0.2 s) until ``--streams`` are open or 10 s pass; then one more asked
   of n2 and n3 for 3 s (each should be refused); then half of n1's closed, and the seconds
@@ -180,6 +185,38 @@ def _downstream(
     return result
 
 
+def _running_calls(
+    nodes: list[NodeProcess], recorder: Recorder, args: argparse.Namespace
+) -> dict[str, Any]:
+    due = int(time.time() * 1000) + 4000
+    hold_url = f"{recorder.base}/hold/2000"
+    ids = [f"held-{i:04d}" for i in range(args.held_jobs)]
+    recorder.take()
+    for i, job_id in enumerate(ids):
+        job = {"name": f"held {i}", "target": hold_url, "run_at": _iso(due), "timeout_sec": 30}
+        while (
+            response := nodes[i % 3].http.put(f"/v1/jobs/{job_id}", json=job)
+        ).status_code == 429:
+            time.sleep(0.1)
+        assert response.status_code in (200, 201), response.text
+    deadline = time.monotonic() + 4 + 2 * args.held_jobs + 10
+    while recorder.count() < args.held_jobs and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.5)  # the last calls answered
+    arrivals = sorted(at / 1e9 for at, key in recorder.take() if "/held-" in key)
+    most = max(
+        (sum(1 for other in arrivals if at - 2.0 < other <= at) for at in arrivals), default=0
+    )
+    result = {
+        "cap": args.team_calls,
+        "calls": len(arrivals),
+        "most_in_flight": most,
+        "last_call_after_s": round(arrivals[-1] - due / 1000, 2) if arrivals else None,
+    }
+    log(f"calls in flight: {json.dumps(result)}")
+    return result
+
+
 def _iso(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
@@ -248,9 +285,8 @@ def one_round(kafka: str, args: argparse.Namespace, recorder: Recorder) -> dict[
             f"[tenants.{TEAM}]\nrequests_per_sec = {args.rate}\nrequest_burst = {int(args.rate)}\n"
             f"max_event_streams = {args.streams}\n"
         )
-        config = NodeConfig(
-            partitions=args.partitions, log_level="warning", serve_args=("--limits", str(limits))
-        )
+        serve_args = ("--limits", str(limits), "--max-calls-per-team", str(args.team_calls))
+        config = NodeConfig(partitions=args.partitions, log_level="warning", serve_args=serve_args)
         cluster = Cluster(kafka, base, config)
         try:
             nodes = cluster.start("n1", "n2", "n3")
@@ -258,6 +294,7 @@ def one_round(kafka: str, args: argparse.Namespace, recorder: Recorder) -> dict[
             return {
                 "requests": _requests(nodes, args),
                 "downstream": _downstream(nodes, recorder, args),
+                "calls": _running_calls(nodes, recorder, args),
                 "streams": _streams(nodes, args),
             }
         finally:
@@ -308,6 +345,10 @@ def _report(rounds: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f" {args.downstream_jobs / 2:g} calls a second wanted): calls a second at the target,"
         f" median {med(['downstream', 'median']):g}, highest {med(['downstream', 'highest']):g}.",
         "",
+        f"**Calls in flight** (`--max-calls-per-team` {args.team_calls}; {args.held_jobs} calls"
+        f" held 2 s, due at once): most at once {med(['calls', 'most_in_flight']):g}, the last"
+        f" call {med(['calls', 'last_call_after_s']):g} s after the slot.",
+        "",
         f"**Event streams** (limit {args.streams}): held on n1"
         f" {med(['streams', 'held_on_n1']):g} (in {med(['streams', 'n1_held_them_in_s']):g} s);"
         f" one more on n2 or n3: {', '.join(str(one_more) for one_more in more)};"
@@ -333,6 +374,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--downstream-rate", type=float, default=40.0)
     parser.add_argument("--downstream-jobs", type=int, default=120)
+    parser.add_argument("--team-calls", type=int, default=10)
+    parser.add_argument("--held-jobs", type=int, default=60)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--out", type=Path, default=Path("bench/results/cluster-limits.md"))
     args = parser.parse_args()

@@ -11,11 +11,12 @@ the partition the team's name hashes to), decides the shares:
   asked, refused ones included; or the most it held or was asked to hold at once), what it
   **uses** now (a count's holdings) and the share **in force** on it.
 - The owner (:class:`ShareBook`) divides the limit by what the members want, each at most what
-  it wants and the rest in equal parts (max-min fairness; what nobody wants goes to the members
-  that want more than they have in force, whose want is only a floor), then hands out what
-  the others leave: a member's share grows only into what no other member holds, has in force or was
-  granted, so a share moves from one member to another only once the first has taken the
-  smaller one (its next ask says so). Shares shrink at once.
+  it wants and the rest in equal parts (max-min fairness; what nobody wants in equal parts to
+  every member, or for a count, whose want is only a floor, to the members that want more than
+  they have in force), then hands out what the others leave: a member's share grows only
+  into what no other member holds, has in force or was granted, so a share moves from one
+  member to another only once the first has taken the smaller one (its next ask says so).
+  Shares shrink at once.
 - A member (:class:`Shares`) enforces the share it was last granted. Before its first grant on
   a limit (a team it has not served for ten minutes, or just after it joined) it enforces the
   limit times the fraction of the partitions it owns, which over the members sums to the
@@ -147,10 +148,13 @@ class ShareBook:
         entries = self._expire(ask.key, now_ms)
         wanted = {m: max(e.wanted, e.used) for m, e in entries.items()}
         targets = fair_division(ask.limit, wanted)
-        # What nobody wants goes in equal parts to the members that want more than they have
-        # in force (refused ones: their want is only a floor), else to every member.
+        # What nobody wants goes in equal parts to every member, as headroom. A count's want is
+        # only a floor (one more than held, when refused): there it goes to the members that
+        # want more than they have in force, so a freed share reaches a refused one at once.
         spare = ask.limit - sum(targets.values())
-        hungry = [m for m, e in entries.items() if wanted[m] > e.in_force] or list(entries)
+        hungry = list(entries)
+        if ask.whole:
+            hungry = [m for m, e in entries.items() if wanted[m] > e.in_force] or hungry
         target = targets[member] + (spare / len(hungry) if member in hungry else 0.0)
         # What the others hold, enforce or were granted: a share grows only into the rest.
         others = sum(max(e.granted, e.in_force, e.used) for m, e in entries.items() if m != member)
