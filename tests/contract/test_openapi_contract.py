@@ -9,7 +9,8 @@ fails and says why; it is never skipped, as a contract nobody checks is no contr
 
 Under ``./scripts/test`` (``HYPOTHESIS_PROFILE=ci``) the seed is fixed, so a run is
 reproducible; elsewhere each run draws a new one and prints it. ``CRONLOG_CONTRACT_EXAMPLES``
-sets the examples per operation (default 100: about a minute and a half on two cores).
+sets the examples per operation (default 100, about three minutes on two cores; ``./scripts/test``
+sets 50).
 """
 
 from __future__ import annotations
