@@ -50,6 +50,8 @@ B_FROM_S = 10
 BATCH = 1000
 AT_ONCE = 6
 SETTLE_S = 5
+STALL_WORDS = ("after they were due", "behind its timers", "stood still")
+STALLS_KEPT = 30
 
 
 async def _register(nodes: list[NodeProcess], token: str, jobs: list[dict[str, Any]]) -> float:
@@ -112,6 +114,7 @@ def one_round(kafka: str, args: argparse.Namespace, recorder: Recorder) -> dict[
             arrivals = recorder.take()
         finally:
             cluster.stop()
+            stalls = _stall_lines(nodes_logs(cluster))
     b_from = slot - B_FROM_S * 1000
     a: list[float] = []
     b: list[float] = []
@@ -133,7 +136,26 @@ def one_round(kafka: str, args: argparse.Namespace, recorder: Recorder) -> dict[
         "team_b": lag_summary(b, args.b_jobs * slots_b),
         "team_b_over_1s": sum(lag > 1000 for lag in b),
         "team_b_window_s": [-B_FROM_S, args.after_s],
+        "stalls_logged": {"count": len(stalls), "first": stalls[:STALLS_KEPT]},
     }
+
+
+def nodes_logs(cluster: Cluster) -> dict[str, str]:
+    return {
+        node_id: node.log_path.read_text(errors="replace")
+        for node_id, node in cluster.nodes.items()
+        if node.log_path.exists()
+    }
+
+
+def _stall_lines(logs: dict[str, str]) -> list[str]:
+    """The nodes' own words on what was late and why (node.stalls' warnings)."""
+    return [
+        f"{node_id}: {line[line.find('partition') :]}" if "partition" in line else line
+        for node_id, text in logs.items()
+        for line in text.splitlines()
+        if any(word in line for word in STALL_WORDS)
+    ]
 
 
 def main() -> None:
