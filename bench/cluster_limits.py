@@ -54,9 +54,8 @@ from typing import Any
 
 import httpx
 
-from bench.common import Recorder, append_result, log, machine, stamp
+from bench.common import Recorder, log, rounds_on_kafka, stamp
 from tools.chaos.nodes import Cluster, NodeConfig, NodeProcess
-from tools.kafka import broker
 
 TEAM = "team-a"
 PUSH_CONNECTIONS = 8
@@ -221,13 +220,15 @@ def _iso(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
-def _open(node: NodeProcess, stack: contextlib.ExitStack, wait_s: float) -> bool:
+def open_stream(
+    url: str, headers: dict[str, str], stack: contextlib.ExitStack, wait_s: float
+) -> bool:
+    """Open one event stream (following, so it stays open) at ``url`` and keep it in
+    ``stack``, trying again 0.2 s after each 429 for up to ``wait_s``; False if none opened."""
     deadline = time.monotonic() + wait_s
     while True:
         inner = contextlib.ExitStack()
-        client = inner.enter_context(
-            httpx.Client(base_url=node.url, headers=node.config.auth, timeout=30.0)
-        )
+        client = inner.enter_context(httpx.Client(base_url=url, headers=headers, timeout=30.0))
         response = inner.enter_context(
             client.stream("GET", "/v1/events", params={"follow": "true"})
         )
@@ -235,6 +236,8 @@ def _open(node: NodeProcess, stack: contextlib.ExitStack, wait_s: float) -> bool
             stack.enter_context(inner)
             return True
         inner.close()
+        if response.status_code != 429:
+            raise RuntimeError(f"an event stream answered {response.status_code}")
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.2)
@@ -246,12 +249,12 @@ def _streams(nodes: list[NodeProcess], args: argparse.Namespace) -> dict[str, An
     held_n1: list[contextlib.ExitStack] = []
     while len(held_n1) < args.streams and time.monotonic() - started < 10.0:
         stack = contextlib.ExitStack()
-        if _open(n1, stack, 10.0 - (time.monotonic() - started)):
+        if open_stream(n1.url, n1.config.auth, stack, 10.0 - (time.monotonic() - started)):
             held_n1.append(stack)
     opened_n1_s = time.monotonic() - started
     refused = contextlib.ExitStack()
-    more_n2 = _open(n2, refused, 3.0)
-    more_n3 = _open(n3, refused, 0.0)
+    more_n2 = open_stream(n2.url, n2.config.auth, refused, 3.0)
+    more_n3 = open_stream(n3.url, n3.config.auth, refused, 0.0)
     refused.close()
     half = args.streams // 2
     for stack in held_n1[:half]:
@@ -260,7 +263,7 @@ def _streams(nodes: list[NodeProcess], args: argparse.Namespace) -> dict[str, An
     held_n2: list[contextlib.ExitStack] = []
     while len(held_n2) < half and time.monotonic() - moved_at < 15.0:
         stack = contextlib.ExitStack()
-        if _open(n2, stack, 15.0 - (time.monotonic() - moved_at)):
+        if open_stream(n2.url, n2.config.auth, stack, 15.0 - (time.monotonic() - moved_at)):
             held_n2.append(stack)
     moved_s = time.monotonic() - moved_at
     for stack in held_n1[half:] + held_n2:
@@ -379,21 +382,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--out", type=Path, default=Path("bench/results/cluster-limits.md"))
     args = parser.parse_args()
-    rounds = []
-    with (
-        tempfile.TemporaryDirectory(prefix="cluster-limits-kafka-") as kdir,
-        Recorder() as recorder,
-    ):
-        kafka = broker.start(1, Path(kdir))
-        try:
-            for i in range(args.rounds):
-                log(f"round {i + 1} of {args.rounds}")
-                record = one_round(kafka.bootstrap_servers, args, recorder)
-                record["machine"] = machine()
-                append_result("cluster_limits", record)
-                rounds.append(record)
-        finally:
-            kafka.stop()
+    rounds = rounds_on_kafka(
+        "cluster_limits", args.rounds, lambda kafka, recorder: one_round(kafka, args, recorder)
+    )
     args.out.write_text(_report(rounds, args))
     log(f"wrote {args.out}")
 

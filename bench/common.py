@@ -400,6 +400,25 @@ def first_calls(arrivals: Iterable[tuple[int, str]]) -> dict[str, int]:
     return first
 
 
+def team_lags(
+    arrivals: Iterable[tuple[int, str]], b_from: int, b_until: int
+) -> tuple[list[float], list[float]]:
+    """The start lags (ms, first call's arrival - slot) of team A's calls, and of team B's
+    slots in ``[b_from, b_until)``, from a recorder's arrivals."""
+    a: list[float] = []
+    b: list[float] = []
+    for key, at in first_calls(arrivals).items():
+        slot_ms = slot_of(key)
+        if slot_ms is None:
+            continue
+        lag = at / 1e6 - slot_ms
+        if key.startswith("team-b/") and b_from <= slot_ms < b_until:
+            b.append(lag)
+        elif key.startswith("team-a/"):
+            a.append(lag)
+    return a, b
+
+
 # -- cronlog serve -----------------------------------------------------------------------------
 
 LIMITS = """\
@@ -841,6 +860,32 @@ def place_slot(
 
 
 # -- results ----------------------------------------------------------------------------------
+
+
+def rounds_on_kafka(
+    name: str, rounds: int, one_round: Callable[[str, Recorder], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``rounds`` rounds of ``one_round(bootstrap servers, recorder)`` on one Kafka broker on
+    loopback and one recorder, each round's record (with the machine's) appended to
+    bench/results/<name>.jsonl."""
+    import tempfile
+
+    from tools.kafka import broker
+
+    records = []
+    with tempfile.TemporaryDirectory(prefix=f"{name}-kafka-") as kdir, Recorder() as recorder:
+        kafka = broker.start(1, Path(kdir))
+        try:
+            for i in range(rounds):
+                log(f"round {i + 1} of {rounds}")
+                record = one_round(kafka.bootstrap_servers, recorder)
+                record["machine"] = machine()
+                log(json.dumps({k: v for k, v in record.items() if k != "machine"}))
+                append_result(name, record)
+                records.append(record)
+        finally:
+            kafka.stop()
+    return records
 
 
 def append_result(name: str, record: dict[str, Any]) -> None:

@@ -41,7 +41,6 @@ from bench.common import (
     Serve,
     append_result,
     find_batch_endpoint,
-    first_calls,
     iso_ms,
     lag_summary,
     loadavg,
@@ -50,9 +49,9 @@ from bench.common import (
     own_cpu_seconds,
     register,
     sleep_until_ms,
-    slot_of,
     stamp,
     stop_process,
+    team_lags,
 )
 
 VARIANTS = {"defaults": [], "before": ["--max-calls", "512", "--reserved-calls", "0"]}
@@ -190,17 +189,7 @@ def one_round(
                     stop_process(proc, 30)
         arrivals = recorder.take()
     warnings = node_warnings(serve.output)
-    b_http: list[float] = []
-    a_http: list[float] = []
-    for key, at in first_calls(arrivals).items():
-        slot_ms = slot_of(key)
-        if slot_ms is None:
-            continue
-        lag = at / 1e6 - slot_ms
-        if key.startswith("team-b/") and b_from <= slot_ms < b_until:
-            b_http.append(lag)
-        elif key.startswith("team-a/"):
-            a_http.append(lag)
+    a_http, b_http = team_lags(arrivals, b_from, b_until)
     b_pull = [
         at / 1e6 - slot_ms for at, slot_ms, _ in _started(b_out) if b_from <= slot_ms < b_until
     ]

@@ -31,19 +31,16 @@ import httpx
 from bench.common import (
     LIMITS,
     Recorder,
-    append_result,
-    first_calls,
     iso_ms,
     lag_summary,
     log,
-    machine,
     now_ms,
+    rounds_on_kafka,
     sleep_until_ms,
-    slot_of,
     stamp,
+    team_lags,
 )
 from tools.chaos.nodes import Cluster, NodeConfig, NodeProcess
-from tools.kafka import broker
 
 B_LEAD_S = 15
 B_FROM_S = 10
@@ -116,17 +113,7 @@ def one_round(kafka: str, args: argparse.Namespace, recorder: Recorder) -> dict[
             cluster.stop()
             stalls = _stall_lines(nodes_logs(cluster))
     b_from = slot - B_FROM_S * 1000
-    a: list[float] = []
-    b: list[float] = []
-    for key, at in first_calls(arrivals).items():
-        slot_ms = slot_of(key)
-        if slot_ms is None:
-            continue
-        lag = at / 1e6 - slot_ms
-        if key.startswith("team-b/") and b_from <= slot_ms < b_until:
-            b.append(lag)
-        elif key.startswith("team-a/"):
-            a.append(lag)
+    a, b = team_lags(arrivals, b_from, b_until)
     slots_b = (b_until - b_from) // 1000
     return {
         "timestamp": stamp(),
@@ -167,19 +154,9 @@ def main() -> None:
     parser.add_argument("--after-s", type=int, default=40)
     parser.add_argument("--out", type=Path, default=Path("bench/results/flood-three.md"))
     args = parser.parse_args()
-    rounds = []
-    with tempfile.TemporaryDirectory(prefix="flood-kafka-") as kdir, Recorder() as recorder:
-        kafka = broker.start(1, Path(kdir))
-        try:
-            for i in range(args.rounds):
-                log(f"round {i + 1} of {args.rounds}")
-                record = one_round(kafka.bootstrap_servers, args, recorder)
-                record["machine"] = machine()
-                log(json.dumps({k: v for k, v in record.items() if k != "machine"}))
-                append_result("flood_three", record)
-                rounds.append(record)
-        finally:
-            kafka.stop()
+    rounds = rounds_on_kafka(
+        "flood_three", args.rounds, lambda kafka, recorder: one_round(kafka, args, recorder)
+    )
     lines = [
         "# One team's flood beside another team's runs, three nodes",
         "",

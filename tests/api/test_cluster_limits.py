@@ -16,16 +16,9 @@ from api.rate import NO_SHARE_WAIT_S, RequestRates
 from core.shares import Shares
 from tests.api.conftest import serve
 from tests.api.fakes import FakeScheduler
+from tests.api.test_rate import Seconds
 
 pytestmark = pytest.mark.anyio
-
-
-class Seconds:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_member_s_bucket_is_its_share_of_the_rate_and_burst() -> None:

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+import bench.cluster_limits
 from tests.cluster.nodes import Cluster, NodeProcess, iso, now_ms
 
 pytestmark = pytest.mark.slow
@@ -89,23 +90,8 @@ def test_a_token_pushing_through_three_nodes_gets_its_rate_once(nodes: list[Node
 
 
 def open_stream(node: NodeProcess, stack: contextlib.ExitStack, wait_s: float) -> bool:
-    """Open one of team-b's event streams on ``node`` (following, so it stays open), trying
-    again on 429 for up to ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        inner = contextlib.ExitStack()
-        client = inner.enter_context(httpx.Client(base_url=node.url, headers=TEAM_B, timeout=30.0))
-        response = inner.enter_context(
-            client.stream("GET", "/v1/events", params={"follow": "true"})
-        )
-        if response.status_code == 200:
-            stack.enter_context(inner)
-            return True
-        inner.close()
-        assert response.status_code == 429, response.status_code
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
+    """One of team-b's event streams on ``node``, tried again on 429 for up to ``wait_s``."""
+    return bench.cluster_limits.open_stream(node.url, TEAM_B, stack, wait_s)
 
 
 def test_a_team_holds_its_event_streams_once_across_the_nodes(nodes: list[NodeProcess]) -> None:
