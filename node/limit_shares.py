@@ -67,6 +67,7 @@ class ShareAsking(PeriodicWorker):
         now_ms: Callable[[], int],
         wall_ms: Callable[[], int],
         on_failed: Callable[[], None] = lambda: None,
+        on_unanswered: Callable[[int], None] = lambda n: None,
         period_ms: int = PERIOD_MS,
     ) -> None:
         self._member = member
@@ -80,6 +81,7 @@ class ShareAsking(PeriodicWorker):
         self._on_failed = on_failed
         self._period_ms = period_ms
         self.unanswered = 0  # asks of a period whose answer did not come within it
+        self._on_unanswered = on_unanswered
         self._woken = threading.Event()
 
     def _interval_s(self) -> float:
@@ -140,15 +142,20 @@ class ShareAsking(PeriodicWorker):
             try:
                 waiting.append((of_p, self._ask(p, query, self._on_reply(of_p, answered))))
             except CronlogError as err:  # the log is down: the shares stay as they are
-                self.unanswered += 1
+                self._unanswered(1)
                 log.info("%s: shares not asked of partition %d: %s", self._member, p, err)
         deadline = time.monotonic() + self._period_ms / 1000.0 * 0.8
         for i in range(len(waiting)):
             if not answered.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                self.unanswered += len(waiting) - i
+                self._unanswered(len(waiting) - i)
                 break
         for _, stop_waiting in waiting:
             stop_waiting()
+
+    def _unanswered(self, asks: int) -> None:
+        """Asks whose answer did not come: the shares stay as they were, and it is counted."""
+        self.unanswered += asks
+        self._on_unanswered(asks)
 
     def _on_reply(
         self, asks: list[Ask], answered: threading.Semaphore

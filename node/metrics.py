@@ -130,9 +130,11 @@ class NodeMetrics:
         )
         self.history_questions = Counter(
             "cronlog_history_questions",
-            "Questions about history kept by another node (--history-on owner), by question and"
-            " side: asked (by this node, through the log), answered (for another node) or"
-            " stale (read again after a takeover, its asker long gone: passed over).",
+            "Questions to another partition's owner (history kept by another node with"
+            " --history-on owner; a team's limit shares, question shares), by question and side:"
+            " asked (by this node, through the log), answered (for another node), stale (read"
+            " again after a takeover, its asker long gone: passed over) or unanswered (shares"
+            " asked whose answer did not come within the second).",
             ["question", "side"],
             registry=r,
         )

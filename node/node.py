@@ -486,6 +486,9 @@ class Node:
                 now_ms=lambda: round(monotonic() * 1000),
                 wall_ms=self._clock.now_ms,
                 on_failed=self.metrics.thread_failures.labels("limit-shares").inc,
+                on_unanswered=self.metrics.history_questions.labels(
+                    limit_shares.QUERY, "unanswered"
+                ).inc,
             ),
         ):
             if service is not None:

@@ -49,7 +49,11 @@ class Owners:
 
 
 def asking(
-    shares: Shares, owners: Owners, owned: frozenset[int], period_ms: int = PERIOD_MS
+    shares: Shares,
+    owners: Owners,
+    owned: frozenset[int],
+    period_ms: int = PERIOD_MS,
+    unanswered: list[int] | None = None,
 ) -> ShareAsking:
     return ShareAsking(
         "n1",
@@ -60,6 +64,7 @@ def asking(
         ask=owners.ask,
         now_ms=lambda: 5_000,
         wall_ms=lambda: 1_700_000_000_000,
+        on_unanswered=(unanswered if unanswered is not None else []).append,
         period_ms=period_ms,
     )
 
@@ -87,9 +92,11 @@ def test_an_owner_that_does_not_answer_leaves_the_shares_as_they_were() -> None:
     shares = Shares(lambda: 0.25)
     shares.rate(key_of(team, "requests", "t1"), 100, 0)
     owners = Owners(silent=frozenset({3}))
-    asker = asking(shares, owners, owned=frozenset(), period_ms=50)
+    counted: list[int] = []
+    asker = asking(shares, owners, owned=frozenset(), period_ms=50, unanswered=counted)
     asker._pass()
     assert asker.unanswered == 1 and owners.stopped == 1
+    assert counted == [1]  # said, as cronlog_history_questions_total{side="unanswered"}
     assert shares.in_force(key_of(team, "requests", "t1")) == 25  # the default still
 
 
