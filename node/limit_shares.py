@@ -30,6 +30,10 @@ from node.worker import PeriodicWorker
 log = logging.getLogger(__name__)
 
 QUERY = "shares"  # the question's name on the commands stream
+# An ask read this long after it was made (by the asker's clock: a new owner reading the
+# commands again after a takeover) is passed over: its asker asked again since, and an old
+# ask's wants would stand in the book for a member until its next one.
+STALE_MS = 10_000
 _asks = msgspec.json.Decoder(list[Ask])
 
 

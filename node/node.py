@@ -609,7 +609,8 @@ class Node:
             query = envelope.query
             if query is None or envelope.reply_to is None:
                 return
-            if query.asked_at and self._clock.now_ms() - query.asked_at > STALE_QUERY_MS:
+            stale_ms = limit_shares.STALE_MS if query.name == limit_shares.QUERY else STALE_QUERY_MS
+            if query.asked_at and self._clock.now_ms() - query.asked_at > stale_ms:
                 self.metrics.history_questions.labels(query.name, "stale").inc()
                 return
             self.metrics.history_questions.labels(query.name, "answered").inc()
