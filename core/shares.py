@@ -181,6 +181,7 @@ class _Item:
     active_ms: int = 0  # when it was last wanted
     said: float = 0.0  # what its last ask said was wanted, and used
     moved: bool = False  # its holdings or its share changed since its last ask
+    urgent: bool = False  # a count to ask for before the period ends (Shares.urgent_asks)
 
 
 class Shares:
@@ -231,15 +232,22 @@ class Shares:
                 if not waiting:
                     del self._first[key]
 
-    def first_asks(self) -> list[Ask]:
-        """The asks of the counts waiting for their first grant (the period's wants stay)."""
+    def urgent_asks(self) -> list[Ask]:
+        """The asks of the counts that should not wait for the period (the period's wants
+        stay): those waiting for their first grant, and those whose holdings fell, that were
+        refused, or whose share moved (so a share given up here reaches another member, and
+        one freed elsewhere reaches this one, within a round trip rather than a period or
+        two)."""
         with self._lock:
             asks = []
-            for key in self._first:
-                item = self._items.get(key)
-                if item is not None:
-                    wanted = max(item.wanted, item.used + 1)
-                    asks.append(Ask(key, item.limit, wanted, 0.0, item.used, True, self._part()))
+            for key, item in self._items.items():
+                first = key in self._first
+                if not (first or item.urgent):
+                    continue
+                item.urgent = False
+                wanted = max(item.wanted, item.used + 1 if first else item.used)
+                in_force = 0.0 if first else self._share(item)
+                asks.append(Ask(key, item.limit, wanted, in_force, item.used, True, self._part()))
             return asks
 
     def alone(self) -> bool:
@@ -266,15 +274,27 @@ class Shares:
             want = holding + 1 if wanting is None else max(wanting, holding)
             item.wanted = max(item.wanted, float(want))
             item.used = float(holding)
-            return limit if alone else int(self._share(item))
+            if alone:
+                return limit
+            share = int(self._share(item))
+            refused = share <= holding and item.share is not None and not item.urgent
+            item.urgent = item.urgent or refused
+        if refused:
+            self._ask_now()
+        return share
 
     def held(self, key: str, holding: int) -> None:
         """A count's holdings changed (one ended): said in the next ask."""
         with self._lock:
             item = self._items.get(key)
-            if item is not None and item.used != holding:
-                item.used = float(holding)
-                item.moved = True
+            if item is None or item.used == holding:
+                return
+            fell = item.whole and holding < item.used and not item.urgent
+            item.used = float(holding)
+            item.moved = True
+            item.urgent = item.urgent or fell
+        if fell:
+            self._ask_now()
 
     def due(self, now_ms: int) -> list[Ask]:
         """The asks of the period that ends now, for the owners; the period's wants start
@@ -310,6 +330,7 @@ class Shares:
     def granted(self, asks: Iterable[Ask], shares: Iterable[float]) -> None:
         """The owner's answer to ``asks``."""
         told: list[Callable[[], None]] = []
+        urgent = False
         with self._lock:
             for ask, share in zip(asks, shares, strict=True):
                 item = self._items.get(ask.key)
@@ -318,9 +339,14 @@ class Shares:
                     # The owner counts the share the ask said was in force until the next ask
                     # says what is now: a share that moved is said at the next period.
                     item.moved = item.moved or share != ask.in_force
+                    if item.whole and share < ask.in_force:
+                        # Said at once: the owner counts the larger share until it hears.
+                        urgent = item.urgent = True
                     told += self._first.pop(ask.key, [])
         for tell in told:
             tell()
+        if urgent:
+            self._ask_now()
 
     def in_force(self, key: str) -> float | None:
         with self._lock:

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -30,6 +31,8 @@ from node.worker import PeriodicWorker
 log = logging.getLogger(__name__)
 
 QUERY = "shares"  # the question's name on the commands stream
+ANSWER_WITHIN = 0.8  # of a period: an ask not answered by then is counted unanswered
+URGENT_GAP_S = 0.1  # asks that cannot wait for the period go out at most this often
 # An ask read this long after it was made (by the asker's clock: a new owner reading the
 # commands again after a takeover) is passed over: its asker asked again since, and an old
 # ask's wants would stand in the book for a member until its next one.
@@ -47,6 +50,15 @@ def asks_of(query: wire.Query) -> list[Ask]:
 def answer(book: ShareBook, member: str, query: wire.Query, now_ms: int) -> msgspec.Raw:
     """The owner's answer to a member's ``shares`` question: its shares, in the asks' order."""
     return msgspec.Raw(msgspec.json.encode(book.grant(member, asks_of(query), now_ms)))
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An ask sent through the log: until when its answer is awaited, and whether it came."""
+
+    expires: float
+    answered: threading.Event = field(default_factory=threading.Event)
+    stop_waiting: Callable[[], None] = lambda: None
 
 
 class ShareAsking(PeriodicWorker):
@@ -87,6 +99,7 @@ class ShareAsking(PeriodicWorker):
         self.unanswered = 0  # asks of a period whose answer did not come within it
         self._on_unanswered = on_unanswered
         self._woken = threading.Event()
+        self._pending: list[_Pending] = []  # asks sent, waiting for their answers
 
     def _interval_s(self) -> float:
         return self._period_ms / 1000.0
@@ -104,19 +117,30 @@ class ShareAsking(PeriodicWorker):
         self._woken.set()
 
     def _work(self) -> None:
-        """A pass every period; between them, at once, the asks of counts that wait for their
-        first grant (a request held until its team's share here is known)."""
+        """A pass every period; between them, at once (at most every ``URGENT_GAP_S``), the
+        asks of counts that cannot wait for the period: a first share a request waits for, a
+        holding given up, a refusal, a share that moved. The thread never waits for answers:
+        they arrive on the mailbox's thread, and an ask unanswered within most of a period is
+        counted and forgotten."""
         next_at = time.monotonic() + self._interval_s()
+        urgent_after = 0.0
         while not self._stopping.is_set():
-            self._woken.wait(max(0.0, next_at - time.monotonic()))
+            now_s = time.monotonic()
+            wake_at = min([next_at, *(p.expires for p in self._pending)])
+            if self._woken.is_set():
+                wake_at = min(wake_at, max(now_s, urgent_after))
+            self._woken.wait(max(0.0, wake_at - now_s))
             if self._stopping.is_set():
                 return
             try:
-                if self._woken.is_set():
+                now_s = time.monotonic()
+                self._expire(now_s)
+                if self._woken.is_set() and now_s >= urgent_after:
                     self._woken.clear()
-                    self._send(self._shares.first_asks(), self._now_ms())
-                if time.monotonic() >= next_at:
-                    next_at = time.monotonic() + self._interval_s()
+                    urgent_after = now_s + URGENT_GAP_S
+                    self._send(self._shares.urgent_asks(), self._now_ms())
+                if now_s >= next_at:
+                    next_at = now_s + self._interval_s()
                     self._pass()
             except Exception:
                 self._failed()
@@ -127,8 +151,8 @@ class ShareAsking(PeriodicWorker):
         self._send(self._shares.due(now), now)
 
     def _send(self, asks: list[Ask], now: int) -> None:
-        """``asks`` to their owners (those of teams owned here answered here); returns once
-        every answer came, or most of a period passed."""
+        """``asks`` to their owners (those of teams owned here answered here); the answers
+        come on the mailbox's thread."""
         if not asks or self._shares.alone():
             return
         by_partition: dict[int, list[Ask]] = {}
@@ -136,34 +160,40 @@ class ShareAsking(PeriodicWorker):
             p = partition_for(tenant_of(one.key), self._num_partitions)
             by_partition.setdefault(p, []).append(one)
         owned = self._owned()
-        answered = threading.Semaphore(0)
-        waiting: list[tuple[list[Ask], Callable[[], None]]] = []
+        expires = time.monotonic() + self._period_ms / 1000.0 * ANSWER_WITHIN
         for p, of_p in by_partition.items():
             if p in owned:
                 self._shares.granted(of_p, self._book.grant(self._member, of_p, now))
                 continue
             query = wire.Query(name=QUERY, args=[of_p], asked_at=self._wall_ms())
+            pending = _Pending(expires)
             try:
-                waiting.append((of_p, self._ask(p, query, self._on_reply(of_p, answered))))
+                pending.stop_waiting = self._ask(p, query, self._on_reply(of_p, pending))
             except CronlogError as err:  # the log is down: the shares stay as they are
                 self._unanswered(1)
                 log.info("%s: shares not asked of partition %d: %s", self._member, p, err)
-        deadline = time.monotonic() + self._period_ms / 1000.0 * 0.8
-        for i in range(len(waiting)):
-            if not answered.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                self._unanswered(len(waiting) - i)
-                break
-        for _, stop_waiting in waiting:
-            stop_waiting()
+                continue
+            self._pending.append(pending)
+
+    def _expire(self, now_s: float) -> None:
+        """Forget the asks whose answer did not come in time (counted), and those answered."""
+        kept: list[_Pending] = []
+        for pending in self._pending:
+            if pending.answered.is_set():
+                continue
+            if now_s >= pending.expires:
+                pending.stop_waiting()
+                self._unanswered(1)
+                continue
+            kept.append(pending)
+        self._pending = kept
 
     def _unanswered(self, asks: int) -> None:
         """Asks whose answer did not come: the shares stay as they were, and it is counted."""
         self.unanswered += asks
         self._on_unanswered(asks)
 
-    def _on_reply(
-        self, asks: list[Ask], answered: threading.Semaphore
-    ) -> Callable[[wire.Reply], None]:
+    def _on_reply(self, asks: list[Ask], pending: _Pending) -> Callable[[wire.Reply], None]:
         def take(reply: wire.Reply) -> None:
             try:
                 if reply.error is None:
@@ -174,6 +204,6 @@ class ShareAsking(PeriodicWorker):
             except (msgspec.ValidationError, ValueError) as err:
                 log.warning("%s: a malformed shares answer was passed over: %s", self._member, err)
             finally:
-                answered.release()
+                pending.answered.set()
 
         return take

@@ -100,7 +100,7 @@ async def test_the_first_hold_waits_for_the_node_s_share_rather_than_guessing() 
 
     def owner_answers() -> None:  # the asking thread, answered by the owner
         def answer() -> None:
-            shares.granted(shares.first_asks(), [5.0])
+            shares.granted(shares.urgent_asks(), [5.0])
 
         threading.Thread(target=answer).start()
 
@@ -121,7 +121,7 @@ async def test_an_owner_that_does_not_answer_leaves_the_default_after_the_wait(
     shares = Shares(lambda: 0.5)
     held = Held(shares, clock=lambda: 0.0)
     await held.first_share("event streams", "team-a", 5)
-    assert shares.first_asks() == []  # it stopped waiting
+    assert shares.urgent_asks() == []  # it stopped waiting
     with contextlib.ExitStack() as stack:
         for _ in range(2):
             stack.enter_context(held.hold("event streams", "team-a", 5))

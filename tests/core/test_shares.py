@@ -211,11 +211,11 @@ def test_a_count_without_a_grant_asks_at_once_and_tells_who_waits() -> None:
     assert shares.first_grant(STREAMS, 8, 0, lambda: told.append("first"))
     assert shares.first_grant(STREAMS, 8, 0, lambda: told.append("second"))
     assert woken == [True, True]
-    [first] = shares.first_asks()
+    [first] = shares.urgent_asks()
     assert (first.key, first.wanted, first.in_force, first.whole) == (STREAMS, 1, 0, True)
     shares.granted([first], [6.0])
     assert told == ["first", "second"]
-    assert shares.first_asks() == []
+    assert shares.urgent_asks() == []
     assert not shares.first_grant(STREAMS, 8, 0, lambda: told.append("third"))  # granted
     assert shares.count(STREAMS, 8, 5, 0) == 6
 
@@ -229,7 +229,7 @@ def test_one_that_gave_up_waiting_is_not_told() -> None:
 
     assert shares.first_grant(STREAMS, 8, 0, tell)
     shares.stop_waiting(STREAMS, tell)
-    assert shares.first_asks() == []
+    assert shares.urgent_asks() == []
     assert not Shares().first_grant(STREAMS, 8, 0, tell)  # alone: nothing to wait for
 
 
@@ -259,3 +259,27 @@ def test_what_nobody_wants_goes_to_the_member_that_was_refused() -> None:
         [b] = ask(book, "b", period, Ask(STREAMS, 8, wants, b, used=b, whole=True))
         assert a + b <= 8
     assert (a, b) == (4, 4)  # the spare went to b, not half of it to a
+
+
+def test_a_count_is_said_at_once_when_it_fell_was_refused_or_shrank() -> None:
+    shares = Shares(lambda: 0.25)  # two of eight until granted
+    woken: list[bool] = []
+    shares.asks_now_with(lambda: woken.append(True))
+    shares.count(STREAMS, 8, 0, 0)
+    [ask] = shares.due(PERIOD_MS)
+    shares.granted([ask], [3.0])
+    assert shares.urgent_asks() == [] and woken == []  # it grew: the owner counts it already
+    for holding in (1, 2, 3):
+        shares.held(STREAMS, holding)
+    assert woken == []
+    shares.held(STREAMS, 1)  # two given up: the owner may hand them on
+    [fell] = shares.urgent_asks()
+    assert (fell.used, fell.in_force, len(woken)) == (1, 3, 1)
+    shares.held(STREAMS, 3)
+    assert shares.count(STREAMS, 8, 3, 0) == 3  # refused: one more is wanted
+    [refused] = shares.urgent_asks()
+    assert (refused.wanted, len(woken)) == (4, 2)
+    shares.granted([refused], [2.0])  # shrank under what was in force
+    [shrank] = shares.urgent_asks()
+    assert (shrank.in_force, len(woken)) == (2, 3)
+    assert shares.urgent_asks() == []

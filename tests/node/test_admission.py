@@ -206,7 +206,7 @@ def test_on_a_node_of_several_a_team_s_cap_is_its_share_of_the_cluster_s() -> No
     got = [room.reserve(ticket(f"a{i}")) for i in range(5)]
     assert got == [False] * 5  # none until the owner answers
     assert asked_now  # asked at once
-    [first] = shares.first_asks()
+    [first] = shares.urgent_asks()
     assert first.key == "a/running-calls/" and first.wanted == 5 and first.used == 0
     shares.granted([first], [3.0])  # the other node holds three of the team's six
     assert looked == [True]

@@ -4,6 +4,7 @@ partition, the answers taken, the teams it owns answered at home; and the owner'
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -77,14 +78,18 @@ def test_one_question_per_owning_partition_and_the_teams_owned_here_answered_at_
     shares.rate(key_of(home, "requests", "t3"), 100, 0)
     owners = Owners()
     asker = asking(shares, owners, owned=frozenset({2}))
-    asker._pass()
+    asker._pass()  # sends, and never waits for the answers
+    [pending] = asker._pending
+    assert pending.answered.wait(5.0)  # on the owner's thread, as the mailbox's would
     assert [(p, q.name) for p, q in owners.asked] == [(1, QUERY)]
     assert len(asks_of(owners.asked[0][1])) == 2  # both tokens in one question
     # Each alone in its owner's book, new there: its part of the partitions, the others'
     # parts kept for them until they have asked or the limit is no longer new.
     assert shares.in_force(key_of(there, "requests", "t1")) == 25
     assert shares.in_force(key_of(home, "requests", "t3")) == 25
-    assert owners.stopped == 1 and asker.unanswered == 0
+    asker._expire(time.monotonic() + 60)
+    assert asker._pending == [] and asker.unanswered == 0
+    assert owners.stopped == 0  # an answered ask left the node's waiting list with its answer
 
 
 def test_an_owner_that_does_not_answer_leaves_the_shares_as_they_were() -> None:
@@ -95,6 +100,9 @@ def test_an_owner_that_does_not_answer_leaves_the_shares_as_they_were() -> None:
     counted: list[int] = []
     asker = asking(shares, owners, owned=frozenset(), period_ms=50, unanswered=counted)
     asker._pass()
+    asker._expire(time.monotonic())
+    assert asker.unanswered == 0  # not yet: most of a period to answer
+    asker._expire(time.monotonic() + 0.05)
     assert asker.unanswered == 1 and owners.stopped == 1
     assert counted == [1]  # said, as cronlog_history_questions_total{side="unanswered"}
     assert shares.in_force(key_of(team, "requests", "t1")) == 25  # the default still

@@ -80,6 +80,14 @@ class Settings:
 CI_SEED = 12
 
 
+# The harness's team: one token for its workers, its checks and its reading at the end.
+LIMITS = """\
+[defaults]
+requests_per_sec = 2000
+request_burst = 4000
+"""
+
+
 def ci_settings(out: Path, seed: int = CI_SEED) -> Settings:
     """The bounded form CI runs (``tests/chaos/test_chaos.py``; ``python -m tools.chaos run
     --ci``): every fault kind once, paired where they combine, on a small workload; a few
@@ -262,6 +270,10 @@ class Run:
         self._start_target()
         if s.shape.topic:
             _create_team_topic(self.kafka.bootstrap_servers)
+        # The team's token carries the whole harness (pull workers, checks, the end's reading
+        # of every run) and its rate holds across the nodes: the operator sizes it for that.
+        limits = self.out / "limits.toml"
+        limits.write_text(LIMITS)
         config = NodeConfig(
             partitions=s.partitions,
             replication_factor=3,
@@ -269,7 +281,12 @@ class Run:
             tokens=f"{TENANT}={TOKEN}",
             token=TOKEN,
             drain_sec=s.node_drain_s,
-            serve_args=("--allow-topics", f"{TENANT}={TEAM_TOPIC.partition('.')[0]}."),
+            serve_args=(
+                "--allow-topics",
+                f"{TENANT}={TEAM_TOPIC.partition('.')[0]}.",
+                "--limits",
+                str(limits),
+            ),
         )
         self.cluster = Cluster(
             self.kafka.bootstrap_servers, self.out, config, prefix=f"chaos-{s.seed}"
