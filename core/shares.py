@@ -12,8 +12,7 @@ the partition the team's name hashes to), decides the shares:
   **uses** now (a count's holdings) and the share **in force** on it.
 - The owner (:class:`ShareBook`) divides the limit by what the members want, each at most what
   it wants and the rest in equal parts (max-min fairness; what nobody wants in equal parts to
-  every member, or for a count, whose want is only a floor, to the members that want more than
-  they have in force), then hands out what the others leave: a member's share grows only
+  every member, as headroom), then hands out what the others leave: a member's share grows only
   into what no other member holds, has in force or was granted, so a share moves from one
   member to another only once the first has taken the smaller one (its next ask says so).
   Shares shrink at once.
@@ -148,14 +147,11 @@ class ShareBook:
         entries = self._expire(ask.key, now_ms)
         wanted = {m: max(e.wanted, e.used) for m, e in entries.items()}
         targets = fair_division(ask.limit, wanted)
-        # What nobody wants goes in equal parts to every member, as headroom. A count's want is
-        # only a floor (one more than held, when refused): there it goes to the members that
-        # want more than they have in force, so a freed share reaches a refused one at once.
+        # What nobody wants goes in equal parts to every member, as headroom: a member held to
+        # exactly its last want would refuse its next request or call and wait a round trip.
+        # (A refused count is asked for again at once, so a freed share still reaches it.)
         spare = ask.limit - sum(targets.values())
-        hungry = list(entries)
-        if ask.whole:
-            hungry = [m for m, e in entries.items() if wanted[m] > e.in_force] or hungry
-        target = targets[member] + (spare / len(hungry) if member in hungry else 0.0)
+        target = targets[member] + spare / len(entries)
         # What the others hold, enforce or were granted: a share grows only into the rest.
         others = sum(max(e.granted, e.in_force, e.used) for m, e in entries.items() if m != member)
         if not ask.whole and now_ms - born < YOUNG_PERIODS * self._period_ms:
