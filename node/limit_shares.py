@@ -127,10 +127,10 @@ class ShareAsking(PeriodicWorker):
         while not self._stopping.is_set():
             now_s = time.monotonic()
             wake_at = min([next_at, *(p.expires for p in self._pending)])
-            if self._woken.is_set():
-                wake_at = min(wake_at, max(now_s, urgent_after))
-            self._woken.wait(max(0.0, wake_at - now_s))
-            if self._stopping.is_set():
+            if self._woken.is_set():  # asked for at once: at the end of the gap, not before
+                if self._stopping.wait(max(0.0, min(wake_at, urgent_after) - now_s)):
+                    return
+            elif self._woken.wait(max(0.0, wake_at - now_s)) and self._stopping.is_set():
                 return
             try:
                 now_s = time.monotonic()

@@ -167,3 +167,31 @@ def test_a_count_waiting_for_its_first_grant_is_asked_at_once_not_at_the_period(
     finally:
         asker.stop()
     assert not asker.alive
+
+
+def test_asks_wanted_at_once_within_the_gap_wait_for_it_without_spinning() -> None:
+    team = team_on(1)
+    shares = Shares(lambda: 0.25)
+    owners = Owners()
+    asker = asking(shares, owners, owned=frozenset(), period_ms=60_000)
+    turns: list[float] = []
+    expire = asker._expire
+
+    def counted(now_s: float) -> None:  # one call a turn of the asking thread's loop
+        turns.append(now_s)
+        expire(now_s)
+
+    asker._expire = counted  # type: ignore[method-assign]
+    asker.start()
+    try:
+        first = threading.Event()
+        assert shares.first_grant(key_of(team, "event-streams"), 8, 0, first.set)
+        assert first.wait(5.0)
+        sent = len(owners.asked)
+        again = threading.Event()
+        assert shares.first_grant(key_of(team, "waiting-claims"), 8, 0, again.set)
+        assert again.wait(5.0)  # asked once the gap since the last at-once ask was over
+        assert len(owners.asked) == sent + 1
+        assert len(turns) < 10, f"{len(turns)} turns of the loop: it spun through the gap"
+    finally:
+        asker.stop()
