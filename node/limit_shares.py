@@ -203,6 +203,8 @@ class ShareAsking(PeriodicWorker):
                     log.info("%s: shares not granted: %s", self._member, reply.message)
             except (msgspec.ValidationError, ValueError) as err:
                 log.warning("%s: a malformed shares answer was passed over: %s", self._member, err)
+            except Exception:  # on the mailbox's thread, which must go on: said and counted
+                self._failed()
             finally:
                 pending.answered.set()
 

@@ -234,6 +234,7 @@ class Node:
         a team's limits are whole on this node."""
         self.produced = produced
         self.shares = Shares(self._owned_fraction) if cluster_limits else None
+        self._monotonic = monotonic
         self._share_book = ShareBook()
         self.history_on = history_on
         # a node of several worker processes: why the others are not ready (cli.workers)
@@ -483,7 +484,7 @@ class Node:
                 num_partitions=self._log.num_partitions,
                 owned=self._owned_now,
                 ask=self._ask_owner,
-                now_ms=lambda: round(monotonic() * 1000),
+                now_ms=self._mono_ms,
                 wall_ms=self._clock.now_ms,
                 on_failed=self.metrics.thread_failures.labels("limit-shares").inc,
                 on_unanswered=self.metrics.history_questions.labels(
@@ -1398,6 +1399,11 @@ class Node:
             QUERY_TIMEOUT_S,
         )
 
+    def _mono_ms(self) -> int:
+        """The node's monotonic clock in ms: the one the shares' book is kept by, whether an
+        ask comes from this node or through the log."""
+        return round(self._monotonic() * 1000)
+
     def _owned_fraction(self) -> float:
         return len(self._runners) / self._log.num_partitions
 
@@ -1407,17 +1413,19 @@ class Node:
         if request_id is None:
             return
         try:
-            shares = limit_shares.answer(
-                self._share_book, node_id, query, round(time.monotonic() * 1000)
-            )
-            message = wire.Reply(request_id=request_id, answer=shares)
-        except msgspec.ValidationError as err:
-            log.warning("a malformed shares question from %s was refused: %s", node_id, err)
-            message = wire.refusal(request_id, CronlogError(f"malformed shares question: {err}"))
-        try:
+            try:
+                shares = limit_shares.answer(self._share_book, node_id, query, self._mono_ms())
+                message = wire.Reply(request_id=request_id, answer=shares)
+            except msgspec.ValidationError as err:
+                log.warning("a malformed shares question from %s was refused: %s", node_id, err)
+                refused = CronlogError(f"malformed shares question: {err}")
+                message = wire.refusal(request_id, refused)
             self._log.send_reply(node_id, wire.encode(message))
         except CronlogError as err:  # the asker keeps its shares and asks again next period
             log.info("shares for %s were not sent: %s", node_id, err)
+        except Exception:  # on a pool's thread, whose failures nobody would see otherwise
+            self.metrics.thread_failures.labels("limit-shares").inc()
+            log.exception("shares for %s could not be answered", node_id)
 
     def _ask_owner(
         self, partition: int, query: wire.Query, on_reply: Callable[[wire.Reply], None]

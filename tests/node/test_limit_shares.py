@@ -14,7 +14,7 @@ from core.errors import Unavailable
 from core.shares import PERIOD_MS, Ask, ShareBook, Shares, key_of
 from eventlog.port import partition_for
 from node import wire
-from node.limit_shares import QUERY, ShareAsking, answer, asks_of
+from node.limit_shares import QUERY, ShareAsking, _Pending, answer, asks_of
 
 PARTITIONS = 4
 
@@ -195,3 +195,26 @@ def test_asks_wanted_at_once_within_the_gap_wait_for_it_without_spinning() -> No
         assert len(turns) < 10, f"{len(turns)} turns of the loop: it spun through the gap"
     finally:
         asker.stop()
+
+
+def test_an_answer_that_cannot_be_taken_is_said_not_raised_on_the_mailbox_thread() -> None:
+    class Broken(Shares):
+        def granted(self, asks: object, shares: object) -> None:
+            raise RuntimeError("a bug in taking a grant")
+
+    failed: list[bool] = []
+    asker = ShareAsking(
+        "n1",
+        Broken(lambda: 0.5),
+        ShareBook(),
+        num_partitions=PARTITIONS,
+        owned=frozenset,
+        ask=Owners().ask,
+        now_ms=lambda: 0,
+        wall_ms=lambda: 0,
+        on_failed=lambda: failed.append(True),
+    )
+    pending = _Pending(expires=0.0)
+    reply = wire.Reply(request_id="r", answer=msgspec.Raw(b"[1.0]"))
+    asker._on_reply([Ask("a/requests/t", 10, 1, 5)], pending)(reply)  # does not raise
+    assert failed == [True] and pending.answered.is_set()

@@ -89,3 +89,24 @@ def test_an_old_ask_is_passed_over_by_the_owner(nodes: tuple[Node, Node]) -> Non
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert counted.labels(limit_shares.QUERY, "stale")._value.get() == 1
+
+
+def test_an_ask_the_owner_fails_to_answer_is_counted_not_lost_on_its_thread(
+    nodes: tuple[Node, Node],
+) -> None:
+    _, b = nodes
+
+    def broken(*_: object) -> list[float]:
+        raise RuntimeError("a bug in the book")
+
+    b._share_book.grant = broken  # type: ignore[method-assign]
+    p = b.owned()[0]
+    team = next(f"team-{i}" for i in range(1000) if partition_for(f"team-{i}", PARTITIONS) == p)
+    ask = Ask(key_of(team, "requests", "t"), 90, 10, 45, part=0.5)
+    query = wire.Query(name=limit_shares.QUERY, args=[[ask]], asked_at=b.now_ms())
+    b._log.submit(p, wire.encode(wire.Envelope(query=query, request_id="r", reply_to="nobody")))
+    failures = b.metrics.thread_failures.labels("limit-shares")
+    deadline = time.monotonic() + 10
+    while failures._value.get() < 1:
+        assert time.monotonic() < deadline, "the failure was not said"
+        time.sleep(0.01)
