@@ -1427,11 +1427,9 @@ class Node:
             self.metrics.thread_failures.labels("limit-shares").inc()
             log.exception("shares for %s could not be answered", node_id)
 
-    def _ask_owner(
-        self, partition: int, query: wire.Query, on_reply: Callable[[wire.Reply], None]
-    ) -> Callable[[], None]:
-        """Send ``query`` to the owner of ``partition``; ``on_reply`` gets its reply (from the
-        mailbox thread). Returns the function that stops waiting for it."""
+    def _expect(self, on_reply: Callable[[wire.Reply], None]) -> tuple[str, Callable[[], None]]:
+        """A new request id whose reply ``on_reply`` is given (from the mailbox thread), and
+        the function that stops waiting for it."""
         request_id = uuid.uuid4().hex
 
         def stop_waiting() -> None:
@@ -1440,6 +1438,14 @@ class Node:
 
         with self._lock:
             self._waiting[request_id] = on_reply
+        return request_id, stop_waiting
+
+    def _ask_owner(
+        self, partition: int, query: wire.Query, on_reply: Callable[[wire.Reply], None]
+    ) -> Callable[[], None]:
+        """Send ``query`` to the owner of ``partition``; ``on_reply`` gets its reply (from the
+        mailbox thread). Returns the function that stops waiting for it."""
+        request_id, stop_waiting = self._expect(on_reply)
         envelope = wire.Envelope(query=query, request_id=request_id, reply_to=self.node_id)
         try:
             self._log.submit(partition, wire.encode(envelope))
@@ -1561,7 +1567,6 @@ class Node:
         in this node's mailbox (a refusal raised as the error it names)."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[wire.Reply] = loop.create_future()
-        request_id = uuid.uuid4().hex
 
         def deliver(reply: wire.Reply) -> None:
             if not answer.done():
@@ -1572,16 +1577,14 @@ class Node:
         def deliver_from_thread(reply: wire.Reply) -> None:
             handoff.post(deliver, reply)
 
-        with self._lock:
-            self._waiting[request_id] = deliver_from_thread
+        request_id, stop_waiting = self._expect(deliver_from_thread)
         try:
             await asyncio.to_thread(self._log.submit, partition, wire.encode(envelope(request_id)))
             reply = await asyncio.wait_for(answer, timeout_s)
         except TimeoutError:
             raise Unavailable(f"no answer from the owner of partition {partition}") from None
         finally:
-            with self._lock:
-                self._waiting.pop(request_id, None)
+            stop_waiting()
         err = wire.error_of(reply)
         if err is not None:
             raise err
