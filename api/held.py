@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable, Iterator
 
 from api.errors import ApiError
-from core.shares import Shares, key_of
+from core.shares import PERIOD_MS, Shares, key_of
 
 # The longest a request waits for its node's first share of its team's limit (the owner's
 # answer through the log takes milliseconds); past it, the node's default part is enforced.
-FIRST_GRANT_WAIT_S = 1.0
+FIRST_GRANT_WAIT_S = PERIOD_MS / 1000
 
 
 class Held:
@@ -57,7 +57,7 @@ class Held:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
                 loop.call_soon_threadsafe(settle)
 
-        key = key_of(tenant, kind.replace(" ", "-"))
+        key = _share_key(kind, tenant)
         if not self._shares.first_grant(key, limit, round(self._clock() * 1000), told):
             return
         try:
@@ -71,7 +71,7 @@ class Held:
         holds ``limit`` of them already."""
         key = (kind, tenant)
         held = self._open.get(key, 0)
-        share_key = key_of(tenant, kind.replace(" ", "-"))
+        share_key = _share_key(kind, tenant)
         here = limit
         if self._shares is not None:
             here = self._shares.count(share_key, limit, held, round(self._clock() * 1000))
@@ -100,5 +100,11 @@ class Held:
             self._said(share_key, left)
 
     def _said(self, share_key: str, holding: int) -> None:
+        """Tell the shares what the team holds here now (said in the next ask)."""
         if self._shares is not None:
             self._shares.held(share_key, holding)
+
+
+def _share_key(kind: str, tenant: str) -> str:
+    """The key of a team's limit on requests of ``kind`` held open, among the shares."""
+    return key_of(tenant, kind.replace(" ", "-"))

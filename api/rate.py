@@ -19,10 +19,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from core.shares import Shares, key_of
+from core.shares import PERIOD_MS, Shares, key_of
 
 # A member whose share of a token's rate is nothing waits for its next grant, a period away.
-NO_SHARE_WAIT_S = 1.0
+NO_SHARE_WAIT_S = PERIOD_MS / 1000
 
 
 @dataclass(slots=True)

@@ -96,6 +96,11 @@ SHARE_LOOK_S = PERIOD_MS / 1000.0
 DEFAULT_ROOM = 10_000
 
 
+def _cap_key(tenant: str) -> str:
+    """The key of a team's cap on its calls in flight, among the limits' shares."""
+    return key_of(tenant, "running-calls")
+
+
 def default_reserve(max_in_flight: int) -> tuple[int, int]:
     """The node's room kept for the others, and how much of it one team may hold: a tenth of
     the room, in shares of a hundredth (10,000 calls: 1,000 kept, at most 100 a team, so ten
@@ -293,16 +298,23 @@ class Admission:
             return False
         return self.in_flight < self._open or held < self._reserved_per_team
 
+    def _cap_shares(self) -> Shares | None:
+        """This node's shares, where a team's cap is the cluster's (a cap set, on a node of
+        several); None where the cap is whole here."""
+        return self.shares if self._max_per_tenant < self._max else None
+
     def _cap(self, tenant: str, held: int) -> int:
-        """The calls ``tenant`` may hold here: its cap, or this node's share of it."""
-        if self.shares is None or self._max_per_tenant >= self._max:  # no cap, or whole
+        """The calls ``tenant`` may hold here: its cap, or this node's share of it (asking
+        for the calls its queued runs want)."""
+        shares = self._cap_shares()
+        if shares is None:
             return self._max_per_tenant
-        key = key_of(tenant, "running-calls")
+        key = _cap_key(tenant)
         clock = self._clock()
         now = round(clock * 1000)
         wanting = held + max(1, len(self._queued.get(tenant, ())))
-        share = self.shares.count(key, self._max_per_tenant, held, now, wanting)
-        if self.shares.first_grant(key, self._max_per_tenant, now, self.on_share):
+        share = shares.count(key, self._max_per_tenant, held, now, wanting)
+        if shares.first_grant(key, self._max_per_tenant, now, self.on_share):
             # No share yet: none here until the owner's answer (asked now; milliseconds), so
             # another node granted the whole cap meanwhile is never exceeded. An owner silent
             # for a period leaves this node its part of the partitions.
@@ -314,8 +326,9 @@ class Admission:
         return share
 
     def _holding(self, tenant: str, held: int) -> None:
-        if self.shares is not None and self._max_per_tenant < self._max:
-            self.shares.held(key_of(tenant, "running-calls"), held)
+        shares = self._cap_shares()
+        if shares is not None:
+            shares.held(_cap_key(tenant), held)
 
     def _take(self, tenant: str, bucket: _Bucket | None) -> None:
         if bucket is not None:
@@ -330,11 +343,8 @@ class Admission:
             queue = self._queued[ticket.tenant] = []
             self._turns.append(ticket.tenant)
         heapq.heappush(queue, (ticket.urgency, next(self._arrivals), ticket))
-        if self.shares is not None and self._max_per_tenant < self._max:
-            held = self._by_tenant.get(ticket.tenant, 0)
-            key = key_of(ticket.tenant, "running-calls")
-            now = round(self._clock() * 1000)
-            self.shares.count(key, self._max_per_tenant, held, now, held + len(queue))
+        if self._cap_shares() is not None:  # the team's want here grew by this run
+            self._cap(ticket.tenant, self._by_tenant.get(ticket.tenant, 0))
 
     def _grants(self) -> list[Ticket]:
         """Reserve room for queued runs, one team after another, each team's most urgent
