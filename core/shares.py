@@ -178,6 +178,7 @@ class _Item:
     said: float = 0.0  # what its last ask said was wanted, and used
     moved: bool = False  # its holdings or its share changed since its last ask
     urgent: bool = False  # a count to ask for before the period ends (Shares.urgent_asks)
+    first_ms: int | None = None  # when its first grant was first waited for
 
 
 class Shares:
@@ -206,12 +207,18 @@ class Shares:
     def first_grant(self, key: str, limit: int, now_ms: int, told: Callable[[], None]) -> bool:
         """A count this member has no grant of yet: ask the owner at once, and call ``told()``
         when the answer comes (from the thread that takes it). False when there is nothing to
-        wait for (a grant is in force, or the member is alone): decide now."""
+        wait for (a grant is in force, or the member is alone), or no more (the owner left its
+        first ask a period unanswered: the member's default part holds until it answers): decide
+        now."""
         if self.alone():
             return False
         with self._lock:
             item = self._item(key, float(limit), True, now_ms)
             if item.share is not None:
+                return False
+            if item.first_ms is None:
+                item.first_ms = now_ms
+            elif now_ms - item.first_ms >= self._period_ms:
                 return False
             waiting = self._first.setdefault(key, [])
             if told not in waiting:  # one who asks again waits once

@@ -145,7 +145,6 @@ class Admission:
         # arrives (from the thread that took it), to look at its waiting runs again.
         self.shares: Shares | None = None
         self.on_share: Callable[[], None] = lambda: None
-        self._first_asked: dict[str, float] = {}  # teams waiting for their first share
 
     # -- asking and giving back -------------------------------------------------------------
 
@@ -310,19 +309,14 @@ class Admission:
         if shares is None:
             return self._max_per_tenant
         key = _cap_key(tenant)
-        clock = self._clock()
-        now = round(clock * 1000)
+        now = round(self._clock() * 1000)
         wanting = held + max(1, len(self._queued.get(tenant, ())))
         share = shares.count(key, self._max_per_tenant, held, now, wanting)
         if shares.first_grant(key, self._max_per_tenant, now, self.on_share):
             # No share yet: none here until the owner's answer (asked now; milliseconds), so
             # another node granted the whole cap meanwhile is never exceeded. An owner silent
-            # for a period leaves this node its part of the partitions.
-            asked = self._first_asked.setdefault(tenant, clock)
-            if clock - asked < SHARE_LOOK_S:
-                return 0
-        else:
-            self._first_asked.pop(tenant, None)
+            # for a period leaves this node its part of the partitions (Shares.first_grant).
+            return 0
         return share
 
     def _holding(self, tenant: str, held: int) -> None:

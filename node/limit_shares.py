@@ -100,6 +100,7 @@ class ShareAsking(PeriodicWorker):
         self._on_unanswered = on_unanswered
         self._woken = threading.Event()
         self._pending: list[_Pending] = []  # asks sent, waiting for their answers
+        self._silent = False  # the last ask that ended went unanswered
 
     def _interval_s(self) -> float:
         return self._period_ms / 1000.0
@@ -180,10 +181,20 @@ class ShareAsking(PeriodicWorker):
         kept: list[_Pending] = []
         for pending in self._pending:
             if pending.answered.is_set():
+                if self._silent:
+                    self._silent = False
+                    log.info("%s: the owners answer asks for limit shares again", self._member)
                 continue
             if now_s >= pending.expires:
                 pending.stop_waiting()
                 self._unanswered(1)
+                if not self._silent:  # said once a spell, and counted every time
+                    self._silent = True
+                    log.warning(
+                        "%s: an ask for limit shares went unanswered: the shares in force stay"
+                        " (a count never granted: this node's part of the partitions)",
+                        self._member,
+                    )
                 continue
             kept.append(pending)
         self._pending = kept

@@ -286,3 +286,11 @@ def test_a_count_is_said_at_once_when_it_fell_was_refused_or_shrank() -> None:
     [shrank] = shares.urgent_asks()
     assert (shrank.in_force, len(woken)) == (2, 3)
     assert shares.urgent_asks() == []
+
+
+def test_a_first_grant_is_waited_for_a_period_at_most_then_the_default_part_holds() -> None:
+    shares = Shares(lambda: 0.5)
+    assert shares.first_grant(STREAMS, 8, 0, lambda: None)
+    assert shares.first_grant(STREAMS, 8, PERIOD_MS - 1, lambda: None)  # still worth waiting
+    assert not shares.first_grant(STREAMS, 8, PERIOD_MS, lambda: None)  # the owner is silent
+    assert shares.count(STREAMS, 8, 0, PERIOD_MS) == 4

@@ -92,7 +92,9 @@ def test_one_question_per_owning_partition_and_the_teams_owned_here_answered_at_
     assert owners.stopped == 0  # an answered ask left the node's waiting list with its answer
 
 
-def test_an_owner_that_does_not_answer_leaves_the_shares_as_they_were() -> None:
+def test_an_owner_that_does_not_answer_leaves_the_shares_as_they_were(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     team = team_on(3)
     shares = Shares(lambda: 0.25)
     shares.rate(key_of(team, "requests", "t1"), 100, 0)
@@ -106,6 +108,11 @@ def test_an_owner_that_does_not_answer_leaves_the_shares_as_they_were() -> None:
     assert asker.unanswered == 1 and owners.stopped == 1
     assert counted == [1]  # said, as cronlog_history_questions_total{side="unanswered"}
     assert shares.in_force(key_of(team, "requests", "t1")) == 25  # the default still
+    asker._pass()
+    asker._expire(time.monotonic() + 0.05)
+    assert counted == [1, 1]
+    said = [r for r in caplog.records if "went unanswered" in r.getMessage()]
+    assert len(said) == 1  # logged once a spell of silence, counted every time
 
 
 def test_a_log_that_refuses_the_question_leaves_the_shares_as_they_were() -> None:
