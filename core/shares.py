@@ -186,12 +186,20 @@ class Shares:
 
     ``fraction()`` is the part of the partitions the member owns (1.0: all of them, or no
     cluster at all): a limit's default share before the owner's first grant, and "alone" when
-    it is whole."""
+    it is whole. ``least`` is the smallest part the default share counts (one partition's):
+    a member that owns nothing yet (it just joined, or its partitions are being handed over)
+    would otherwise refuse every request until the owner answers, and the owner may be the
+    member that just died."""
 
     def __init__(
-        self, fraction: Callable[[], float] = lambda: 1.0, *, period_ms: int = PERIOD_MS
+        self,
+        fraction: Callable[[], float] = lambda: 1.0,
+        *,
+        least: float = 0.0,
+        period_ms: int = PERIOD_MS,
     ) -> None:
         self._fraction = fraction
+        self._least = least
         self._period_ms = period_ms
         self._lock = threading.Lock()
         self._items: dict[str, _Item] = {}
@@ -263,7 +271,10 @@ class Shares:
         with self._lock:
             item = self._item(key, limit, False, now_ms)
             item.wanted += asked
-            return limit if alone else self._share(item)
+            if alone:  # a grant from before is no share once others come: their parts are
+                item.share = None
+                return limit
+            return self._share(item)
 
     def count(
         self, key: str, limit: int, holding: int, now_ms: int, wanting: int | None = None
@@ -278,6 +289,7 @@ class Shares:
             item.wanted = max(item.wanted, float(want))
             item.used = float(holding)
             if alone:
+                item.share = None
                 return limit
             share = int(self._share(item))
             refused = share <= holding and item.share is not None and not item.urgent
@@ -369,5 +381,5 @@ class Shares:
     def _share(self, item: _Item) -> float:
         if item.share is not None:
             return item.share
-        default = item.limit * self._part()
+        default = item.limit * max(self._part(), self._least)
         return float(math.floor(default)) if item.whole else default

@@ -233,7 +233,9 @@ class Node:
         asked of each team's owner (:mod:`node.limit_shares`). Otherwise ``shares`` is None and
         a team's limits are whole on this node."""
         self.produced = produced
-        self.shares = Shares(self._owned_fraction) if cluster_limits else None
+        self.shares = (
+            Shares(self._owned_fraction, least=1 / log_.num_partitions) if cluster_limits else None
+        )
         self._monotonic = monotonic
         self._share_book = ShareBook()
         self.history_on = history_on

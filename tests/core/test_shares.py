@@ -152,6 +152,28 @@ def test_a_member_enforces_its_part_of_the_partitions_until_granted() -> None:
     assert shares.count(STREAMS, 8, 0, PERIOD_MS) == 5
 
 
+def test_a_member_that_owns_nothing_yet_enforces_one_partition_s_part_until_granted() -> None:
+    # A worker started again after a kill owns no partition until the group hands it some, and
+    # the team's owner may be the member that died: nothing granted may stay unanswered for
+    # seconds. Its requests are not all refused meanwhile: it counts one partition's part.
+    owned = [0.0]
+    shares = Shares(lambda: owned[0], least=1 / 6)
+    assert not shares.alone()
+    assert shares.rate(RATE, 60, 0) == 10
+    assert shares.count(STREAMS, 12, 0, 0) == 2
+    [streams, rate] = sorted(shares.due(PERIOD_MS), key=lambda a: a.key)
+    assert (rate.part, rate.in_force) == (0.0, 10.0)  # the owner is told the true part
+    assert (streams.part, streams.in_force) == (0.0, 2.0)
+    owned[0] = 3 / 6  # partitions came: the default follows them
+    assert shares.rate(RATE, 60, PERIOD_MS) == 30
+    shares.granted([rate], [22.0])
+    assert shares.rate(RATE, 60, PERIOD_MS) == 22  # and a grant replaces it
+    owned[0] = 1.0  # alone: the whole rate, and the grant is gone with the others
+    assert shares.rate(RATE, 60, PERIOD_MS) == 60
+    owned[0] = 0.5  # another member came: the part, not a grant from before it was alone
+    assert shares.rate(RATE, 60, PERIOD_MS) == 30
+
+
 def test_an_ask_says_what_was_wanted_over_the_period() -> None:
     shares = Shares(lambda: 0.5)
     shares.due(0)  # the period starts
