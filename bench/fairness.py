@@ -41,14 +41,17 @@ from bench.common import (
     Serve,
     append_result,
     find_batch_endpoint,
+    first_calls,
     iso_ms,
     lag_summary,
     loadavg,
     log,
     now_ms,
     own_cpu_seconds,
+    percentile,
     register,
     sleep_until_ms,
+    slot_of,
     stamp,
     stop_process,
     team_lags,
@@ -56,6 +59,7 @@ from bench.common import (
 
 VARIANTS = {"defaults": [], "before": ["--max-calls", "512", "--reserved-calls", "0"]}
 GOAL_P99_MS = 1000.0
+HEARTBEAT_GOAL_MS = 100.0  # issue 22: heartbeats p99 with 10,000 runs executing
 B_LEAD_S = 15  # team B's jobs run from this long before S
 B_WINDOW_FROM_S = 10  # its slots are measured from this long before S
 A_WORKERS = 2  # processes holding team A's pull runs
@@ -110,6 +114,7 @@ def _workers(
     hold_s: float,
     room: int,
     ahead_sec: float | None = None,
+    beat_spread: float | None = None,
 ) -> subprocess.Popen[str]:
     command = [
         PYTHON, "-m", "bench.held_workers", serve.url, serve.tokens[team], pool,
@@ -118,6 +123,8 @@ def _workers(
     ]  # fmt: skip
     if ahead_sec is not None:
         command += ["--ahead-sec", str(ahead_sec)]
+    if beat_spread is not None:
+        command += ["--beat-spread", str(beat_spread)]
     return subprocess.Popen(
         command,
         cwd=ROOT,
@@ -146,6 +153,59 @@ def _started(path: Path) -> list[tuple[int, int, str]]:
     return out
 
 
+def _beats(outs: list[Path], slot: int) -> dict[str, Any]:
+    """Team A's heartbeats (``bench.held_workers`` writes them): each as its run waited for it
+    (the SDK's linger included), and each request's round trip; their p50, p99 and worst, and
+    when the slow ones were asked (seconds from S)."""
+
+    def read(suffix: str) -> list[list[float]]:
+        return [
+            [float(x) for x in line.split()]
+            for out in outs
+            if Path(f"{out}{suffix}").exists()
+            for line in Path(f"{out}{suffix}").read_text().splitlines()
+        ]
+
+    def summary(rows: list[list[float]]) -> dict[str, Any]:
+        values = sorted(row[1] for row in rows)
+        if not values:
+            return {"count": 0}
+        slow: dict[str, int] = {}
+        for row in rows:
+            if row[1] > HEARTBEAT_GOAL_MS:
+                second = f"{(row[0] - slot) / 1000:+.0f}"
+                slow[second] = slow.get(second, 0) + 1
+        return {
+            "count": len(values),
+            "p50_ms": round(percentile(values, 0.5), 1),
+            "p99_ms": round(percentile(values, 0.99), 1),
+            "max_ms": round(values[-1], 1),
+            f"over_{HEARTBEAT_GOAL_MS:.0f}ms_by_second": slow,
+        }
+
+    requests = read(".requests")
+    figures = {"beats": summary(read(".beats")), "requests": summary(requests)}
+    if requests:
+        figures["requests"]["beats_each"] = round(sum(r[2] for r in requests) / len(requests), 1)
+    return figures
+
+
+def _late_slots(
+    arrivals: list[tuple[int, str]], slot: int, b_from: int, b_until: int
+) -> dict[str, int]:
+    """Team B's calls over a second late, counted by their slot's second from S: where in the
+    herd B waited."""
+    late: dict[str, int] = {}
+    for key, at in first_calls(arrivals).items():
+        slot_ms = slot_of(key)
+        if slot_ms is None or not key.startswith("team-b/") or not b_from <= slot_ms < b_until:
+            continue
+        if at / 1e6 - slot_ms > GOAL_P99_MS:
+            second = f"{(slot_ms - slot) / 1000:+.0f}"
+            late[second] = late.get(second, 0) + 1
+    return late
+
+
 def one_round(
     args: argparse.Namespace, variant: str, recorder: Recorder, tmp: Path
 ) -> dict[str, Any]:
@@ -169,7 +229,15 @@ def one_round(
         share = -(-args.pull // A_WORKERS)
         procs = [
             _workers(
-                serve, "team-a", "a-pool", out, until, args.hold_pull_s, share, args.claim_ahead
+                serve,
+                "team-a",
+                "a-pool",
+                out,
+                until,
+                args.hold_pull_s,
+                share,
+                args.claim_ahead,
+                args.beat_spread,
             )
             for out in outs
         ]
@@ -211,11 +279,13 @@ def one_round(
             "pull_jobs": args.pull,
             "hold_pull_s": args.hold_pull_s,
             "claim_ahead": args.claim_ahead,
+            "beat_spread": args.beat_spread,
             "registration": registered.figures(),
             "http_started": lag_summary(a_http, args.http),
             "pull_started": lag_summary(a_pull, args.pull),
             "workers": counts[:A_WORKERS],
             "workers_cpu_s": worker_cpu[:A_WORKERS],
+            "heartbeats": _beats(outs, slot),
         },
         "team_b": {
             "http_jobs": args.b_http,
@@ -224,6 +294,7 @@ def one_round(
             "http": b_http_summary,
             "pull": b_pull_summary,
             "all": b_all,
+            "http_late_by_second": _late_slots(arrivals, slot, b_from, b_until),
             "worker": counts[A_WORKERS],
             "worker_cpu_s": worker_cpu[A_WORKERS],
         },
@@ -253,6 +324,12 @@ def main() -> None:
         "--claim-ahead",
         type=float,
         help="how far the SDK workers' claims reach ahead, in seconds (default: the SDK's)",
+    )
+    parser.add_argument(
+        "--beat-spread",
+        type=float,
+        help="the rate team A's workers spread a herd's first heartbeats at (default: the"
+        " SDK's; 1e9: not spread, as before it)",
     )
     parser.add_argument("--tag", default="", help="a note kept with each result line")
     args = parser.parse_args()

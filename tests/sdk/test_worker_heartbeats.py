@@ -143,3 +143,60 @@ def test_a_lost_lease_reaches_its_handler_through_a_batch(node: Serve) -> None:
             assert run.state == "succeeded" and len(run.attempts) == 1
 
     asyncio.run(scenario())
+
+
+def test_runs_started_together_spread_their_first_heartbeats(node: Serve) -> None:
+    # Sixty runs started in one instant, a beat a second; spread at 100 a second, their first
+    # beats take half a second (within half a period), not one instant, and keep their places.
+    runs, lease_sec, hold_sec = 60, 3.0, 3.6
+    pool = unique("spread")
+    finished: list[str] = []
+
+    async def hold(run: RunContext) -> None:
+        await asyncio.sleep(hold_sec)
+        if not run.lost.is_set():
+            finished.append(run.run_id)
+
+    async def scenario() -> None:
+        async with AsyncClient(node.url, "token-b") as cronlog:
+            made = await jobs(cronlog, pool, runs, lease_sec=lease_sec)
+            counting = counted(cronlog)
+            sent: list[tuple[float, list[str]]] = []
+            inner = counting.handle_async_request
+
+            async def timed(request: httpx.Request) -> httpx.Response:
+                if request.url.path == BATCH:
+                    beats = [b["run_id"] for b in json.loads(request.content)["runs"]]
+                    sent.append((asyncio.get_running_loop().time(), beats))
+                return await inner(request)
+
+            counting.handle_async_request = timed  # type: ignore[method-assign]
+            worker = Worker(cronlog, pool, hold, concurrency=runs, heartbeat_spread_per_sec=100)
+            task = asyncio.ensure_future(worker.run())
+            await until(lambda: len(finished) == runs or worker.lost > 0)
+            worker.stop()
+            await asyncio.wait_for(task, 20)
+            assert worker.lost == 0 and worker.completed == runs
+            first: dict[str, float] = {}
+            for at, beats in sent:
+                for run_id in beats:
+                    first.setdefault(run_id, at)
+            assert set(first) == set(made)
+            # the first round: several requests over most of half a second, not one
+            assert max(first.values()) - min(first.values()) >= 0.3, sent
+            assert len({at for at in first.values()}) >= 3, sent
+            views = [await cronlog.get_run(r) for r in made]
+            assert {len(v.attempts) for v in views} == {1}  # no lease ran out
+
+    asyncio.run(scenario())
+
+
+def test_a_herd_s_first_heartbeats_are_spread_within_half_a_period() -> None:
+    from cronlog_client.worker import SPREAD_BEATS_PER_SEC, first_beat_delays
+
+    herd = first_beat_delays(10_000, 10.0)  # 10,000 at 2,000 a second: over 5 s
+    assert herd[0] == 0.0 and herd[1] == 1 / SPREAD_BEATS_PER_SEC and herd[-1] < 5.0
+    assert max(first_beat_delays(100_000, 10.0)) == 5.0  # never past half a period
+    assert max(first_beat_delays(60, 1.0)) < 0.03  # 60 runs: one batch still
+    # a claim's group after another's still spreading: after it, not beside it
+    assert first_beat_delays(2, 10.0, queued_for=0.5) == [0.5, 0.5 + 1 / SPREAD_BEATS_PER_SEC]
