@@ -38,4 +38,7 @@ def test_every_fault_kind_once_and_the_checker_finds_no_violation(tmp_path: Path
     asking = report.figures["critical_asking"]
     assert asking["guarded"]["runs"] > 100 and asking["unguarded"]["runs"] > 100, text
     assert asking["guarded"]["runs_asked"] > 0, text
+    # The kafka:// jobs' records were read from the team's topic and judged (exactly once).
+    assert report.figures["topic_runs_succeeded"] > 100, text
+    assert report.figures["topic_records_read"] >= report.figures["topic_runs_succeeded"], text
     assert report.ok, text

@@ -107,11 +107,11 @@ def ci_settings(out: Path, seed: int = CI_SEED) -> Settings:
             pull_critical=1,
             oneshot_bursts=2,
             oneshot_per_burst=30,
-            # Not yet: with two kafka:// jobs, two of four runs of this form failed on timing
-            # alone (never_on_time_again, after a rolling restart of 2-4 minutes at load 22),
-            # against three of three without them. Until that is understood, the topics are
-            # checked by the longer runs (Shape's default) and tests/cluster.
-            topic=0,
+            # Two kafka:// jobs on "* * * * * *": their records, read_committed from the
+            # team's topic, exactly once for each run that succeeded (topic_record_twice,
+            # topic_record_missing). Two runs of this form with them passed on 2026-12-05 at
+            # load medians of 15-18; two of four had failed on timing on 2026-12-03.
+            topic=2,
             topic_critical=0,
         ),
         warmup_s=5.0,
