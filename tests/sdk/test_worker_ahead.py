@@ -225,3 +225,39 @@ def test_a_worker_whose_clock_runs_ahead_never_starts_a_run_early(
     history = events_of(a, jobs[0])
     [lease] = [e for e in history if e["type"] == "LeaseGranted"]
     assert lease["at"] < round(due * 1000) == lease["start_at"]  # it was leased ahead
+
+
+def test_the_handlers_held_to_an_instant_begin_without_the_cycle_collector(node: Serve) -> None:
+    # A herd's handlers beginning together set off a full collection that stood every start
+    # behind it; the collector waits until they have all begun, then is back as it was.
+    import gc
+
+    pool = unique("nogc")
+    slot = slot_in(3)
+    jobs = [unique("nogc") for _ in range(20)]
+    seen: list[bool] = []
+    everything = asyncio.Event()
+
+    async def handle(run: RunContext) -> None:
+        seen.append(gc.isenabled())  # as it began
+        if len(seen) == len(jobs):
+            everything.set()
+        await asyncio.sleep(0.2)
+
+    async def scenario() -> None:
+        async with async_client(node) as cronlog:
+            for job_id in jobs:
+                await cronlog.put_job(
+                    job_id, JobDefinition(name="g", run_at=slot, target=f"pull://{pool}")
+                )
+            worker = Worker(cronlog, pool, handle, concurrency=50, worker_id="w-nogc")
+            running = asyncio.ensure_future(worker.run())
+            await asyncio.wait_for(everything.wait(), 20)
+            assert gc.isenabled()  # back once they have all begun
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+
+    assert gc.isenabled()
+    asyncio.run(scenario())
+    assert seen == [False] * len(jobs)
+    assert gc.isenabled()
