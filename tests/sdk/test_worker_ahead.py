@@ -35,6 +35,14 @@ def events_of(client: Client, job_id: str) -> list[dict[str, object]]:
     return [e.event for e in client.events(job=job_id, start="start")]
 
 
+async def put_pull_jobs(
+    cronlog: AsyncClient, jobs: list[str], slot: dt.datetime, pool: str
+) -> None:
+    """One-shot jobs due at ``slot`` whose runs a worker of ``pool`` claims."""
+    for job_id in jobs:
+        await cronlog.put_job(job_id, JobDefinition(name="a", run_at=slot, target=f"pull://{pool}"))
+
+
 def test_runs_leased_ahead_start_at_their_slot_never_before(node: Serve, a: Client) -> None:
     pool = unique("ahead")
     slot = slot_in(4)  # within the worker's 5 s reach a moment after it starts claiming
@@ -49,10 +57,7 @@ def test_runs_leased_ahead_start_at_their_slot_never_before(node: Serve, a: Clie
 
     async def scenario() -> Worker:
         async with async_client(node) as cronlog:
-            for job_id in jobs:
-                await cronlog.put_job(
-                    job_id, JobDefinition(name="a", run_at=slot, target=f"pull://{pool}")
-                )
+            await put_pull_jobs(cronlog, jobs, slot, pool)
             worker = Worker(cronlog, pool, handle, concurrency=50, worker_id="w-ahead")
             running = asyncio.ensure_future(worker.run())
             await asyncio.wait_for(everything.wait(), 20)
@@ -246,10 +251,7 @@ def test_the_handlers_held_to_an_instant_begin_without_the_cycle_collector(node:
 
     async def scenario() -> None:
         async with async_client(node) as cronlog:
-            for job_id in jobs:
-                await cronlog.put_job(
-                    job_id, JobDefinition(name="g", run_at=slot, target=f"pull://{pool}")
-                )
+            await put_pull_jobs(cronlog, jobs, slot, pool)
             worker = Worker(cronlog, pool, handle, concurrency=50, worker_id="w-nogc")
             running = asyncio.ensure_future(worker.run())
             await asyncio.wait_for(everything.wait(), 20)
