@@ -73,12 +73,25 @@ def test_every_succeeded_run_is_in_the_team_topic_once_through_a_node_kill(
 
     # What the log says succeeded, once nothing more is produced: every record is committed
     # with its run's completion, so the read model's succeeded runs are the records to expect.
-    succeeded: dict[str, str] = {}
-    for job_id in jobs:
-        for run in _succeeded(n2, job_id):
-            succeeded[run["run_id"]] = job_id
+    # A run decided as the pause came completes after it, and the read model folds a
+    # completion a moment after its record is readable: the runs are read once they stay put,
+    # and again until the read model has caught up with the records read.
+    def succeeded_now() -> set[str]:
+        return {run["run_id"] for job_id in jobs for run in _succeeded(n2, job_id)}
+
+    seen: list[tuple[float, set[str]]] = [(time.monotonic(), succeeded_now())]
+
+    def settled() -> bool:  # the same for a second and more (a run a second was produced)
+        now, runs = time.monotonic(), succeeded_now()
+        if runs != seen[-1][1]:
+            seen.append((now, runs))
+        return now - seen[-1][0] >= 1.5
+
+    _wait_until("no more runs succeed once paused", settled, 20)
     records = _committed(cluster.bootstrap, topic)
     counts = Counter(body["run_id"] for body, _ in records)
+    _wait_until("the read model has every run produced", lambda: set(counts) <= succeeded_now(), 10)
+    succeeded = succeeded_now()
     twice = {run_id: n for run_id, n in counts.items() if n > 1}
     assert twice == {}, f"runs produced more than once: {twice}"
     assert set(counts) == set(succeeded), (
