@@ -585,7 +585,11 @@ class Worker:
         now = asyncio.get_running_loop().time()
         queued_for = max(0.0, self._first_beats_until - now)
         delays = first_beat_delays(len(beating), every, self._spread_per_sec, queued_for)
-        self._first_beats_until = now + queued_for + len(beating) / self._spread_per_sec
+        # never past the latest a first beat may wait: starts sustained above the rate would
+        # otherwise push it ever further, and every later group's beats to that latest
+        self._first_beats_until = now + min(
+            every / 2, queued_for + len(beating) / self._spread_per_sec
+        )
         for running, after in zip(beating, delays, strict=True):
             running.beats = asyncio.ensure_future(
                 self._heartbeat(running.context, running.work, group.started, after=after)
