@@ -31,12 +31,21 @@ def test_a_node_of_two_workers_on_kafka_survives_a_worker_killed(
 
         def create(name: str, at: float) -> str:
             body = {"name": name, "run_at": iso(round(at * 1000)), "target": target.url}
-            try:
-                created = n1.create_job(body)
-            except httpx.TransportError:
-                # A pooled connection to the worker just killed; a create is idempotent (the
-                # same body again is the same job), so a client sends it again, as the SDK does.
-                created = n1.create_job(body)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    created = n1.create_job(body)
+                except httpx.TransportError:
+                    # A pooled connection to the worker just killed; a create is idempotent (the
+                    # same body again is the same job), so a client sends it again, as the SDK does.
+                    created = n1.create_job(body)
+                if created.status_code not in (429, 503) or time.monotonic() > deadline:
+                    break
+                # Until the group hands the killed worker's partitions on, their creates are
+                # answered 503 (nothing decided) with a Retry-After; the SDK's client waits it
+                # and sends the create again, and so does this test.
+                assert created.headers.get("Retry-After"), created.text
+                time.sleep(min(float(created.headers["Retry-After"]), 0.5))
             assert created.status_code in (200, 201), created.text
             return str(created.json()["job_id"])
 
