@@ -90,6 +90,7 @@ FIELDS: dict[str, str] = {
     "lease_expires_at": "When the lease runs out unless a heartbeat extends it.",
     "ahead_sec": "Reach ahead: lease runs that become ready within this many seconds too (at most 300), each to be started at its start_at and never before; 0 leases only runs ready now.",
     "start_in_ms": "How long after this answer the run is to start, by the node's clock (0: now). Wait that long from receiving it: the run then never starts early, whatever the clocks say.",
+    "check_ahead_ms": "A run leased ahead: how long before its start to check its lease (a heartbeat with check). The node holds a check sent earlier than 1.5 s before the start and answers it then, so any pause, schedule change or cancel decided until then is in the answer; 0 from a node that answers at once (then check at most 1 s before the start).",
     "check": "Only ask whether the lease still holds (a run leased ahead, about to start): nothing is extended; 409 lease_lost means do not start it (withdrawn: paused, rescheduled or cancelled).",
     "started_late_ms": "A run leased ahead: how long after its start_at it was started. Send it with the first heartbeat after the start, or with the outcome when no heartbeat came first; the run's start (and its scheduling delay) is recorded from it.",
     "next_cursor": "Pass it back as cursor for the next page; null on the last page.",

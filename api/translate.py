@@ -49,6 +49,7 @@ from api.wire import (
 )
 from core.commands import CompleteRun, HeartbeatRun, Outcome
 from core.cron import DayRule, day_rule_matters, split_seconds, with_seconds
+from core.decide import CHECK_AHEAD_MS
 from core.errors import InvalidDefinition
 from core.events import LeaseGranted
 from core.ids import idempotency_key, team_id
@@ -427,4 +428,5 @@ def claimed(lease: LeaseGranted, spec: JobSpec, now: int) -> ClaimedRun:
         timeout_sec=spec.timeout_sec,
         start_at=None if start is None else to_rfc3339(start),
         start_in_ms=0 if start is None else max(0, start - now),
+        check_ahead_ms=0 if start is None else CHECK_AHEAD_MS,
     )

@@ -348,6 +348,9 @@ class ClaimedRun(msgspec.Struct, kw_only=True):
     # that is by the node's clock (wait that long from receipt: never early whatever the clocks)
     start_at: str | None = None
     start_in_ms: int = 0
+    # how long before its start to check the lease (0: at most 1 s before, a node that does
+    # not hold early checks); the node answers a check once the start is 1.5 s away
+    check_ahead_ms: int = 0
 
 
 class ClaimOut(msgspec.Struct, kw_only=True):

@@ -118,10 +118,15 @@ MAX_HORIZON_MS = 300_000  # a claim reaches at most this far ahead (the longest 
 # A pause or schedule change withdraws a push run's armed call only this long before its start
 # at least: the time the node's executors are given to drop it.
 ARM_GUARD_MS = 500
-# ... and a run leased ahead to a pull worker only this long before its start at least: its
-# worker checks the lease at most 1 s before the start (the SDK's check_sec), after any change
-# decided by then, so a run withdrawn is never started.
+# ... and a run leased ahead to a pull worker only this long before its start at least: the
+# partition answers its worker's check of the lease only once it has decided past this instant
+# (an earlier check is held until then, ``node.runner``), so a run withdrawn is never started.
 CHECK_GUARD_MS = 1_500
+# A worker is asked (``check_ahead_ms`` in the claim's answer) to check a run leased ahead this
+# long before its start: the partition holds a check that comes before CHECK_GUARD_MS and
+# answers it at that instant (``node.runner``), so a herd's checks are read before it and
+# answered together, whatever the worker's timing.
+CHECK_AHEAD_MS = 3_000
 
 
 def run_id_of(job_id: str, scheduled_for: Millis) -> str:
@@ -371,11 +376,12 @@ def _ahead_runs(state: PartitionState, job: JobState, now: Millis) -> list[RunSt
         and (
             run.status is RunStatus.PENDING
             # leased ahead, its start not come: a pull worker learns it is withdrawn when it
-            # checks the lease before the start (``HeartbeatRun.check``, sent at most 1 s
-            # before it), so only while its start is CHECK_GUARD_MS away; a push run's armed
-            # call is dropped by the node's executor (told at once), so only while its start
-            # is at least ARM_GUARD_MS away, and never a critical job's: a drop that came too
-            # late would leave a call made for a slot scheduled again
+            # checks the lease before the start (``HeartbeatRun.check``, answered once the
+            # partition is past CHECK_GUARD_MS before it), so only while its start is that
+            # far; a push run's armed call is dropped by the node's executor (told at once),
+            # so only while its start is at least ARM_GUARD_MS away, and never a critical
+            # job's: a drop that came too late would leave a call made for a slot scheduled
+            # again
             # (docs/architecture.md, "Calls armed ahead").
             or (
                 run.status is RunStatus.RUNNING

@@ -38,6 +38,8 @@ through :meth:`PartitionRunner.grant` when room frees up, so no timer spins whil
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -79,6 +81,10 @@ class Recovery:
 
 
 MAX_BATCH = 2000  # requests decided per append
+# A worker's check of a run leased ahead that comes before the start is CHECK_GUARD_MS away is
+# held, and answered once the partition decides past that instant (``_hold_check``); one sent
+# more than this long before that instant is refused (503, nothing decided) instead of held.
+CHECK_HOLD_MAX_MS = 5_000
 # Events folded per store save while recovering: a save re-encodes every job and run its batch
 # touched, so larger batches write a busy job once instead of once per thousand events
 # (measured: a 48,000-event tail costs about a third less CPU than at 1,000).
@@ -207,6 +213,10 @@ class PartitionRunner:
         self.warm_from: int | None = None  # the standby offset the last recovery started from
         self.last_recovery: Recovery | None = None  # None until the first recovery has ended
         self._inbox: deque[Request] = deque()
+        # Checks that came before their run's guard instant: (that instant, arrival, request),
+        # answered by the loop once it decides past the instant (under ``_cv``)
+        self._held_checks: list[tuple[int, int, Request]] = []
+        self._arrivals = itertools.count()
         self._cv = threading.Condition()
         self._stopped = False
         # Why ``stop`` was asked (the node stopping, the partition revoked): None while no one
@@ -319,16 +329,17 @@ class PartitionRunner:
             return True
 
     def lease_holds(self, check: HeartbeatRun) -> bool:
-        """Whether ``check`` (a worker asking, about a second before the start of a run leased
+        """Whether ``check`` (a worker asking, a few seconds before the start of a run leased
         ahead, whether its lease still holds) can be answered "it holds" from this thread,
         without queueing for a batch: the run is leased ahead under the check's token, and the
         batch being decided is already past the instant up to which a pause, a schedule change
         or a cancel withdraws it (``CHECK_GUARD_MS`` before its start), so no decision to come
         can. Every decision taken at or before that instant is folded into the state already,
         since the loop takes its batches one after another. False means only "ask the loop"
-        (which answers a refusal, or a lease not leased ahead). A herd's fifty thousand checks
-        come in the second before its slot: queued, they waited behind the partitions'
-        appends and were answered seconds late."""
+        (which answers a refusal or a lease not leased ahead, and holds a check that came
+        before the instant until it is past it: :meth:`_hold_check`). A herd's fifty thousand
+        checks come together: queued, they waited behind the partitions' appends and were
+        answered seconds late."""
         if not self.deciding.is_set():
             return False
         deciding_at = self._deciding_at  # read first: the state read after it is at least as new
@@ -501,6 +512,8 @@ class PartitionRunner:
             if self._due_at is not None and now > self._due_at:
                 times.woke_late_s = (now - self._due_at) / 1000
             self.core.advance(now)
+            # the checks held until an instant this batch is past are decided with it
+            batch = self._checks_due(now) + batch
             times.requests = len(batch)
             self._process(batch, now, times)
             self.times = times
@@ -605,6 +618,10 @@ class PartitionRunner:
                 and not self._granted
             ):
                 deadline = self.core.next_deadline()
+                if self._held_checks:
+                    # a held check is answered once the partition decides past its instant
+                    after = self._held_checks[0][0] + 1
+                    deadline = after if deadline is None else min(deadline, after)
                 wait = IDLE_WAIT_S
                 if deadline is not None:
                     wait = min(wait, max(0.0, (deadline - self._clock.now_ms()) / 1000))
@@ -783,14 +800,16 @@ class PartitionRunner:
         asked); return the command position the batch moves to, if any."""
         through: int | None = None
         for request in batch:
+            if request.offset is not None:
+                through = request.offset + 1
+            if self._hold_check(request, now):
+                continue
             start = len(events)
             try:
                 self._decide(request.command, now, events)
                 answers.append((request, (start, len(events))))
             except CronlogError as err:
                 answers.append((request, err))
-            if request.offset is not None:
-                through = request.offset + 1
         with self._cv:
             granted, self._granted = self._granted, []
         for i, (tenant, run_id, waited) in enumerate(granted):
@@ -815,6 +834,59 @@ class PartitionRunner:
             else:
                 events += self.core.fire(key, now)
         return through
+
+    def _hold_check(self, request: Request, now: int) -> bool:
+        """Hold ``request`` when it is a worker's check of a run leased ahead that came
+        before the instant after which nothing can withdraw the run (``CHECK_GUARD_MS`` before
+        its start): a pause or a schedule change decided until then withdraws it, so the answer
+        "the lease holds" is true only once the partition has decided past that instant. The
+        check is answered then (:meth:`_checks_due`), whenever the worker sent it: a worker may
+        check early (the SDK does, so that a herd's checks are read before the slot), and no
+        worker's timing can make the answer wrong. A check that holds no live lease is decided
+        now (refused); one more than ``CHECK_HOLD_MAX_MS`` early is refused with nothing
+        decided (503: send it later)."""
+        command = request.command
+        if type(command) is not HeartbeatRun or not command.check:
+            return False
+        run = self.core.state.runs.get(command.run_id)
+        if (
+            run is None
+            or run.start_at is None
+            or run.status is not RunStatus.RUNNING
+            or run.fencing_token != command.fencing_token
+            or (command.tenant is not None and run.tenant != command.tenant)
+        ):
+            return False
+        until = run.start_at - CHECK_GUARD_MS
+        if now > until:
+            return False
+        if until - now > CHECK_HOLD_MAX_MS:
+            _reply(
+                request,
+                Unavailable(
+                    f"run {command.run_id}: a check is answered once its start is"
+                    f" {CHECK_GUARD_MS / 1000:g} s away; this one came"
+                    f" {(until - now) / 1000:.1f} s before that (at most"
+                    f" {CHECK_HOLD_MAX_MS / 1000:g} s); send it later"
+                ),
+            )
+            return True
+        with self._cv:
+            heapq.heappush(self._held_checks, (until, next(self._arrivals), request))
+        return True
+
+    def _checks_due(self, now: int) -> list[Request]:
+        """The held checks whose instant the batch deciding at ``now`` is past: every
+        decision taken at or before it is folded into the state already."""
+        due: list[Request] = []
+        with self._cv:
+            held = self._held_checks
+            while held and held[0][0] < now:
+                due.append(heapq.heappop(held)[2])
+        released = time.monotonic()
+        for request in due:
+            request.queued_at = released  # held on purpose: not a wait for the loop
+        return due
 
     def _recover_after_append(self, events: list[AnyEvent], starting: dict[str, str]) -> None:
         """After an append that failed, the log alone says what happened: recover from it, then
@@ -984,8 +1056,9 @@ class PartitionRunner:
 
     def _fail_waiting(self) -> None:
         with self._cv:
-            waiting = list(self._inbox)
+            waiting = list(self._inbox) + [request for _, _, request in self._held_checks]
             self._inbox.clear()
+            self._held_checks.clear()
             granted, self._granted = self._granted, []
         for tenant, _, _ in granted:
             self._dispatcher.release(tenant)

@@ -50,6 +50,7 @@ async def test_claim_gives_the_lease_and_what_to_do(api: Api) -> None:
         "timeout_sec": 120.0,
         "start_at": None,  # leased now: start now
         "start_in_ms": 0,
+        "check_ahead_ms": 0,  # nothing to check before a start that is now
     }
     view = (await api.a.get(f"/v1/runs/{run['run_id']}")).json()
     assert (view["state"], view["lateness_ms"]) == ("running", 1500)
@@ -228,6 +229,7 @@ async def test_a_claim_reaching_ahead_leases_what_starts_soon_and_hears_of_its_s
     r = await api.a.post("/v1/workers/claim", json={**CLAIM, "ahead_sec": 5})
     [run] = r.json()["runs"]
     assert run["start_at"] == "2026-11-29T08:05:00.000Z" and run["start_in_ms"] == 3_000
+    assert run["check_ahead_ms"] == 3_000  # checked then; the node answers at the cut-off
     assert run["lease_expires_at"] == "2026-11-29T08:05:30.000Z"
     path = f"/v1/runs/{run['run_id']}/heartbeat"
     before = len(api.fake.events)

@@ -1,11 +1,14 @@
-"""A worker's check of a run leased ahead (``HeartbeatRun.check``, about a second before the
+"""A worker's check of a run leased ahead (``HeartbeatRun.check``, a few seconds before the
 start) is answered from the partition's state once its loop decides past the run's cut-off,
-without queueing for a batch; before that, and for anything but a live lease, the loop answers
-it, so a pause decided up to the cut-off still withdraws the run (on a fake clock)."""
+without queueing for a batch; one that comes before the cut-off is held by the loop and
+answered once it decides past it, so a pause decided up to the cut-off withdraws the run
+whenever the worker checked; anything but a live lease is answered by the loop at once (on a
+fake clock)."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -15,12 +18,13 @@ from core import events as ev
 from core.clock import FakeClock
 from core.commands import HeartbeatRun, PauseJob, PutJob, TriggerRun
 from core.decide import CHECK_GUARD_MS
-from core.errors import LeaseLost
+from core.errors import LeaseLost, Unavailable
 from core.jobs import JobSpec, PullTarget
 from eventlog.memory import MemoryLog
 from eventlog.port import partition_for
 from node.node import Node
 from node.runner import Request
+from tests.cli.test_serve_workers import wait_until
 
 PARTITIONS = 2
 POOL = "p"
@@ -83,32 +87,46 @@ def count_asked(node: Node, partition: int) -> list[HeartbeatRun]:
     return asked
 
 
-def test_a_check_past_the_cut_off_is_answered_from_the_state_and_before_it_by_the_loop(
+def test_an_early_check_is_held_until_the_cut_off_and_answered_with_every_decision_until_then(
     node: Node, clock: FakeClock
 ) -> None:
     a, b = job_in(0, 0), job_in(0, 100)
     leases = lease_ahead(node, [a, b])
     asked = count_asked(node, 0)
+    runner = node._runners[0]
 
-    # Well before the start: a pause could still withdraw the run, so the loop answers.
-    assert asyncio.run(node.execute_many([check(leases[a])], visible=False)) == [[]]
-    assert len(asked) == 1
+    # Ten seconds before the start: too early to hold; refused, nothing decided.
+    [early] = asyncio.run(node.execute_many([check(leases[a])], visible=False))
+    assert isinstance(early, Unavailable) and "send it later" in str(early)
 
-    # b is paused up to its cut-off: withdrawn, whichever way its check is answered.
+    # Three seconds before it (the SDK's default): held by the loop until the cut-off.
+    clock.set(SLOT - 3_000)
+    answers: list[list[object]] = []
+    worker = threading.Thread(
+        target=lambda: answers.append(
+            asyncio.run(node.execute_many([check(leases[a]), check(leases[b])], visible=False))
+        )
+    )
+    worker.start()
+    wait_until(lambda: len(runner._held_checks) == 2, 10, "both checks held")
+
+    # b is paused up to its cut-off: withdrawn, and its held check must say so.
     clock.set(SLOT - CHECK_GUARD_MS)
     paused = asyncio.run(node.execute(PauseJob(job_id=b, tenant=TENANT)))
     assert [e.run_id for e in paused if isinstance(e, ev.RunCancelled)] == [leases[b].run_id]
+    assert worker.is_alive() and not answers  # a batch at the cut-off answers none of them
 
-    clock.set(SLOT - 1_000)  # the worker's check, a second before the start
-    # The loop has not decided anything since its cut-off: it answers, and its batch is
-    # then past it.
-    assert asyncio.run(node.execute_many([check(leases[a])], visible=False)) == [[]]
-    assert len(asked) == 2
+    clock.set(SLOT - 1_000)  # past the cut-off: the loop's next batch answers both
+    worker.join(10)
+    [[held_a, held_b]] = answers
+    assert held_a == [] and isinstance(held_b, LeaseLost)
+    assert len(asked) == 3 and not runner._held_checks
+
     # From here on no decision can withdraw a: its checks are answered without the loop,
     # in a batch or alone ...
     assert asyncio.run(node.execute_many([check(leases[a])] * 3, visible=False)) == [[]] * 3
     assert asyncio.run(node.execute(check(leases[a]))) == []
-    assert len(asked) == 2
+    assert len(asked) == 3
     # ... but b's refusal, another team's check and a stale token still go to the loop.
     [withdrawn, foreign, stale] = asyncio.run(
         node.execute_many(
@@ -127,7 +145,7 @@ def test_a_check_past_the_cut_off_is_answered_from_the_state_and_before_it_by_th
     )
     assert isinstance(withdrawn, LeaseLost) and isinstance(stale, LeaseLost)
     assert isinstance(foreign, LeaseLost)
-    assert len(asked) == 5
+    assert len(asked) == 6
 
 
 def test_a_beat_that_extends_and_a_run_leased_at_its_start_always_go_to_the_loop(

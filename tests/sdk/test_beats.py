@@ -256,3 +256,40 @@ def test_a_node_without_the_endpoint_is_asked_one_run_a_request_for_good(
     assert sorted(node.singles) == ["a.1", "a.1", "b.1", "lost.1"]
     said = [r for r in caplog.records if "batches" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.INFO
+
+
+def test_checks_the_node_holds_go_in_all_their_batches_at_once_beside_the_beats() -> None:
+    """A node that holds early checks answers each batch only at the cut-off: sent through the
+    queue's few requests in flight, the later batches (and every heartbeat behind them) would
+    wait for the first ones' answers, so they all go at once."""
+    node = Node()
+    handle = node.handle
+    batches = 2 * IN_FLIGHT
+    events: dict[str, asyncio.Event] = {}
+    in_flight: list[int] = []
+
+    async def held(request: httpx.Request) -> httpx.Response:
+        beats = json.loads(request.content)["runs"]
+        if all(b.get("check") for b in beats):
+            in_flight.append(1)
+            if len(in_flight) == batches:
+                events["all in"].set()
+            await asyncio.wait_for(events["cut-off"].wait(), 5)  # held by the node
+        return handle(request)
+
+    node.handle = held  # type: ignore[assignment,method-assign]
+
+    async def body(beater: Beater) -> None:
+        events.update({"all in": asyncio.Event(), "cut-off": asyncio.Event()})
+        beater.max_batch = 3
+        leases = [(f"r{i}.1", 1, far()) for i in range(3 * batches)]
+        checks = asyncio.ensure_future(beater.check_many(leases, held=True))
+        await asyncio.wait_for(events["all in"].wait(), 5)  # every batch in flight at once
+        beat = await beater.beat("running.1", 1, until=far())  # not behind the held checks
+        assert beat == Answer("extended") and not checks.done()
+        events["cut-off"].set()
+        answers = await checks
+        assert [a.how for a in answers] == ["extended"] * len(leases)
+
+    beating(node, body)
+    assert len(node.batches) == batches + 1

@@ -45,7 +45,7 @@ def test_runs_held_ahead_whose_check_fails_give_their_room_back_and_say_so(
     async def scenario() -> Worker:
         w = Worker(None, "p", record, concurrency=10, check_sec=0.05)  # type: ignore[arg-type]
 
-        async def broken(leases: list[tuple[str, int, float]]) -> list[object]:
+        async def broken(leases: list[tuple[str, int, float]], **_: object) -> list[object]:
             raise RuntimeError("a bug in the checks")
 
         w._beater.check_many = broken  # type: ignore[assignment,method-assign]
@@ -96,7 +96,41 @@ def test_a_group_whose_task_failed_before_its_check_takes_no_more_runs() -> None
     assert w._free == 9  # the failed group's run gave its room back
 
 
-def claimed(run_id: str, start_in_ms: int) -> ClaimedRun:
+def test_runs_held_ahead_are_checked_when_the_node_says_and_told_it_holds_the_check() -> None:
+    """A node that holds early checks says how long before the start to send them
+    (``check_ahead_ms``): the group's check goes then, as one held request a batch; a node
+    that says nothing is checked ``check_sec`` before the start, through the queue."""
+
+    async def scenario(check_ahead_ms: int) -> tuple[float, float, bool]:
+        w = Worker(None, "p", handle, concurrency=10, check_sec=0.5)  # type: ignore[arg-type]
+        asked: list[float] = []
+        how: list[bool] = []
+        instant = w._instant
+
+        def noted(at: float) -> asyncio.Future[None]:
+            asked.append(at)
+            return instant(at)
+
+        async def check_many(leases: list[object], *, held: bool = False) -> list[object]:
+            how.append(held)
+            raise RuntimeError("enough: the check was asked")
+
+        w._instant = noted  # type: ignore[method-assign]
+        w._beater.check_many = check_many  # type: ignore[assignment,method-assign]
+        loop = asyncio.get_running_loop()
+        received = loop.time()
+        w._free -= 1
+        w._hold(claimed("j0.1", start_in_ms=800, check_ahead_ms=check_ahead_ms), received)
+        await asyncio.wait(set(w._running), timeout=5)
+        return asked[0] - received, 0.8, how[0]
+
+    checked, start, held = asyncio.run(scenario(check_ahead_ms=700))
+    assert round(start - checked, 3) == 0.7 and held
+    checked, start, held = asyncio.run(scenario(check_ahead_ms=0))
+    assert round(start - checked, 3) == 0.5 and not held
+
+
+def claimed(run_id: str, start_in_ms: int, check_ahead_ms: int = 0) -> ClaimedRun:
     now = dt.datetime.now(dt.UTC)
     return ClaimedRun(
         run_id=run_id,
@@ -110,4 +144,5 @@ def claimed(run_id: str, start_in_ms: int) -> ClaimedRun:
         idempotency_key="k",
         timeout_sec=60.0,
         start_in_ms=start_in_ms,
+        check_ahead_ms=check_ahead_ms,
     )

@@ -131,11 +131,16 @@ class Beater:
             self._wake.set()
         return await waiting.answer  # a cancelled caller cancels it: it is then not sent
 
-    async def check_many(self, leases: list[tuple[str, int, float]]) -> list[Answer]:
+    async def check_many(
+        self, leases: list[tuple[str, int, float]], *, held: bool = False
+    ) -> list[Answer]:
         """Whether each lease still holds, for runs leased ahead about to start: ``leases``
         are (run id, fencing token, when the lease runs out, the loop's time), answered in
         their order. The checks join the queue together (a herd's runs held to one instant are
-        tens of thousands), sent in batches of ``max_batch`` like any beats."""
+        tens of thousands), sent in batches of ``max_batch`` like any beats. ``held``: the node
+        holds each check until the start is 1.5 s away, so the batches go all at once, beside
+        the queue and its few requests in flight (which they would hold up meanwhile); a check
+        it could not answer then goes again through the queue."""
         if not leases:
             return []
         beats = [
@@ -149,6 +154,20 @@ class Beater:
             _Waiting(beat, until, now, loop.create_future())
             for beat, (_, _, until) in zip(beats, leases, strict=True)
         ]
+        if held:
+            chunks = [
+                waiting[i : i + self.max_batch] for i in range(0, len(waiting), self.max_batch)
+            ]
+            sends = [asyncio.ensure_future(self._send_settled(chunk)) for chunk in chunks]
+            try:
+                return list(await asyncio.gather(*(w.answer for w in waiting)))
+            finally:
+                for send in sends:
+                    if not send.done():
+                        send.cancel()
+                for w in waiting:
+                    if not w.answer.done():
+                        w.answer.cancel()
         self._queue.extend(waiting)
         self._wake.set()
         try:

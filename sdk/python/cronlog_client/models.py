@@ -418,6 +418,9 @@ class ClaimedRun(msgspec.Struct, kw_only=True):
     # leased ahead: start it at start_at, start_in_ms after the answer came (never before)
     start_at: dt.datetime | None = None
     start_in_ms: int = 0
+    # how long before the start to check the lease; the node holds a check sent earlier than
+    # 1.5 s before it and answers then (0: a node that answers at once; check at most 1 s before)
+    check_ahead_ms: int = 0
 
 
 class ClaimOut(msgspec.Struct, kw_only=True):

@@ -25,10 +25,12 @@ What the worker does for the handler:
   instant, never before: it waits ``start_in_ms`` (the node's word for how far off the start is)
   from the moment the answer arrived, so no clock of the worker's is read and a worker whose
   clock runs ahead cannot start early; it starts late by at most the answer's way from the node.
-  About ``check_sec`` (1 s) before the start it asks whether the lease still holds (a heartbeat
-  that only checks, decided without writing anything): a pause, a schedule change or a cancel
-  decided before that check withdraws the run and it is not started; one decided after it
-  reaches the run as a running run's cancel does, at its first heartbeat. The start is reported
+  Before the start it asks whether the lease still holds (a heartbeat that only checks, decided
+  without writing anything): ``check_ahead_ms`` (3 s) before it when the claim's answer says
+  so, the node answering 1.5 s before the start; else ``check_sec`` (1 s) before it. A cancel
+  decided before the check is answered, or a pause or a schedule change decided 1.5 s or more
+  before the start, withdraws the run and it is not started; a cancel decided after it reaches
+  the run as a running run's cancel does, at its first heartbeat. The start is reported
   with the first heartbeat after it, or with the outcome, so the node's scheduling delay
   measures the start, not the lease. The runs held to one instant are checked together (a
   thousand a request) and their tasks made before it, so at the instant only the handlers begin,
@@ -445,14 +447,19 @@ class Worker:
             self._release(len(unsettled))
 
     async def _check_and_start(self, start: float, held: list[RunContext]) -> None:
-        await self._instant(start - self.check_sec)
+        # A node that holds early checks says how long before the start to send them; it
+        # answers each once the start is 1.5 s away, so a herd's checks are read before that
+        # and answered together. Another is checked ``check_sec`` before the start.
+        ahead_ms = held[0].run.check_ahead_ms
+        await self._instant(start - max(self.check_sec, ahead_ms / 1000))
         if self._holds.get(start) is held:
             del self._holds[start]  # from here on the group takes no more runs
         if self._stopping.is_set():
             self._not_started(held, "the worker is stopping")
             return
         answers = await self._beater.check_many(
-            [(c.run_id, c.fencing_token, start + c.run.lease_sec) for c in held]
+            [(c.run_id, c.fencing_token, start + c.run.lease_sec) for c in held],
+            held=ahead_ms > 0,
         )
         kept: list[RunContext] = []
         for context, answer in zip(held, answers, strict=True):
