@@ -71,7 +71,7 @@ from core.shares import Shares
 
 
 async def healthz(request: Request) -> Response:
-    return json_response(Health(status="ok"))
+    return json_response(Health(status="ok", boot=request.state.boot))
 
 
 async def readyz(request: Request) -> Response:
@@ -180,6 +180,7 @@ def create_app(
     operator_token: str | None = None,
     past_states: time_travel.PastStates | None = None,
     shares: Shares | None = None,
+    boot: str | None = None,
 ) -> Starlette:
     """The API over ``scheduler``; ``tokens`` maps each bearer token to its tenant.
 
@@ -193,6 +194,7 @@ def create_app(
     bearer what a partition believed as of an offset or an instant (``api/time_travel.py``).
     ``shares`` are the node's of its teams' limits across a cluster (``core.shares``): the
     requests per token and the requests held open are then the cluster's, not each node's.
+    ``boot`` is this start of the node, which ``GET /healthz`` answers (``node.peer_watch``).
     """
     state = {
         "scheduler": scheduler,
@@ -202,6 +204,7 @@ def create_app(
         "operator": events_stream.operator_tokens(operator_token),
         **edge_state(limits, clock, shares),
         "egress": egress if egress is not None else EgressPolicy(),
+        "boot": boot,
     }
 
     @asynccontextmanager

@@ -390,8 +390,10 @@ class SlotsOut(msgspec.Struct, kw_only=True):
     more: bool  # the range holds more slots than were listed
 
 
-class Health(msgspec.Struct, kw_only=True):
+class Health(msgspec.Struct, kw_only=True, omit_defaults=True):
     status: Literal["ok", "ready"]
+    # this start of the node (GET /healthz): its peers tell a node started again from the last
+    boot: str | None = None
 
 
 REQUEST_TYPES: tuple[type, ...] = (

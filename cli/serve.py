@@ -13,6 +13,7 @@ import faulthandler
 import gc
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -23,10 +24,11 @@ from typing import TYPE_CHECKING, Any, cast
 from archive.reading import ArchivedLog
 from cli import background
 from cli.retention_args import add_retention_arguments, duration_ms, retention_from
-from cli.workers import die_with_parent, node_dir, worker_node_id
+from cli.workers import BOOT, die_with_parent, node_dir, worker_node_id
 from core.partition import DEFAULT_ARM_MS, DEFAULT_LEAD_MS, MAX_ARM_MS, MAX_LEAD_MS
 from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
 from node.admission import DEFAULT_ROOM, default_reserve
+from node.peer_watch import advertised
 from projections.history_checkpoint import DEFAULT_GRACE_MS, DEFAULT_KEEP
 
 if TYPE_CHECKING:
@@ -89,6 +91,20 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         type=int,
         default=2,
         help="for the topics cronlog creates (default 2; 1 on a one-broker test)",
+    )
+    serve.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        default=None,
+        help="the address the other nodes of a cluster reach this one at (default --host:--port;"
+        " the machine's name for a wildcard host): they ask it whether the node lives"
+        " (node/peer_watch.py)",
+    )
+    serve.add_argument(
+        "--no-peer-watch",
+        action="store_true",
+        help="on Kafka: do not remove a dead node's group members at once (its partitions then"
+        " move when its group session ends)",
     )
     serve.add_argument(
         "--group-session-ms",
@@ -603,6 +619,9 @@ def _serve(args: argparse.Namespace) -> int:
         sys.exit("cronlog: --history-checkpoint-grace must be positive")
     snapshots: SnapshotStore | None = None
     retention = retention_from(args)
+    # This start of the node (its worker processes share it), and where the others reach it
+    boot = os.environ.get(BOOT) or secrets.token_hex(4)
+    address = advertised(args.host, args.port, args.advertise)
     raw_log: EventLog
     archive = None
     history_store = None
@@ -640,6 +659,9 @@ def _serve(args: argparse.Namespace) -> int:
             )
         except (KafkaException, CronlogError) as e:
             sys.exit(f"cronlog: cannot open the Kafka log at {args.kafka}: {e}")
+        from node.peer_watch import member_name
+
+        raw_log.member_name = member_name(node_id, boot, address)
         if not args.no_snapshots:
             from eventlog.kafka_snapshots import KafkaSnapshots
 
@@ -753,6 +775,7 @@ def _serve(args: argparse.Namespace) -> int:
         operator_token=load_operator_token(data_dir),
         past_states=PastStates(log_, snapshots),
         shares=node.shares,
+        boot=boot,
     )
     config = uvicorn.Config(
         app,
@@ -806,6 +829,16 @@ def _serve(args: argparse.Namespace) -> int:
     # found installed: make that handler a clean exit, so the node below stops gracefully too.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
+    watch = None
+    if args.kafka and not args.no_peer_watch and not args.worker_index:
+        from node.peer_watch import kafka_watch
+
+        # one watch a node (its first worker's, when it has several)
+        watch = kafka_watch(
+            args.kafka, kafka_config, f"{args.topic_prefix}.scheduler", address, boot
+        )
+        if watch is not None:
+            watch.start()
     try:
         if worker:
             # The parent's listening socket, shared by every worker's accepts.
@@ -813,6 +846,8 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             server.run()
     finally:
+        if watch is not None:
+            watch.stop()
         # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
         node.stop(drain_s=0 if damaged else args.drain_sec)
         if snapshots is not None:

@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
 from node.worker import OneShot, PeriodicWorker, Worker
@@ -59,6 +60,7 @@ LOOK_S = 0.5  # how often a worker process's service looks at its process
 STOP_GRACE_S = 15.0  # beyond --drain-sec, how long a worker may take to stop before SIGKILL
 LISTEN_BACKLOG = 4096
 PARENT_PID = "CRONLOG_WORKER_PARENT"  # in a worker's environment: its parent's pid
+BOOT = "CRONLOG_NODE_BOOT"  # ... and its node's boot (node.peer_watch), the parent's
 
 
 def node_dir(data_dir: Path, index: int) -> Path:
@@ -360,6 +362,8 @@ def serve_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
     stop = threading.Event()
     damaged: list[BaseException] = []
     supervisor = Supervisor()
+    # one boot for the node: every worker started, and started again, says the same
+    os.environ[BOOT] = token_hex(4)
 
     def found_damaged() -> None:  # a worker stopped on a damaged log (exit 3): so does the node
         damaged.append(LogCorrupted("a worker process found the log damaged; see its log"))

@@ -229,6 +229,8 @@ class KafkaLog:
         self._positions: Consumer | None = None
         self._positions_lock = threading.Lock()
         self._members: list[KafkaMembership] = []
+        # The members' client.id (node.peer_watch reads it back); librdkafka's default if None
+        self.member_name: str | None = None
         self._mailboxes: list[KafkaMailbox] = []
         self._closed = threading.Event()
         # Delivery reports are served here, so a submit waits on its own report, not on a flush
@@ -469,7 +471,9 @@ class KafkaLog:
         return {**self._base, **settings}
 
     def _member_config(self) -> dict[str, Any]:
+        named = {} if self.member_name is None else {"client.id": self.member_name}
         return self._client_config(
+            **named,
             **{
                 "group.id": f"{self.prefix}.scheduler",
                 "enable.auto.commit": False,
@@ -479,7 +483,8 @@ class KafkaLog:
                 "partition.assignment.strategy": "cooperative-sticky",
                 "session.timeout.ms": self._session_timeout_ms,
                 "heartbeat.interval.ms": max(MIN_HEARTBEAT_MS, self._session_timeout_ms // 10),
-                "max.poll.interval.ms": self._max_poll_interval_ms,
+                # librdkafka refuses a poll interval shorter than the session
+                "max.poll.interval.ms": max(self._max_poll_interval_ms, self._session_timeout_ms),
             }
         )
 

@@ -1,0 +1,238 @@
+"""A dead node's group members removed at once, not a session later (cluster mode).
+
+A node killed with ``kill -9`` (or by the OOM killer, or a crash) leaves the consumer group only
+when its session runs out (``--group-session-ms``, 3 s): until then its partitions have no
+owner and their slots wait. Its machine, though, is usually alive, and says so at once: the
+node's port refuses connections, or answers as the node's next boot. The watch asks.
+
+Each member's ``client.id`` names its node, the node's boot (a random id each ``cronlog serve``
+draws at start and passes to its worker processes) and the node's advertised address
+(``cronlog/<node id>/<boot>@<host:port>``, :func:`member_name`). Every ``PROBE_S`` a node
+reads the group's members (``describe_consumer_groups``) and asks the next ``WATCHED`` nodes
+after its own address, in the ring of the members' addresses, ``GET /healthz`` (which answers
+the node's boot):
+
+- **refused** ``STRIKES`` times in a row: no process listens at the address; the members
+  there are removed from the group (a LeaveGroup sent on their behalf, through kafka-python's
+  admin client: confluent-kafka's has no such call);
+- **answered by another boot**: the node was started again; the old boot's members are
+  removed (the new boot's joins on its own);
+- **no answer in time** (a node paused, its machine gone, a network cut): nothing; the
+  group's session decides, as without the watch.
+
+Removing a member that is in fact alive is safe: it learns at its next heartbeat that it is no
+longer in the group, gives its partitions up, and any append it still tries is fenced by the
+transactional id its successor took over. The watch only makes a death known sooner. A node
+watches ``WATCHED`` others, whatever the cluster's size: a 30-node cluster probes 60 times
+every ``PROBE_S``, not 870.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+PROBE_S = 0.25  # how often each watched node is asked
+PROBE_TIMEOUT_S = 0.5  # an answer later than this is no answer: the session decides
+STRIKES = 2  # refusals in a row before a node's members are removed
+WATCHED = 2  # the nodes after one's own, in the ring of addresses, that each node watches
+PREFIX = "cronlog/"
+
+
+def member_name(node_id: str, boot: str, address: str) -> str:
+    """The ``client.id`` of a node's group member: what the watch reads back."""
+    return f"{PREFIX}{node_id}/{boot}@{address}"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    member_id: str
+    node_id: str
+    boot: str
+    address: str
+
+
+def parse(member_id: str, client_id: str) -> Member | None:
+    """The member named by ``client_id`` (:func:`member_name`); None for another client."""
+    if not client_id.startswith(PREFIX) or "@" not in client_id:
+        return None
+    who, _, address = client_id[len(PREFIX) :].rpartition("@")
+    node_id, _, boot = who.rpartition("/")
+    if not node_id or not boot or not address:
+        return None
+    return Member(member_id, node_id, boot, address)
+
+
+def watched(addresses: Sequence[str], own: str, count: int = WATCHED) -> list[str]:
+    """The ``count`` addresses after ``own`` in the sorted ring of ``addresses``."""
+    ring = sorted(set(addresses) | {own})
+    at = ring.index(own)
+    others = ring[at + 1 :] + ring[:at]
+    return others[:count]
+
+
+REFUSED = "refused"
+
+
+def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """The boot answering at ``address``; ``REFUSED`` when nothing listens there; None when
+    there was no answer in time (or an answer that names no boot)."""
+    try:
+        answer = httpx.get(f"http://{address}/healthz", timeout=timeout_s)
+    except httpx.ConnectError as err:
+        return REFUSED if "refused" in str(err).lower() else None
+    except httpx.HTTPError:
+        return None
+    try:
+        boot = answer.json().get("boot")
+    except ValueError:
+        return None
+    return boot if isinstance(boot, str) and boot else None
+
+
+class PeerWatch:
+    """Removes the group members of dead nodes (see the module's text). ``members`` reads the
+    group's members, ``remove`` removes members by id, ``ask`` is :func:`probe`: each
+    injectable, so the rule is tested without a cluster."""
+
+    def __init__(
+        self,
+        own_address: str,
+        own_boot: str,
+        members: Callable[[], list[Member]],
+        remove: Callable[[list[Member]], None],
+        ask: Callable[[str], str | None] = probe,
+        probe_s: float = PROBE_S,
+    ) -> None:
+        self._address = own_address
+        self._boot = own_boot
+        self._members = members
+        self._remove = remove
+        self._ask = ask
+        self._probe_s = probe_s
+        self._strikes: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.removed: list[Member] = []  # every member removed, for the log and the tests
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="peer-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stop.wait(self._probe_s):
+            try:
+                self.round()
+                failing = False
+            except Exception:  # the watch only speeds things up: the session still decides
+                if not failing:
+                    log.warning("peer watch: a round failed; trying again", exc_info=True)
+                failing = True
+
+    def round(self) -> list[Member]:
+        """One round: ask the watched nodes, remove the members of those found dead; return
+        the members removed."""
+        members = [m for m in self._members() if m.boot != self._boot]
+        by_address: dict[str, list[Member]] = {}
+        for member in members:
+            by_address.setdefault(member.address, []).append(member)
+        dead: list[Member] = []
+        why: dict[str, str] = {}
+        for address in watched(list(by_address), self._address):
+            answer = self._ask(address)
+            if answer == REFUSED:
+                strikes = self._strikes[address] = self._strikes.get(address, 0) + 1
+                if strikes >= STRIKES:
+                    dead += by_address[address]
+                    why[address] = f"its address refused {strikes} connections in a row"
+                continue
+            self._strikes.pop(address, None)
+            if answer is not None:
+                old = [m for m in by_address[address] if m.boot != answer]
+                if old:
+                    dead += old
+                    why[address] = f"its node was started again (boot {answer} answers there)"
+        for address in list(self._strikes):
+            if address not in by_address:
+                del self._strikes[address]
+        if dead:
+            self._remove(dead)
+            self.removed += dead
+            for member in dead:
+                log.warning(
+                    "removed node %s's group member %s (boot %s at %s): %s",
+                    member.node_id,
+                    member.member_id,
+                    member.boot,
+                    member.address,
+                    why[member.address],
+                )
+                self._strikes.pop(member.address, None)
+        return dead
+
+
+def kafka_watch(
+    bootstrap_servers: str,
+    client_config: dict[str, Any],
+    group: str,
+    own_address: str,
+    own_boot: str,
+) -> PeerWatch | None:
+    """The watch over ``group`` on a real cluster; None (and a line saying why) when its
+    admin clients cannot be made with the node's Kafka settings."""
+    from confluent_kafka.admin import AdminClient
+
+    plain = {k: v for k, v in client_config.items() if k != "client.id"}
+    if plain:
+        log.info(
+            "peer watch off: the node's Kafka settings (%s) are not passed to kafka-python;"
+            " a dead node's members leave the group when their session ends",
+            ", ".join(sorted(plain)),
+        )
+        return None
+    from kafka.admin import KafkaAdminClient, MemberToRemove
+
+    confluent = AdminClient({"bootstrap.servers": bootstrap_servers})
+    remover: list[Any] = []
+
+    def members() -> list[Member]:
+        [future] = confluent.describe_consumer_groups([group], request_timeout=2).values()
+        found = [parse(m.member_id, m.client_id) for m in future.result().members]
+        return [m for m in found if m is not None]
+
+    def remove(dead: list[Member]) -> None:
+        if not remover:
+            remover.append(
+                KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=2000)
+            )
+        remover[0].remove_group_members(
+            group, [MemberToRemove(member_id=m.member_id) for m in dead]
+        )
+
+    return PeerWatch(own_address, own_boot, members, remove)
+
+
+def advertised(host: str, port: int, advertise: str | None) -> str:
+    """The address other nodes reach this one at: ``--advertise``, else ``host:port`` (the
+    machine's name for a wildcard host)."""
+    if advertise:
+        return advertise
+    if host in ("", "0.0.0.0", "::"):
+        import socket
+
+        host = socket.gethostname()
+    return f"{host}:{port}"
+

@@ -1,0 +1,95 @@
+"""The peer watch's rule, with the group and the probes in hand: a node whose address refuses
+connections twice in a row, or answers as a later boot, has its members removed from the
+group; a node that does not answer in time (paused, or its machine gone) is left to the
+group's session; each node watches the next two in the ring of addresses."""
+
+from __future__ import annotations
+
+from node.peer_watch import REFUSED, Member, PeerWatch, member_name, parse, watched
+
+ME = "10.0.0.1:8080"
+
+
+def member(n: int, boot: str = "", worker: int = 0) -> Member:
+    """A member of node ``n``, of its boot ``b<n>`` unless ``boot`` says another."""
+    boot = boot or f"b{n}"
+    return Member(f"m{n}-{boot}-{worker}", f"n{n}", boot, f"10.0.0.{n}:8080")
+
+
+class Group:
+    def __init__(self, members: list[Member]) -> None:
+        self.members = members
+        self.answers: dict[str, str | None] = {}
+        self.asked: list[str] = []
+
+    def ask(self, address: str) -> str | None:
+        self.asked.append(address)
+        return self.answers.get(address)
+
+    def remove(self, dead: list[Member]) -> None:
+        self.members = [m for m in self.members if m not in dead]
+
+    def watch(self) -> PeerWatch:
+        return PeerWatch(ME, "b1", lambda: list(self.members), self.remove, ask=self.ask)
+
+
+def test_a_member_name_reads_back() -> None:
+    name = member_name("n2", "0a1b", "10.0.0.2:8080")
+    assert parse("m-1", name) == Member("m-1", "n2", "0a1b", "10.0.0.2:8080")
+    assert parse("m-2", "rdkafka") is None  # another client in the group: never touched
+
+
+def test_each_node_watches_the_next_two_addresses_in_the_ring() -> None:
+    ring = ["a:1", "b:1", "c:1", "d:1", "e:1"]
+    assert watched(ring, "d:1") == ["e:1", "a:1"]
+    assert watched(ring, "e:1") == ["a:1", "b:1"]
+    assert watched(["a:1"], "b:1") == ["a:1"]  # alone with one other: that one
+    every = [address for own in ring for address in watched(ring, own)]
+    assert sorted(every) == sorted(ring * 2)  # every node watched by two others
+
+
+def test_a_node_refused_twice_in_a_row_loses_its_members() -> None:
+    me, two, three = member(1), member(2), member(3)
+    group = Group([me, two, three, member(2, worker=1)])
+    group.answers = {two.address: REFUSED, three.address: "b3"}
+    watch = group.watch()
+    assert watch.round() == []  # one refusal: not yet (a restart's instant)
+    removed = watch.round()
+    assert {m.member_id for m in removed} == {"m2-b2-0", "m2-b2-1"}  # both its workers
+    assert group.members == [me, three]
+
+
+def test_a_refusal_between_answers_is_forgiven() -> None:
+    two = member(2)
+    group = Group([member(1), two])
+    watch = group.watch()
+    group.answers = {two.address: REFUSED}
+    watch.round()
+    group.answers = {two.address: "b2"}
+    watch.round()
+    group.answers = {two.address: REFUSED}
+    assert watch.round() == []
+
+
+def test_a_node_started_again_loses_its_old_boots_members_only() -> None:
+    old, new = member(2, "b2"), member(2, "b2-again")
+    group = Group([member(1), old, new])
+    group.answers = {old.address: "b2-again"}  # the node answers as its new boot
+    assert group.watch().round() == [old]
+    assert new in group.members
+
+
+def test_a_node_that_does_not_answer_is_left_to_the_session() -> None:
+    paused = member(2)
+    group = Group([member(1), paused])
+    group.answers = {paused.address: None}  # no answer in time
+    watch = group.watch()
+    for _ in range(5):
+        assert watch.round() == []
+    assert paused in group.members
+
+
+def test_this_nodes_own_members_and_unwatched_nodes_are_not_asked() -> None:
+    group = Group([member(1), member(1, worker=1), member(2), member(3), member(4)])
+    group.watch().round()
+    assert group.asked == ["10.0.0.2:8080", "10.0.0.3:8080"]
