@@ -13,8 +13,10 @@ after its own address, in the ring of the members' addresses, ``GET /healthz`` (
 the node's boot):
 
 - **refused** ``STRIKES`` times in a row: no process listens at the address; the members
-  there are removed from the group (a LeaveGroup sent on their behalf, through kafka-python's
-  admin client: confluent-kafka's has no such call);
+  there of a boot seen answering before are removed from the group (a LeaveGroup sent on
+  their behalf, through kafka-python's admin client: confluent-kafka's has no such call). A
+  boot never seen answering is a node starting again, which joins the group before its port
+  listens: left alone;
 - **answered by another boot**: the node was started again; the old boot's members are
   removed (the new boot's joins on its own);
 - **no answer in time** (a node paused, its machine gone, a network cut): nothing; the
@@ -118,6 +120,9 @@ class PeerWatch:
         self._ask = ask
         self._probe_s = probe_s
         self._strikes: dict[str, int] = {}
+        # address -> the boots seen answering there: only those can be found dead by a
+        # refusal (a node just started again joins the group before its port listens)
+        self._answered: dict[str, set[str]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.removed: list[Member] = []  # every member removed, for the log and the tests
@@ -155,12 +160,15 @@ class PeerWatch:
             answer = self._ask(address)
             if answer == REFUSED:
                 strikes = self._strikes[address] = self._strikes.get(address, 0) + 1
-                if strikes >= STRIKES:
-                    dead += by_address[address]
+                seen = self._answered.get(address, set())
+                gone = [m for m in by_address[address] if m.boot in seen]
+                if strikes >= STRIKES and gone:
+                    dead += gone
                     why[address] = f"its address refused {strikes} connections in a row"
                 continue
             self._strikes.pop(address, None)
             if answer is not None:
+                self._answered[address] = {answer}  # an older boot cannot answer again
                 old = [m for m in by_address[address] if m.boot != answer]
                 if old:
                     dead += old
@@ -168,6 +176,9 @@ class PeerWatch:
         for address in list(self._strikes):
             if address not in by_address:
                 del self._strikes[address]
+        for address in list(self._answered):
+            if address not in by_address:
+                del self._answered[address]
         if dead:
             self._remove(dead)
             self.removed += dead

@@ -51,8 +51,10 @@ def test_each_node_watches_the_next_two_addresses_in_the_ring() -> None:
 def test_a_node_refused_twice_in_a_row_loses_its_members() -> None:
     me, two, three = member(1), member(2), member(3)
     group = Group([me, two, three, member(2, worker=1)])
-    group.answers = {two.address: REFUSED, three.address: "b3"}
+    group.answers = {two.address: "b2", three.address: "b3"}
     watch = group.watch()
+    assert watch.round() == []  # both alive
+    group.answers[two.address] = REFUSED
     assert watch.round() == []  # one refusal: not yet (a restart's instant)
     removed = watch.round()
     assert {m.member_id for m in removed} == {"m2-b2-0", "m2-b2-1"}  # both its workers
@@ -63,6 +65,8 @@ def test_a_refusal_between_answers_is_forgiven() -> None:
     two = member(2)
     group = Group([member(1), two])
     watch = group.watch()
+    group.answers = {two.address: "b2"}
+    watch.round()
     group.answers = {two.address: REFUSED}
     watch.round()
     group.answers = {two.address: "b2"}
@@ -76,6 +80,24 @@ def test_a_node_started_again_loses_its_old_boots_members_only() -> None:
     group = Group([member(1), old, new])
     group.answers = {old.address: "b2-again"}  # the node answers as its new boot
     assert group.watch().round() == [old]
+    assert new in group.members
+
+
+def test_a_node_starting_again_is_not_removed_before_its_port_listens() -> None:
+    """A node started again joins the group before its port listens: its new boot was never
+    seen answering, so refusals are not its death; the old boot, seen before, is removed."""
+    old = member(2, "b2")
+    group = Group([member(1), old])
+    group.answers = {old.address: "b2"}
+    watch = group.watch()
+    watch.round()
+    new = member(2, "b2-again")
+    group.members.append(new)  # joined; its HTTP not up yet
+    group.answers = {old.address: REFUSED}
+    watch.round()
+    assert watch.round() == [old]
+    for _ in range(4):
+        assert watch.round() == []
     assert new in group.members
 
 
