@@ -9,6 +9,7 @@ cronlog serve --limits FILE                             # tenants' quotas and ra
 from __future__ import annotations
 
 import argparse
+import asyncio
 import faulthandler
 import gc
 import logging
@@ -790,7 +791,7 @@ def _serve(args: argparse.Namespace) -> int:
         # it keeps its usual look.
         log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
     )
-    server = _server(config, on_stop=node.wakeups.close)
+    server = _server(config, on_stop=node.wakeups.close, before_close=node.hand_over)
     # A read that finds damage stops the node (the log watch appends it here): nothing is
     # served from a damaged log.
     damaged: list[BaseException] = []
@@ -1000,21 +1001,34 @@ def _server_class() -> type:
 
     class Server(uvicorn.Server):
         """uvicorn's server that first ends what waits (event streams, long-polling claims):
-        they would otherwise hold its graceful stop open."""
+        they would otherwise hold its graceful stop open; then, its port still answering, lets
+        the node hand its partitions over (``before_close``): a port that refused while the
+        node still owned partitions would have its peers remove it from the group at once
+        (``node.peer_watch``), not just after a whole second."""
 
-        def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None]) -> None:
+        def __init__(
+            self,
+            config: uvicorn.Config,
+            on_stop: Callable[[], None],
+            before_close: Callable[[], None] | None,
+        ) -> None:
             super().__init__(config)
             self._on_stop = on_stop
+            self._before_close = before_close
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             self._on_stop()
+            if self._before_close is not None:
+                await asyncio.to_thread(self._before_close)
             await super().shutdown(sockets)
 
     return Server
 
 
-def _server(config: Any, on_stop: Callable[[], None]) -> Any:
-    return _server_class()(config, on_stop)
+def _server(
+    config: Any, on_stop: Callable[[], None], before_close: Callable[[], None] | None = None
+) -> Any:
+    return _server_class()(config, on_stop, before_close)
 
 
 def _exit_cleanly(signum: int, _frame: object) -> None:

@@ -268,6 +268,7 @@ class Node:
         # the group when asked to (it is the thread that owns the membership), then says so.
         self._hand_over = threading.Event()
         self._handed_over = threading.Event()
+        self._handing_over = False  # hand_over() was called
         self._assigned = threading.Event()
         self._ownership = threading.Condition()
         self._mailbox: Mailbox | None = None
@@ -513,17 +514,7 @@ class Node:
         A node alone (or one whose group is not known) drains before it gives its partitions
         up, as there is nobody to record the outcomes meanwhile: its runs due during the
         drain wait for it or for the next owner."""
-        # Until the partitions are handed over, their runs start here: a run not started while
-        # the node still decides would wait for the next owner, and come late.
-        if self._others_remain():
-            # Just after a whole second: cron slots are whole seconds, and that second's have
-            # started here, so the next owner has nearly two seconds before the next slot's
-            # run is late (it had less than one when the handover began late in a second).
-            into = self._clock.now_ms() % 1000
-            time.sleep(((HANDOVER_AFTER_MS - into) % 1000) / 1000)
-            self._hand_over.set()
-            if not self._handed_over.wait(NODE_STOP_WAIT_S + OTHERS_TIMEOUT_S):
-                log.warning("%s: the partitions were not handed over in time", self.node_id)
+        self.hand_over()
         if not self.executors.drain(drain_s):
             log.warning(
                 "%s: calls still in flight after %.0f s are abandoned", self.node_id, drain_s
@@ -536,6 +527,27 @@ class Node:
         self._watch_answers.shutdown(wait=True, cancel_futures=True)
         if self._owned_history is not None:
             self._owned_history.close()
+
+    def hand_over(self) -> None:
+        """The first step of :meth:`stop`, which ``cronlog serve`` takes before it closes its
+        port (so its peers' watch, ``node.peer_watch``, never finds it refusing while it still
+        owns partitions): when other members remain, stop deciding and leave the group just
+        after a whole second. Once; a later call returns at once."""
+        with self._lock:
+            if self._handing_over:
+                return
+            self._handing_over = True
+        # Until the partitions are handed over, their runs start here: a run not started while
+        # the node still decides would wait for the next owner, and come late.
+        if self._others_remain():
+            # Just after a whole second: cron slots are whole seconds, and that second's have
+            # started here, so the next owner has nearly two seconds before the next slot's
+            # run is late (it had less than one when the handover began late in a second).
+            into = self._clock.now_ms() % 1000
+            time.sleep(((HANDOVER_AFTER_MS - into) % 1000) / 1000)
+            self._hand_over.set()
+            if not self._handed_over.wait(NODE_STOP_WAIT_S + OTHERS_TIMEOUT_S):
+                log.warning("%s: the partitions were not handed over in time", self.node_id)
 
     def _open_mailbox(self) -> None:
         if self._mailbox is None:

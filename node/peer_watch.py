@@ -31,13 +31,13 @@ every ``PROBE_S``, not 870.
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import httpx
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +85,23 @@ REFUSED = "refused"
 
 def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """The boot answering at ``address``; ``REFUSED`` when nothing listens there; None when
-    there was no answer in time (or an answer that names no boot)."""
+    there was no answer in time (or an answer that names no boot). The standard library's
+    HTTP client: a probe costs about 0.1 ms of CPU (an httpx client made per probe, 28 ms)."""
+    host, _, port = address.rpartition(":")
+    connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout_s)
     try:
-        answer = httpx.get(f"http://{address}/healthz", timeout=timeout_s)
-    except httpx.ConnectError as err:
-        return REFUSED if "refused" in str(err).lower() else None
-    except httpx.HTTPError:
+        connection.request("GET", "/healthz")
+        answer = connection.getresponse()
+        body = answer.read(4096)
+    except ConnectionRefusedError:
+        return REFUSED
+    except (OSError, http.client.HTTPException):
         return None
+    finally:
+        connection.close()
     try:
-        boot = answer.json().get("boot")
-    except ValueError:
+        boot = json.loads(body).get("boot")
+    except (ValueError, AttributeError):
         return None
     return boot if isinstance(boot, str) and boot else None
 

@@ -5,7 +5,12 @@ group's session; each node watches the next two in the ring of addresses."""
 
 from __future__ import annotations
 
-from node.peer_watch import REFUSED, Member, PeerWatch, member_name, parse, watched
+import http.server
+import json
+import socket
+import threading
+
+from node.peer_watch import REFUSED, Member, PeerWatch, member_name, parse, probe, watched
 
 ME = "10.0.0.1:8080"
 
@@ -115,3 +120,33 @@ def test_this_nodes_own_members_and_unwatched_nodes_are_not_asked() -> None:
     group = Group([member(1), member(1, worker=1), member(2), member(3), member(4)])
     group.watch().round()
     assert group.asked == ["10.0.0.2:8080", "10.0.0.3:8080"]
+
+
+def test_a_probe_tells_a_boot_a_refusal_and_no_answer_apart() -> None:
+    class Healthz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"status": "ok", "boot": "0a1b"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Healthz)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    silent = socket.socket()  # listens, never answers: a paused node
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    closed = socket.socket()  # bound, not listening: nothing there
+    closed.bind(("127.0.0.1", 0))
+    try:
+        assert probe(f"127.0.0.1:{server.server_address[1]}") == "0a1b"
+        assert probe(f"127.0.0.1:{closed.getsockname()[1]}") == REFUSED
+        assert probe(f"127.0.0.1:{silent.getsockname()[1]}", timeout_s=0.2) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+        silent.close()
+        closed.close()
