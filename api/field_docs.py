@@ -249,7 +249,10 @@ BY_STRUCT: dict[str, dict[str, str]] = {
         "error": "What went wrong, kept with the attempt (at most 8192 characters).",
     },
     "JobPatch": {"status": "active resumes the job, paused pauses it."},
-    "Health": {"status": "ok: the process is up; ready: it owns its partitions and caught up."},
+    "Health": {
+        "status": "ok: the process is up; ready: it owns its partitions and caught up.",
+        "boot": "This start of the node (GET /healthz): a random id each start draws, shared by its worker processes. Its peers tell a node started again from the one they knew by it.",
+    },
     "ClaimedRun": {
         "start_at": "Leased ahead: the instant to start the run (RFC 3339); the lease counts from it. Null: start now.",
         "payload": "The job's payload.",
