@@ -343,15 +343,23 @@ class PartitionRunner:
         if not self.deciding.is_set():
             return False
         deciding_at = self._deciding_at  # read first: the state read after it is at least as new
+        until = self._check_until(check)
+        return until is not None and deciding_at > until
+
+    def _check_until(self, check: HeartbeatRun) -> int | None:
+        """The instant after which nothing withdraws the run ``check`` asks about
+        (``CHECK_GUARD_MS`` before its start), when the check's token holds its live lease,
+        leased ahead; None otherwise (the loop answers that)."""
         run = self.core.state.runs.get(check.run_id)
-        return (
-            run is not None
-            and run.start_at is not None
-            and run.status is RunStatus.RUNNING
-            and run.fencing_token == check.fencing_token
-            and (check.tenant is None or run.tenant == check.tenant)
-            and deciding_at > run.start_at - CHECK_GUARD_MS
-        )
+        if (
+            run is None
+            or run.start_at is None
+            or run.status is not RunStatus.RUNNING
+            or run.fencing_token != check.fencing_token
+            or (check.tenant is not None and run.tenant != check.tenant)
+        ):
+            return None
+        return run.start_at - CHECK_GUARD_MS
 
     @property
     def state(self) -> PartitionState:
@@ -848,17 +856,8 @@ class PartitionRunner:
         command = request.command
         if type(command) is not HeartbeatRun or not command.check:
             return False
-        run = self.core.state.runs.get(command.run_id)
-        if (
-            run is None
-            or run.start_at is None
-            or run.status is not RunStatus.RUNNING
-            or run.fencing_token != command.fencing_token
-            or (command.tenant is not None and run.tenant != command.tenant)
-        ):
-            return False
-        until = run.start_at - CHECK_GUARD_MS
-        if now > until:
+        until = self._check_until(command)
+        if until is None or now > until:
             return False
         if until - now > CHECK_HOLD_MAX_MS:
             _reply(
@@ -878,6 +877,8 @@ class PartitionRunner:
     def _checks_due(self, now: int) -> list[Request]:
         """The held checks whose instant the batch deciding at ``now`` is past: every
         decision taken at or before it is folded into the state already."""
+        if not self._held_checks:  # nearly every batch: no lock taken
+            return []
         due: list[Request] = []
         with self._cv:
             held = self._held_checks
