@@ -36,8 +36,9 @@ What the worker does for the handler:
   thousand a request) and their tasks made before it, so at the instant only the handlers begin,
   with the interpreter's cycle collector off until they all have (:meth:`_starts_without_gc`):
   50,000 runs held by two worker processes on a 2-core machine started with p50 0.11-0.15 s
-  and p99 0.21-0.26 s, their checks held by the node (``bench/results/perfherd.md``). A node that does not take ``ahead_sec`` (older than
-  it) is claimed from without it, for the worker's life.
+  and p99 0.21-0.26 s, their checks held by the node (``bench/results/perfherd.md``). A node
+  that does not take ``ahead_sec`` (older than it) is claimed from without it, for the
+  worker's life.
 - **Heartbeats** every third of the lease with the run's fencing token. The beats of the runs
   the worker holds that come due together go in one ``POST /v1/runs:heartbeat`` (one waits
   ``heartbeat_linger_sec``, 50 ms by default, for others; 1,000 a request at most), each
