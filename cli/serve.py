@@ -799,6 +799,14 @@ def _serve(args: argparse.Namespace) -> int:
     # the node's: started by node.start(), stopped by node.stop().
     for service in background.services(args, raw_log, archive, retention, node, server, damaged):
         node.services.add(service)
+    if args.kafka and not args.no_peer_watch and not args.worker_index:
+        from eventlog.kafka import KafkaLog
+        from node.peer_watch import kafka_watch
+
+        # one watch a node (its first worker's, when it has several), under its supervisor
+        watch = kafka_watch(cast("KafkaLog", raw_log), args.kafka, kafka_config, address, boot)
+        if watch is not None:
+            node.services.add(watch)
     node.start()
     # Let allocation bursts (a midnight herd) run between collections; once recovery has
     # loaded what lives as long as the node, the gc-freeze service keeps the collector off it.
@@ -830,16 +838,6 @@ def _serve(args: argparse.Namespace) -> int:
     # found installed: make that handler a clean exit, so the node below stops gracefully too.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
-    watch = None
-    if args.kafka and not args.no_peer_watch and not args.worker_index:
-        from node.peer_watch import kafka_watch
-
-        # one watch a node (its first worker's, when it has several)
-        watch = kafka_watch(
-            args.kafka, kafka_config, f"{args.topic_prefix}.scheduler", address, boot
-        )
-        if watch is not None:
-            watch.start()
     try:
         if worker:
             # The parent's listening socket, shared by every worker's accepts.
@@ -847,8 +845,6 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             server.run()
     finally:
-        if watch is not None:
-            watch.stop()
         # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
         node.stop(drain_s=0 if damaged else args.drain_sec)
         if snapshots is not None:

@@ -403,6 +403,18 @@ class KafkaLog:
         [deleted] = [f.result() for f in futures.values()]
         return start, int(deleted.low_watermark)
 
+    @property
+    def group(self) -> str:
+        """The scheduler group: its members own the partitions."""
+        return f"{self.prefix}.scheduler"
+
+    def members(self, timeout_s: float = 2.0) -> list[tuple[str, str]]:
+        """The scheduler group's members now: (member id, client id) each."""
+        [future] = self._admin_client().describe_consumer_groups(
+            [self.group], request_timeout=timeout_s
+        ).values()
+        return [(m.member_id, m.client_id) for m in future.result().members]
+
     def join(self, listener: OwnershipListener) -> KafkaMembership:
         self._check_open()
         member = KafkaMembership(self, listener)
@@ -475,7 +487,7 @@ class KafkaLog:
         return self._client_config(
             **named,
             **{
-                "group.id": f"{self.prefix}.scheduler",
+                "group.id": self.group,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "isolation.level": "read_committed",

@@ -34,10 +34,14 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from node.worker import PeriodicWorker
+
+if TYPE_CHECKING:
+    from eventlog.kafka import KafkaLog
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +110,13 @@ def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     return boot if isinstance(boot, str) and boot else None
 
 
-class PeerWatch:
-    """Removes the group members of dead nodes (see the module's text). ``members`` reads the
-    group's members, ``remove`` removes members by id, ``ask`` is :func:`probe`: each
-    injectable, so the rule is tested without a cluster."""
+class PeerWatch(PeriodicWorker):
+    """Removes the group members of dead nodes (see the module's text), a round every
+    ``probe_s``, as a service of the node's supervisor. ``members`` reads the group's members,
+    ``remove`` removes members by id, ``ask`` is :func:`probe`: each injectable, so the rule
+    is tested without a cluster."""
+
+    _thread_name = "peer-watch"
 
     def __init__(
         self,
@@ -130,29 +137,17 @@ class PeerWatch:
         # address -> the boots seen answering there: only those can be found dead by a
         # refusal (a node just started again joins the group before its port listens)
         self._answered: dict[str, set[str]] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.removed: list[Member] = []  # every member removed, for the log and the tests
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="peer-watch", daemon=True)
-        self._thread.start()
+    def _pass(self) -> object:
+        return self.round()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+    def _interval_s(self) -> float:
+        return self._probe_s
 
-    def _run(self) -> None:
-        failing = False
-        while not self._stop.wait(self._probe_s):
-            try:
-                self.round()
-                failing = False
-            except Exception:  # the watch only speeds things up: the session still decides
-                if not failing:
-                    log.warning("peer watch: a round failed; trying again", exc_info=True)
-                failing = True
+    def _failed(self) -> None:
+        # the watch only speeds things up: the session still decides meanwhile
+        log.exception("peer watch: a round failed; the next comes at its time")
 
     def round(self) -> list[Member]:
         """One round: ask the watched nodes, remove the members of those found dead; return
@@ -203,16 +198,15 @@ class PeerWatch:
 
 
 def kafka_watch(
+    kafka_log: KafkaLog,
     bootstrap_servers: str,
     client_config: dict[str, Any],
-    group: str,
     own_address: str,
     own_boot: str,
 ) -> PeerWatch | None:
-    """The watch over ``group`` on a real cluster; None (and a line saying why) when its
-    admin clients cannot be made with the node's Kafka settings."""
-    from confluent_kafka.admin import AdminClient
-
+    """The watch over the log's scheduler group on a real cluster (its members read with the
+    log's own admin client); None (and a line saying why) when kafka-python's cannot be made
+    with the node's Kafka settings."""
     plain = {k: v for k, v in client_config.items() if k != "client.id"}
     if plain:
         log.info(
@@ -223,12 +217,11 @@ def kafka_watch(
         return None
     from kafka.admin import KafkaAdminClient, MemberToRemove
 
-    confluent = AdminClient({"bootstrap.servers": bootstrap_servers})
+    group = kafka_log.group
     remover: list[Any] = []
 
     def members() -> list[Member]:
-        [future] = confluent.describe_consumer_groups([group], request_timeout=2).values()
-        found = [parse(m.member_id, m.client_id) for m in future.result().members]
+        found = [parse(member_id, client_id) for member_id, client_id in kafka_log.members()]
         return [m for m in found if m is not None]
 
     def remove(dead: list[Member]) -> None:
