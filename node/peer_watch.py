@@ -137,7 +137,6 @@ class PeerWatch(PeriodicWorker):
         # address -> the boots seen answering there: only those can be found dead by a
         # refusal (a node just started again joins the group before its port listens)
         self._answered: dict[str, set[str]] = {}
-        self.removed: list[Member] = []  # every member removed, for the log and the tests
 
     def _pass(self) -> object:
         return self.round()
@@ -183,7 +182,6 @@ class PeerWatch(PeriodicWorker):
                 del self._answered[address]
         if dead:
             self._remove(dead)
-            self.removed += dead
             for member in dead:
                 log.warning(
                     "removed node %s's group member %s (boot %s at %s): %s",
