@@ -408,13 +408,6 @@ class KafkaLog:
         """The scheduler group: its members own the partitions."""
         return f"{self.prefix}.scheduler"
 
-    def members(self, timeout_s: float = 2.0) -> list[tuple[str, str]]:
-        """The scheduler group's members now: (member id, client id) each."""
-        [future] = self._admin_client().describe_consumer_groups(
-            [self.group], request_timeout=timeout_s
-        ).values()
-        return [(m.member_id, m.client_id) for m in future.result().members]
-
     def join(self, listener: OwnershipListener) -> KafkaMembership:
         self._check_open()
         member = KafkaMembership(self, listener)

@@ -1170,3 +1170,14 @@ def test_a_topic_record_twice_lost_or_of_a_run_that_did_not_succeed_is_caught() 
     assert report.counts["topic_record_twice"] == 1
     assert report.counts["success_without_delivery"] == 1  # the record lost
     assert report.counts["topic_record_without_success"] == 1
+
+
+def test_a_node_that_exited_by_itself_is_caught() -> None:
+    b = clean()
+    error = "python: rdkafka_queue.h:1086: rd_kafka_enq_once_del_source_return: Assertion"
+    b.faults.append({"record": "exit", "node": "n1", "code": -6, "at": T0 + 3000, "error": error})
+    report = check(b.history(end()))
+    assert report.counts["node_exited_by_itself"] == 1
+    [detail] = report.violations["node_exited_by_itself"]
+    assert "n1 ended with -6" in detail and "rd_kafka_enq_once" in detail
+    assert report.figures["nodes_exited_by_themselves"][0]["code"] == -6

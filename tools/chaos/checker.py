@@ -65,6 +65,10 @@ What must hold (a violation of any is a failed run):
     (an answer in the log the guard never gave), ``fence_broken`` (a call the guard handled
     with a token it had answered never seen about, after that answer). A call the guard
     refused as stale (409) did no work: it counts for no ``critical_delivered_twice``.
+17. ``node_exited_by_itself``: no node process ends unless the plan ends it (a kill, a
+    restart). A crash, an abort inside a native library or an exit of the node's own is a
+    violation; the harness starts such a node again, as a process supervisor would, and the
+    run goes on, so what the node's death did is judged by the other checks too.
 """
 
 from __future__ import annotations
@@ -488,11 +492,18 @@ def check(history: History) -> Report:
     _check_timing(history, f, in_window, deliveries, report)
     _check_projections(history, f, in_window, report)
     _check_health(history, report)
-    figures["nodes_exited_by_themselves"] = [
+    exits = [
         {k: r.get(k) for k in ("node", "code", "at", "error")}
         for r in history.faults
         if r.get("record") == "exit"
     ]
+    figures["nodes_exited_by_themselves"] = exits
+    for exit_ in exits:
+        report.violate(
+            "node_exited_by_itself",
+            f"{exit_['node']} ended with {exit_['code']} at {exit_['at']}, no fault of the plan"
+            f" ending it: {exit_['error'] or 'nothing in its log'}",
+        )
     figures["violations"] = sum(report.counts.values())
     return report
 
