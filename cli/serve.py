@@ -462,6 +462,12 @@ def executor_processes(requested: int | None, cores: int) -> int:
 # (cronlog_client.client.KEEPALIVE_S), so a request is never sent on a connection the node is
 # closing; and longer than the 60 s a load balancer in front commonly keeps one.
 KEEP_ALIVE_S = 75
+# On SIGTERM, once the node has handed its partitions over, how long requests still open may
+# take before the server cancels them and closes its port (uvicorn waits for them without end
+# by default). Nothing they wait for is the node's any more: a client's create, claim or read
+# cut here is answered by the next owner when it sends it again (each is idempotent or fenced).
+# A node of a chaos run's rolling restart once waited here until it was killed, 20 s later.
+REQUESTS_GRACE_S = 5
 
 # Descriptors a node needs besides its calls' connections: RocksDB's table files, the API's
 # connections, the log's and the executor processes' sockets.
@@ -567,6 +573,11 @@ def _serve(args: argparse.Namespace) -> int:
     handler = logging.StreamHandler()
     handler.setFormatter(decisions.formatter(args.log_format))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    # kafka-python (the peer watch's admin client) says each connection it makes at INFO, and
+    # at WARNING each turn of its own I/O loop that a busy process held past 0.1 s: its errors
+    # are what matters here, and the watch logs those it meets.
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
     # Everything the node writes (the log, the stores, tokens, and the files RocksDB makes on
     # its own) is its owner's alone, whatever umask the node was started with.
     os.umask(0o077)
@@ -786,6 +797,7 @@ def _serve(args: argparse.Namespace) -> int:
         lifespan="on",
         access_log=args.access_log,
         timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_graceful_shutdown=REQUESTS_GRACE_S,
         http=BoundedHttpToolsProtocol,  # 431 for a head over 64 KiB or 100 fields
         # In JSON, uvicorn's own lines go through the root handler like every other; in text
         # it keeps its usual look.

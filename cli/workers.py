@@ -117,8 +117,10 @@ class WorkerProcess(Worker):
         *,
         drain_s: float,
         on_damaged: Callable[[], None],
+        on_died: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__(f"worker-{index}", self._run, required=True)
+        self._on_died = on_died
         self._stop_timeout_s = drain_s + STOP_GRACE_S + LOOK_S
         self.index = index
         self._argv = argv
@@ -147,9 +149,10 @@ class WorkerProcess(Worker):
         )
         self.process = process
         log.info("worker %d started (pid %d)", self.index, process.pid)
-        while not stopping.wait(LOOK_S):
-            code = process.poll()
-            if code is None:
+        while not stopping.is_set():
+            try:  # wakes the moment the process ends, not at the next look
+                code = process.wait(LOOK_S)
+            except subprocess.TimeoutExpired:
                 continue
             if self._ending:
                 return
@@ -159,6 +162,11 @@ class WorkerProcess(Worker):
                 log.error("worker %d stopped: the log is damaged", self.index)
                 self._on_damaged()
                 return
+            if self._on_died is not None:
+                try:
+                    self._on_died(self.index)
+                except Exception:  # only speeds the hand-over: the group's session still ends
+                    log.exception("worker %d: its group members not removed", self.index)
             raise RuntimeError(f"worker {self.index} (pid {process.pid}) exited with {code}")
         self._end(process)
 
@@ -376,6 +384,10 @@ def serve_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
             closing = _serve_log(args, supervisor, stop, damaged)
         listener = listening_socket(args.host, args.port)
         closing.insert(0, listener.close)
+        on_died = None
+        if args.kafka and not args.no_peer_watch:
+            on_died, close_admin = _member_remover(args)
+            closing.append(close_admin)
         workers = [
             WorkerProcess(
                 index,
@@ -383,6 +395,7 @@ def serve_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 listener.fileno(),
                 drain_s=args.drain_sec,
                 on_damaged=found_damaged,
+                on_died=on_died,
             )
             for index in range(args.workers)
         ]
@@ -412,6 +425,29 @@ def serve_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"cronlog: {damaged[0]}", file=sys.stderr, flush=True)
         return EXIT_LOG_DAMAGED
     return 0
+
+
+def _member_remover(
+    args: argparse.Namespace,
+) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
+    """On Kafka, what removes a dead worker's group members at once (node.peer_watch's
+    ``remove_process``), so its partitions move to its siblings and the other nodes now, not
+    when the group's session runs out; and what closes the admin client. The peer watch
+    cannot see such a death: the node's port still answers, with the node's boot."""
+    from cli.serve import read_kafka_config
+    from eventlog.kafka import scheduler_group
+    from node.peer_watch import group_admin, remove_process
+
+    config = read_kafka_config(args.kafka_config) if args.kafka_config else {}
+    admin = group_admin(args.kafka, scheduler_group(args.topic_prefix), config)
+    if admin is None:
+        return None, lambda: None
+    boot = os.environ[BOOT]
+
+    def died(index: int) -> None:
+        remove_process(admin, worker_node_id(args.node_id, index), boot)
+
+    return died, admin.close
 
 
 def _serve_log(

@@ -369,7 +369,7 @@ class KafkaLog:
                 self._positions = Consumer(
                     self._client_config(
                         **{
-                            "group.id": f"{self.prefix}.scheduler",  # read, never joined
+                            "group.id": self.group,  # read, never joined
                             "enable.auto.commit": False,
                             "enable.auto.offset.store": False,
                         }
@@ -406,7 +406,7 @@ class KafkaLog:
     @property
     def group(self) -> str:
         """The scheduler group: its members own the partitions."""
-        return f"{self.prefix}.scheduler"
+        return scheduler_group(self.prefix)
 
     def join(self, listener: OwnershipListener) -> KafkaMembership:
         self._check_open()
@@ -828,7 +828,7 @@ class KafkaMembership:
             return frozenset(self._writers)
 
     def others(self, timeout_s: float) -> int | None:
-        group = f"{self._log.prefix}.scheduler"
+        group = self._log.group
         try:
             [future] = (
                 self._log._admin_client()
@@ -1336,6 +1336,12 @@ def retention_configs(retention: Retention) -> dict[str, dict[str, str]]:
             "retention.bytes": "-1",
         },
     }
+
+
+def scheduler_group(prefix: str) -> str:
+    """The consumer group of a cluster's nodes (topic prefix ``prefix``): its members own the
+    partitions."""
+    return f"{prefix}.scheduler"
 
 
 def topic_configs(admin: AdminClient, name: str, timeout_s: float) -> dict[str, str]:

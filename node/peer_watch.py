@@ -263,16 +263,12 @@ class GroupAdmin:
             self._client = None
 
 
-def kafka_watch(
-    kafka_log: KafkaLog,
-    bootstrap_servers: str,
-    client_config: dict[str, Any],
-    own_address: str,
-    own_boot: str,
-) -> PeerWatch | None:
-    """The watch over the log's scheduler group on a real cluster (:class:`GroupAdmin`); None
-    (and a line saying why) when kafka-python's client cannot be made with the node's Kafka
-    settings."""
+def group_admin(
+    bootstrap_servers: str, group: str, client_config: dict[str, Any]
+) -> GroupAdmin | None:
+    """A :class:`GroupAdmin` of ``group``; None (and a line saying why) when kafka-python's
+    client cannot be made with the node's Kafka settings (``--kafka-config``: librdkafka's
+    names, which kafka-python does not read)."""
     plain = {k: v for k, v in client_config.items() if k != "client.id"}
     if plain:
         log.info(
@@ -281,8 +277,40 @@ def kafka_watch(
             ", ".join(sorted(plain)),
         )
         return None
-    admin = GroupAdmin(bootstrap_servers, kafka_log.group)
+    return GroupAdmin(bootstrap_servers, group)
+
+
+def kafka_watch(
+    kafka_log: KafkaLog,
+    bootstrap_servers: str,
+    client_config: dict[str, Any],
+    own_address: str,
+    own_boot: str,
+) -> PeerWatch | None:
+    """The watch over the log's scheduler group on a real cluster (:class:`GroupAdmin`); None
+    when the group cannot be administered from here (:func:`group_admin`)."""
+    admin = group_admin(bootstrap_servers, kafka_log.group, client_config)
+    if admin is None:
+        return None
     return PeerWatch(own_address, own_boot, admin.members, admin.remove, closing=admin.close)
+
+
+def remove_process(admin: GroupAdmin, node_id: str, boot: str) -> list[Member]:
+    """Remove the group members of one dead process of a node of several (``--workers``): those
+    named ``node_id`` (the worker's own, :func:`cli.workers.worker_node_id`) of ``boot``. Its
+    parent calls this when the process has exited and before it starts it again, so those
+    members are the dead process's alone. The members removed."""
+    dead = [m for m in admin.members() if m.node_id == node_id and m.boot == boot]
+    if dead:
+        admin.remove(dead)
+        for member in dead:
+            log.warning(
+                "removed worker %s's group member %s (boot %s): its process exited",
+                node_id,
+                member.member_id,
+                boot,
+            )
+    return dead
 
 
 def advertised(host: str, port: int, advertise: str | None) -> str:
@@ -295,4 +323,3 @@ def advertised(host: str, port: int, advertise: str | None) -> str:
 
         host = socket.gethostname()
     return f"{host}:{port}"
-

@@ -72,6 +72,8 @@ class Loopback:
 
     def stop(self) -> None:
         self._server.should_exit = True
+        # nor wait for calls still held open (uvicorn's graceful end waits for them)
+        self._server.force_exit = True
         self._thread.join(10)
         self._sock.close()
 

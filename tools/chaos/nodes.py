@@ -16,6 +16,7 @@ libfaketime and its wall clock can be moved while it runs.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -32,6 +33,8 @@ import httpx
 
 from tools.chaos.procs import children, free_port, popen
 from tools.chaos.skew import SkewedClock
+
+log = logging.getLogger("chaos")
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
@@ -241,6 +244,9 @@ class NodeProcess:
         try:
             self.process.wait(grace_s)
         except subprocess.TimeoutExpired:
+            # a finding: what held it is in its log (every thread's stack) before the kill
+            log.warning("%s did not stop within %.0f s of SIGTERM: killed", self.node_id, grace_s)
+            self.dump_stacks()
             self.process.kill()
             self.process.wait()
 
