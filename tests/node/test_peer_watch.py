@@ -10,7 +10,17 @@ import json
 import socket
 import threading
 
-from node.peer_watch import REFUSED, Member, PeerWatch, member_name, parse, probe, watched
+from node.peer_watch import (
+    REFUSED,
+    GroupAdmin,
+    Member,
+    PeerWatch,
+    member_name,
+    parse,
+    probe,
+    remove_process,
+    watched,
+)
 
 ME = "10.0.0.1:8080"
 
@@ -150,3 +160,28 @@ def test_a_probe_tells_a_boot_a_refusal_and_no_answer_apart() -> None:
         server.server_close()
         silent.close()
         closed.close()
+
+
+class FakeAdmin(GroupAdmin):
+    """The group in hand, behind :class:`GroupAdmin`'s two calls."""
+
+    def __init__(self, members: list[Member]) -> None:
+        super().__init__("unused:9092", "g")
+        self.group_members = members
+
+    def members(self) -> list[Member]:
+        return list(self.group_members)
+
+    def remove(self, dead: list[Member]) -> None:
+        self.group_members = [m for m in self.group_members if m not in dead]
+
+
+def test_a_dead_worker_process_loses_its_own_members_only() -> None:
+    w0 = Member("m-w0", "n1-w0", "b1", ME)
+    w1 = Member("m-w1", "n1-w1", "b1", ME)
+    old_w1 = Member("m-w1-old", "n1-w1", "b0", ME)  # an earlier boot's, not this parent's
+    other = Member("m-n2", "n2-w1", "b2", "10.0.0.2:8080")  # another node's worker 1
+    admin = FakeAdmin([w0, w1, old_w1, other])
+    assert remove_process(admin, "n1-w1", "b1") == [w1]
+    assert admin.group_members == [w0, old_w1, other]
+    assert remove_process(admin, "n1-w1", "b1") == []  # gone already: nothing sent
