@@ -564,20 +564,13 @@ def _serve(args: argparse.Namespace) -> int:
     from api.request_head import BoundedHttpToolsProtocol
     from api.time_travel import PastStates
     from eventlog.embedded import EmbeddedLog
-    from node import decisions, integrity
+    from node import integrity
     from node.executors import DEFAULT_ERROR_EXCERPT, Executors
     from node.node import Node
     from node.secrets import Secrets
     from node.snapshotter import SnapshotPolicy
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(decisions.formatter(args.log_format))
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
-    # kafka-python (the peer watch's admin client) says each connection it makes at INFO, and
-    # at WARNING each turn of its own I/O loop that a busy process held past 0.1 s: its errors
-    # are what matters here, and the watch logs those it meets.
-    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
-    logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
+    configure_logging(args)
     # Everything the node writes (the log, the stores, tokens, and the files RocksDB makes on
     # its own) is its owner's alone, whatever umask the node was started with.
     os.umask(0o077)
@@ -865,6 +858,21 @@ def _serve(args: argparse.Namespace) -> int:
     if damaged:
         raise damaged[0]
     return 0
+
+
+def configure_logging(args: argparse.Namespace) -> None:
+    """The node's log lines (a worker process's, and its parent's alike): ``--log-format`` and
+    ``--log-level`` on standard error."""
+    from node import decisions
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(decisions.formatter(args.log_format))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    # kafka-python (the peer watch's admin client) says each connection it makes at INFO, and
+    # at WARNING each turn of its own I/O loop that a busy process held past 0.1 s: its errors
+    # are what matters here, and the watch logs those it meets.
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
 
 
 def make_private_dir(path: Path) -> None:

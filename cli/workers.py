@@ -348,6 +348,7 @@ def serve_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from cli.serve import (
         EXIT_LOG_DAMAGED,
         _exit_cleanly,
+        configure_logging,
         load_metrics_token,
         load_operator_token,
         load_tokens,
@@ -356,6 +357,7 @@ def serve_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from core.errors import LogCorrupted
     from node.supervisor import Supervisor
 
+    configure_logging(args)
     os.umask(0o077)
     data_dir: Path = args.data_dir
     make_private_dir(data_dir)
@@ -443,6 +445,7 @@ def _member_remover(
     if admin is None:
         return None, lambda: None
     boot = os.environ[BOOT]
+    threading.Thread(target=admin.warm, name="group-admin-warm", daemon=True).start()
 
     def died(index: int) -> None:
         remove_process(admin, worker_node_id(args.node_id, index), boot)

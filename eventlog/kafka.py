@@ -475,6 +475,25 @@ class KafkaLog:
     def _client_config(self, **settings: Any) -> dict[str, Any]:
         return {**self._base, **settings}
 
+    def group_metadata(self) -> object:
+        """The group a transaction sends its command position to, named without a member or a
+        generation (those of a consumer that never joins: generation -1).
+
+        The broker checks a transactional offset commit's generation only when it carries one
+        (KIP-447; a transactional commit with generation -1 and no member id is taken whatever
+        the group's state). cronlog has no need of that check: each partition has a
+        transactional id of its own, and its new owner's ``init_transactions`` fences every
+        transaction of the previous one before it reads anything. With the member's own
+        metadata, every rebalance (a node joining, leaving or restarting) made the broker
+        refuse the commit of each append in flight with ``ILLEGAL_GENERATION``, even on the
+        partitions that stayed where they were, and each of those partitions stopped to
+        recover from the log (in a rolling restart of the chaos runs, 2-6 appends a run)."""
+        consumer = Consumer(self._client_config(**{"group.id": self.group}))
+        try:
+            return consumer.consumer_group_metadata()
+        finally:
+            consumer.close()
+
     def _member_config(self) -> dict[str, Any]:
         named = {} if self.member_name is None else {"client.id": self.member_name}
         return self._client_config(
@@ -788,7 +807,7 @@ class KafkaMembership:
         self._lock = threading.Lock()
         self._writers: dict[int, KafkaPartitionWriter] = {}
         self._closed = False
-        self._group_metadata: object = None
+        self._group_metadata = log.group_metadata()
         self._consumer = self._new_consumer()
 
     def _new_consumer(self) -> Consumer:
@@ -808,7 +827,6 @@ class KafkaMembership:
         while True:
             consumer = self._consumer
             first = consumer.poll(max(deadline - time.monotonic(), 0.0))
-            self._refresh_group_metadata()
             if first is None:
                 return []
             batch = [first, *consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
@@ -859,18 +877,8 @@ class KafkaMembership:
         return new
 
     def group_metadata(self) -> object:
-        """The group generation and member id a transaction's command position is sent with."""
-        with self._lock:
-            return self._group_metadata
-
-    def _refresh_group_metadata(self) -> None:
-        # Called from the polling thread only. The consumer serves one call at a time: a writer
-        # asking it for the metadata would wait behind every poll, and a thread that polls
-        # again at once starves it for good. The metadata changes only in a rebalance, which
-        # happens inside poll, so the poller keeps a copy for the writers.
-        metadata = self._consumer.consumer_group_metadata()
-        with self._lock:
-            self._group_metadata = metadata
+        """What a transaction's command position is sent with (:meth:`KafkaLog.group_metadata`)."""
+        return self._group_metadata
 
     def close(self) -> None:
         if self._closed:
@@ -925,7 +933,6 @@ class KafkaMembership:
             return  # an assignment served while leaving is revoked right after; open nothing
         log = self._log
         # Fence every predecessor first: after that no transaction can move a command position.
-        self._refresh_group_metadata()  # this generation's, for the new writers' first appends
         writers = {
             tp.partition: KafkaPartitionWriter.open(log, tp.partition, self.group_metadata)
             for tp in partitions

@@ -35,6 +35,7 @@ import contextlib
 import http.client
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -217,6 +218,18 @@ class GroupAdmin:
         self._bootstrap = bootstrap_servers
         self.group = group
         self._client: Any = None
+        # one call at a time: the client is made, used and closed (after a failure) by
+        # whichever thread asks, the watch's or a worker process's service in the parent
+        self._lock = threading.RLock()
+
+    def warm(self) -> None:
+        """Make the client and find the group's coordinator now, so the first removal costs two
+        requests and not a bootstrap (seconds on a loaded machine, by when the session may have
+        ended anyway). A failure here is only logged: the first real call tries again."""
+        try:
+            self.members()
+        except Exception as err:
+            log.warning("the group's admin client is not ready yet: %s", err)
 
     def _admin(self) -> Any:
         if self._client is None:
@@ -230,7 +243,7 @@ class GroupAdmin:
         return self._client
 
     def members(self) -> list[Member]:
-        with self._fresh_on_failure():
+        with self._lock, self._fresh_on_failure():
             described = self._admin().describe_groups([self.group])[self.group]
             if described.get("error"):
                 raise RuntimeError(f"group {self.group} not described: {described['error']}")
@@ -240,7 +253,7 @@ class GroupAdmin:
     def remove(self, dead: list[Member]) -> None:
         from kafka.admin import MemberToRemove
 
-        with self._fresh_on_failure():
+        with self._lock, self._fresh_on_failure():
             self._admin().remove_group_members(
                 self.group, [MemberToRemove(member_id=m.member_id) for m in dead]
             )
@@ -258,9 +271,10 @@ class GroupAdmin:
             raise
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
 
 def group_admin(
@@ -301,7 +315,9 @@ def remove_process(admin: GroupAdmin, node_id: str, boot: str) -> list[Member]:
     parent calls this when the process has exited and before it starts it again, so those
     members are the dead process's alone. The members removed."""
     dead = [m for m in admin.members() if m.node_id == node_id and m.boot == boot]
-    if dead:
+    if not dead:
+        log.warning("worker %s's process exited; no member of it is in the group", node_id)
+    else:
         admin.remove(dead)
         for member in dead:
             log.warning(

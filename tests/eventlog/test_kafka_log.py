@@ -7,6 +7,7 @@ The port's contract (fencing included) runs against Kafka in ``test_log_contract
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 
@@ -96,6 +97,48 @@ def test_a_rebalance_hands_partitions_over_with_their_command_positions(
         _poll_until([second], lambda: second.owned() == {0, 1, 2, 3}, "partitions not handed back")
         second.close()
     finally:
+        log.close()
+
+
+def test_an_append_commits_its_command_position_while_the_group_rebalances(
+    kafka_bootstrap: str,
+) -> None:
+    # A member joining moves the group to a new generation in librdkafka's own thread, before
+    # the other member polls and hears of it. An append in between used to send its command
+    # position with the old generation, and the broker refused the commit (ILLEGAL_GENERATION):
+    # aborted, on a partition that was not even moving. The position goes with the group's id
+    # alone now; the partition's transactional id is what fences a former owner.
+    log = _open(kafka_bootstrap, 4)
+    stop = threading.Event()
+    try:
+        first = log.join(Recorder())
+        _poll_until([first], lambda: first.owned() == {0, 1, 2, 3}, "first never owned all")
+        commands = {p: log.submit(p, f"c{p}".encode()) for p in range(4)}
+        first.writer(0).append([b"e0"], commands_through=commands[0] + 1)
+        generation = first._consumer.consumer_group_metadata()  # type: ignore[attr-defined]
+        second = log.join(Recorder())
+
+        def poll_second() -> None:
+            while not stop.is_set():
+                second.poll(0.05)
+
+        polling = threading.Thread(target=poll_second, daemon=True)
+        polling.start()
+        deadline = time.monotonic() + OWNERSHIP_TIMEOUT_S
+        while first._consumer.consumer_group_metadata() == generation:  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "the group never moved to a new generation"
+            time.sleep(0.05)
+        # first has not polled since: partition 0 is still its own, its writer open
+        more = log.submit(0, b"c0-more")
+        first.writer(0).append([b"e0-more"], commands_through=more + 1)
+        assert [r.value for r in log.read_events(0, 0)] == [b"e0", b"e0-more"]
+        assert log.command_position(0) == more + 1
+        stop.set()
+        polling.join()
+        first.close()
+        second.close()
+    finally:
+        stop.set()
         log.close()
 
 
