@@ -618,6 +618,8 @@ def _serve(args: argparse.Namespace) -> int:
         reserved = (reserved[0] // args.workers, reserved[1])
         node_id = worker_node_id(args.node_id, args.worker_index)
         cores = max(1, cores // args.workers)
+    # the first line with a time: a restart's log says how long the start itself took
+    logging.getLogger("cronlog").info("%s starting (pid %d)", node_id, os.getpid())
     if args.history_checkpoints_kept < 1:
         sys.exit("cronlog: --history-checkpoints-kept must be at least 1")
     if args.history_checkpoint_grace <= 0:
