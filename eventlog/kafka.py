@@ -364,18 +364,7 @@ class KafkaLog:
         self._check_partition(partition)
         tp = TopicPartition(self.topics["commands"], partition)
         with self._positions_lock:
-            self._check_open()
-            if self._positions is None:
-                self._positions = Consumer(
-                    self._client_config(
-                        **{
-                            "group.id": self.group,  # read, never joined
-                            "enable.auto.commit": False,
-                            "enable.auto.offset.store": False,
-                        }
-                    )
-                )
-            [committed] = self._positions.committed([tp], timeout=self._timeout_s)
+            [committed] = self._unjoined().committed([tp], timeout=self._timeout_s)
         if committed.error is not None:
             raise CronlogError(f"committed offset of {tp.topic}[{partition}]: {committed.error}")
         return max(int(committed.offset), 0)  # OFFSET_INVALID (-1001): nothing committed yet
@@ -488,11 +477,25 @@ class KafkaLog:
         refuse the commit of each append in flight with ``ILLEGAL_GENERATION``, even on the
         partitions that stayed where they were, and each of those partitions stopped to
         recover from the log (in a rolling restart of the chaos runs, 2-6 appends a run)."""
-        consumer = Consumer(self._client_config(**{"group.id": self.group}))
-        try:
-            return consumer.consumer_group_metadata()
-        finally:
-            consumer.close()
+        with self._positions_lock:
+            return self._unjoined().consumer_group_metadata()
+
+    def _unjoined(self) -> Consumer:
+        """The consumer of the scheduler group's id that never joins it (made at first use;
+        the caller holds ``_positions_lock``): the group's committed offsets, and its name
+        without a member or a generation."""
+        self._check_open()
+        if self._positions is None:
+            self._positions = Consumer(
+                self._client_config(
+                    **{
+                        "group.id": self.group,  # read, never joined
+                        "enable.auto.commit": False,
+                        "enable.auto.offset.store": False,
+                    }
+                )
+            )
+        return self._positions
 
     def _member_config(self) -> dict[str, Any]:
         named = {} if self.member_name is None else {"client.id": self.member_name}
