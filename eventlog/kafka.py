@@ -549,11 +549,15 @@ class KafkaLog:
                     max(0.0, min(wait_s, deadline - time.monotonic())),
                 ):
                     return True
-            if time.monotonic() >= deadline:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
                 return False
+            # The question is bounded by the wait, never by the log's timeout: while the
+            # partition's leader is away it goes unanswered, and a writer that asked for as
+            # long as the log allows held its partition 30 s before each transaction.
             with self._reader() as consumer:
                 stable = _end_offset(
-                    consumer, TopicPartition(self.topics["events"], partition), self._timeout_s
+                    consumer, TopicPartition(self.topics["events"], partition), left_s
                 )
             self._saw_readable(partition, stable)
             wait_s *= 2  # markers late (a broker busy, replicas slow): ask less often
@@ -1211,14 +1215,16 @@ def _end_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            _, high = consumer.get_watermark_offsets(partition, timeout=timeout_s)
+            left_s = max(0.001, deadline - time.monotonic())
+            _, high = consumer.get_watermark_offsets(partition, timeout=left_s)
             return int(high)
         except KafkaException as e:
             err = e.args[0]
             settling = err.retriable() or err.code() in _LEADERSHIP_SETTLING
-            if not settling or time.monotonic() >= deadline:
+            left_s = deadline - time.monotonic()
+            if not settling or left_s <= 0:
                 raise
-            time.sleep(0.1)  # leadership settling has no event to wait on
+            time.sleep(min(0.1, left_s))  # leadership settling has no event to wait on
 
 
 def _warn_if_commands_were_deleted(

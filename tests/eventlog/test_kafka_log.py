@@ -10,15 +10,18 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from core.errors import CronlogError, Fenced
 from eventlog.kafka import (
     REPLY_PARTITIONS,
     REPLY_RETENTION_MS,
+    SETTLE_WAIT_S,
     AppendAborted,
     KafkaLog,
     KafkaPartitionWriter,
@@ -267,6 +270,54 @@ def test_a_writer_begins_its_next_transaction_once_the_last_is_readable(
         # markers and its own record of the commit); begun at once, 27 of 40 were.
         assert counted.refused <= appends // 4
         assert log.command_position(0) == commands[-1] + 1
+        member.close()
+    finally:
+        log.close()
+
+
+class Unanswered:
+    """A reader whose every question about a partition's end goes unanswered (its leader gone),
+    each time after the timeout it was given, which it records."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+        self.timeouts.append(timeout)
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no leader", retriable=True))
+
+
+def test_a_writer_waiting_for_its_last_append_asks_the_broker_no_longer_than_it_waits(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In a chaos run a partition whose leader had died waited 30 s (the log's timeout) for the
+    # stable end before each transaction, for minutes: the wait before a transaction only buys
+    # speed, so its question to the broker has the wait's bound, not the log's.
+    log = KafkaLog.open(
+        kafka_bootstrap,
+        1,
+        prefix=f"kafkalog-{uuid.uuid4().hex[:12]}",
+        replication_factor=-1,
+        min_insync_replicas=None,
+        readable_appends=False,
+    )
+    try:
+        member = log.join(Recorder())
+        _poll_until([member], lambda: 0 in member.owned(), "never owned partition 0")
+        writer = member.writer(0)
+        writer.append([b"e"])
+        reader = Unanswered()
+
+        @contextmanager
+        def unanswered() -> Iterator[Unanswered]:
+            yield reader
+
+        monkeypatch.setattr(log, "_reader", unanswered)
+        writer.wait_until_readable()
+        assert reader.timeouts, "the broker was never asked"
+        assert max(reader.timeouts) <= SETTLE_WAIT_S
+        monkeypatch.undo()
+        writer.append([b"f"])  # the writer goes on
         member.close()
     finally:
         log.close()
