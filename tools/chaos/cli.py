@@ -92,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     worker_p.add_argument("--node", action="append", required=True, dest="nodes")
     worker_p.add_argument("--token", required=True)
     worker_p.add_argument("--record", type=Path, required=True)
-    worker_p.add_argument("--threads", type=int, default=4)
+    # A run holds its thread from the claim that leases it ahead (up to AHEAD_SEC before its
+    # start) through its work and completion: the workload's 4 pull jobs a second need about
+    # 4 x (3 + 1.8 + 0.3) = 20 threads. With 4 each, the two workers were the bottleneck and
+    # every pull run started late (p50 30-56 s in a run of three broker kills).
+    worker_p.add_argument("--threads", type=int, default=16)
     worker_p.add_argument("--max-seconds", type=float, default=3600.0)
 
     events_p = sub.add_parser("events", help="(internal) append a topic's records to a file")
