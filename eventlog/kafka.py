@@ -231,6 +231,9 @@ class KafkaLog:
         self._members: list[KafkaMembership] = []
         # The members' client.id (node.peer_watch reads it back); librdkafka's default if None
         self.member_name: str | None = None
+        # Reads the scheduler group's members (:meth:`read_members_with`); None: librdkafka's
+        # admin client asks
+        self._members_reader: Callable[[], Sequence[object]] | None = None
         self._mailboxes: list[KafkaMailbox] = []
         self._closed = threading.Event()
         # Delivery reports are served here, so a submit waits on its own report, not on a flush
@@ -396,6 +399,14 @@ class KafkaLog:
     def group(self) -> str:
         """The scheduler group: its members own the partitions."""
         return scheduler_group(self.prefix)
+
+    def read_members_with(self, reader: Callable[[], Sequence[object]]) -> None:
+        """Have :meth:`KafkaMembership.others` count the group's members with ``reader`` (the
+        node's kafka-python admin, :class:`node.peer_watch.GroupAdmin`) rather than librdkafka's
+        DescribeConsumerGroups, which can abort the process when a broker goes away with the
+        request in flight (node/peer_watch.py says how it was found). A graceful stop asks it
+        once, and a rolling restart during a broker's death is just when it would."""
+        self._members_reader = reader
 
     def join(self, listener: OwnershipListener) -> KafkaMembership:
         self._check_open()
@@ -854,7 +865,10 @@ class KafkaMembership:
 
     def others(self, timeout_s: float) -> int | None:
         group = self._log.group
+        reader = self._log._members_reader
         try:
+            if reader is not None:
+                return max(0, len(reader()) - 1)
             [future] = (
                 self._log._admin_client()
                 .describe_consumer_groups([group], request_timeout=timeout_s)

@@ -278,13 +278,15 @@ class GroupAdmin:
 
 
 def group_admin(
-    bootstrap_servers: str, group: str, client_config: dict[str, Any]
+    bootstrap_servers: str, group: str, client_config: dict[str, Any], *, say_why: bool = True
 ) -> GroupAdmin | None:
-    """A :class:`GroupAdmin` of ``group``; None (and a line saying why) when kafka-python's
-    client cannot be made with the node's Kafka settings (``--kafka-config``: librdkafka's
-    names, which kafka-python does not read)."""
+    """A :class:`GroupAdmin` of ``group``; None (and, with ``say_why``, a line saying why) when
+    kafka-python's client cannot be made with the node's Kafka settings (``--kafka-config``:
+    librdkafka's names, which kafka-python does not read)."""
     plain = {k: v for k, v in client_config.items() if k != "client.id"}
     if plain:
+        if not say_why:
+            return None
         log.info(
             "peer watch off: the node's Kafka settings (%s) are not passed to kafka-python;"
             " a dead node's members leave the group when their session ends",

@@ -145,6 +145,45 @@ def test_an_append_commits_its_command_position_while_the_group_rebalances(
         log.close()
 
 
+def test_a_member_counts_the_others_through_the_reader_it_was_given(kafka_bootstrap: str) -> None:
+    # A graceful stop asks whether others remain to take its partitions. librdkafka's admin
+    # client can abort the process when a broker dies with such a request in flight, so a node
+    # has the log count the members with kafka-python's (node.peer_watch.GroupAdmin).
+    from node.peer_watch import GroupAdmin, member_name
+
+    log = _open(kafka_bootstrap, 2)
+    log.member_name = member_name("n1", "b00t", "127.0.0.1:8080")  # as cronlog serve names them
+    admin = GroupAdmin(kafka_bootstrap, log.group)
+    asked: list[int] = []
+
+    def members() -> list[object]:
+        asked.append(1)
+        return list(admin.members())
+
+    log.read_members_with(members)
+    try:
+        first = log.join(Recorder())
+        _poll_until([first], lambda: first.owned() == {0, 1}, "first never owned both")
+        assert first.others(2.0) == 0
+        second = log.join(Recorder())
+        _poll_until(
+            [first, second], lambda: bool(second.owned()), "the second member never got a share"
+        )
+        assert first.others(2.0) == 1
+        assert len(asked) == 2
+
+        def broken() -> list[object]:
+            raise RuntimeError("no coordinator")
+
+        log.read_members_with(broken)
+        assert first.others(2.0) is None  # unknown: the stop takes the cautious way
+        second.close()
+        first.close()
+    finally:
+        admin.close()
+        log.close()
+
+
 def test_existing_topics_must_have_the_same_partition_count(kafka_bootstrap: str) -> None:
     prefix = f"kafkalog-{uuid.uuid4().hex[:12]}"
     _open(kafka_bootstrap, 2, prefix).close()
