@@ -57,7 +57,13 @@ from bench.common import (
     team_lags,
 )
 
-VARIANTS = {"defaults": [], "before": ["--max-calls", "512", "--reserved-calls", "0"]}
+VARIANTS = {
+    "defaults": [],
+    "before": ["--max-calls", "512", "--reserved-calls", "0"],
+    # the node's partitions split over two worker processes (issue 22: heartbeats answered
+    # apart from the completions of the partitions a process does not own)
+    "workers-2": ["--workers", "2"],
+}
 GOAL_P99_MS = 1000.0
 HEARTBEAT_GOAL_MS = 100.0  # issue 22: heartbeats p99 with 10,000 runs executing
 B_LEAD_S = 15  # team B's jobs run from this long before S

@@ -160,6 +160,11 @@ class Executors(Dispatcher):
         self._tasks: set[asyncio.Task[None]] = set()
         # Calls armed ahead, by run id, until they end (on the loop): a cancel drops them.
         self._armed: dict[str, asyncio.Future[Result]] = {}
+        # Leases handed over whose call has not passed its start's check yet: run id -> the
+        # lease's fencing token (:meth:`never_started`); a lease leaves it as its call starts,
+        # or as the runner takes it back, whichever is first (under ``_handed_lock``).
+        self._handed: dict[str, int] = {}
+        self._handed_lock = threading.Lock()
         self._dropped: set[asyncio.Future[Result]] = set()
         # The in-process caller that asks targets when calls go to executor processes (made on
         # the loop at the first ask), and the asks under way: (run id, token, ask).
@@ -317,6 +322,8 @@ class Executors(Dispatcher):
         if job is None:
             self.release(lease.tenant)
             return
+        with self._handed_lock:
+            self._handed[lease.run_id] = lease.fencing_token
         with self._to_start_lock:
             self._to_start.append(lease.tenant, (runner, lease, job.spec))
             if self._starting_planned:
@@ -341,8 +348,32 @@ class Executors(Dispatcher):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def never_started(self, run_id: str, fencing_token: int) -> bool:
+        """(From a runner's thread, its lease run out.) True, and the call withdrawn for good,
+        if the lease was handed here and its call has not passed the check before its start;
+        the task that comes to it later makes no call and reports nothing."""
+        with self._handed_lock:
+            if self._handed.get(run_id) != fencing_token:
+                return False
+            del self._handed[run_id]
+            return True
+
+    def _take_up(self, lease: ev.LeaseGranted) -> bool:
+        """The lease's call may start (not taken back by its runner): from now on the runner
+        cannot tell that it never did."""
+        with self._handed_lock:
+            if self._handed.get(lease.run_id) != lease.fencing_token:
+                return False
+            del self._handed[lease.run_id]
+            return True
+
     async def _run(self, runner: PartitionRunner, lease: ev.LeaseGranted, spec: JobSpec) -> None:
         try:
+            if not self._take_up(lease):
+                # Its runner found the lease run out before this came to it, and decided the
+                # attempt failed without a call (PartitionRunner._never_called): nothing to do.
+                log.warning("run %s: its lease ran out before the call started", lease.run_id)
+                return
             if time.time() * 1000 >= lease.lease_expires_at - BEAT_MARGIN_S * 1000:
                 # The node stood still between granting the lease and calling (a pause, a
                 # stop): the run may be someone else's by now, or will be before a heartbeat

@@ -59,7 +59,7 @@ from core.partition import DEFAULT_RETENTION_MS, Partition
 from core.state import PartitionState, RunState, RunStatus
 from eventlog.port import EventLog, Outbound, PartitionWriter
 from node import decisions
-from node.calls import MAX_ERROR
+from node.calls import MAX_ERROR, NOT_CALLED
 from node.snapshotter import Snapshotter
 from node.stalls import THRESHOLD_S, LoopTimes
 from node.standby import Warm
@@ -154,6 +154,12 @@ class Dispatcher:
 
     def cancelled(self, run_id: str) -> None:
         """``run_id`` was cancelled: a call armed ahead for it and not started is dropped."""
+
+    def never_started(self, run_id: str, fencing_token: int) -> bool:
+        """The lease ``fencing_token`` of ``run_id`` has run out: True if it was handed to these
+        executors and its call was never started, in which case it never will be (withdrawn
+        now). False where that is not known (another process's lease, a call under way)."""
+        return False
 
     def ask(self, runner: PartitionRunner, asked: ev.RunOutcomeAsked, spec: JobSpec) -> None:
         """Ask ``spec``'s target what became of the attempt ``asked`` names (its status URL:
@@ -839,9 +845,43 @@ class PartitionRunner:
                 self._start_if_room(key[1], now, events, starting)
             elif key[0] == "ask":
                 asks.append(key[1])
+            elif key[0] == "lease" and self._never_called(key[1], now, events):
+                pass
             else:
                 events += self.core.fire(key, now)
         return through
+
+    def _never_called(self, run_id: str, now: int, events: list[AnyEvent]) -> bool:
+        """A lease that has run out whose call this node's executors never started (they were
+        behind: a backlog, a starved process): decide the attempt failed without a call, as the
+        executors would have said had they come to it in time, so that even a critical run is
+        tried again rather than set aside as ``outcome_unknown``. Only where the executors that
+        were handed the lease say so; anywhere else the expiry stays ambiguous."""
+        run = self.state.runs.get(run_id)
+        if (
+            run is None
+            or run.status is not RunStatus.RUNNING
+            or run.lease_expires_at is None
+            or run.lease_expires_at > now
+            or not self._dispatcher.never_started(run_id, run.fencing_token)
+        ):
+            return False
+        log.warning(
+            "run %s: its lease ran out before this node's executors started its call; the"
+            " attempt failed without a call",
+            run_id,
+        )
+        self._decide(
+            CompleteRun(
+                run_id=run_id,
+                fencing_token=run.fencing_token,
+                outcome=Outcome.FAILED,
+                error=NOT_CALLED,
+            ),
+            now,
+            events,
+        )
+        return True
 
     def _hold_check(self, request: Request, now: int) -> bool:
         """Hold ``request`` when it is a worker's check of a run leased ahead that came

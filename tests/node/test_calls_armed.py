@@ -5,9 +5,11 @@ cancel before the start means no call at all."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +101,52 @@ def test_a_job_cancelled_before_its_armed_start_is_never_called(node: Node, targ
     time.sleep((slot - time.time_ns() // 1_000_000) / 1000 + 0.5)  # past the start, in real time
     assert target.calls == []
     assert node.executors.wait_idle(2)
+
+
+def test_a_critical_call_whose_lease_ran_out_before_the_node_came_to_it_is_tried_again(
+    node: Node, target: Target
+) -> None:
+    # The executors stand still (a backlog: in a chaos run at load 20 a node's executors came
+    # to calls 12 s after their slots) while the lease of a critical run runs out. The target
+    # has seen nothing, and the executors that hold the call say so when the partition decides
+    # the expiry: the attempt fails as not called and the run is tried again, instead of being
+    # set aside as outcome_unknown. The first attempt's call is never made, even once the
+    # executors catch up.
+    gate = threading.Event()
+    node.executors._handoff.post(gate.wait, 20)
+    try:
+        slot = time.time_ns() // 1_000_000 + 2_000
+        spec = JobSpec(name="behind", tenant="team-a", target=HttpTarget(url=target.url),
+                       run_at=slot, critical=True, lease_sec=1)  # fmt: skip
+        asyncio.run(node.execute(PutJob(job_id="behind", spec=spec)))
+        deadline = time.monotonic() + 15
+        while not (ended := events_of(node, "behind", ev.RunFailed, ev.LeaseExpired)):
+            assert time.monotonic() < deadline, "the expired lease was never decided"
+            time.sleep(0.05)
+        assert events_of(node, "behind", ev.RunDeadLettered) == []
+        (failed,) = ended
+        assert isinstance(failed, ev.RunFailed)
+        assert "not called" in failed.error and not failed.ambiguous
+        assert target.calls == []
+    finally:
+        gate.set()
+    (call,) = target.wait_for(1, timeout_s=10)
+    assert call.headers.get("X-Cronlog-Attempt") == "2"  # the first attempt was never made
+    run_id = f"behind.{slot}"
+    assert node.history.wait_until(
+        lambda: (
+            (view := node.history.run("team-a", run_id)) is not None and view.state == "succeeded"
+        ),
+        10,
+    )
+    assert events_of(node, "behind", ev.RunDeadLettered) == []
+    assert len(target.calls) == 1
+
+
+def events_of(node: Node, job_id: str, *kinds: type) -> list[Any]:
+    return [
+        event
+        for p in range(node.num_partitions)
+        for record in node.read_events(p, 0, 10_000)
+        if isinstance(event := ev.decode(record.value), kinds) and event.job_id == job_id
+    ]

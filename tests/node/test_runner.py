@@ -551,3 +551,73 @@ def test_a_partition_taken_over_owing_slots_is_behind_until_its_first_batch_is_d
     finally:
         writer.released.set()
         later.stop()
+
+
+class Behind(Starting):
+    """Executors handed each lease and never coming to it (a backlog): they say so when asked
+    (``never_started``) only if ``tell``."""
+
+    def __init__(self, tell: bool) -> None:
+        super().__init__()
+        self.tell = tell
+        self.asked: list[tuple[str, int]] = []
+
+    def never_started(self, run_id: str, fencing_token: int) -> bool:
+        self.asked.append((run_id, fencing_token))
+        return self.tell and any(
+            lease.run_id == run_id and lease.fencing_token == fencing_token
+            for lease in self.leases
+        )
+
+
+@pytest.mark.parametrize("tell", [True, False])
+def test_a_critical_lease_whose_call_this_node_never_started_is_tried_again(tell: bool) -> None:
+    # A node whose executors fell 12 s behind (a chaos run at load 20) let the leases of
+    # critical runs run out before it came to their calls; the partition decided each expiry
+    # ambiguous and set the run aside as outcome_unknown, though the target had seen nothing.
+    # Asked at the expiry, executors that never started the call withdraw it, and the attempt
+    # fails as not called: tried again. Where they cannot say, the expiry stays ambiguous.
+    log = MemoryLog(1)
+    clock = WallClock(START)
+    slot = START + 10_000
+    dispatcher = Behind(tell)
+    member = log.join(Owner())
+    member.poll(0)
+    runner = PartitionRunner(
+        0, log, member.writer(0), lambda: MemoryStateStore(0), clock, dispatcher
+    )  # type: ignore[arg-type]
+    runner.start()
+
+    def at(now: int) -> list[ev.AnyEvent]:
+        clock.now = now
+        answer: Future[Decided | CronlogError] = Future()
+        far = JobSpec(
+            name="f", tenant="team-a", target=PullTarget(pool="p"), run_at=now + 3_600_000
+        )
+        runner.submit(Request(PutJob(job_id=f"far-{now}", spec=far), reply=answer.set_result))
+        assert isinstance(answer.result(timeout=10), Decided)
+        return [
+            e
+            for e in (ev.decode(r.value) for r in log.read_events(0, 0, 1000))
+            if getattr(e, "job_id", None) == "j"
+        ]
+
+    try:
+        job = JobSpec(name="j", tenant="team-a", target=HttpTarget(url="http://127.0.0.1:9/"),
+                      run_at=slot, critical=True, lease_sec=5)  # fmt: skip
+        runner.submit(Request(PutJob(job_id="j", spec=job)))
+        at(slot)
+        (lease,) = dispatcher.leases
+        events = at(lease.lease_expires_at + 1)
+        assert dispatcher.asked == [(lease.run_id, lease.fencing_token)]
+        kinds = [type(e).__name__ for e in events]
+        if tell:
+            (failed,) = [e for e in events if isinstance(e, ev.RunFailed)]
+            assert "not called" in failed.error and not failed.ambiguous
+            assert "RetryScheduled" in kinds and "RunDeadLettered" not in kinds
+            assert "LeaseExpired" not in kinds
+        else:
+            (dead,) = [e for e in events if isinstance(e, ev.RunDeadLettered)]
+            assert dead.reason == "outcome_unknown"
+    finally:
+        runner.stop()
