@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -45,13 +46,16 @@ class Recorder:
         self.lost.extend(partitions)
 
 
-def _open(bootstrap: str, num_partitions: int, prefix: str | None = None) -> KafkaLog:
+def _open(
+    bootstrap: str, num_partitions: int, prefix: str | None = None, **settings: Any
+) -> KafkaLog:
     return KafkaLog.open(
         bootstrap,
         num_partitions,
         prefix=prefix or f"kafkalog-{uuid.uuid4().hex[:12]}",
         replication_factor=-1,
         min_insync_replicas=None,
+        **settings,
     )
 
 
@@ -332,14 +336,7 @@ def test_a_writer_waiting_for_its_last_append_asks_the_broker_no_longer_than_it_
     # In a chaos run a partition whose leader had died waited 30 s (the log's timeout) for the
     # stable end before each transaction, for minutes: the wait before a transaction only buys
     # speed, so its question to the broker has the wait's bound, not the log's.
-    log = KafkaLog.open(
-        kafka_bootstrap,
-        1,
-        prefix=f"kafkalog-{uuid.uuid4().hex[:12]}",
-        replication_factor=-1,
-        min_insync_replicas=None,
-        readable_appends=False,
-    )
+    log = _open(kafka_bootstrap, 1, readable_appends=False)
     try:
         member = log.join(Recorder())
         _poll_until([member], lambda: 0 in member.owned(), "never owned partition 0")

@@ -369,6 +369,19 @@ class Starting(Dispatcher):
         self.leases.append(lease)
 
 
+def decided_at(
+    runner: PartitionRunner, clock: WallClock, log: MemoryLog, now: int
+) -> list[ev.AnyEvent]:
+    """Set the clock and let the runner decide a batch at that time (a request is the batch: no
+    waiting on the runner's idle timeout); every event of the partition so far."""
+    clock.now = now
+    answer: Future[Decided | CronlogError] = Future()
+    far = JobSpec(name="f", tenant="team-a", target=PullTarget(pool="p"), run_at=now + 3_600_000)
+    runner.submit(Request(PutJob(job_id=f"far-{now}", spec=far), reply=answer.set_result))
+    assert isinstance(answer.result(timeout=10), Decided)
+    return [ev.decode(r.value) for r in log.read_events(0, 0, 1000)]
+
+
 def test_a_run_materialised_a_lead_ahead_starts_at_its_slot_also_under_a_new_owner() -> None:
     log = MemoryLog(1)
     clock = WallClock(START)
@@ -386,16 +399,7 @@ def test_a_run_materialised_a_lead_ahead_starts_at_its_slot_also_under_a_new_own
         return runner
 
     def at(runner: PartitionRunner, now: int) -> list[ev.AnyEvent]:
-        """Set the clock and let the runner decide a batch at that time (a request is the
-        batch: no waiting on the runner's idle timeout)."""
-        clock.now = now
-        answer: Future[Decided | CronlogError] = Future()
-        far = JobSpec(
-            name="f", tenant="team-a", target=PullTarget(pool="p"), run_at=now + 3_600_000
-        )
-        runner.submit(Request(PutJob(job_id=f"far-{now}", spec=far), reply=answer.set_result))
-        assert isinstance(answer.result(timeout=10), Decided)
-        return [ev.decode(r.value) for r in log.read_events(0, 0, 1000)]
+        return decided_at(runner, clock, log, now)
 
     def of(events: list[ev.AnyEvent], kind: type) -> list[Any]:
         return [e for e in events if isinstance(e, kind) and e.job_id == "j"]
@@ -565,8 +569,7 @@ class Behind(Starting):
     def never_started(self, run_id: str, fencing_token: int) -> bool:
         self.asked.append((run_id, fencing_token))
         return self.tell and any(
-            lease.run_id == run_id and lease.fencing_token == fencing_token
-            for lease in self.leases
+            lease.run_id == run_id and lease.fencing_token == fencing_token for lease in self.leases
         )
 
 
@@ -589,18 +592,7 @@ def test_a_critical_lease_whose_call_this_node_never_started_is_tried_again(tell
     runner.start()
 
     def at(now: int) -> list[ev.AnyEvent]:
-        clock.now = now
-        answer: Future[Decided | CronlogError] = Future()
-        far = JobSpec(
-            name="f", tenant="team-a", target=PullTarget(pool="p"), run_at=now + 3_600_000
-        )
-        runner.submit(Request(PutJob(job_id=f"far-{now}", spec=far), reply=answer.set_result))
-        assert isinstance(answer.result(timeout=10), Decided)
-        return [
-            e
-            for e in (ev.decode(r.value) for r in log.read_events(0, 0, 1000))
-            if getattr(e, "job_id", None) == "j"
-        ]
+        return [e for e in decided_at(runner, clock, log, now) if e.job_id == "j"]
 
     try:
         job = JobSpec(name="j", tenant="team-a", target=HttpTarget(url="http://127.0.0.1:9/"),
