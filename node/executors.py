@@ -352,27 +352,23 @@ class Executors(Dispatcher):
         """(From a runner's thread, its lease run out.) True, and the call withdrawn for good,
         if the lease was handed here and its call has not passed the check before its start;
         the task that comes to it later makes no call and reports nothing."""
+        return self._take_handed(run_id, fencing_token)
+
+    def _take_handed(self, run_id: str, fencing_token: int) -> bool:
+        """Take the lease out of ``_handed``, for whichever comes first: its call's start (which
+        may then go ahead) or its runner at the expiry (which then decides it was not called).
+        False for the one that comes second."""
         with self._handed_lock:
             if self._handed.get(run_id) != fencing_token:
                 return False
             del self._handed[run_id]
             return True
 
-    def _take_up(self, lease: ev.LeaseGranted) -> bool:
-        """The lease's call may start (not taken back by its runner): from now on the runner
-        cannot tell that it never did."""
-        with self._handed_lock:
-            if self._handed.get(lease.run_id) != lease.fencing_token:
-                return False
-            del self._handed[lease.run_id]
-            return True
-
     async def _run(self, runner: PartitionRunner, lease: ev.LeaseGranted, spec: JobSpec) -> None:
         try:
-            if not self._take_up(lease):
-                # Its runner found the lease run out before this came to it, and decided the
-                # attempt failed without a call (PartitionRunner._never_called): nothing to do.
-                log.warning("run %s: its lease ran out before the call started", lease.run_id)
+            if not self._take_handed(lease.run_id, lease.fencing_token):
+                # Its runner found the lease run out before this came to it, and decided (and
+                # logged) that the attempt failed without a call (PartitionRunner._never_called).
                 return
             if time.time() * 1000 >= lease.lease_expires_at - BEAT_MARGIN_S * 1000:
                 # The node stood still between granting the lease and calling (a pause, a
