@@ -811,16 +811,16 @@ def _serve(args: argparse.Namespace) -> int:
         from node.peer_watch import group_admin, kafka_watch
 
         kafka_log = cast("KafkaLog", raw_log)
-        # A graceful stop counts the group's other members through kafka-python (one request),
-        # never librdkafka's admin client, which can abort the process mid-fault.
-        members = group_admin(args.kafka, kafka_log.group, kafka_config, say_why=False)
-        if members is not None:
-            kafka_log.read_members_with(members.members)
-        if not args.no_peer_watch and not args.worker_index:
-            # one watch a node (its first worker's, when it has several), under its supervisor
-            watch = kafka_watch(kafka_log, args.kafka, kafka_config, address, boot)
-            if watch is not None:
-                node.services.add(watch)
+        # one watch a node (its first worker's, when it has several), under its supervisor
+        watching = not args.no_peer_watch and not args.worker_index
+        admin = group_admin(args.kafka, kafka_log.group, kafka_config, say_why=watching)
+        if admin is not None:
+            # A graceful stop counts the group's other members through the same kafka-python
+            # client the watch keeps warm, never librdkafka's admin client, which can abort the
+            # process mid-fault.
+            kafka_log.read_members_with(admin.members)
+            if watching:
+                node.services.add(kafka_watch(admin, address, boot))
     node.start()
     # Let allocation bursts (a midnight herd) run between collections; once recovery has
     # loaded what lives as long as the node, the gc-freeze service keeps the collector off it.

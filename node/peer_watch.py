@@ -38,12 +38,9 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from node.worker import PeriodicWorker
-
-if TYPE_CHECKING:
-    from eventlog.kafka import KafkaLog
 
 log = logging.getLogger(__name__)
 
@@ -296,18 +293,9 @@ def group_admin(
     return GroupAdmin(bootstrap_servers, group)
 
 
-def kafka_watch(
-    kafka_log: KafkaLog,
-    bootstrap_servers: str,
-    client_config: dict[str, Any],
-    own_address: str,
-    own_boot: str,
-) -> PeerWatch | None:
-    """The watch over the log's scheduler group on a real cluster (:class:`GroupAdmin`); None
-    when the group cannot be administered from here (:func:`group_admin`)."""
-    admin = group_admin(bootstrap_servers, kafka_log.group, client_config)
-    if admin is None:
-        return None
+def kafka_watch(admin: GroupAdmin, own_address: str, own_boot: str) -> PeerWatch:
+    """The watch over the scheduler group on a real cluster, through ``admin``
+    (:func:`group_admin`), which it closes when it stops."""
     return PeerWatch(own_address, own_boot, admin.members, admin.remove, closing=admin.close)
 
 
