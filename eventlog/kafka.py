@@ -1422,6 +1422,21 @@ def _align_once(admin: AdminClient, name: str, wanted: dict[str, str], timeout_s
     )
 
 
+_CREATE_ATTEMPT_S = 5.0
+"""How long one round of topic creation (or the metadata read before it) may take."""
+
+
+def _missing(admin: AdminClient, names: list[str], timeout_s: float) -> list[str]:
+    """The ``names`` the cluster's metadata does not hold; all of them when it cannot be read
+    (creating them then answers both questions, and is asked again while the error passes)."""
+    try:
+        topics = admin.list_topics(timeout=timeout_s).topics
+    except KafkaException as e:
+        logger.warning("reading the topics before creating them: %s", e.args[0])
+        return list(names)
+    return [n for n in names if n not in topics or topics[n].error is not None]
+
+
 def _ensure_topics(
     admin: AdminClient,
     names: list[str],
@@ -1431,12 +1446,18 @@ def _ensure_topics(
     timeout_s: float,
 ) -> None:
     deadline = time.monotonic() + timeout_s
-    pending = list(names)
+    # Only a topic nobody has made yet is created: creating asks the controller, while reading
+    # the metadata asks any broker, so a node starting again while the controller is down
+    # starts (one once exited here: "Failed while waiting for controller").
+    pending = _missing(admin, names, min(timeout_s, _CREATE_ATTEMPT_S))
     while pending:
+        # Each round asks for at most a part of the time, so a controller that is gone when
+        # the first is sent leaves time for the next to reach its successor.
+        attempt_s = max(0.5, min(_CREATE_ATTEMPT_S, deadline - time.monotonic()))
         futures = admin.create_topics(
             [NewTopic(n, num_partitions, replication_factor, config=config) for n in pending],
-            operation_timeout=timeout_s,
-            request_timeout=timeout_s,
+            operation_timeout=attempt_s,
+            request_timeout=attempt_s,
         )
         pending = []
         for name, future in futures.items():
@@ -1457,7 +1478,12 @@ def _ensure_topics(
             time.sleep(0.2)  # a broker's failover has no event to wait on
     # Wait until every partition has a leader, so the first produce does not race the metadata.
     while True:
-        topics = admin.list_topics(timeout=timeout_s).topics
+        try:
+            topics = admin.list_topics(timeout=max(0.5, deadline - time.monotonic())).topics
+        except KafkaException as e:
+            if time.monotonic() >= deadline:
+                raise CronlogError(f"cannot read the metadata of topics {names}: {e}") from e
+            topics = {}
         ready = True
         for name in names:
             meta = topics.get(name)

@@ -77,13 +77,15 @@ class Metadata:
 class FlakyAdmin:
     """An admin client whose first creations fail with the given errors, topic by topic."""
 
-    def __init__(self, errors: dict[str, list[int]]) -> None:
+    def __init__(self, errors: dict[str, list[int]], existing: tuple[str, ...] = ()) -> None:
         self.errors = errors
         self.asked: list[list[str]] = []
-        self.created: set[str] = set()
+        self.waits: list[float] = []
+        self.created: set[str] = set(existing)
 
-    def create_topics(self, topics: list[Any], **_: Any) -> dict[str, Future]:
+    def create_topics(self, topics: list[Any], **options: Any) -> dict[str, Future]:
         self.asked.append([t.topic for t in topics])
+        self.waits.append(options["request_timeout"])
         futures = {}
         for t in topics:
             queue = self.errors.get(t.topic, [])
@@ -104,6 +106,27 @@ def test_a_topic_creation_a_dying_broker_interrupted_is_asked_again() -> None:
     _ensure_topics(admin, ["P.events", "P.commands"], 3, 3, {}, timeout_s=10)
     assert admin.asked == [["P.events", "P.commands"], ["P.events"], ["P.events"]]
     assert admin.created == {"P.events", "P.commands"}
+
+
+def test_a_node_starting_again_does_not_ask_the_controller_for_topics_that_exist() -> None:
+    """A node started again while the controller was down once exited with 'cannot create
+    topic ...: Failed while waiting for controller': its topics were there all along."""
+    gone = [KafkaError._TIMED_OUT] * 100
+    admin: Any = FlakyAdmin({"P.events": gone, "P.commands": gone}, existing=("P.events",))
+    with pytest.raises(CronlogError, match=r"cannot create topic P\.commands"):
+        _ensure_topics(admin, ["P.commands"], 3, 3, {}, timeout_s=1)
+    admin.asked.clear()
+    _ensure_topics(admin, ["P.events"], 3, 3, {}, timeout_s=1)
+    assert admin.asked == []
+
+
+def test_a_creation_the_controller_does_not_answer_leaves_time_to_ask_again() -> None:
+    """One round once took the whole start's 30 s, so a controller that moved meanwhile was
+    never asked: each round now asks for a part of it."""
+    admin: Any = FlakyAdmin({"P.events": [KafkaError._TIMED_OUT, KafkaError._TIMED_OUT]})
+    _ensure_topics(admin, ["P.events"], 3, 3, {}, timeout_s=30)
+    assert admin.asked == [["P.events"]] * 3
+    assert max(admin.waits) <= 30 / 3
 
 
 def test_a_topic_creation_refused_for_good_fails_at_once() -> None:
