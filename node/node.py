@@ -128,6 +128,7 @@ log = logging.getLogger(__name__)
 
 READ_YOUR_WRITES_S = 5.0
 FORWARD_TIMEOUT_S = 10.0
+FORWARD_BATCH = 500  # the commands one forwarded request carries at most
 # A question about another owner's history waits this long for its answer (the owner may first
 # wait up to READ_YOUR_WRITES_S for its history to fold the asker's last write).
 QUERY_TIMEOUT_S = 8.0
@@ -642,10 +643,53 @@ class Node:
                     self._answer, partition, query, envelope.reply_to, envelope.request_id
                 )
             return
+        if envelope.more:
+            self._decide_together(runner, offset, envelope)
+            return
         reply = None
         if envelope.reply_to is not None and envelope.request_id is not None:
             reply = self._replier(envelope.reply_to, envelope.request_id)
         runner.submit(Request(envelope.command, reply=reply, offset=offset))
+
+    def _decide_together(
+        self, runner: PartitionRunner, offset: int, envelope: wire.Envelope
+    ) -> None:
+        """A request of several commands: queued together, so they are decided in one batch,
+        and answered in one reply once the last is. Only the last carries the record's offset:
+        were the batch cut in two, the first part's append does not move the partition's
+        command position past commands not yet decided."""
+        assert envelope.command is not None
+        commands = [envelope.command, *envelope.more]
+        to, request_id = envelope.reply_to, envelope.request_id
+        outcomes: list[wire.Outcome | None] = [None] * len(commands)
+        left = [len(commands)]
+        lock = threading.Lock()
+
+        def answer(i: int) -> Callable[[Decided | CronlogError], None]:
+            def reply(result: Decided | CronlogError) -> None:
+                decided = (
+                    result if isinstance(result, CronlogError) else (result.events, result.offsets)
+                )
+                with lock:
+                    if outcomes[i] is not None:
+                        return
+                    outcomes[i] = wire.outcome(decided)
+                    left[0] -= 1
+                    if left[0]:
+                        return
+                if to is not None and request_id is not None:
+                    done = [o for o in outcomes if o is not None]
+                    self._log.send_reply(to, wire.encode(wire.answered(request_id, done)))
+
+            return reply
+
+        last = len(commands) - 1
+        runner.submit_many(
+            [
+                Request(command, reply=answer(i), offset=offset if i == last else None)
+                for i, command in enumerate(commands)
+            ]
+        )
 
     def _answer(
         self, partition: int, query: wire.Query, node_id: str, request_id: str | None
@@ -1210,9 +1254,13 @@ class Node:
         for p, indices in by_partition.items():
             runner = self._runners.get(p)
             if runner is None:
+                # one request of many commands to the owner, not a record and a reply each
                 remote += [
-                    asyncio.create_task(self._ask(p, i, commands, results, visible=visible))
-                    for i in indices
+                    asyncio.create_task(
+                        self._ask_together(p, part, commands, results, visible=visible)
+                    )
+                    for k in range(0, len(indices), FORWARD_BATCH)
+                    for part in [indices[k : k + FORWARD_BATCH]]
                 ]
             else:
                 asked = []
@@ -1297,6 +1345,64 @@ class Node:
             results[i] = await self._forward(partition, commands[i], visible=visible)
         except CronlogError as err:
             results[i] = err
+
+    async def _ask_together(
+        self,
+        partition: int,
+        indices: list[int],
+        commands: Sequence[AnyCommand],
+        results: list[list[ev.AnyEvent] | CronlogError | None],
+        *,
+        visible: bool = True,
+    ) -> None:
+        """Commands of a batch, to the owner of a partition elsewhere, in one request (the
+        ``more`` of :class:`wire.Envelope`); an owner that answers the first alone (a build
+        before ``more``) is asked the others one by one."""
+        if len(indices) == 1:
+            await self._ask(partition, indices[0], commands, results, visible=visible)
+            return
+        first, *more = (commands[i] for i in indices)
+        try:
+            reply = await self._through_log(
+                partition,
+                lambda request_id: wire.Envelope(
+                    command=first, more=more, request_id=request_id, reply_to=self.node_id
+                ),
+                FORWARD_TIMEOUT_S,
+                refusals=False,
+            )
+        except CronlogError as err:
+            for i in indices:
+                results[i] = err
+            return
+        outcomes = wire.outcomes(reply)
+        if len(outcomes) == 1:  # an older owner: the rest one by one
+            await asyncio.gather(
+                *(self._ask(partition, i, commands, results, visible=visible) for i in indices[1:])
+            )
+        elif len(outcomes) != len(indices):
+            log.error(
+                "partition %d: %d answers to %d commands", partition, len(outcomes), len(indices)
+            )
+            outcomes = []
+        last = -1
+        for i, outcome in zip(indices, outcomes, strict=False):
+            refused = wire.error_of(outcome)
+            results[i] = refused if refused is not None else outcome.events
+            if outcome.offsets:
+                last = max(last, outcome.offsets[-1])
+        for i in indices:
+            if results[i] is None:
+                results[i] = Unavailable(f"no answer from the owner of partition {partition}")
+        if not visible or last < 0:
+            return
+        try:
+            await self._visible(partition, [last])
+        except Unavailable as err:
+            for i in indices:
+                decided = results[i]
+                if isinstance(decided, list):
+                    results[i] = NotYetReadable(str(err), decided)
 
     async def _decide(self, command: AnyCommand) -> list[ev.AnyEvent]:
         """``execute`` without waiting for the read model: for the executors' heartbeats and
@@ -1575,10 +1681,16 @@ class Node:
             self._watching.ended(tenant, pool, partition, answered, now_told)
 
     async def _through_log(
-        self, partition: int, envelope: Callable[[str], wire.Envelope], timeout_s: float
+        self,
+        partition: int,
+        envelope: Callable[[str], wire.Envelope],
+        timeout_s: float,
+        *,
+        refusals: bool = True,
     ) -> wire.Reply:
         """Submit ``envelope(request_id)`` to the partition's commands and wait for the reply
-        in this node's mailbox (a refusal raised as the error it names)."""
+        in this node's mailbox (a refusal raised as the error it names, unless ``refusals``
+        is False: a reply of several outcomes is read outcome by outcome)."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[wire.Reply] = loop.create_future()
 
@@ -1599,7 +1711,7 @@ class Node:
             raise Unavailable(f"no answer from the owner of partition {partition}") from None
         finally:
             stop_waiting()
-        err = wire.error_of(reply)
+        err = wire.error_of(reply) if refusals else None
         if err is not None:
             raise err
         return reply

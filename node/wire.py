@@ -46,6 +46,22 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True):
     query: Query | None = None
     request_id: str | None = None
     reply_to: str | None = None  # the node waiting for the outcome
+    # Commands of the same partition decided after ``command``, in order, and answered in the
+    # same reply's ``more`` (a batch of heartbeats or completions asked of another owner: one
+    # record and one reply, not one of each a command). An owner built before ``more`` decides
+    # ``command`` alone and replies without ``more``; the asker then sends the rest one by one.
+    more: list[AnyCommand] = []
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What one command of a request's ``more`` came to: its events and their offsets, or a
+    refusal named as a :class:`Reply` names one."""
+
+    events: list[AnyEvent] = []
+    offsets: list[int] = []
+    error: str | None = None  # the core.errors class name of a refusal
+    message: str = ""
+    field: str | None = None  # of an InvalidDefinition
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -59,6 +75,7 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     by: str = ""  # the answering node (a query's): where to ask about its partitions next
     answers: dict[int, msgspec.Raw] = {}  # a query's ``also``, and its own partition, each
     refused: dict[int, Refused] = {}  # the partitions of such a query left unanswered
+    more: list[Outcome] = []  # the outcomes of the request's ``more``, in order
 
 
 _envelopes = msgspec.json.Decoder(Envelope)
@@ -98,8 +115,47 @@ def refusal(request_id: str, err: errors.CronlogError) -> Reply:
     return Reply(request_id=request_id, error=type(err).__name__, message=message, field=field)
 
 
-def error_of(reply: Reply) -> errors.CronlogError | None:
-    """The refusal a reply carries, rebuilt as the error the owner raised (or None)."""
+def outcome(result: errors.CronlogError | tuple[list[AnyEvent], list[int]]) -> Outcome:
+    """One command's outcome: a refusal, or the events it decided and their offsets."""
+    if isinstance(result, errors.CronlogError):
+        field = result.field if isinstance(result, errors.InvalidDefinition) else None
+        message = result.message if isinstance(result, errors.InvalidDefinition) else str(result)
+        return Outcome(error=type(result).__name__, message=message, field=field)
+    events, offsets = result
+    return Outcome(events=events, offsets=offsets)
+
+
+def answered(request_id: str, outcomes: list[Outcome]) -> Reply:
+    """The reply to a request of several commands: the first's outcome in the reply's own
+    fields (all an owner built before ``more`` would send), the others in ``more``."""
+    first, *more = outcomes
+    return Reply(
+        request_id=request_id,
+        events=first.events,
+        offsets=first.offsets,
+        error=first.error,
+        message=first.message,
+        field=first.field,
+        more=more,
+    )
+
+
+def outcomes(reply: Reply) -> list[Outcome]:
+    """Each command's outcome, in the order they were asked (the first's alone when the
+    owner predates ``more``)."""
+    first = Outcome(
+        events=reply.events,
+        offsets=reply.offsets,
+        error=reply.error,
+        message=reply.message,
+        field=reply.field,
+    )
+    return [first, *reply.more]
+
+
+def error_of(reply: Reply | Outcome) -> errors.CronlogError | None:
+    """The refusal a reply (or one outcome of it) carries, rebuilt as the error the owner
+    raised (or None)."""
     if reply.error is None:
         return None
     if reply.error == "InvalidDefinition":
