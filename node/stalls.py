@@ -207,6 +207,9 @@ class StallWatch(PeriodicWorker):
         if self._dump_path is not None and self._dump is None:
             scratch = self._dump_path.with_name(f".{self._dump_path.name}.armed")
             try:
+                # A worker process's directory may not be made yet (it was not: every worker of
+                # a node of several logged "no file for stacks" and named no stacks).
+                scratch.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 self._dump = scratch.open("w+", encoding="utf-8")
             except OSError as err:
                 log.warning("stall watch: no file for stacks (%s); stalls name no stacks", err)

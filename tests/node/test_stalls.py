@@ -301,3 +301,18 @@ def test_the_interpreter_held_by_one_call_is_told_with_that_call(
     [record] = [r for r in caplog.records if "stood still" in r.getMessage()]
     assert "test_the_interpreter_held_by_one_call_is_told_with_that_call" in record.getMessage()
     assert "in test_the_interpreter_held" in (tmp_path / "stalls.txt").read_text()
+
+
+def test_a_watch_started_before_its_directory_is_made_still_has_a_file_for_stacks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker process's stall watch starts before anything made the worker's directory."""
+    metrics = StallMetrics(CollectorRegistry())
+    dump = tmp_path / "node-1" / "stalls.txt"
+    watch = StallWatch(dict, metrics, LateStarts(metrics), dump_path=dump)
+    with caplog.at_level(logging.WARNING, logger="node.stalls"):
+        watch.start()
+        watch.stop()
+    assert not [r for r in caplog.records if "no file for stacks" in r.getMessage()]
+    assert (dump.parent / ".stalls.txt.armed").exists()
+    assert dump.parent.stat().st_mode & 0o077 == 0
