@@ -1,6 +1,6 @@
 """The hot part of an embedded node's data directory stays flat under a steady load run for ten
 times its retention window, while the archive takes what leaves the log (bench/disk_flat.py,
-short form: a 3 s retention, 40 s of load, the node stopped and measured at 13 s and at the
+short form: a 3 s retention, 30 s of load, the node stopped and measured at 10 s and at the
 end)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.node.targets import Target
 
 pytestmark = pytest.mark.slow
 RETENTION_S = 3.0
-DURATION_S = 40.0  # two retentions of warm-up, then eleven
+DURATION_S = 30.0  # three retentions of warm-up, then seven
 JOBS = 20
 
 
