@@ -129,27 +129,13 @@ def answered(request_id: str, outcomes: list[Outcome]) -> Reply:
     """The reply to a request of several commands: the first's outcome in the reply's own
     fields (all an owner built before ``more`` would send), the others in ``more``."""
     first, *more = outcomes
-    return Reply(
-        request_id=request_id,
-        events=first.events,
-        offsets=first.offsets,
-        error=first.error,
-        message=first.message,
-        field=first.field,
-        more=more,
-    )
+    return Reply(request_id=request_id, more=more, **msgspec.structs.asdict(first))
 
 
 def outcomes(reply: Reply) -> list[Outcome]:
     """Each command's outcome, in the order they were asked (the first's alone when the
     owner predates ``more``)."""
-    first = Outcome(
-        events=reply.events,
-        offsets=reply.offsets,
-        error=reply.error,
-        message=reply.message,
-        field=reply.field,
-    )
+    first = Outcome(**{name: getattr(reply, name) for name in Outcome.__struct_fields__})
     return [first, *reply.more]
 
 

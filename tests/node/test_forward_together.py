@@ -17,13 +17,11 @@ from core.commands import PutJob
 from core.errors import Conflict
 from core.events import JobRegistered
 from core.jobs import JobSpec, PullTarget
-from eventlog.embedded import EmbeddedLog
-from eventlog.log_server import LogServer
 from eventlog.port import partition_for
-from eventlog.remote import RemoteLog
 from node import wire
 from node.node import Node
 from node.runner import PartitionRunner, Request
+from tests.node.two_workers import two_workers
 
 pytestmark = pytest.mark.slow
 PARTITIONS = 4
@@ -31,27 +29,8 @@ PARTITIONS = 4
 
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[tuple[Node, Node]]:
-    log = EmbeddedLog.open(tmp_path / "log", PARTITIONS)
-    server = LogServer(log, tmp_path / "log.sock")
-    clients = [RemoteLog(server.path, name) for name in ("w0", "w1")]
-    started = [
-        Node(client, tmp_path / name, node_id=name)
-        for client, name in zip(clients, ("w0", "w1"), strict=True)
-    ]
-    for node in started:
-        node.start()
-    a, b = started
-    assert a.wait_owned(lambda owned: len(owned) == 2, 20)
-    assert b.wait_owned(lambda owned: len(owned) == 2, 20)
-    try:
-        yield a, b
-    finally:
-        for node in started:
-            node.stop(drain_s=0)
-        for client in clients:
-            client.close()
-        server.close()
-        log.close()
+    with two_workers(tmp_path, PARTITIONS) as pair:
+        yield pair
 
 
 def put(job_id: str, name: str = "job") -> PutJob:

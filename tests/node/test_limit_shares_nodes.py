@@ -11,39 +11,18 @@ from pathlib import Path
 import pytest
 
 from core.shares import Ask, key_of
-from eventlog.embedded import EmbeddedLog
-from eventlog.log_server import LogServer
 from eventlog.port import partition_for
-from eventlog.remote import RemoteLog
 from node import limit_shares, wire
 from node.node import Node
+from tests.node.two_workers import two_workers
 
 PARTITIONS = 4
 
 
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[tuple[Node, Node]]:
-    log = EmbeddedLog.open(tmp_path / "log", PARTITIONS)
-    server = LogServer(log, tmp_path / "log.sock")
-    clients = [RemoteLog(server.path, name) for name in ("w0", "w1")]
-    started = [
-        Node(client, tmp_path / client_name, node_id=client_name, cluster_limits=True)
-        for client, client_name in zip(clients, ("w0", "w1"), strict=True)
-    ]
-    for node in started:
-        node.start()
-    a, b = started
-    assert a.wait_owned(lambda owned: len(owned) == 2, 20)
-    assert b.wait_owned(lambda owned: len(owned) == 2, 20)
-    try:
-        yield a, b
-    finally:
-        for node in started:
-            node.stop(drain_s=0)
-        for client in clients:
-            client.close()
-        server.close()
-        log.close()
+    with two_workers(tmp_path, PARTITIONS, cluster_limits=True) as pair:
+        yield pair
 
 
 def team_owned_by(node: Node) -> str:
