@@ -183,6 +183,13 @@ def routing_key(command: AnyCommand) -> str:
     raise TypeError(f"{type(command).__name__} is not routed by job")
 
 
+def _may_be_held(command: AnyCommand) -> bool:
+    """Whether the owner may hold ``command``'s answer until an instant to come: a worker's
+    check of a run leased ahead (``PartitionRunner._hold_check``, up to seconds). Such a
+    command is asked alone, never in a request of several, whose one reply would wait for it."""
+    return type(command) is HeartbeatRun and command.check
+
+
 def _holds_here(runner: PartitionRunner, command: AnyCommand) -> bool:
     """Whether ``command`` is a worker's check of a run leased ahead that the partition's state
     answers "the lease holds" without its loop (:meth:`PartitionRunner.lease_holds`)."""
@@ -1255,12 +1262,18 @@ class Node:
             runner = self._runners.get(p)
             if runner is None:
                 # one request of many commands to the owner, not a record and a reply each
+                together = [i for i in indices if not _may_be_held(commands[i])]
                 remote += [
                     asyncio.create_task(
                         self._ask_together(p, part, commands, results, visible=visible)
                     )
-                    for k in range(0, len(indices), FORWARD_BATCH)
-                    for part in [indices[k : k + FORWARD_BATCH]]
+                    for k in range(0, len(together), FORWARD_BATCH)
+                    for part in [together[k : k + FORWARD_BATCH]]
+                ]
+                remote += [
+                    asyncio.create_task(self._ask(p, i, commands, results, visible=visible))
+                    for i in indices
+                    if _may_be_held(commands[i])
                 ]
             else:
                 asked = []

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from core.commands import PutJob
+from core.commands import AnyCommand, HeartbeatRun, PutJob
 from core.errors import Conflict
 from core.events import JobRegistered
 from core.jobs import JobSpec, PullTarget
@@ -100,3 +100,33 @@ def test_an_owner_that_answers_the_first_alone_is_asked_the_rest_one_by_one(
     results: list[Any] = asyncio.run(a.execute_many([put(j) for j in ids]))
     assert sent == [partition] * 4  # the request of four, then the three it left
     assert [r[0].job_id for r in results] == [f"team-a/{j}" for j in ids]
+
+
+def test_a_check_the_owner_may_hold_is_asked_alone(
+    nodes: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's check of a run leased ahead is held by its owner until the run's start is
+    near (seconds): in a request of several, the one reply would hold every other answer with
+    it (a pull herd's starts came 8 s late when it did)."""
+    a, b = nodes
+    [job] = owned_by(b, 1, "c")
+    run_id = f"team-a/{job}.1796000000000"
+    check = HeartbeatRun(run_id=run_id, fencing_token=1, tenant="team-a", check=True)
+    beat = HeartbeatRun(run_id=run_id, fencing_token=1, tenant="team-a")
+    commands: list[AnyCommand] = [put(job), check, beat, put(job, name="again")]
+    asked: list[list[AnyCommand]] = []
+
+    async def together(p: int, indices: list[int], cs: Any, results: Any, **_: Any) -> None:
+        asked.append([cs[i] for i in indices])
+        for i in indices:
+            results[i] = []
+
+    async def alone(p: int, i: int, cs: Any, results: Any, **_: Any) -> None:
+        asked.append([cs[i]])
+        results[i] = []
+
+    monkeypatch.setattr(a, "_ask_together", together)
+    monkeypatch.setattr(a, "_ask", alone)
+    asyncio.run(a.execute_many(commands))
+    assert [check] in asked
+    assert not [request for request in asked if check in request and len(request) > 1]
