@@ -882,6 +882,9 @@ def configure_logging(args: argparse.Namespace) -> None:
     # are what matters here, and the watch logs those it meets.
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
     logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
+    # Its connections' errors come again each round of the watch (four a second) while a
+    # broker is down; the watch says what failed, once and then every few seconds.
+    logging.getLogger("kafka.net").setLevel(logging.CRITICAL)
 
 
 def make_private_dir(path: Path) -> None:

@@ -35,7 +35,9 @@ import contextlib
 import http.client
 import json
 import logging
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +47,7 @@ from node.worker import PeriodicWorker
 log = logging.getLogger(__name__)
 
 PROBE_S = 0.25  # how often each watched node is asked
+FAILING_TOLD_S = 10.0  # while rounds keep failing, how often the watch says so
 PROBE_TIMEOUT_S = 0.5  # an answer later than this is no answer: the session decides
 STRIKES = 2  # refusals in a row before a node's members are removed
 WATCHED = 2  # the nodes after one's own, in the ring of addresses, that each node watches
@@ -126,8 +129,12 @@ class PeerWatch(PeriodicWorker):
         ask: Callable[[str], str | None] = probe,
         probe_s: float = PROBE_S,
         closing: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._closing = closing
+        self._clock = clock
+        self._failures = 0  # rounds failed in a row
+        self._told_at = 0.0  # when the last of them was logged
         self._address = own_address
         self._boot = own_boot
         self._members = members
@@ -140,7 +147,11 @@ class PeerWatch(PeriodicWorker):
         self._answered: dict[str, set[str]] = {}
 
     def _pass(self) -> object:
-        return self.round()
+        removed = self.round()
+        if self._failures:
+            log.info("peer watch: rounds work again, after %d failed", self._failures)
+            self._failures = 0
+        return removed
 
     def stop(self, timeout_s: float | None = None) -> None:
         super().stop(timeout_s)
@@ -151,8 +162,22 @@ class PeerWatch(PeriodicWorker):
         return self._probe_s
 
     def _failed(self) -> None:
-        # the watch only speeds things up: the session still decides meanwhile
-        log.exception("peer watch: a round failed; the next comes at its time")
+        # The watch only speeds things up: the session still decides meanwhile. A broker that
+        # is down fails every round, four a second: the first is logged whole, the rest once
+        # every FAILING_TOLD_S (a traceback each round once made most of a node's log).
+        self._failures += 1
+        now = self._clock()
+        if self._failures == 1:
+            self._told_at = now
+            log.exception("peer watch: a round failed; the next comes at its time")
+        elif now - self._told_at >= FAILING_TOLD_S:
+            self._told_at = now
+            log.warning(
+                "peer watch: %d rounds in a row failed, the last with %r; the next comes at its"
+                " time",
+                self._failures,
+                sys.exc_info()[1],
+            )
 
     def round(self) -> list[Member]:
         """One round: ask the watched nodes, remove the members of those found dead; return

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import socket
 import threading
 
+import pytest
+
 from node.peer_watch import (
+    PROBE_S,
     REFUSED,
     GroupAdmin,
     Member,
@@ -185,3 +189,39 @@ def test_a_dead_worker_process_loses_its_own_members_only() -> None:
     assert remove_process(admin, "n1-w1", "b1") == [w1]
     assert admin.group_members == [w0, old_w1, other]
     assert remove_process(admin, "n1-w1", "b1") == []  # gone already: nothing sent
+
+
+def test_rounds_that_keep_failing_are_told_once_then_every_few_seconds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A broker that is down fails every round, four a second: a traceback each round once
+    made most of a node's log through a broker kill."""
+    now = [0.0]
+    down = [True]
+
+    def members() -> list[Member]:
+        if down[0]:
+            raise ConnectionError("the coordinator's broker is down")
+        return []
+
+    watch = PeerWatch(
+        ME, "b1", members, lambda dead: None, ask=lambda a: None, clock=lambda: now[0]
+    )
+
+    def one_round() -> None:  # as the worker's thread makes one
+        try:
+            watch._pass()
+        except Exception:
+            watch._failed()
+
+    with caplog.at_level(logging.INFO, logger="node.peer_watch"):
+        for _ in range(40):  # ten seconds of rounds, less one
+            one_round()
+            now[0] += PROBE_S
+        told = [r for r in caplog.records if r.name == "node.peer_watch"]
+        assert [(r.levelno, r.exc_info is not None) for r in told] == [(logging.ERROR, True)]
+        one_round()  # ten seconds on
+        assert "41 rounds in a row failed" in caplog.records[-1].getMessage()
+        down[0] = False
+        one_round()
+    assert caplog.records[-1].getMessage() == "peer watch: rounds work again, after 41 failed"
