@@ -183,6 +183,13 @@ def routing_key(command: AnyCommand) -> str:
     raise TypeError(f"{type(command).__name__} is not routed by job")
 
 
+def _outcome_of(result: Decided | CronlogError) -> wire.Outcome:
+    """A runner's answer to a forwarded command, as the reply carries it."""
+    if isinstance(result, CronlogError):
+        return wire.outcome(result)
+    return wire.outcome((result.events, result.offsets))
+
+
 def _may_be_held(command: AnyCommand) -> bool:
     """Whether the owner may hold ``command``'s answer until an instant to come: a worker's
     check of a run leased ahead (``PartitionRunner._hold_check``, up to seconds). Such a
@@ -674,13 +681,10 @@ class Node:
 
         def answer(i: int) -> Callable[[Decided | CronlogError], None]:
             def reply(result: Decided | CronlogError) -> None:
-                decided = (
-                    result if isinstance(result, CronlogError) else (result.events, result.offsets)
-                )
                 with lock:
                     if outcomes[i] is not None:
                         return
-                    outcomes[i] = wire.outcome(decided)
+                    outcomes[i] = _outcome_of(result)
                     left[0] -= 1
                     if left[0]:
                         return
@@ -776,12 +780,7 @@ class Node:
 
     def _replier(self, node_id: str, request_id: str) -> Callable[[Decided | CronlogError], None]:
         def send(result: Decided | CronlogError) -> None:
-            if isinstance(result, CronlogError):
-                message = wire.refusal(request_id, result)
-            else:
-                message = wire.Reply(
-                    request_id=request_id, events=result.events, offsets=result.offsets
-                )
+            message = wire.answered(request_id, [_outcome_of(result)])
             self._log.send_reply(node_id, wire.encode(message))
 
         return send
@@ -1262,18 +1261,19 @@ class Node:
             runner = self._runners.get(p)
             if runner is None:
                 # one request of many commands to the owner, not a record and a reply each
-                together = [i for i in indices if not _may_be_held(commands[i])]
+                together: list[int] = []
+                for i in indices:
+                    if _may_be_held(commands[i]):
+                        ask = self._ask(p, i, commands, results, visible=visible)
+                        remote.append(asyncio.create_task(ask))
+                    else:
+                        together.append(i)
                 remote += [
                     asyncio.create_task(
                         self._ask_together(p, part, commands, results, visible=visible)
                     )
                     for k in range(0, len(together), FORWARD_BATCH)
                     for part in [together[k : k + FORWARD_BATCH]]
-                ]
-                remote += [
-                    asyncio.create_task(self._ask(p, i, commands, results, visible=visible))
-                    for i in indices
-                    if _may_be_held(commands[i])
                 ]
             else:
                 asked = []

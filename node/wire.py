@@ -110,9 +110,7 @@ def decode_reply(data: bytes) -> Reply:
 
 
 def refusal(request_id: str, err: errors.CronlogError) -> Reply:
-    field = err.field if isinstance(err, errors.InvalidDefinition) else None
-    message = err.message if isinstance(err, errors.InvalidDefinition) else str(err)
-    return Reply(request_id=request_id, error=type(err).__name__, message=message, field=field)
+    return answered(request_id, [outcome(err)])
 
 
 def outcome(result: errors.CronlogError | tuple[list[AnyEvent], list[int]]) -> Outcome:
