@@ -147,11 +147,16 @@ class ShareBook:
         entries = self._expire(ask.key, now_ms)
         wanted = {m: max(e.wanted, e.used) for m, e in entries.items()}
         targets = fair_division(ask.limit, wanted)
-        # What nobody wants goes in equal parts to every member, as headroom: a member held to
-        # exactly its last want would refuse its next request or call and wait a round trip.
-        # (A refused count is asked for again at once, so a freed share still reaches it.)
+        # What nobody wants goes to the members as headroom: a member held to exactly its last
+        # want would refuse its next request or call and wait a round trip. (A refused count is
+        # asked for again at once, so a freed share still reaches it.) Each member's part of
+        # it is its part of the partitions, so the members that have not asked yet find their
+        # parts free: split over the members seen so far, the first to ask took it all, and
+        # the next was refused its first request until the first asked again, a period later.
+        # A member that owns none (just joined) or does not say its part (older) gets an equal
+        # part of it.
         spare = ask.limit - sum(targets.values())
-        target = targets[member] + spare / len(entries)
+        target = targets[member] + spare * (ask.part if ask.part > 0 else 1 / len(entries))
         # What the others hold, enforce or were granted: a share grows only into the rest.
         others = sum(max(e.granted, e.in_force, e.used) for m, e in entries.items() if m != member)
         if not ask.whole and now_ms - born < YOUNG_PERIODS * self._period_ms:

@@ -12,13 +12,14 @@ import json
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
 from cli.workers import floor_path, reported_floor
-from tests.cli.test_serve import A, Serve, _iso
+from tests.cli.test_serve import A, B, Serve, _iso
 from tests.node.targets import Target
 from tools.chaos.procs import children
 
@@ -64,6 +65,17 @@ def test_workers_share_the_partitions_and_a_killed_one_comes_back(tmp_path: Path
     try:
         wait_until(lambda: len(children(node.proc.pid)) == 2, 10, "two worker processes")
         first = children(node.proc.pid)
+        # A team's first claims, on both workers at once, all wait: each worker's share of the
+        # team's 256 waiting claims is granted by the team's owner, and the first worker to ask
+        # was once granted all of them as headroom, the other none (429 until the next period).
+        claim = {"pool": "first", "worker_id": "w", "limit": 1, "wait_sec": 0.5}
+
+        def claim_once(_: int) -> int:
+            with httpx.Client(timeout=10) as fresh:  # a connection each: either worker's
+                return fresh.post(f"{node.url}/v1/workers/claim", json=claim, headers=B).status_code
+
+        with ThreadPoolExecutor(16) as pool:
+            assert list(pool.map(claim_once, range(16))) == [200] * 16
         # Each request lands on one worker or the other; every job is known to both (each
         # worker keeps its own partitions' history and asks the other about the rest) and
         # runs once.

@@ -112,6 +112,20 @@ def test_a_count_held_elsewhere_is_not_handed_out_until_it_ends() -> None:
     assert (a, b) == (7, 1)
 
 
+def test_the_first_member_to_ask_leaves_the_others_their_parts_of_the_headroom() -> None:
+    # Two worker processes of a node, half the partitions each, the team's first claims on
+    # both at once: the first asker once took all 255 spare claims as headroom, and the
+    # second was granted none, refusing its first claim (429) until the first asked again.
+    book = ShareBook()
+    claims = key_of("team-a", "waiting-claims")
+    [a] = ask(book, "a", 0, Ask(claims, 256, 1, 0, used=0, whole=True, part=0.5))
+    [b] = ask(book, "b", 0, Ask(claims, 256, 1, 0, used=0, whole=True, part=0.5))
+    assert (a, b) == (128, 128)
+    # a member that does not say its part (older) has an equal part among those seen
+    [c] = ask(book, "c", 0, Ask(STREAMS, 8, 1, 0, used=0, whole=True))
+    assert c == 8
+
+
 def test_whole_shares_of_a_small_count_never_sum_above_it() -> None:
     book = ShareBook()
     got = [ask(book, m, 0, Ask(STREAMS, 8, 5, 0, whole=True))[0] for m in "abc"]
