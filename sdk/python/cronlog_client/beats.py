@@ -4,12 +4,15 @@ that come due together, not one request a run.
 Each run the worker holds beats every third of its lease. One request a beat is what a worker
 holding thousands of runs cannot afford: at 5,000 runs and a lease of 15 s that is a thousand
 requests a second, a whole core of the worker spent in the HTTP client, heartbeats answered
-seconds late and leases running out under running handlers. Here a beat waits at most
-``linger_sec`` for others to join it, and the beats that came due together go in one request
-(``max_batch`` at most). At most ``IN_FLIGHT`` requests (4) are in flight; what comes due
-meanwhile makes the next batch, so the batches grow with the runs held and the requests do
-not. (Several, not one: the checks of a herd's runs leased ahead come due together, tens of
-thousands, and must be answered before their start.)
+seconds late and leases running out under running handlers. Here a beat waits for the
+request in flight to be answered (``linger_sec`` at most), and the beats that came due meanwhile
+go together in one request (``max_batch`` at most). With no request in flight a beat waits
+only ``GATHER_S`` (5 ms) for others: longer would only make its run's answer late. So the
+batches follow the node's round trip: a node answering in 20 ms gets a request of what came
+due in some 25 ms, a slower one fewer and larger requests. A batch that
+waited ``linger_sec`` goes beside the ones in flight, ``IN_FLIGHT`` (4) at most. (Several, not
+one: the checks of a herd's runs leased ahead come due together, tens of thousands, and must
+be answered before their start.)
 
 Each beat is answered for its run alone, as a single ``heartbeat`` would be:
 
@@ -28,7 +31,7 @@ than it: the request answered 404 or 405) is asked one run a request, as before,
 of the worker's life.
 
 Worked example: a worker holding 5,000 runs of a 15 s lease beats about 1,000 runs a second;
-with ``linger_sec`` 0.05 that is some twenty requests a second of about fifty beats each. If
+answered in 20 ms, that is some forty requests a second of about twenty-five beats each. If
 one of those runs was cancelled meanwhile, its item is answered 409 and only its handler is
 told; the others' leases are extended.
 """
@@ -51,6 +54,7 @@ log = logging.getLogger("cronlog_client.worker")
 MAX_BACKOFF_S = 2.0
 BEAT_TRIES = 5  # a batch that could not be sent is sent again (a heartbeat is repeatable)
 IN_FLIGHT = 4  # heartbeat requests in flight at once
+GATHER_S = 0.005  # the least a batch waits for others, when no request is in flight
 NO_ENDPOINT = (404, 405)  # what a node older than POST /v1/runs:heartbeat answers it
 
 How = Literal["extended", "lost", "undelivered"]
@@ -210,7 +214,7 @@ class Beater:
                     await asyncio.wait(self._sending, return_when=asyncio.FIRST_COMPLETED)
                 sent = asyncio.ensure_future(self._send_settled(batch))
                 self._sending.add(sent)
-                sent.add_done_callback(self._sending.discard)
+                sent.add_done_callback(self._answered)
         finally:
             for unsent in list(self._sending):
                 unsent.cancel()
@@ -221,16 +225,25 @@ class Beater:
                 self._settle(waiting, Answer("undelivered", "the worker stopped"))
             self._held.clear()
 
+    def _answered(self, sent: asyncio.Future[None]) -> None:
+        self._sending.discard(sent)
+        self._wake.set()  # a batch lingering behind it may go now
+
     async def _linger(self) -> None:
+        """Gather beats until the batch is full, or its first beat has waited ``GATHER_S`` and
+        no request is in flight, or it has waited ``linger_sec``."""
         loop = asyncio.get_running_loop()
-        until = self._queue[0].since + self.linger_sec
+        since = self._queue[0].since
+        until, soonest = since + self.linger_sec, since + min(GATHER_S, self.linger_sec)
         while len(self._queue) < self.max_batch and not self._closing:
-            left = until - loop.time()
-            if left <= 0:
+            now = loop.time()
+            if now >= until or (now >= soonest and not self._sending):
                 return
-            self._wake.clear()
+            self._wake.clear()  # a beat joining or a request answered wakes it
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), left)
+                await asyncio.wait_for(
+                    self._wake.wait(), (until if self._sending else soonest) - now
+                )
 
     async def _send_settled(self, batch: list[_Waiting]) -> None:
         """:meth:`_send`; a bug in it leaves no beat unanswered (it is logged)."""

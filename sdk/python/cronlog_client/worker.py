@@ -40,8 +40,9 @@ What the worker does for the handler:
   that does not take ``ahead_sec`` (older than it) is claimed from without it, for the
   worker's life.
 - **Heartbeats** every third of the lease with the run's fencing token. The beats of the runs
-  the worker holds that come due together go in one ``POST /v1/runs:heartbeat`` (one waits
-  ``heartbeat_linger_sec``, 50 ms by default, for others; 1,000 a request at most), each
+  the worker holds that come due together go in one ``POST /v1/runs:heartbeat`` (a beat
+  waits 5 ms for others, and behind a request in flight until it is answered,
+  ``heartbeat_linger_sec`` at most, 50 ms by default; 1,000 a request at most), each
   answered for its run alone (``beats.py``): a worker holding thousands of runs makes a few
   requests a second, not one a run. The first beats of runs started together are spread at
   ``heartbeat_spread_per_sec`` (2,000 a second, within half a period): a herd's runs would
