@@ -2,7 +2,7 @@
 lag ≤ 100 ms for a whole window, found by steps.
 
     python -m bench.sustained [--kind http|pull|pull-sdk] [--rates 250,500,1000,2000]
-        [--window-s 60]
+        [--window-s 60] [--workers N]
 
 A rate of R runs a second is R interval jobs of one second, their first slots spread evenly
 over a second (``start_at`` = T0 + i/R s), so R runs come due every second, one every 1/R s.
@@ -14,7 +14,8 @@ arrival at the worker is reported beside it); ``pull-sdk`` runs them with two pr
 the SDK's ``Worker`` (:mod:`bench.held_workers`, claims reaching 15 s ahead, the SDK's
 default; lag = when the handler began - slot, on the same machine's clock). A slot not started
 2 s after the window counts as infinitely late. A step holds when p99 ≤ 100 ms; the search
-stops at the first step that does not hold.
+stops at the first step that does not hold. ``--workers N`` runs the node as ``cronlog serve
+--workers N`` (its partitions over N processes; the scenario is named ``...-workers-N``).
 
 Appends one JSON line per step to bench/results/sustained.jsonl and prints it.
 """
@@ -77,6 +78,7 @@ def step(
     warm_s: int = 3,
     kafka: str | None = None,
     profile: bool = False,
+    processes: int = 0,
 ) -> dict[str, Any]:
     """One rate for one window on a fresh node: the lags of the window's slots (and, with
     ``profile``, where the node's CPU went over the window; such a step is not a figure)."""
@@ -85,7 +87,8 @@ def step(
     raw = tmp / f"profile-{secrets.token_hex(4)}.txt"
     profiled = None
     load = loadavg()
-    with Serve(data, kafka=kafka) as serve:
+    extra = ["--workers", str(processes)] if processes else []
+    with Serve(data, kafka=kafka, extra=extra) as serve:
         document = serve.openapi()
         batch = find_batch_endpoint(document)
 
@@ -193,7 +196,9 @@ def step(
         figures["workers"] = counts
     return {
         "timestamp": stamp(),
-        "scenario": f"sustained-{kind}" + ("-kafka" if kafka else ""),
+        "scenario": f"sustained-{kind}"
+        + ("-kafka" if kafka else "")
+        + (f"-workers-{processes}" if processes else ""),
         "rate": rate,
         "window_s": window_s,
         "warm_s": warm_s,
@@ -212,11 +217,14 @@ def search(
     kafka: str | None = None,
     tags: dict[str, Any] | None = None,
     profile: bool = False,
+    workers: int = 0,
 ) -> dict[str, Any]:
     """Steps up ``rates`` until one does not hold; the highest that held and every step."""
     steps, best = [], 0
     for rate in rates:
-        record = step(kind, rate, window_s, tmp, recorder, kafka=kafka, profile=profile)
+        record = step(
+            kind, rate, window_s, tmp, recorder, kafka=kafka, profile=profile, processes=workers
+        )
         record.update(tags or {})
         if profile:
             print(json.dumps(record["figures"].pop("profile", None), indent=1))
@@ -242,16 +250,25 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="where the node's CPU goes (py-spy); not recorded"
     )
+    parser.add_argument(
+        "--workers", type=int, default=0, help="cronlog serve --workers N (default: one process)"
+    )
+    parser.add_argument("--tag", default="", help="a note kept with each result line")
     args = parser.parse_args()
+    tags = {"tag": args.tag} if args.tag else None
     rates = [int(r) for r in args.rates.split(",")]
     with tempfile.TemporaryDirectory(prefix="cronlog-sustained-") as tmp:
         if args.kind == "http":
             with Recorder() as recorder:
                 result = search(
-                    "http", rates, args.window_s, Path(tmp), recorder, profile=args.profile
-                )
+                    "http", rates, args.window_s, Path(tmp), recorder, profile=args.profile,
+                    workers=args.workers, tags=tags,
+                )  # fmt: skip
         else:
-            result = search(args.kind, rates, args.window_s, Path(tmp), None, profile=args.profile)
+            result = search(
+                args.kind, rates, args.window_s, Path(tmp), None, profile=args.profile,
+                workers=args.workers, tags=tags,
+            )  # fmt: skip
     print(f"highest {args.kind} rate holding p99 <= 100 ms: {result['highest_holding_per_s']}/s")
 
 
