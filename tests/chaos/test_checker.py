@@ -869,6 +869,23 @@ def test_a_node_that_says_ready_while_its_partition_is_dark_is_caught() -> None:
     assert dark["first_named_after_s"] is None and dark["owner_said_ready_samples"] == 1
 
 
+def test_a_partition_gained_between_the_readiness_answer_and_the_metrics_is_judged_after() -> None:
+    # /readyz is asked before /metrics: n1 said ready owning nothing dark, and was handed
+    # partition 0 (dark since T0 + 6 s) before its metrics answered. Its next sample names it.
+    b = dark_for_a_while()
+    samples = [
+        sample("n1", T0 + 9500, [1]),
+        sample("n1", T0 + 10_000, [0, 1]),
+        sample("n1", T0 + 10_500, [0, 1], "partitions not deciding: 0 (recovering)"),
+    ]
+    report = check(b.history(T0 + 24_000, health_samples=samples))
+    assert report.ok, report.as_json()["violations"]
+    # and ready again a sample later, still owning it dark: a lie
+    samples.append(sample("n1", T0 + 11_000, [0, 1]))
+    report = check(b.history(T0 + 24_000, health_samples=samples))
+    assert report.counts["ready_while_dark"] == 1, report.as_json()["violations"]
+
+
 def test_a_node_that_names_its_dark_partition_passes() -> None:
     b = dark_for_a_while()
     samples = [

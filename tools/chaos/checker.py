@@ -48,8 +48,9 @@ What must hold (a violation of any is a failed run):
     partitions owned but not running).
 14. ``ready_while_dark``: through the run (``tools.chaos.watch`` samples every node's
     ``/readyz`` and ``/metrics`` every half second), no node says ready while its metrics show
-    it owning a partition that has owed leases and granted none for more than
-    ``DARK_BOUND_MS`` (:class:`Darkness`); not judged while a clock fault moves a clock.
+    it owning a partition (in that sample and the one before) that has owed leases and granted
+    none for more than ``DARK_BOUND_MS`` (:class:`Darkness`); not judged while a clock fault
+    moves a clock.
 15. ``outcome_unknown_without_fault``: a critical run is set aside (dead-lettered
     ``outcome_unknown``) only near a fault: its last lease, from its grant to its end, overlaps
     a fault of the plan from ``FAULT_BEFORE_MS`` before its strike to ``FAULT_AFTER_MS`` after
@@ -1287,8 +1288,10 @@ class Darkness:
 def _check_readiness(history: History, f: Fold, report: Report) -> None:
     """``ready_while_dark``: no node says ready (``/readyz`` 200) while its metrics show it
     owning a partition dark (:class:`Darkness`) at that moment, which means dark for more than
-    ``DARK_BOUND_MS`` already. Ownership is the partition labels of the node's own metrics in
-    that sample (the last ones it answered when its ``/metrics`` did not).
+    ``DARK_BOUND_MS`` already. Ownership is the partition labels of the node's own metrics,
+    those of that sample (the last ones it answered when its ``/metrics`` did not) that were in
+    its sample before too: ``/metrics`` is asked after ``/readyz``, so a partition first seen in
+    a sample may have come after the readiness answer.
 
     Figures: per fault, each partition's longest darkness after it, how long into it a node
     first named the partition not deciding, for how long one did, how often its owner said
@@ -1307,9 +1310,16 @@ def _check_readiness(history: History, f: Fold, report: Report) -> None:
     metrics_missing = 0
     for r in samples:
         node, t = r["node"], int(r["at"])
+        before = owned_last.get(node, [])
         if r.get("owned") is not None:
             owned_last[node] = r["owned"]
-        owned_then.append(owned_last.get(node, []))
+        # The watch asks /readyz first, then /metrics: a partition gained between the two
+        # answers is in the metrics' list but was not the node's when it said ready (seed 32:
+        # ready with partition 1 caught up, partition 4 assigned 0.6 s later, its metrics
+        # answered after that). So a sample judges the partitions its node owned in this
+        # sample's metrics and in its last before: owned across the readiness answer. A
+        # partition just gained is judged from the next sample on.
+        owned_then.append([p for p in owned_last.get(node, []) if p in before])
         if r.get("metrics_ms") is not None:
             metrics_ms.append(int(r["metrics_ms"]))
         elif r.get("readyz"):  # it answered its probe, not its scrape
@@ -1321,7 +1331,7 @@ def _check_readiness(history: History, f: Fold, report: Report) -> None:
             continue
         if any(lo <= t <= hi for lo, hi in unjudged):
             continue
-        for p in owned_last.get(node, []):
+        for p in owned_then[-1]:
             if darkness.dark(p, t):
                 ready_dark += 1
                 report.violate(
