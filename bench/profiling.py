@@ -14,6 +14,7 @@ Sampling slows the node a little; a profiled run's timings are not recorded as f
 from __future__ import annotations
 
 import re
+import os
 import shutil
 import signal
 import subprocess
@@ -94,4 +95,7 @@ def finish(proc: subprocess.Popen[bytes] | None, raw: Path) -> dict[str, Any] | 
     _, err = proc.communicate(timeout=120)
     if not raw.exists():
         return {"error": (err or b"").decode(errors="replace")[-500:]}
+    keep = os.environ.get("CRONLOG_BENCH_PROFILE_KEEP")
+    if keep:  # the raw stacks, for callers the summary does not show
+        shutil.copyfile(raw, keep)
     return summarize(raw)

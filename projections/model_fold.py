@@ -134,6 +134,7 @@ class _Pending:
     deleted_ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
     ready: list[ReadyRun] = field(default_factory=list)
     partition: int = -1  # the partition of the event being folded
+    dependants: bool = False  # a job was indexed as an upstream's dependant
 
 
 def _tag(p: _Pending, tenant: str, job_id: str, tags: Sequence[str], value: bytes | None) -> None:
@@ -148,6 +149,7 @@ def _depend(
     """Index (``b""``) or unindex (``None``) ``job_id`` as a dependant of each upstream job."""
     for upstream in upstreams:
         p.raw[dependant_key(tenant, upstream, job_id)] = value
+        p.dependants = p.dependants or value is not None
 
 
 def _status(job: JobRecord) -> JobStatusName:
@@ -256,6 +258,9 @@ class ModelFold(ModelStore):
             wb.put(position_key(partition), u64(position))
         if not wb.is_empty():
             with self._db_lock, self._reading():
+                # before the write, under the lock queries take: none finds the flag clear
+                # and the index written
+                self._dependants = self._dependants or pending.dependants
                 self._db.write(wb, self._write_options)
         with self._moved:
             self._positions.update(pending.positions)

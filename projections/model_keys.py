@@ -63,6 +63,7 @@ POSITIONS = b"m/pos/"
 JOB_COUNTS = b"m/job-counts"
 UNLISTED_CANCELLED = b"m/unlisted-cancelled"
 UNSCOPED = b"m/unscoped"  # present once a job id from before ids were scoped was folded in
+DEPENDANTS = b"dp/"  # dp/<tenant>/<upstream>/<job id>: the jobs that depend on an upstream
 STATUSES = b"tjs/"
 FORGOTTEN = b"jf/"
 RUN_COUNTS = b"c/"
@@ -146,11 +147,11 @@ def tag_key(tenant: str, tag: str, job_id: str) -> bytes:
 
 
 def dependants_prefix(tenant: str, upstream: str) -> bytes:
-    return f"dp/{tenant}/{upstream}/".encode()
+    return DEPENDANTS + f"{tenant}/{upstream}/".encode()
 
 
 def dependant_key(tenant: str, upstream: str, job_id: str) -> bytes:
-    return f"dp/{tenant}/{upstream}/{job_id}".encode()
+    return DEPENDANTS + f"{tenant}/{upstream}/{job_id}".encode()
 
 
 def forgotten_key(at: int, job_id: str) -> bytes:

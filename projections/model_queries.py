@@ -141,6 +141,8 @@ class ModelQueries(ModelStore):
     @query
     def dependants(self, tenant: str, upstream_job_id: str) -> list[str]:
         """The live jobs of ``tenant`` whose ``depends_on`` names ``upstream_job_id``."""
+        if not self._dependants:  # no job depends on another (most nodes): nothing to read
+            return []
         prefix = dependants_prefix(tenant, upstream_job_id)
         with self._db_lock:
             return [key.decode() for key, _ in self._scan(prefix)]

@@ -31,7 +31,7 @@ from rocksdict import Rdict, WriteOptions
 from core.errors import StoreDamaged, Unavailable
 from eventlog.port import EventLog
 from eventlog.rocks import checked_reads, is_damage, iterator_error
-from projections.model_keys import POSITIONS, from_u64, partition_of, prefix_end
+from projections.model_keys import DEPENDANTS, POSITIONS, from_u64, partition_of, prefix_end
 
 
 class ModelStore:
@@ -54,6 +54,13 @@ class ModelStore:
     _moved: threading.Condition  # notified when positions move (a batch, a set-aside, a refill)
     _floor: dict[int, int]  # per partition, what it must reach before it answers for it
     _closed = False  # closed: a node that kept one partition's history lost the partition
+    # Whether any job was indexed as a dependant (at open, or folded since): without one, a
+    # lookup of an upstream's dependants (one a success the relay sees) reads nothing.
+    _dependants = True
+
+    def _any_dependants(self) -> bool:
+        """Whether the store holds a dependant (one seek; read at open and at a refill)."""
+        return next(iter(self._scan(DEPENDANTS, limit=1)), None) is not None
 
     @property
     def path(self) -> Path:

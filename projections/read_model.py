@@ -119,6 +119,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
             self._positions = self._stored_positions()
             with self._reading():
                 self._unscoped = self._db.get(UNSCOPED) is not None
+                self._dependants = self._any_dependants()
                 self._upgrade()
         except StoreDamaged:
             self._db.close()
@@ -157,6 +158,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
             self._generation += 1
             self.set_asides += 1
             self._unscoped = False
+            self._dependants = False
             with self._moved:
                 for p, at in self._positions.items():  # what it held, it must hold again
                     self._floor[p] = max(self._floor.get(p, 0), at)
@@ -212,6 +214,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
                     stored = self._stored_positions()
                     with self._reading():
                         self._unscoped = self._db.get(UNSCOPED) is not None
+                        self._dependants = self._any_dependants()
                         self._upgrade()
                 except StoreDamaged as damage:  # verified when restored: the disk, again
                     with contextlib.suppress(Exception):
@@ -220,6 +223,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
                     self._db = self._open_db()
                     self._upgrade()
                     self._unscoped = False
+                    self._dependants = False
                     stored = {}
                 with self._moved:
                     self._positions = stored
