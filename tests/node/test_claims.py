@@ -284,3 +284,39 @@ def test_a_claim_before_the_slot_leaves_alone_the_partition_holding_the_run_made
     finally:
         node.stop()
         log.close()
+
+
+def test_a_waiting_claim_finds_the_next_instant_without_looking_at_every_run_made_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a steady rate the root of a partition's ``later`` heap is nearly always a run that
+    came due since the last claim (moved to ``ready`` only by the next one): below it, every
+    run made a lead time ahead was looked at for each claim that waited. The next instant is
+    found looking at a few."""
+    start = 1_800_000_000_000
+    clock = FakeClock(start)
+    log = MemoryLog(PARTITIONS, gaps=True)
+    node = Node(log, tmp_path / "node", node_id="only", clock=clock)
+    node.start()
+    looked: list[str] = []
+    not_yet_ready = node_module._not_yet_ready
+
+    def counted(state: Any, entry: Any, *args: Any) -> int | None:
+        looked.append(entry[2])
+        return not_yet_ready(state, entry, *args)
+
+    monkeypatch.setattr(node_module, "_not_yet_ready", counted)
+    try:
+        assert node.wait_ready(10)
+        for n in range(60):  # one due in 1 s, then one every 0.3 s from 10.3 s on
+            at = start + (1000 if n == 0 else 10_000 + n * 300)
+            spec = JobSpec(name=f"j{n}", tenant=TENANT, target=PullTarget(pool=POOL), run_at=at)
+            asyncio.run(node.execute(PutJob(job_id=job_in(2, n), spec=spec)))
+        assert len(node._runners[2].state.later[POOL]) == 60
+        clock.advance(1500)  # the first came due; no claim has moved it yet
+        looked.clear()
+        assert node.next_ready(TENANT, POOL) == start + 10_300
+        assert 0 < len(looked) <= 5, len(looked)
+    finally:
+        node.stop()
+        log.close()
