@@ -246,6 +246,16 @@ def test_a_partition_that_held_less_than_its_index_said_leaves_the_rest_to_the_o
         log.close()
 
 
+def alone_on_a_fake_clock(tmp_path: Path) -> tuple[int, FakeClock, MemoryLog, Node]:
+    """A node owning every partition of a memory log, started, on a fake clock at ``start``."""
+    start = 1_800_000_000_000
+    clock = FakeClock(start)
+    log = MemoryLog(PARTITIONS, gaps=True)
+    node = Node(log, tmp_path / "node", node_id="only", clock=clock)
+    node.start()
+    return start, clock, log, node
+
+
 def test_a_claim_before_the_slot_leaves_alone_the_partition_holding_the_run_made_ahead(
     tmp_path: Path,
 ) -> None:
@@ -253,11 +263,7 @@ def test_a_claim_before_the_slot_leaves_alone_the_partition_holding_the_run_made
     slot: a claim before then does not ask that partition's runner (with lead time, every
     partition of a busy pool holds such runs, and every claim asked every runner); once the
     slot has come, the claim asks it and gets the run."""
-    start = 1_800_000_000_000
-    clock = FakeClock(start)
-    log = MemoryLog(PARTITIONS, gaps=True)
-    node = Node(log, tmp_path / "node", node_id="only", clock=clock)
-    node.start()
+    start, clock, log, node = alone_on_a_fake_clock(tmp_path)
     asked: list[int] = []
     claim_one = node._claim_one
 
@@ -293,11 +299,7 @@ def test_a_waiting_claim_finds_the_next_instant_without_looking_at_every_run_mad
     came due since the last claim (moved to ``ready`` only by the next one): below it, every
     run made a lead time ahead was looked at for each claim that waited. The next instant is
     found looking at a few."""
-    start = 1_800_000_000_000
-    clock = FakeClock(start)
-    log = MemoryLog(PARTITIONS, gaps=True)
-    node = Node(log, tmp_path / "node", node_id="only", clock=clock)
-    node.start()
+    start, clock, log, node = alone_on_a_fake_clock(tmp_path)
     looked: list[str] = []
     not_yet_ready = node_module._not_yet_ready
 
