@@ -13,8 +13,8 @@ Sampling slows the node a little; a profiled run's timings are not recorded as f
 
 from __future__ import annotations
 
-import re
 import os
+import re
 import shutil
 import signal
 import subprocess
