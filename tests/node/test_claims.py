@@ -5,6 +5,7 @@ short time, so a lost owner delays it once instead of once per partition."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -322,3 +323,13 @@ def test_a_waiting_claim_finds_the_next_instant_without_looking_at_every_run_mad
     finally:
         node.stop()
         log.close()
+
+
+@given(st.lists(st.integers(0, 50)), st.integers(0, 60))
+def test_a_heap_walked_in_order_gives_its_entries_smallest_first(
+    values: list[int], prefix: int
+) -> None:
+    heap = list(values)
+    heapq.heapify(heap)
+    assert list(node_module._in_order(heap)) == sorted(heap)
+    assert list(node_module._in_order(heap[:prefix])) == sorted(heap[:prefix])  # a prefix too
