@@ -168,7 +168,6 @@ class ModelFold(ModelStore):
     """Folds events into the model in batches, moving each partition's position with them."""
 
     _pending: _Pending | None
-    _unscoped: bool
     _observers: list[Observer]
 
     def has_unscoped_ids(self) -> bool:

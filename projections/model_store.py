@@ -31,7 +31,14 @@ from rocksdict import Rdict, WriteOptions
 from core.errors import StoreDamaged, Unavailable
 from eventlog.port import EventLog
 from eventlog.rocks import checked_reads, is_damage, iterator_error
-from projections.model_keys import DEPENDANTS, POSITIONS, from_u64, partition_of, prefix_end
+from projections.model_keys import (
+    DEPENDANTS,
+    POSITIONS,
+    UNSCOPED,
+    from_u64,
+    partition_of,
+    prefix_end,
+)
 
 
 class ModelStore:
@@ -54,13 +61,20 @@ class ModelStore:
     _moved: threading.Condition  # notified when positions move (a batch, a set-aside, a refill)
     _floor: dict[int, int]  # per partition, what it must reach before it answers for it
     _closed = False  # closed: a node that kept one partition's history lost the partition
-    # Whether any job was indexed as a dependant (at open, or folded since): without one, a
-    # lookup of an upstream's dependants (one a success the relay sees) reads nothing.
+    # What the store holds, kept in memory (read at open and at a refill, set by the folds):
+    # a job id from before ids were scoped; any job indexed as a dependant (without one, a
+    # lookup of an upstream's dependants, one a success the relay sees, reads nothing).
+    _unscoped = False
     _dependants = True
 
-    def _any_dependants(self) -> bool:
-        """Whether the store holds a dependant (one seek; read at open and at a refill)."""
-        return next(iter(self._scan(DEPENDANTS, limit=1)), None) is not None
+    def _read_marks(self) -> None:
+        """Read what the store holds of those (a get and a seek; under ``_reading``)."""
+        self._unscoped = self._db.get(UNSCOPED) is not None
+        self._dependants = next(iter(self._scan(DEPENDANTS, limit=1)), None) is not None
+
+    def _clear_marks(self) -> None:
+        """An empty store holds neither."""
+        self._unscoped = self._dependants = False
 
     @property
     def path(self) -> Path:

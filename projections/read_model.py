@@ -54,7 +54,6 @@ from projections.model_keys import (
     JOB_COUNTS,
     STATUSES,
     UNLISTED_CANCELLED,
-    UNSCOPED,
     decode_cursor,
     encode_cursor,
     job_count_key,
@@ -118,8 +117,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
         try:
             self._positions = self._stored_positions()
             with self._reading():
-                self._unscoped = self._db.get(UNSCOPED) is not None
-                self._dependants = self._any_dependants()
+                self._read_marks()
                 self._upgrade()
         except StoreDamaged:
             self._db.close()
@@ -157,8 +155,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
             self._upgrade()  # none yet: says the counters are kept from here on
             self._generation += 1
             self.set_asides += 1
-            self._unscoped = False
-            self._dependants = False
+            self._clear_marks()
             with self._moved:
                 for p, at in self._positions.items():  # what it held, it must hold again
                     self._floor[p] = max(self._floor.get(p, 0), at)
@@ -213,8 +210,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
                     self._db = self._open_db()
                     stored = self._stored_positions()
                     with self._reading():
-                        self._unscoped = self._db.get(UNSCOPED) is not None
-                        self._dependants = self._any_dependants()
+                        self._read_marks()
                         self._upgrade()
                 except StoreDamaged as damage:  # verified when restored: the disk, again
                     with contextlib.suppress(Exception):
@@ -222,8 +218,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
                     log.error("%s; set aside as %s", damage, set_aside(self._path))
                     self._db = self._open_db()
                     self._upgrade()
-                    self._unscoped = False
-                    self._dependants = False
+                    self._clear_marks()
                     stored = {}
                 with self._moved:
                     self._positions = stored
