@@ -217,13 +217,13 @@ def search(
     kafka: str | None = None,
     tags: dict[str, Any] | None = None,
     profile: bool = False,
-    workers: int = 0,
+    processes: int = 0,
 ) -> dict[str, Any]:
     """Steps up ``rates`` until one does not hold; the highest that held and every step."""
     steps, best = [], 0
     for rate in rates:
         record = step(
-            kind, rate, window_s, tmp, recorder, kafka=kafka, profile=profile, processes=workers
+            kind, rate, window_s, tmp, recorder, kafka=kafka, profile=profile, processes=processes
         )
         record.update(tags or {})
         if profile:
@@ -262,12 +262,12 @@ def main() -> None:
             with Recorder() as recorder:
                 result = search(
                     "http", rates, args.window_s, Path(tmp), recorder, profile=args.profile,
-                    workers=args.workers, tags=tags,
+                    processes=args.workers, tags=tags,
                 )  # fmt: skip
         else:
             result = search(
                 args.kind, rates, args.window_s, Path(tmp), None, profile=args.profile,
-                workers=args.workers, tags=tags,
+                processes=args.workers, tags=tags,
             )  # fmt: skip
     print(f"highest {args.kind} rate holding p99 <= 100 ms: {result['highest_holding_per_s']}/s")
 
