@@ -1385,11 +1385,15 @@ def _align_configs(admin: AdminClient, name: str, wanted: dict[str, str], timeou
     """Set the configs of ``wanted`` that the existing topic ``name`` has otherwise. Asked
     again while the error passes (a controller moving), as topic creation is, and while the
     broker asked does not know the topic yet: another node has just created it, and not every
-    broker has its metadata (a node once exited here with UNKNOWN_TOPIC_OR_PART)."""
+    broker has its metadata (a node once exited here with UNKNOWN_TOPIC_OR_PART). Each round
+    asks for a part of the time, as topic creation does: a node restarted while a broker was
+    down once spent its whole 30 s on the first round, waiting for the controller, and exited
+    ("Timed out waiting for controller") with no time left to ask again."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            _align_once(admin, name, wanted, timeout_s)
+            attempt_s = max(0.5, min(_CREATE_ATTEMPT_S, deadline - time.monotonic()))
+            _align_once(admin, name, wanted, attempt_s)
             return
         except KafkaException as e:
             err = e.args[0]
