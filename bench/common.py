@@ -892,3 +892,36 @@ def append_result(name: str, record: dict[str, Any]) -> None:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     with (RESULTS_DIR / f"{name}.jsonl").open("a") as out:
         out.write(json.dumps(record) + "\n")
+
+
+APPEND_COUNTERS = (
+    "cronlog_log_append_seconds_count",
+    "cronlog_log_append_seconds_sum",
+    "cronlog_log_appended_events_total",
+)
+
+
+def append_counters(serve: Serve) -> dict[str, float]:
+    """The node's append counters: appends (a fsync or a transaction each), their seconds, and
+    the events they wrote (a create is one event)."""
+    try:
+        auth = {"Authorization": f"Bearer {serve.metrics_token}"}
+        text = http_get(f"{serve.url}/metrics", headers=auth).decode()
+    except OSError:
+        return {}
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in APPEND_COUNTERS:
+            found[name] = float(value)
+    return found
+
+
+def append_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    if not all(name in before and name in after for name in APPEND_COUNTERS):
+        return {}
+    count, seconds, events = (after[n] - before[n] for n in APPEND_COUNTERS)
+    if count <= 0:
+        return {}
+    return {"appends": int(count), "events_per_append": round(events / count, 2),
+            "append_ms_mean": round(1000 * seconds / count, 2)}  # fmt: skip

@@ -37,10 +37,11 @@ from bench import registration
 from bench.common import (
     ROOT,
     Serve,
+    append_counters,
+    append_figures,
     append_result,
     cpu_seconds,
     find_batch_endpoint,
-    http_get,
     loadavg,
     log,
     stamp,
@@ -60,43 +61,10 @@ def _cpu(pid: int) -> float:
     return cpu_seconds(pid) or 0.0
 
 
-APPEND_COUNTERS = (
-    "cronlog_log_append_seconds_count",
-    "cronlog_log_append_seconds_sum",
-    "cronlog_log_appended_events_total",
-)
-
-
-def _appends(serve: Serve) -> dict[str, float]:
-    """The node's append counters: appends (a fsync or a transaction each), their seconds, and
-    the events they wrote (a create is one event)."""
-    try:
-        auth = {"Authorization": f"Bearer {serve.metrics_token}"}
-        text = http_get(f"{serve.url}/metrics", headers=auth).decode()
-    except OSError:
-        return {}
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in APPEND_COUNTERS:
-            found[name] = float(value)
-    return found
-
-
-def _append_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
-    if not all(name in before and name in after for name in APPEND_COUNTERS):
-        return {}
-    count, seconds, events = (after[n] - before[n] for n in APPEND_COUNTERS)
-    if count <= 0:
-        return {}
-    return {"appends": int(count), "events_per_append": round(events / count, 2),
-            "append_ms_mean": round(1000 * seconds / count, 2)}  # fmt: skip
-
-
 def measure(serve: Serve, seconds: float, tmp: Path, only: set[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if "single" in only:
-        load, before, appends = loadavg(), _cpu(serve.pid), _appends(serve)
+        load, before, appends = loadavg(), _cpu(serve.pid), append_counters(serve)
         body = json.dumps(registration.BODY).encode()
         f = registration.wrk(f"{serve.url}/v1/jobs", body, serve.token, seconds, tmp)
         out.append({"what": "single", "load_at_start": load, "per_s": f["ok_per_s"],
@@ -104,11 +72,11 @@ def measure(serve: Serve, seconds: float, tmp: Path, only: set[str]) -> list[dic
                                             / max(1, f["requests"])),
                     "non_2xx": f["non_2xx"], "latency_p50": f["latency_p50"],
                     "latency_p99": f["latency_p99"],
-                    **_append_figures(appends, _appends(serve))})  # fmt: skip
+                    **append_figures(appends, append_counters(serve))})  # fmt: skip
     batch = find_batch_endpoint(serve.openapi()) if "batch" in only else None
     if batch is not None:
         body = json.dumps(batch.body([registration.BODY] * batch.max_items)).encode()
-        load, before, appends = loadavg(), _cpu(serve.pid), _appends(serve)
+        load, before, appends = loadavg(), _cpu(serve.pid), append_counters(serve)
         f = registration.post_load(f"{serve.url}{batch.path}", body, serve.token, seconds, tmp,
                                    registration.BATCH_CONCURRENCY)  # fmt: skip
         jobs = f["requests"] * batch.max_items
@@ -116,7 +84,7 @@ def measure(serve: Serve, seconds: float, tmp: Path, only: set[str]) -> list[dic
                     "per_s": round(f["ok_per_s"] * batch.max_items),
                     "cpu_us_per_job": round(1e6 * (_cpu(serve.pid) - before) / max(1, jobs), 1),
                     "non_2xx": f["non_2xx"],
-                    **_append_figures(appends, _appends(serve))})  # fmt: skip
+                    **append_figures(appends, append_counters(serve))})  # fmt: skip
     return out
 
 

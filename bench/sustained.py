@@ -39,6 +39,8 @@ from bench.common import (
     CpuWindow,
     Recorder,
     Serve,
+    append_counters,
+    append_figures,
     append_result,
     claim_max,
     claim_wait_field,
@@ -139,11 +141,13 @@ def step(
             cpu = CpuWindow(serve.pid)
             sleep_until_ms(begin)
             cpu.begin()
+            appends = append_counters(serve)
             sampler = profiling.start(serve.pid, raw, window_s) if profile else None
             while now_ms() < end:
                 cpu.sample()
                 time.sleep(0.25)
             window = cpu.end()
+            batches = append_figures(appends, append_counters(serve))
             profiled = profiling.finish(sampler, raw) if profile else None
             sleep_until_ms(end + SETTLE_MS)
             rss, _ = rss_bytes(serve.pid)
@@ -185,6 +189,7 @@ def step(
         "holds": p99 is not None and p99 <= GOAL_P99_MS,
         "runs_per_s_started": round(len(lags) / window_s),
         "node_cpu": window,
+        "appends": batches,
         "rss_mb": round(rss / 2**20, 1),
         "registration": registered.figures(),
     }
@@ -233,7 +238,8 @@ def search(
         lag = record["figures"]["lag"]
         log(
             f"sustained {kind} {rate}/s: p99 {lag.get('p99_ms')} ms, missing "
-            f"{lag.get('missing')}, {record['figures']['node_cpu']['cores_mean']} cores"
+            f"{lag.get('missing')}, {record['figures']['node_cpu']['cores_mean']} cores, "
+            f"{record['figures']['appends'].get('events_per_append')} events an append"
         )
         steps.append(record)
         if not record["figures"]["holds"]:
