@@ -20,13 +20,18 @@ Ids are the team's own (``core.ids.team_id``) and the tenant's name: the log is 
 who already sees every team; nothing of a payload or an error text is logged.
 
 A line costs tens of microseconds, and the midnight herd is tens of thousands of runs fired
-at once. So a team's runs fired in one appended batch beyond ``FIRED_LINES_PER_BATCH`` are one
+at once. So the run decisions are not logged on the partition's thread: :class:`DecisionLog`
+takes each appended batch (a reference, nothing copied) and a thread of its own writes the
+lines, ``LINGER_S`` at most after the append, with what the partitions appended meanwhile. A
+team's runs one partition fired within those lines beyond ``FIRED_LINES_PER_BATCH`` are one
 ``fired`` line that names every run (``run_ids``, ``count``, the first and last slot) rather
-than a line each, and the run decisions are not logged on the partition's thread:
-:class:`DecisionLog` takes each appended batch (a reference, nothing copied) and a thread of
-its own writes the lines. Its queue is bounded; batches beyond it are dropped, counted
+than a line each. At a steady 2,000 runs a second each partition's batches carried a run or
+two, so a line a run cost the node's interpreter 7% of its samples (``python -m
+bench.sustained --profile``); gathered for ``LINGER_S``, a partition's runs make a line or two a
+window. The queue is bounded; batches beyond it are dropped, counted
 (``cronlog_decision_lines_dropped_total``) and said in one warning, never waited for. With the
-logger above INFO nothing is queued at all.
+logger above INFO nothing is queued at all. A line that fails to be written (a handler's
+error) is counted and logged, and the lines after it are still written.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,9 +49,13 @@ from node.worker import ThreadWorker
 
 log = logging.getLogger("cronlog.decisions")
 MAX_PENDING_EVENTS = 500_000  # events queued for their lines, over all batches
-# A team's runs fired in one batch up to this many get a line each; beyond it, one line names
-# them all (a line costs 12-20 µs of the node's interpreter, a herd's fired in one line far less).
+# A team's runs fired on a partition in one writing of lines up to this many get a line each;
+# beyond it, one line names them all (a line costs 12-20 µs of the node's interpreter, a herd's
+# fired in one line far less).
 FIRED_LINES_PER_BATCH = 16
+# How long the writing thread gathers appended batches after the first it takes, before it
+# writes their lines: how late a decision's line may be.
+LINGER_S = 0.25
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -63,6 +73,7 @@ class DecisionLog(ThreadWorker):
         on_dropped: Callable[[int], None] = lambda n: None,
         on_failed: Callable[[], None] = lambda: None,
         max_pending: int = MAX_PENDING_EVENTS,
+        linger_s: float = LINGER_S,
     ) -> None:
         self._queue: queue.SimpleQueue[tuple[int, Sequence[ev.AnyEvent]] | None]
         self._queue = queue.SimpleQueue()
@@ -72,6 +83,7 @@ class DecisionLog(ThreadWorker):
         self._dropping = False
         self._on_dropped = on_dropped
         self._on_failed = on_failed
+        self._linger_s = linger_s
 
     def appended(self, partition: int, events: Sequence[ev.AnyEvent]) -> None:
         """(On the partition's thread.) Queue ``events``, just appended, for their lines."""
@@ -100,76 +112,119 @@ class DecisionLog(ThreadWorker):
 
     def _work(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            first = self._queue.get()
+            if first is None:
                 return
-            partition, events = item
+            taken, stopping = self._gather(first)
+            by_partition: dict[int, list[ev.AnyEvent]] = {}
+            for partition, events in taken:
+                by_partition.setdefault(partition, []).extend(events)
             try:
-                write(partition, events)
-            except Exception:  # a handler's failure must not end the thread
-                self._on_failed()
-                log.exception("partition %d: writing decision lines failed", partition)
+                for partition, events in by_partition.items():
+                    write(partition, events, self._failed)
             finally:
                 with self._lock:
-                    self._pending -= len(events)
+                    self._pending -= sum(len(events) for _, events in taken)
+            if stopping:
+                return
+
+    def _gather(
+        self, first: tuple[int, Sequence[ev.AnyEvent]]
+    ) -> tuple[list[tuple[int, Sequence[ev.AnyEvent]]], bool]:
+        """``first`` and the batches queued within ``linger_s`` of it; whether ``stop`` came
+        meanwhile (what is queued before it is written at once)."""
+        taken = [first]
+        deadline = time.monotonic() + self._linger_s
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return taken, False
+            if item is None:
+                return taken, True
+            taken.append(item)
+
+    def _failed(self, partition: int) -> None:
+        self._on_failed()
+        log.exception("partition %d: writing a decision line failed", partition)
 
 
-def write(partition: int, events: Sequence[ev.AnyEvent]) -> None:
+def write(
+    partition: int,
+    events: Sequence[ev.AnyEvent],
+    failed: Callable[[int], None] | None = None,
+) -> None:
     """Log the decisions among ``events``, which ``partition``'s owner appended. A team's runs
-    fired together beyond ``FIRED_LINES_PER_BATCH`` (a herd's) are one line naming them all."""
+    fired together beyond ``FIRED_LINES_PER_BATCH`` (a herd's) are one line naming them all.
+    ``failed(partition)``, called inside the ``except``, is told of a line that could not be
+    written, and the next lines are written; without it the error is raised."""
     herds = _herds(events)
     said: set[tuple[str, str]] = set()
     for event in events:
-        match event:
-            case ev.RunMaterialised():
-                group = (event.tenant, event.trigger.value)
-                herd = herds.get(group)
-                if herd is None:
-                    _run("fired", event, partition, group[1], trigger=group[1])
-                elif group not in said:
-                    said.add(group)
-                    _fired_together(herd, partition)
-            case ev.RetryScheduled():
-                _run(
-                    "retried",
-                    event,
-                    partition,
-                    f"attempt {event.attempt} in {event.delay_ms} ms",
-                    attempt=event.attempt,
-                    delay_ms=event.delay_ms,
-                )
-            case ev.RunDeadLettered():
-                _run(
-                    "dead-lettered",
-                    event,
-                    partition,
-                    f"{event.reason.value} after attempt {event.attempt}",
-                    attempt=event.attempt,
-                    reason=event.reason.value,
-                )
-            case ev.RunSkipped():
-                count = "some" if event.count is None else str(event.count)
-                job_id = team_id(event.job_id)
-                log.info(
-                    "skipped %s slot(s) of job %s (%s, partition %d): %s",
-                    count,
-                    job_id,
-                    event.tenant,
-                    partition,
-                    event.reason.value,
-                    extra={
-                        "decision": "skipped",
-                        "job_id": job_id,
-                        "tenant": event.tenant,
-                        "partition": partition,
-                        "scheduled_for": event.scheduled_for,
-                        "last_scheduled_for": event.last_scheduled_for,
-                        "count": event.count,
-                        "reason": event.reason.value,
-                    },
-                )
-            case _:
-                pass  # not a decision an operator follows run by run
+        try:
+            _line(event, partition, herds, said)
+        except Exception:
+            if failed is None:
+                raise
+            failed(partition)
+
+
+def _line(
+    event: ev.AnyEvent,
+    partition: int,
+    herds: dict[tuple[str, str], list[ev.RunMaterialised]],
+    said: set[tuple[str, str]],
+) -> None:
+    match event:
+        case ev.RunMaterialised():
+            group = (event.tenant, event.trigger.value)
+            herd = herds.get(group)
+            if herd is None:
+                _run("fired", event, partition, group[1], trigger=group[1])
+            elif group not in said:
+                said.add(group)
+                _fired_together(herd, partition)
+        case ev.RetryScheduled():
+            _run(
+                "retried",
+                event,
+                partition,
+                f"attempt {event.attempt} in {event.delay_ms} ms",
+                attempt=event.attempt,
+                delay_ms=event.delay_ms,
+            )
+        case ev.RunDeadLettered():
+            _run(
+                "dead-lettered",
+                event,
+                partition,
+                f"{event.reason.value} after attempt {event.attempt}",
+                attempt=event.attempt,
+                reason=event.reason.value,
+            )
+        case ev.RunSkipped():
+            count = "some" if event.count is None else str(event.count)
+            job_id = team_id(event.job_id)
+            log.info(
+                "skipped %s slot(s) of job %s (%s, partition %d): %s",
+                count,
+                job_id,
+                event.tenant,
+                partition,
+                event.reason.value,
+                extra={
+                    "decision": "skipped",
+                    "job_id": job_id,
+                    "tenant": event.tenant,
+                    "partition": partition,
+                    "scheduled_for": event.scheduled_for,
+                    "last_scheduled_for": event.last_scheduled_for,
+                    "count": event.count,
+                    "reason": event.reason.value,
+                },
+            )
+        case _:
+            pass  # not a decision an operator follows run by run
 
 
 def _herds(events: Sequence[ev.AnyEvent]) -> dict[tuple[str, str], list[ev.RunMaterialised]]:
