@@ -437,6 +437,10 @@ class RocksStateStore:
         self._db = self._open_db()
         self._views = 0  # open RocksDB snapshots: each keeps the store's LOCK while it lives
         self._views_closed = threading.Condition()
+        # durable_offset is asked from another thread (retention's); closing the store under it
+        # was refused by rocksdict ("Already borrowed": its WAL sync holds the database) and
+        # left the store open. One waits for the other.
+        self._closing = threading.Lock()
 
     @classmethod
     def open(cls, data_dir: str | Path, partition: int) -> RocksStateStore:
@@ -503,8 +507,9 @@ class RocksStateStore:
     def durable_offset(self) -> int:
         # Saves are not synced (module docstring): sync the WAL, so what is read here
         # survives a power loss too.
-        self._db.flush_wal(True)
-        stored = self._db.get(OFFSET)
+        with self._closing:
+            self._db.flush_wal(True)
+            stored = self._db.get(OFFSET)
         return 0 if stored is None else int(_U64.unpack(stored)[0])
 
     def save(
@@ -593,14 +598,16 @@ class RocksStateStore:
 
     def set_aside(self) -> str:
         self._wait_for_views()
-        self._db.close()
-        aside = set_aside(self._path)
-        self._db = self._open_db()
+        with self._closing:
+            self._db.close()
+            aside = set_aside(self._path)
+            self._db = self._open_db()
         return str(aside)
 
     def close(self) -> None:
         self._wait_for_views()
-        self._db.close()
+        with self._closing:
+            self._db.close()
 
     def _wait_for_views(self) -> None:
         with self._views_closed:

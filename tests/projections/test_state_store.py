@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -449,3 +451,65 @@ def test_key_values_out_of_key_order_are_refused_never_misread(tmp_path: Path) -
     moved = [*items[:job], *items[job + 1 : meta + 1], items[job], *items[meta + 1 :]]
     with pytest.raises(StoreDamaged, match="out of key order"):
         build(0, moved)
+
+
+def test_a_store_closed_while_another_thread_asks_its_durable_offset_waits_for_the_answer(
+    tmp_path: Path,
+) -> None:
+    """Retention asks a partition's durable offset from its own thread. A runner that stopped
+    (a damaged log) closed its store during that question's WAL sync: rocksdict refused the
+    close ("Already borrowed"), its traceback went to the log and the store stayed open."""
+    store = RocksStateStore(tmp_path / "p0", 0)
+    store.save(PartitionState(), [], through=7)
+    real = store._db
+    syncing, release = threading.Event(), threading.Event()
+
+    class SlowSync:
+        def flush_wal(self, sync: bool) -> None:
+            syncing.set()
+            assert release.wait(10)
+            real.flush_wal(sync)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    class Watched:
+        """The store's lock, telling when a second thread comes to it."""
+
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.comers = 0
+            self.second = threading.Event()
+
+        def __enter__(self) -> None:
+            self.comers += 1
+            if self.comers == 2:
+                self.second.set()
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    store._db = SlowSync()  # type: ignore[assignment]
+    watched = Watched()
+    store._closing = watched  # type: ignore[assignment]
+    answers: list[int | BaseException] = []
+
+    def ask() -> None:
+        try:
+            answers.append(store.durable_offset())
+        except BaseException as err:
+            answers.append(err)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    assert syncing.wait(10)
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    assert watched.second.wait(10)  # the close waits for the question's answer
+    release.set()
+    closer.join(10)
+    asker.join(10)
+    assert answers == [7]  # the question was answered, then the store closed
+    with pytest.raises(Exception):  # noqa: B017  # a closed store answers nothing
+        real.get(b"anything")
