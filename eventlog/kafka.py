@@ -284,18 +284,30 @@ class KafkaLog:
         if min_insync_replicas is not None:
             config["min.insync.replicas"] = str(min_insync_replicas)
         config.update(topic_config or {})
-        admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(client_config or {})})
+
+        def fresh() -> AdminClient:
+            return AdminClient({"bootstrap.servers": bootstrap_servers, **(client_config or {})})
+
+        admin = fresh()
         per_topic = retention_configs(retention) if retention is not None else {}
         for stream in STREAMS:
             name = f"{prefix}.{stream}"
             wanted = per_topic.get(stream, {})
             topic = {**config, **wanted}
-            _ensure_topics(admin, [name], num_partitions, replication_factor, topic, timeout_s)
+            _ensure_topics(
+                admin, [name], num_partitions, replication_factor, topic, timeout_s, fresh
+            )
             if wanted:
-                _align_configs(admin, name, wanted, timeout_s)
+                _align_configs(admin, name, wanted, timeout_s, fresh)
         replies = {**config, "retention.ms": str(REPLY_RETENTION_MS)}
         _ensure_topics(
-            admin, [f"{prefix}.replies"], REPLY_PARTITIONS, replication_factor, replies, timeout_s
+            admin,
+            [f"{prefix}.replies"],
+            REPLY_PARTITIONS,
+            replication_factor,
+            replies,
+            timeout_s,
+            fresh,
         )
         return cls(
             bootstrap_servers,
@@ -1381,14 +1393,22 @@ def topic_configs(admin: AdminClient, name: str, timeout_s: float) -> dict[str, 
     return {key: entry.value for key, entry in future.result().items()}
 
 
-def _align_configs(admin: AdminClient, name: str, wanted: dict[str, str], timeout_s: float) -> None:
+def _align_configs(
+    admin: AdminClient,
+    name: str,
+    wanted: dict[str, str],
+    timeout_s: float,
+    fresh: Callable[[], AdminClient] | None = None,
+) -> None:
     """Set the configs of ``wanted`` that the existing topic ``name`` has otherwise. Asked
     again while the error passes (a controller moving), as topic creation is, and while the
     broker asked does not know the topic yet: another node has just created it, and not every
     broker has its metadata (a node once exited here with UNKNOWN_TOPIC_OR_PART). Each round
-    asks for a part of the time, as topic creation does: a node restarted while a broker was
-    down once spent its whole 30 s on the first round, waiting for the controller, and exited
-    ("Timed out waiting for controller") with no time left to ask again."""
+    asks for a part of the time, as topic creation does, and through a ``fresh()`` client
+    when there is one: a node started just as a broker was killed spent its whole 30 s
+    waiting for that broker as its controller, and exited ("Timed out waiting for
+    controller") while the other two answered. A new client reads the cluster's metadata
+    anew, from a broker that is up."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -1401,6 +1421,8 @@ def _align_configs(admin: AdminClient, name: str, wanted: dict[str, str], timeou
             if not passing or time.monotonic() >= deadline:
                 raise CronlogError(f"cannot set the retention of topic {name}: {err}") from e
             logger.warning("setting the retention of topic %s: %s; asking again", name, err)
+            if fresh is not None:
+                admin = fresh()
         time.sleep(0.2)  # a broker's failover has no event to wait on
 
 
@@ -1448,7 +1470,11 @@ def _ensure_topics(
     replication_factor: int,
     config: dict[str, str],
     timeout_s: float,
+    fresh: Callable[[], AdminClient] | None = None,
 ) -> None:
+    """Create those of ``names`` the cluster lacks and wait until each has its partitions'
+    leaders. A round whose creation fails while the cluster settles is followed by another,
+    through a ``fresh()`` client when there is one (see :func:`_align_configs`)."""
     deadline = time.monotonic() + timeout_s
     # Only a topic nobody has made yet is created: creating asks the controller, while reading
     # the metadata asks any broker, so a node starting again while the controller is down
@@ -1479,6 +1505,8 @@ def _ensure_topics(
                 logger.warning("creating topic %s: %s; asking again", name, err)
                 pending.append(name)
         if pending:
+            if fresh is not None:
+                admin = fresh()
             time.sleep(0.2)  # a broker's failover has no event to wait on
     # Wait until every partition has a leader, so the first produce does not race the metadata.
     while True:

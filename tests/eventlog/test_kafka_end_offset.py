@@ -190,6 +190,31 @@ def test_a_config_read_the_controller_does_not_answer_leaves_time_to_ask_again()
     assert admin.current == {"retention.ms": "2592000000"}
 
 
+def test_a_client_that_waits_on_a_dead_controller_is_replaced_by_a_fresh_one() -> None:
+    # A node started just as a broker was killed: its client took that broker for the
+    # controller and every round timed out waiting for it (CI's chaos run, seed 12), while a
+    # client made anew reads the metadata from a broker that is up and is answered.
+    stale: Any = Configs(*[KafkaError._TIMED_OUT] * 1000)
+    answering: Any = Configs()
+    made: list[Any] = []
+
+    def fresh() -> Any:
+        made.append(answering)
+        return answering
+
+    _align_configs(stale, "P.events", {"retention.ms": "2592000000"}, timeout_s=1, fresh=fresh)
+    assert stale.reads == 1 and len(made) == 1
+    assert answering.current == {"retention.ms": "2592000000"}
+
+
+def test_a_creation_through_a_client_waiting_on_a_dead_controller_asks_a_fresh_one() -> None:
+    stale: Any = FlakyAdmin({"P.events": [KafkaError._TIMED_OUT] * 1000})
+    answering: Any = FlakyAdmin({})
+    _ensure_topics(stale, ["P.events"], 3, 3, {}, timeout_s=1, fresh=lambda: answering)
+    assert stale.asked == [["P.events"]]
+    assert answering.asked == [["P.events"]]
+
+
 def test_a_config_refused_for_good_fails_at_once() -> None:
     admin: Any = Configs(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     with pytest.raises(CronlogError, match=r"cannot set the retention of topic P\.events"):
