@@ -380,3 +380,39 @@ def test_lookups_that_come_while_one_is_under_way_go_together_in_the_next() -> N
     assert asked == [[("t", "a")], [("t", "b"), ("t", "c")]]  # two lookups for four asks
     assert answers[0] == {"a": ["after-a"]}
     assert all(answer == {"b": ["after-b"], "c": ["after-c"]} for answer in answers[1:])
+
+
+def test_the_successes_of_batches_appended_together_are_relayed_together() -> None:
+    """A steady rate appends a success or two a batch: a hand-off each (a wake of the loop, a
+    task, a lookup) was 7 % of the node's main process at 500 runs a second. The batches that
+    come within the gathering go to the loop together, a partition's successes in one relay."""
+    asked: list[list[str]] = []
+
+    class Recorded(Dependants):
+        async def dependants_many(self, upstreams: list[tuple[str, str]]) -> dict[str, list[str]]:
+            asked.append([job for _, job in upstreams])
+            return await super().dependants_many(upstreams)
+
+    sent, done, execute = _recording(4)
+    relay = DependencyRelay(
+        MemoryLog(2),
+        lambda: Recorded(),  # type: ignore[arg-type,return-value]
+        execute,
+        owns=lambda partition: True,
+        metrics=RelayMetrics(CollectorRegistry()),
+        gather_s=0.5,  # the four appends below take microseconds
+    )
+    relay.start()
+    try:
+        relay.appended(0, [1], [success("a")])
+        relay.appended(1, [1], [success("x")])
+        relay.appended(0, [2], [success("b")])
+        relay.appended(0, [3], [success("c")])
+        assert done.wait(10)
+    finally:
+        relay.stop()
+    # four batches of two partitions: one lookup of their dependants (one a batch before)
+    assert [sorted(jobs) for jobs in asked] == [["a", "b", "c", "x"]]
+    assert sorted(c.job_id for c in sent if isinstance(c, UpstreamSucceeded)) == [
+        "after-a", "after-b", "after-c", "after-x",
+    ]  # fmt: skip
