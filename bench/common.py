@@ -32,6 +32,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TypeVar
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from api.auth import new_token
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -903,17 +905,18 @@ APPEND_COUNTERS = (
 
 def append_counters(serve: Serve) -> dict[str, float]:
     """The node's append counters: appends (a fsync or a transaction each), their seconds, and
-    the events they wrote (a create is one event)."""
+    the events they wrote (a create is one event), summed over the node's processes (a node of
+    ``--workers N`` labels each sample with its worker)."""
     try:
         auth = {"Authorization": f"Bearer {serve.metrics_token}"}
         text = http_get(f"{serve.url}/metrics", headers=auth).decode()
     except OSError:
         return {}
     found: dict[str, float] = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in APPEND_COUNTERS:
-            found[name] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in APPEND_COUNTERS:
+                found[sample.name] = found.get(sample.name, 0.0) + sample.value
     return found
 
 
