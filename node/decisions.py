@@ -31,7 +31,8 @@ bench.sustained --profile``); gathered for ``LINGER_S``, a partition's runs make
 window. The queue is bounded; batches beyond it are dropped, counted
 (``cronlog_decision_lines_dropped_total``) and said in one warning, never waited for. With the
 logger above INFO nothing is queued at all. A line that fails to be written (a handler's
-error) is counted and logged, and the lines after it are still written.
+error) does not stop the lines after it; the failures of one writing are counted and logged
+once, with the first one's traceback.
 """
 
 from __future__ import annotations
@@ -144,29 +145,36 @@ class DecisionLog(ThreadWorker):
                 return taken, True
             taken.append(item)
 
-    def _failed(self, partition: int) -> None:
+    def _failed(self, partition: int, error: Exception, lines: int) -> None:
         self._on_failed()
-        log.exception("partition %d: writing a decision line failed", partition)
+        more = f" (and {lines - 1} more of its lines in this writing)" if lines > 1 else ""
+        log.error("partition %d: writing a decision line failed%s", partition, more, exc_info=error)
 
 
 def write(
     partition: int,
     events: Sequence[ev.AnyEvent],
-    failed: Callable[[int], None] | None = None,
+    failed: Callable[[int, Exception, int], None] | None = None,
 ) -> None:
     """Log the decisions among ``events``, which ``partition``'s owner appended. A team's runs
     fired together beyond ``FIRED_LINES_PER_BATCH`` (a herd's) are one line naming them all.
-    ``failed(partition)``, called inside the ``except``, is told of a line that could not be
-    written, and the next lines are written; without it the error is raised."""
+    A line that cannot be written does not stop the next ones; ``failed(partition, first
+    error, lines that failed)`` is told once, after them (a handler that fails every line says
+    so once a writing, not once a line); without it the first error is raised at once."""
     herds = _herds(events)
     said: set[tuple[str, str]] = set()
+    first: Exception | None = None
+    failures = 0
     for event in events:
         try:
             _line(event, partition, herds, said)
-        except Exception:
+        except Exception as err:
             if failed is None:
                 raise
-            failed(partition)
+            first = first or err
+            failures += 1
+    if first is not None and failed is not None:
+        failed(partition, first, failures)
 
 
 def _line(

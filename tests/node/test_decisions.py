@@ -155,3 +155,40 @@ def test_a_line_is_written_once_the_linger_ends_without_a_stop(
     finally:
         decisions.stop()
         logger.removeHandler(seen)
+
+
+def test_a_handler_failing_every_line_says_so_once_a_writing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Lines are written a gathering at a time: a handler that fails them all (a full disk)
+    was told once a line, a traceback each, thousands a second at a steady rate."""
+    failures: list[int] = []
+    tried: list[str] = []
+
+    class Full(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if getattr(record, "decision", None) == "fired":
+                tried.append(record.__dict__["run_id"])
+                raise OSError("no space left on device")
+
+        def handleError(self, record: logging.LogRecord) -> None:
+            raise  # as a handler that does not swallow its errors would
+
+    full = Full()
+    logger = logging.getLogger("cronlog.decisions")
+    logger.addHandler(full)
+    decisions = DecisionLog(on_failed=lambda: failures.append(1), linger_s=60)
+    try:
+        with caplog.at_level(logging.INFO, logger="cronlog.decisions"):
+            decisions.appended(0, [fired(0), fired(1)])
+            decisions.appended(0, [fired(2)])
+            decisions.start()
+            decisions.stop()
+    finally:
+        logger.removeHandler(full)
+    assert tried == ["j0.60000", "j1.60000", "j2.60000"]  # every line was tried
+    assert failures == [1]
+    [said] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert said.getMessage() == (
+        "partition 0: writing a decision line failed (and 2 more of its lines in this writing)"
+    )
