@@ -145,8 +145,8 @@ class DependencyRelay(ThreadWorker):
         self._tasks: set[asyncio.Task[None]] = set()
         self._gather_s = gather_s
         self._gathered_lock = threading.Lock()
-        self._gathered: dict[int, list[ev.RunCompleted]] = {}  # appended, not yet handed over
-        self._gathering = False  # a hand-off of what is gathered is on its way
+        # Appended, not yet handed over; while it holds any, their hand-off is on its way.
+        self._gathered: dict[int, list[ev.RunCompleted]] = {}
 
     def _work(self) -> None:
         self._loop.run_forever()
@@ -187,15 +187,14 @@ class DependencyRelay(ThreadWorker):
         if not completed:
             return
         with self._gathered_lock:
+            first = not self._gathered
             self._gathered.setdefault(partition, []).extend(completed)
-            if self._gathering:
-                return
-            self._gathering = True
+        if not first:
+            return
         try:
             self._handoff.post(self._take_gathered_later)
         except RuntimeError:  # the loop is closed: said to the runner, as before
-            with self._gathered_lock:
-                self._gathering = False
+            self._drop_gathered()
             raise
 
     def _take_gathered_later(self) -> None:
@@ -204,7 +203,6 @@ class DependencyRelay(ThreadWorker):
     def _take_gathered(self) -> None:
         with self._gathered_lock:
             gathered, self._gathered = self._gathered, {}
-            self._gathering = False
         for partition, completed in gathered.items():
             self._spawn(partition, completed)
 
@@ -213,7 +211,6 @@ class DependencyRelay(ThreadWorker):
         the partitions' next owners relay their recent successes again."""
         with self._gathered_lock:
             gathered, self._gathered = self._gathered, {}
-            self._gathering = False
         for _ in gathered:
             self.metrics.abandoned.labels("stopped").inc()
         return len(gathered)
