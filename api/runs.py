@@ -30,6 +30,7 @@ from api.repeats import outcome_refused
 from api.scheduler import Unavailable
 from api.translate import claimed, complete_run, heartbeat_run, run_out
 from api.wire import (
+    ClaimedRun,
     ClaimIn,
     ClaimOut,
     CompleteIn,
@@ -173,6 +174,18 @@ async def claim(request: Request) -> Response:
         leases = await call.scheduler.claim(
             call.tenant, body.pool, body.worker_id, body.limit, _horizon_ms(body)
         )
+    try:
+        runs = await _claimed(call, leases)
+    except BaseException as err:  # the worker gets no answer: nobody holds these leases
+        call.scheduler.return_leases(leases, f"the claim's answer could not be made: {err!r}")
+        raise
+    if leases and await request.is_disconnected():  # nobody to answer, nobody holds them
+        call.scheduler.return_leases(leases, "the worker hung up before the claim's answer")
+    return json_response(ClaimOut(runs=runs))
+
+
+async def _claimed(call: Call, leases: list[LeaseGranted]) -> list[ClaimedRun]:
+    """What the worker is told of each lease: the run and what its job says to run."""
     runs = []
     # one question a partition the leases came from (the jobs' specs say what to run)
     jobs = await call.scheduler.reader.jobs_by_id(call.tenant, [lease.job_id for lease in leases])
@@ -185,7 +198,7 @@ async def claim(request: Request) -> Response:
         if job is None:  # the port promised the read model caught up: it did not
             raise Unavailable(f"job {team_id(lease.job_id)} of a granted lease is not readable yet")
         runs.append(claimed(lease, job.spec, now))
-    return json_response(ClaimOut(runs=runs))
+    return runs
 
 
 def _horizon_ms(body: ClaimIn) -> int:

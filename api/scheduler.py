@@ -65,6 +65,12 @@ class Scheduler(Protocol):
         ``horizon_ms``, runs ready within it are leased ahead, to start at their instant."""
         ...
 
+    def return_leases(self, leases: Sequence[LeaseGranted], why: str) -> None:
+        """Give back leases a claim granted that no worker received (``why``: how the answer
+        was lost), so their runs are claimed again at once (on the API's loop; returns at
+        once)."""
+        ...
+
     def next_ready(self, tenant: str, pool: str, horizon_ms: int = 0) -> int | None:
         """The earliest ``available_at`` after now plus ``horizon_ms`` of a pending run of
         ``tenant``'s ``pool`` in a partition this node decides (None: none is waiting for a

@@ -108,6 +108,15 @@ class CompleteRun(Command, tag=True, frozen=True, kw_only=True):
     started_late_ms: Millis | None = None
 
 
+class ReturnLease(Command, tag=True, frozen=True, kw_only=True):
+    """The lease of ``fencing_token`` on ``run_id``, granted to a claim whose answer no worker
+    received (the node that asked stopped waiting for it): give it back unused. Only the node
+    that asked sends it, and only for an answer it handed to nobody."""
+
+    run_id: str
+    fencing_token: int
+
+
 class AnswerOutcome(Command, tag=True, frozen=True, kw_only=True):
     """What a run's target answered when asked what became of the attempt of
     ``fencing_token`` (the node's executors ask its status URL: ``RunOutcomeAsked``)."""
@@ -179,6 +188,7 @@ AnyCommand = (
     | StartRun
     | HeartbeatRun
     | CompleteRun
+    | ReturnLease
     | AnswerOutcome
     | CancelRun
     | ReplayRun

@@ -19,6 +19,8 @@ The run lifecycle (seed 2's state diagram, plus what production needs)::
        └─► blocked (buffer_one)
     any live run ─► cancelled (a running one keeps its lease record until it runs out,
                                 so the worker's next heartbeat learns of it)
+    running ─► pending, same attempt: its lease reached no worker and was given back
+               (``ReturnLease``: the claim's answer came after its asker stopped waiting)
 
 Timers (``SlotDue``, ``LeaseDue``, ``AnswerDue``) come from the partition's timing wheel. The
 wheel is an index, not the truth: a timer that no longer matches the state decides nothing.
@@ -47,6 +49,7 @@ from core.commands import (
     PutJob,
     ReplayRun,
     ResumeJob,
+    ReturnLease,
     SlotDue,
     StartRun,
     TriggerRun,
@@ -67,6 +70,7 @@ from core.events import (
     JobUpdated,
     LeaseExpired,
     LeaseGranted,
+    LeaseReturned,
     OutcomeAnswer,
     RetryScheduled,
     RunCancelled,
@@ -158,6 +162,8 @@ def decide(state: PartitionState, command: AnyCommand, now: Millis) -> list[AnyE
             return _heartbeat(state, command, now)
         case CompleteRun():
             return _complete(state, command, now)
+        case ReturnLease():
+            return _return_lease(state, command, now)
         case AnswerOutcome():
             return _answered(state, command, now)
         case CancelRun():
@@ -837,6 +843,15 @@ def _complete(state: PartitionState, cmd: CompleteRun, now: Millis) -> list[AnyE
             not_before=cmd.retry_after_ms,
         ),
     ]
+
+
+def _return_lease(state: PartitionState, cmd: ReturnLease, now: Millis) -> list[AnyEvent]:
+    """Give back a lease no worker received: the run is pending again, its attempt unchanged.
+    Nothing when the lease has ended already (it ran out, or the run was cancelled)."""
+    run = state.runs.get(cmd.run_id)
+    if run is None or run.status is not RunStatus.RUNNING or run.fencing_token != cmd.fencing_token:
+        return []
+    return [LeaseReturned(**_ids(run, now))]
 
 
 def _lease_due(state: PartitionState, run_id: str, now: Millis) -> list[AnyEvent]:

@@ -187,6 +187,13 @@ class LeaseExpired(RunEvent, tag=True, frozen=True, kw_only=True):
     lease_expires_at: Millis
 
 
+class LeaseReturned(RunEvent, tag=True, frozen=True, kw_only=True):
+    """The lease of ``fencing_token`` reached no worker, and was given back unused: the node
+    that claimed it for a worker stopped waiting before the owner's answer came (or could not
+    give the answer), so nobody holds the token. The run is pending again as it was before the
+    grant, its attempt unchanged; the token stays spent (a worker that shows it is refused)."""
+
+
 class RunOutcomeAsked(RunEvent, tag=True, frozen=True, kw_only=True):
     """The attempt (``fencing_token``) may or may not have taken effect, and its job's target
     can say (``HttpTarget.status_url``): the run waits while its owner asks. ``ask`` counts the
@@ -258,6 +265,7 @@ AnyEvent = (
     | RunCompleted
     | RunFailed
     | LeaseExpired
+    | LeaseReturned
     | RunOutcomeAsked
     | RunOutcomeAnswered
     | RetryScheduled

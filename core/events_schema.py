@@ -17,7 +17,7 @@ import msgspec
 
 from core.events import AnyEvent
 
-SCHEMA_VERSION = 6  # raise it with every change to an event or a type it holds
+SCHEMA_VERSION = 7  # raise it with every change to an event or a type it holds
 
 _ABOUT = (
     'One record of cronlog\'s events stream: a JSON object whose "type" names the event.'

@@ -50,6 +50,7 @@ from core.events import (
     JobUpdated,
     LeaseExpired,
     LeaseGranted,
+    LeaseReturned,
     RetryScheduled,
     RunCancelled,
     RunCompleted,
@@ -658,6 +659,11 @@ def evolve(state: PartitionState, event: AnyEvent) -> PartitionState:
             else:
                 run.last_error, run.worker_id, run.lease_expires_at = "lease expired", None, None
                 run.start_at = None
+        case LeaseReturned():
+            run = state.runs[event.run_id]
+            run.status, run.worker_id, run.lease_expires_at = RunStatus.PENDING, None, None
+            run.started_at, run.start_at = None, None
+            _index(state, run, event.at)
         case RunOutcomeAsked():
             run = state.runs[event.run_id]
             run.status, run.ask = RunStatus.ASKING, event.ask

@@ -38,6 +38,7 @@ from core.events import (
     JobUpdated,
     LeaseExpired,
     LeaseGranted,
+    LeaseReturned,
     RetryScheduled,
     RunCancelled,
     RunCompleted,
@@ -128,6 +129,10 @@ def timers_after(state: PartitionState, event: AnyEvent, lead_ms: int = 0) -> li
             return changes
         case LeaseExpired():
             return [(("ready", event.run_id), None), (("lease", event.run_id), None)]
+        case LeaseReturned():
+            run = state.runs.get(event.run_id)
+            changes = [(("lease", event.run_id), None)]
+            return changes + (_ready_timer(state, run) if run is not None else [])
         case RunCancelled():
             if event.was_running:  # keep the lease timer: it clears the cancelled run
                 changes = [(("ready", event.run_id), None)]

@@ -3,7 +3,8 @@ team's runs fired together).
 
 The decisions: a run **fired** (its slot came or is a lead time away, or someone triggered it:
 ``RunMaterialised``), was **retried** (``RetryScheduled``), **dead-lettered**
-(``RunDeadLettered``), slots **skipped** (``RunSkipped``); a partition **fenced** (another
+(``RunDeadLettered``), had a lease no worker received **given back** (``LeaseReturned``),
+slots **skipped** (``RunSkipped``); a partition **fenced** (another
 writer took it), and a partition **moved** (assigned to this node, or given up). Each is one
 record of the ``cronlog.decisions`` logger at INFO whose message reads on its own in the text
 format, and whose ``extra`` fields carry the ids as fields of their own in the JSON format
@@ -209,6 +210,15 @@ def _line(
                 f"{event.reason.value} after attempt {event.attempt}",
                 attempt=event.attempt,
                 reason=event.reason.value,
+            )
+        case ev.LeaseReturned():
+            _run(
+                "lease-returned",
+                event,
+                partition,
+                f"lease {event.fencing_token} reached no worker: given back, the run is pending",
+                attempt=event.attempt,
+                fencing_token=event.fencing_token,
             )
         case ev.RunSkipped():
             count = "some" if event.count is None else str(event.count)

@@ -149,6 +149,12 @@ class NodeMetrics:
             "Leases that ran out without a completion: the lease-reclaim rate.",
             registry=r,
         )
+        self.returned = Counter(
+            "cronlog_leases_returned",
+            "Leases given back unused: the claim's answer reached no worker (the node that"
+            " asked stopped waiting before the owner answered). Each was counted granted.",
+            registry=r,
+        )
         self.retries = Counter("cronlog_retries_scheduled", "Retries scheduled.", registry=r)
         self.forgotten = Counter(
             "cronlog_jobs_forgotten",
@@ -374,6 +380,8 @@ class NodeMetrics:
                     tally[self.skipped, event.reason.value] += event.count or 1
                 case ev.LeaseExpired():
                     tally[self.reclaimed, ""] += 1
+                case ev.LeaseReturned():
+                    tally[self.returned, ""] += 1
                 case ev.RetryScheduled():
                     tally[self.retries, ""] += 1
                 case ev.RunCompleted():

@@ -64,6 +64,7 @@ from core.commands import (
     PutJob,
     ReplayRun,
     ResumeJob,
+    ReturnLease,
     SlotDue,
     StartRun,
     TriggerRun,
@@ -150,6 +151,10 @@ CLAIM_ROUNDS = 3  # rounds of asks per claim (those that granted their whole sha
 # A local runner answers every request it takes, even when it fails; this bounds the wait
 # should that ever not hold, so no caller waits forever.
 LOCAL_TIMEOUT_S = 60.0
+# A claim's answer that comes after the claim stopped waiting is still taken this long, and the
+# leases it granted (to nobody) are given back (``Node.return_leases``); one later than that
+# leaves its leases to run out.
+LATE_REPLY_S = 60.0
 # A runner fenced while its partition is still assigned here waits this long for the group's
 # revocation before the node takes it for a failed writer and opens a new one.
 FENCE_GRACE_S = 5.0
@@ -177,6 +182,7 @@ def routing_key(command: AnyCommand) -> str:
             StartRun()
             | HeartbeatRun()
             | CompleteRun()
+            | ReturnLease()
             | AnswerOutcome()
             | CancelRun()
             | ReplayRun()
@@ -366,7 +372,8 @@ class Node:
         # (node.ready_watch): those other nodes placed here, and those placed from here.
         self._watches = ReadyWatches(self._clock.now_ms)
         self._watching = Watching()
-        self._watch_tasks: set[asyncio.Task[None]] = set()
+        # tasks of the API's loops held until they end (ready watches, leases given back)
+        self._loop_tasks: set[asyncio.Task[None]] = set()
         self._reader: HistoryReader
         if self._history is not None:
             every = Held(
@@ -1432,11 +1439,18 @@ class Node:
         *,
         visible: bool = True,
         timeout_s: float | None = None,
+        on_late: Callable[[list[ev.AnyEvent]], None] | None = None,
     ) -> list[ev.AnyEvent]:
+        """Decide ``command`` on ``partition``, here or at its owner. ``on_late`` is given the
+        events of a decision whose answer came after this stopped waiting (on this loop)."""
         runner = self._runners.get(partition)
         if runner is None:
             return await self._forward(
-                partition, command, visible=visible, timeout_s=timeout_s or FORWARD_TIMEOUT_S
+                partition,
+                command,
+                visible=visible,
+                timeout_s=timeout_s or FORWARD_TIMEOUT_S,
+                on_late=on_late,
             )
         if _holds_here(runner, command):
             return []
@@ -1446,6 +1460,8 @@ class Node:
         def deliver(result: Decided | CronlogError | None) -> None:
             if not answer.done():
                 answer.set_result(result)
+            elif on_late is not None and isinstance(result, Decided):
+                on_late(result.events)
 
         handoff = handoff_to(loop)
 
@@ -1502,6 +1518,7 @@ class Node:
         *,
         visible: bool = True,
         timeout_s: float = FORWARD_TIMEOUT_S,
+        on_late: Callable[[list[ev.AnyEvent]], None] | None = None,
     ) -> list[ev.AnyEvent]:
         """Ask the partition's owner, wherever it runs, through the log."""
         reply = await self._through_log(
@@ -1510,6 +1527,7 @@ class Node:
                 command=command, request_id=request_id, reply_to=self.node_id
             ),
             timeout_s,
+            on_late=None if on_late is None else lambda late: on_late(late.events),
         )
         if visible:
             await self._visible(partition, reply.offsets, reply.events)
@@ -1644,8 +1662,8 @@ class Node:
         loop = asyncio.get_running_loop()
         for p, delay_s, told in self._watching.start(tenant, pool, elsewhere):
             task = loop.create_task(self._watch(p, tenant, pool, until_ms, wait_s, delay_s, told))
-            self._watch_tasks.add(task)
-            task.add_done_callback(self._watch_tasks.discard)
+            self._loop_tasks.add(task)
+            task.add_done_callback(self._loop_tasks.discard)
 
     async def _watch(
         self,
@@ -1702,16 +1720,21 @@ class Node:
         timeout_s: float,
         *,
         refusals: bool = True,
+        on_late: Callable[[wire.Reply], None] | None = None,
     ) -> wire.Reply:
         """Submit ``envelope(request_id)`` to the partition's commands and wait for the reply
         in this node's mailbox (a refusal raised as the error it names, unless ``refusals``
-        is False: a reply of several outcomes is read outcome by outcome)."""
+        is False: a reply of several outcomes is read outcome by outcome). ``on_late``: the
+        reply is still taken for ``LATE_REPLY_S`` after the wait gave up, and given to it (on
+        this loop) if it comes."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[wire.Reply] = loop.create_future()
 
         def deliver(reply: wire.Reply) -> None:
             if not answer.done():
                 answer.set_result(reply)
+            elif on_late is not None:
+                on_late(reply)
 
         handoff = handoff_to(loop)
 
@@ -1719,13 +1742,18 @@ class Node:
             handoff.post(deliver, reply)
 
         request_id, stop_waiting = self._expect(deliver_from_thread)
+        timed_out = False
         try:
             await asyncio.to_thread(self._log.submit, partition, wire.encode(envelope(request_id)))
             reply = await asyncio.wait_for(answer, timeout_s)
         except TimeoutError:
+            timed_out = True
             raise Unavailable(f"no answer from the owner of partition {partition}") from None
         finally:
-            stop_waiting()
+            if timed_out and on_late is not None:
+                loop.call_later(LATE_REPLY_S, stop_waiting)
+            else:
+                stop_waiting()
         err = wire.error_of(reply) if refusals else None
         if err is not None:
             raise err
@@ -1765,6 +1793,43 @@ class Node:
                 granted += more
         self.metrics.claims.labels("granted" if granted else "empty").inc()
         return granted
+
+    def return_leases(self, leases: Sequence[ev.LeaseGranted], why: str) -> None:
+        """Give back ``leases`` that no worker received (their claim's answer reached nobody:
+        ``why``), so their runs are claimed again at once instead of waiting for the leases to
+        run out (a critical run's would be set aside as ``outcome_unknown``). Only for an
+        answer handed to nobody: nobody holds these tokens. On the running loop; returns at
+        once, and a return that fails leaves the leases to run out, as before."""
+        if not leases:
+            return
+        log.warning(
+            "%s: %d leases no worker received are given back (%s): %s",
+            self.node_id,
+            len(leases),
+            why,
+            ", ".join(lease.run_id for lease in leases[:5]) + (" ..." if len(leases) > 5 else ""),
+        )
+        commands = [ReturnLease(run_id=e.run_id, fencing_token=e.fencing_token) for e in leases]
+
+        async def give_back() -> None:
+            try:
+                results = await self.execute_many(commands, visible=False)
+            except Exception as err:
+                log.warning("%s: leases not given back (they run out): %s", self.node_id, err)
+                return
+            failed = [r for r in results if isinstance(r, CronlogError)]
+            if failed:
+                log.warning(
+                    "%s: %d of %d leases not given back (they run out): %s",
+                    self.node_id,
+                    len(failed),
+                    len(results),
+                    failed[0],
+                )
+
+        task = asyncio.get_running_loop().create_task(give_back())
+        self._loop_tasks.add(task)
+        task.add_done_callback(self._loop_tasks.discard)
 
     async def _claim_rounds(
         self,
@@ -1815,8 +1880,17 @@ class Node:
         command = ClaimRuns(
             tenant=tenant, pool=pool, worker_id=worker_id, limit=limit, horizon_ms=horizon_ms
         )
+
+        def answered_late(events: list[ev.AnyEvent]) -> None:
+            self.return_leases(
+                [e for e in events if isinstance(e, ev.LeaseGranted)],
+                f"partition {partition} answered a claim after its {timeout_s:g} s",
+            )
+
         try:
-            events = await self._execute_on(partition, command, timeout_s=timeout_s)
+            events = await self._execute_on(
+                partition, command, timeout_s=timeout_s, on_late=answered_late
+            )
         except NotYetReadable as late:
             # The leases are granted and durable: handed to nobody, they would hold their runs
             # until they ran out. The worker gets them; the read model shows them when it has

@@ -45,6 +45,7 @@ from core.events import (
     JobUpdated,
     LeaseExpired,
     LeaseGranted,
+    LeaseReturned,
     RetryScheduled,
     RunCancelled,
     RunCompleted,
@@ -137,6 +138,7 @@ def observe(minute: Minute, event: AnyEvent, *, first_scheduled_start: bool) -> 
             | JobForgotten()
             | RunOutcomeAsked()
             | RunOutcomeAnswered()
+            | LeaseReturned()  # rare (a claim's answer lost): its grant stays counted
         ):
             return False
         case _:

@@ -45,6 +45,7 @@ from core.events import (
     JobUpdated,
     LeaseExpired,
     LeaseGranted,
+    LeaseReturned,
     RetryScheduled,
     RunCancelled,
     RunCompleted,
@@ -371,6 +372,7 @@ class ModelFold(ModelStore):
                 | RunCompleted()
                 | RunFailed()
                 | LeaseExpired()
+                | LeaseReturned()
                 | RetryScheduled()
                 | RunDeadLettered()
                 | RunCancelled()

@@ -20,6 +20,7 @@ from core.events import (
     CancelReason,
     LeaseExpired,
     LeaseGranted,
+    LeaseReturned,
     RetryScheduled,
     RunCancelled,
     RunCompleted,
@@ -44,6 +45,7 @@ RunChange = (
     | RunCompleted
     | RunFailed
     | LeaseExpired
+    | LeaseReturned
     | RetryScheduled
     | RunDeadLettered
     | RunCancelled
@@ -125,6 +127,13 @@ def evolve(run: RunView, event: RunChange) -> RunStateName | None:
             _close_attempt(run, event.fencing_token, event.at, "lease_expired", "")
             run.error = LEASE_EXPIRED
             return "failed"
+        case LeaseReturned():
+            # no worker received it: as if never granted
+            first = bool(run.attempts) and run.attempts[0].fencing_token == event.fencing_token
+            run.attempts = [a for a in run.attempts if a.fencing_token != event.fencing_token]
+            if first:
+                run.started_at, run.lateness_ms = None, None
+            return "pending" if event.attempt == 1 else "retrying"
         case RetryScheduled():
             run.attempt, run.available_at = event.attempt, event.available_at
             return "retrying"

@@ -28,6 +28,7 @@ from core.commands import (
     PutJob,
     ReplayRun,
     ResumeJob,
+    ReturnLease,
     StartRun,
     TriggerRun,
     UpstreamSucceeded,
@@ -52,7 +53,9 @@ def routing_key(command: AnyCommand) -> str:
     match command:
         case PutJob() | PauseJob() | ResumeJob() | CancelJob() | TriggerRun() | UpstreamSucceeded():
             return command.job_id
-        case StartRun() | HeartbeatRun() | CompleteRun() | CancelRun() | ReplayRun():
+        case (
+            StartRun() | HeartbeatRun() | CompleteRun() | CancelRun() | ReplayRun() | ReturnLease()
+        ):
             return job_id_of_run(command.run_id)
     raise TypeError(f"{type(command).__name__} is not routed by job")
 
@@ -65,6 +68,7 @@ class FakeScheduler:
         self.offsets = [0] * PARTITIONS
         self.available = True  # False: every command raises Unavailable
         self.is_ready = True
+        self.returned: list[tuple[list[LeaseGranted], str]] = []  # return_leases' calls
         self.folding = True  # False: decided events wait in `unfolded` (a read model that lags)
         self.unfolded: list[tuple[AnyEvent, int, int]] = []
         self._history = history
@@ -122,6 +126,13 @@ class FakeScheduler:
             )
             granted += [e for e in self._decide(p, ask) if isinstance(e, LeaseGranted)]
         return granted
+
+    def return_leases(self, leases: Sequence[LeaseGranted], why: str) -> None:
+        """Decided at once here (the node's is a task of the loop)."""
+        self.returned.append((list(leases), why))
+        for lease in leases:
+            command = ReturnLease(run_id=lease.run_id, fencing_token=lease.fencing_token)
+            self._decide(partition_for(routing_key(command), PARTITIONS), command)
 
     def now_ms(self) -> int:
         return self.clock.now_ms()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from api.instants import parse_rfc3339
+from api.scheduler import Unavailable
 from core.commands import CompleteRun, Outcome
 from tests.api.conftest import Api
 
@@ -249,3 +250,29 @@ async def test_a_claim_reaching_ahead_leases_what_starts_soon_and_hears_of_its_s
 async def test_a_reach_past_the_longest_lead_is_refused_naming_the_field(api: Api) -> None:
     r = await api.a.post("/v1/workers/claim", json={**CLAIM, "ahead_sec": 301})
     assert (r.status_code, r.json()["field"]) == (400, "ahead_sec")
+
+
+async def test_a_claim_whose_answer_cannot_be_made_gives_its_leases_back(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leases were granted, but the worker gets a 503, not the runs: nobody holds them, so
+    they are given back and the next claim gets the run at once (a critical run's lease would
+    otherwise run out and set it aside as outcome_unknown)."""
+    await api.a.put("/v1/jobs/export", json={**JOB, "critical": True})
+    api.fake.advance(5 * 60_000 + 1_500)
+    reader = api.fake.reader
+
+    async def unreadable(tenant: str, job_ids: list[str]) -> Any:
+        raise Unavailable("the read model is refilling")
+
+    monkeypatch.setattr(reader, "jobs_by_id", unreadable)
+    r = await api.a.post("/v1/workers/claim", json=CLAIM)
+    assert r.status_code == 503
+    [(leases, why)] = api.fake.returned
+    assert [lease.fencing_token for lease in leases] == [1]
+    assert "could not be made" in why
+    monkeypatch.undo()
+    [run] = (await api.a.post("/v1/workers/claim", json=CLAIM)).json()["runs"]
+    assert (run["run_id"], run["attempt"], run["fencing_token"]) == (f"export.{SLOT}", 1, 2)
+    view = (await api.a.get(f"/v1/runs/{run['run_id']}")).json()
+    assert [a["fencing_token"] for a in view["attempts"]] == [2]

@@ -1198,3 +1198,32 @@ def test_a_node_that_exited_by_itself_is_caught() -> None:
     [detail] = report.violations["node_exited_by_itself"]
     assert "n1 ended with -6" in detail and "rd_kafka_enq_once" in detail
     assert report.figures["nodes_exited_by_themselves"][0]["code"] == -6
+
+
+def returned_then_leased_again(deliver_returned: bool) -> Builder:
+    """A critical run's first lease given back unused (``LeaseReturned``), then leased anew
+    and completed; with ``deliver_returned``, the token given back reached the target too."""
+    b = clean()
+    slot = T0 + 10_000
+    b.fine_run("a", slot)
+    b.materialise("b", slot)
+    lost = b.lease("b", slot, slot + 5)
+    b.emit(b.partition_of["b"], b._run_ev("LeaseReturned", "b", slot, slot + 2_000, lost))
+    if deliver_returned:
+        b.deliver("b", slot, lost, slot + 2_100)
+    again = b.lease("b", slot, slot + 2_200)
+    b.deliver("b", slot, again, slot + 2_210)
+    b.complete("b", slot, again, slot + 2_300)
+    return b
+
+
+def test_a_lease_given_back_then_leased_anew_is_clean() -> None:
+    report = check(returned_then_leased_again(deliver_returned=False).history(end(11)))
+    assert report.ok, report.as_json()["violations"]
+    assert report.figures["leases_returned"] == 1
+    assert report.figures["duplicate_deliveries"] == {}
+
+
+def test_a_lease_given_back_that_reached_a_worker_or_target_all_the_same_is_caught() -> None:
+    report = check(returned_then_leased_again(deliver_returned=True).history(end(11)))
+    assert report.counts.get("returned_lease_delivered") == 1, report.counts

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 import node.node as node_module
 from core import events as ev
 from core.clock import FakeClock
-from core.commands import ClaimRuns, PutJob, TriggerRun
+from core.commands import ClaimRuns, HeartbeatRun, PutJob, TriggerRun
+from core.errors import LeaseLost
 from core.jobs import JobSpec, PullTarget
 from eventlog.memory import MemoryLog
 from eventlog.port import partition_for
@@ -195,12 +196,102 @@ def test_a_claim_never_leases_more_than_its_limit_even_when_answers_come_late(
     leases = asyncio.run(old.claim(TENANT, POOL, "w", 5))
     assert len(leases) <= 5
     assert all(partition_for(lease.job_id, PARTITIONS) != 0 for lease in leases)
-    owner.release()  # the late ask is decided after all: its leases go to nobody
+    owner.release()  # the late ask is decided after all: its leases go to nobody (given back)
     deadline = time.monotonic() + 5
     while not [e for e in leases_in_log(new) if partition_for(e.job_id, PARTITIONS) == 0]:
         assert time.monotonic() < deadline, "the released claim was never decided"
         time.sleep(0.02)
     assert len(leases_in_log(new)) <= 5
+
+
+def events_of(node: Node, kind: type[ev.AnyEvent], partition: int) -> list[Any]:
+    return [
+        event
+        for record in node.read_events(partition, 0, 10_000)
+        if isinstance(event := ev.decode(record.value), kind)
+    ]
+
+
+async def logged(node: Node, kind: type[ev.AnyEvent], partition: int, count: int) -> list[Any]:
+    """The first ``count`` events of ``kind`` on ``partition`` once the log holds them (the
+    log's reader has nothing to wait on: it is read again every 20 ms, for up to 10 s)."""
+    deadline = time.monotonic() + 10
+    while len(found := events_of(node, kind, partition)) < count:
+        assert time.monotonic() < deadline, f"{count} {kind.__name__} never appended: {found}"
+        await asyncio.sleep(0.02)
+    return found[:count]
+
+
+def test_the_leases_of_an_answer_that_came_after_the_claim_gave_up_are_given_back(
+    pair: tuple[Node, Node],
+) -> None:
+    """An owner that answers a claim's ask after ``REMOTE_CLAIM_TIMEOUT_S`` granted leases the
+    worker never hears of. Left alone they ran out, and a critical run's was set aside as
+    ``outcome_unknown`` (the chaos run's ``never_delivered``, with no fault near); the node
+    that asked gives them back, and the runs are claimed again at once under new tokens."""
+    old, new = pair
+    make_ready(old, {0: 2})
+    owner = OwnerAsked(new, held={0})
+
+    async def go() -> tuple[list[ev.LeaseGranted], list[ev.LeaseReturned], list[ev.LeaseGranted]]:
+        # 8: a share of 2 for each of the 4 partitions (none known yet)
+        first = await old.claim(TENANT, POOL, "w", 8)  # partition 0 does not answer in time
+        owner.release()  # ... and then grants two leases to nobody
+        returned = await logged(new, ev.LeaseReturned, 0, 2)
+        owner.held.clear()  # the owner answers in time again
+        again = await old.claim(TENANT, POOL, "w", 8)
+        for e in returned:  # the tokens given back hold nothing
+            with pytest.raises(LeaseLost):
+                await old.execute(HeartbeatRun(run_id=e.run_id, fencing_token=e.fencing_token))
+        return first, returned, again
+
+    first, returned, again = asyncio.run(go())
+    assert first == []
+    granted = events_of(new, ev.LeaseGranted, 0)[:2]
+    assert {(e.run_id, e.fencing_token) for e in returned} == {
+        (e.run_id, e.fencing_token) for e in granted
+    }
+    assert {e.run_id for e in again} == {e.run_id for e in returned}
+    assert min(e.fencing_token for e in again) > max(e.fencing_token for e in returned)
+    assert all(e.attempt == 1 for e in again)  # no attempt was spent
+
+
+def test_the_leases_of_a_local_answer_that_came_too_late_are_given_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node_module, "LOCAL_TIMEOUT_S", 0.3)
+    log = MemoryLog(PARTITIONS, gaps=True)
+    node = Node(log, tmp_path / "node", node_id="only")
+    node.start()
+    try:
+        assert node.wait_ready(10)
+        make_ready(node, {1: 1})
+        runner = node._runners[1]
+        held: list[Any] = []
+        take = runner.submit_many
+
+        def hold_claims(requests: list[Any]) -> None:
+            claims = [r for r in requests if isinstance(r.command, ClaimRuns)]
+            held.extend(claims)
+            take([r for r in requests if r not in claims])
+
+        monkeypatch.setattr(runner, "submit_many", hold_claims)
+
+        async def go() -> list[ev.LeaseReturned]:
+            assert await node.claim(TENANT, POOL, "w", 1) == []  # unanswered in 0.3 s
+            assert held
+            take(held)  # decided after all: a lease for nobody
+            return await logged(node, ev.LeaseReturned, 1, 1)
+
+        [returned] = asyncio.run(go())
+        [granted] = events_of(node, ev.LeaseGranted, 1)
+        assert (returned.run_id, returned.fencing_token) == (granted.run_id, granted.fencing_token)
+        monkeypatch.setattr(runner, "submit_many", take)
+        [again] = asyncio.run(node.claim(TENANT, POOL, "w", 1))
+        assert again.run_id == granted.run_id and again.fencing_token > granted.fencing_token
+    finally:
+        node.stop()
+        log.close()
 
 
 def test_another_nodes_partitions_are_asked_only_where_runs_of_the_pool_became_ready(

@@ -192,3 +192,20 @@ def test_a_handler_failing_every_line_says_so_once_a_writing(
     assert said.getMessage() == (
         "partition 0: writing a decision line failed (and 2 more of its lines in this writing)"
     )
+
+
+def test_a_lease_given_back_is_a_line_naming_the_run_and_the_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    returned = ev.LeaseReturned(
+        at=61_500, job_id="team-a/j", tenant="team-a", run_id="team-a/j.60000",
+        scheduled_for=60_000, attempt=1, fencing_token=42,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="cronlog.decisions"):
+        write(2, [returned])
+    [line] = [r for r in caplog.records if r.__dict__.get("decision") == "lease-returned"]
+    assert line.getMessage() == (
+        "lease-returned run j.60000 of job j (team-a, partition 2): lease 42 reached no worker:"
+        " given back, the run is pending"
+    )
+    assert (line.__dict__["run_id"], line.__dict__["fencing_token"]) == ("j.60000", 42)

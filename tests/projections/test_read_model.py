@@ -29,9 +29,11 @@ from core.commands import (
     PauseJob,
     PutJob,
     ResumeJob,
+    ReturnLease,
     TriggerRun,
 )
 from core.errors import InvalidDefinition, StoreDamaged, Unavailable
+from core.jobs import PullTarget
 from core.state import RunStatus
 from eventlog.embedded import EmbeddedLog
 from eventlog.port import Record
@@ -910,3 +912,43 @@ def test_a_model_is_refilling_until_it_folds_what_it_held_or_finds_nothing_more(
         assert model.refilling() == {}
     writers.close()
     log.close()
+
+
+def test_a_lease_given_back_leaves_no_attempt_in_the_runs_history(model: ReadModel) -> None:
+    """No worker received it (``LeaseReturned``): the run shows pending again, with neither the
+    attempt nor its start; the next lease is its first attempt and its start."""
+    slot = T0 + 60_000
+    sim = Sim(T0)
+    sim.do(
+        PutJob(
+            job_id="t1/once",
+            spec=_spec("once", "t1", schedule=None, run_at=slot, target=PullTarget(pool="p")),
+        )
+    )
+    sim.advance(slot - sim.now)
+    claim = ClaimRuns(tenant="t1", pool="p", worker_id="w", limit=1)
+    [lost] = [e for e in sim.do(claim) if isinstance(e, ev.LeaseGranted)]
+    sim.advance(1_500)
+    sim.do(ReturnLease(run_id=lost.run_id, fencing_token=lost.fencing_token))
+    feed(model, sim)
+    view = model.run("t1", lost.run_id)
+    assert view is not None
+    assert (view.state, view.attempts, view.started_at, view.lateness_ms) == (
+        "pending",
+        [],
+        None,
+        None,
+    )
+    fed = len(sim.log)
+    [again] = [e for e in sim.do(claim) if isinstance(e, ev.LeaseGranted)]
+    done = CompleteRun(
+        run_id=again.run_id, fencing_token=again.fencing_token, outcome=Outcome.SUCCEEDED
+    )
+    sim.do(done)
+    feed(model, sim, start=fed)
+    view = model.run("t1", lost.run_id)
+    assert view is not None and view.state == "succeeded"
+    assert [(a.fencing_token, a.outcome) for a in view.attempts] == [
+        (again.fencing_token, "succeeded")
+    ]
+    assert view.started_at == again.at and view.lateness_ms == again.at - slot

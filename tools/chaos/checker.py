@@ -204,6 +204,7 @@ class Run:
     asks: int = 0  # RunOutcomeAsked
     answers: list[tuple[int, str]] = field(default_factory=list)  # (token, answer) recorded
     by_asking: int | None = None  # the token of a completion by its target's answer
+    returned: set[int] = field(default_factory=set)  # tokens of leases given back unused
 
     def lease(self, token: int) -> Lease | None:
         for lease in self.leases:
@@ -257,6 +258,7 @@ class Fold:
     withdrawn: set[str] = field(default_factory=set)  # runs taken back before their slot
     foreign: int = 0
     other_tenants: int = 0
+    returned: int = 0  # leases given back unused (LeaseReturned)
 
     def resolve(self, ident: str) -> str:
         """The log's id of a job or run a team names ``ident`` (``docs/events.md``: the log
@@ -398,6 +400,17 @@ def _run_event(
         if kind == "RunCompleted":
             run.outcomes.append((kind, ""))
         return last_token
+    if kind == "LeaseReturned":
+        # No worker received it (the claim's answer reached nobody): as if never granted. A
+        # delivery under its token would be a lease handed out and given back both.
+        f.returned += 1
+        if live is None or live.token != token:
+            report.violate("return_of_no_live_lease", f"{where}: {run_id} token {token}")
+        else:
+            run.leases.remove(live)
+            run.live = None
+            run.returned.add(token)
+        return last_token
     if kind == "LeaseExpired":
         if live is None or live.token != token:
             report.violate("expiry_of_no_live_lease", f"{where}: {run_id} token {token}")
@@ -480,6 +493,7 @@ def check(history: History) -> Report:
     figures = report.figures
     figures["events_read"] = sum(len(v) for v in history.events.values())
     figures["foreign_records"] = f.foreign
+    figures["leases_returned"] = f.returned
     figures["unreadable_records"] = history.unreadable_records
     figures["jobs"] = len(f.jobs)
     figures["critical_jobs"] = sum(j.critical for j in f.jobs.values())
@@ -684,7 +698,12 @@ def _check_deliveries(
         for i, d in enumerate(got):
             lease = run.lease(d.token)
             if lease is None:
-                report.violate("delivery_without_lease", f"{run_id} token {d.token} ({d.by})")
+                check = (
+                    "returned_lease_delivered"
+                    if d.token in run.returned
+                    else "delivery_without_lease"
+                )
+                report.violate(check, f"{run_id} token {d.token} ({d.by})")
                 continue
             if d.by != "target" and lease.worker != d.by:
                 report.violate(
@@ -1517,7 +1536,7 @@ def summary(report: Report) -> str:
         f"critical delivered twice {f.get('critical_delivered_twice')}, stale completion "
         f"accepted {f.get('stale_completion_accepted')}, run materialised twice "
         f"{f.get('run_materialised_twice')}, lease overlaps {f.get('lease_overlaps')}, fired "
-        f"early {f.get('fired_early')}",
+        f"early {f.get('fired_early')}; leases given back unused {f.get('leases_returned')}",
         f"critical dead-lettered outcome_unknown {f.get('critical_dead_outcome_unknown')} "
         f"{f.get('critical_outcome_unknown_why')}; no fault near "
         f"{f.get('critical_outcome_unknown_without_fault')}, the target told to outlast the "

@@ -24,6 +24,7 @@ import inspect
 from datetime import UTC, datetime
 from typing import Any
 
+from core import commands
 from core import events as ev
 from core.clock import FakeClock, Millis
 from core.commands import (
@@ -57,6 +58,8 @@ POOL = "p"
 _LEASES_AHEAD = "horizon_ms" in ClaimRuns.__struct_fields__
 # Whether a critical run's target is asked what became of an attempt (events schema 6).
 _ASKS = "status_url" in HttpTarget.__struct_fields__
+# Whether a lease no worker received is given back (events schema 7).
+_RETURNS = hasattr(commands, "ReturnLease")
 # Whether it materialises runs a lead time ahead (events schema 4): if not, every slot at its slot.
 _HAS_LEAD = "lead_ms" in inspect.signature(Partition).parameters
 LEAD: dict[str, Any] = {"lead_ms": LEAD_MS} if _HAS_LEAD else {}
@@ -307,7 +310,12 @@ def play(owner: Owner) -> None:
         owner.do(ReplayRun(run_id=run.run_id, tenant=run.tenant))
     # A manual run with an idempotency key, leased (its lease says what made it) and cancelled.
     owner.do(TriggerRun(job_id="t1/report", tenant="t1", idempotency_key="by-hand-1"))
-    for lease in owner.claim("t1", limit=4):
+    manual = owner.claim("t1", limit=4)
+    if _RETURNS and manual:  # one lease's answer reached no worker: given back, leased anew
+        lost = manual[0]
+        owner.do(commands.ReturnLease(run_id=lost.run_id, fencing_token=lost.fencing_token))
+        manual = manual[1:] + owner.claim("t1")
+    for lease in manual:
         _finish(owner, lease, Outcome.SUCCEEDED)
     owner.do(TriggerRun(job_id="t2/sync", tenant="t2", idempotency_key="by-hand-2"))
     pending = [r for p in owner.partitions for r in p.state.runs.values() if r.job_id == "t2/sync"]
