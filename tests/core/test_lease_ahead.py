@@ -19,8 +19,9 @@ SEC = 1000
 LEAD = 30 * SEC
 
 
-def herd(sim: Sim, *job_ids: str, lease_sec: float = 30) -> int:
-    """One-shot pull jobs due a minute from now, materialised ahead (the lead); their slot."""
+def herd(sim: Sim, *job_ids: str, lease_sec: float = 30, **more: object) -> int:
+    """One-shot pull jobs due a minute from now, materialised ahead (the lead); their slot.
+    ``more``: other fields of their spec."""
     slot = T0 + 60 * SEC
     for job_id in job_ids:
         sim.do(
@@ -31,6 +32,7 @@ def herd(sim: Sim, *job_ids: str, lease_sec: float = 30) -> int:
                     run_at=slot,
                     target=PullTarget(pool="p"),
                     lease_sec=lease_sec,
+                    **more,
                 ),
             )
         )

@@ -5,45 +5,18 @@ token given back is refused like any lost lease; a critical run is never set asi
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 
 from core import events as ev
-from core.commands import ClaimRuns, CompleteRun, HeartbeatRun, Outcome, PutJob, ReturnLease
+from core.commands import CompleteRun, HeartbeatRun, Outcome, ReturnLease
 from core.errors import LeaseLost
-from core.jobs import PullTarget
-from tests.core.harness import Sim, spec
-
-T0 = int(datetime(2026, 3, 2, tzinfo=UTC).timestamp() * 1000)
-SEC = 1000
-LEAD = 30 * SEC
+from tests.core.harness import Sim
+from tests.core.test_lease_ahead import LEAD, SEC, T0, claim, herd
 
 
-def one_shot(sim: Sim, job_id: str = "a", *, critical: bool = False, lease_sec: float = 10) -> int:
-    """A one-shot pull job of team-a due a minute from now, materialised ahead; its slot."""
-    slot = T0 + 60 * SEC
-    sim.do(
-        PutJob(
-            job_id=f"team-a/{job_id}",
-            spec=spec(
-                schedule=None,
-                run_at=slot,
-                target=PullTarget(pool="p"),
-                lease_sec=lease_sec,
-                critical=critical,
-            ),
-        )
-    )
-    sim.advance(slot - LEAD - sim.now)
-    return slot
-
-
-def claim(sim: Sim, horizon_ms: int = 0) -> list[ev.LeaseGranted]:
-    events = sim.do(
-        ClaimRuns(tenant="team-a", pool="p", worker_id="w", limit=10, horizon_ms=horizon_ms)
-    )
-    return [e for e in events if isinstance(e, ev.LeaseGranted)]
+def one_shot(sim: Sim, *, critical: bool = False) -> int:
+    """A one-shot pull job of team-a (a 10 s lease) due a minute from now; its slot."""
+    return herd(sim, "a", lease_sec=10, critical=critical)
 
 
 def give_back(sim: Sim, lease: ev.LeaseGranted) -> list[ev.AnyEvent]:

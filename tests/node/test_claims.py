@@ -256,42 +256,47 @@ def test_the_leases_of_an_answer_that_came_after_the_claim_gave_up_are_given_bac
     assert all(e.attempt == 1 for e in again)  # no attempt was spent
 
 
-def test_the_leases_of_a_local_answer_that_came_too_late_are_given_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(node_module, "LOCAL_TIMEOUT_S", 0.3)
+@pytest.fixture
+def alone(tmp_path: Path) -> Iterator[Node]:
+    """A node owning every partition of a memory log, started."""
     log = MemoryLog(PARTITIONS, gaps=True)
     node = Node(log, tmp_path / "node", node_id="only")
     node.start()
-    try:
-        assert node.wait_ready(10)
-        make_ready(node, {1: 1})
-        runner = node._runners[1]
-        held: list[Any] = []
-        take = runner.submit_many
+    assert node.wait_ready(10)
+    yield node
+    node.stop()
+    log.close()
 
-        def hold_claims(requests: list[Any]) -> None:
-            claims = [r for r in requests if isinstance(r.command, ClaimRuns)]
-            held.extend(claims)
-            take([r for r in requests if r not in claims])
 
-        monkeypatch.setattr(runner, "submit_many", hold_claims)
+def test_the_leases_of_a_local_answer_that_came_too_late_are_given_back(
+    alone: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node_module, "LOCAL_TIMEOUT_S", 0.3)
+    node = alone
+    make_ready(node, {1: 1})
+    runner = node._runners[1]
+    held: list[Any] = []
+    take = runner.submit_many
 
-        async def go() -> list[ev.LeaseReturned]:
-            assert await node.claim(TENANT, POOL, "w", 1) == []  # unanswered in 0.3 s
-            assert held
-            take(held)  # decided after all: a lease for nobody
-            return await logged(node, ev.LeaseReturned, 1, 1)
+    def hold_claims(requests: list[Any]) -> None:
+        claims = [r for r in requests if isinstance(r.command, ClaimRuns)]
+        held.extend(claims)
+        take([r for r in requests if r not in claims])
 
-        [returned] = asyncio.run(go())
-        [granted] = events_of(node, ev.LeaseGranted, 1)
-        assert (returned.run_id, returned.fencing_token) == (granted.run_id, granted.fencing_token)
-        monkeypatch.setattr(runner, "submit_many", take)
-        [again] = asyncio.run(node.claim(TENANT, POOL, "w", 1))
-        assert again.run_id == granted.run_id and again.fencing_token > granted.fencing_token
-    finally:
-        node.stop()
-        log.close()
+    monkeypatch.setattr(runner, "submit_many", hold_claims)
+
+    async def go() -> list[ev.LeaseReturned]:
+        assert await node.claim(TENANT, POOL, "w", 1) == []  # unanswered in 0.3 s
+        assert held
+        take(held)  # decided after all: a lease for nobody
+        return await logged(node, ev.LeaseReturned, 1, 1)
+
+    [returned] = asyncio.run(go())
+    [granted] = events_of(node, ev.LeaseGranted, 1)
+    assert (returned.run_id, returned.fencing_token) == (granted.run_id, granted.fencing_token)
+    monkeypatch.setattr(runner, "submit_many", take)
+    [again] = asyncio.run(node.claim(TENANT, POOL, "w", 1))
+    assert again.run_id == granted.run_id and again.fencing_token > granted.fencing_token
 
 
 def test_another_nodes_partitions_are_asked_only_where_runs_of_the_pool_became_ready(
@@ -316,26 +321,19 @@ def test_another_nodes_partitions_are_asked_only_where_runs_of_the_pool_became_r
 
 
 def test_a_partition_that_held_less_than_its_index_said_leaves_the_rest_to_the_others(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    alone: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A partition's ready index may hold stale entries (leased runs, tidied by the next claim
     there), so it can grant less than its share; the partitions not asked then get the rest."""
     import node.claims as claims_module
 
     monkeypatch.setattr(claims_module.random, "shuffle", lambda xs: xs.sort())  # 0 first
-    log = MemoryLog(PARTITIONS, gaps=True)
-    node = Node(log, tmp_path / "node", node_id="only")
-    node.start()
-    try:
-        assert node.wait_ready(10)
-        make_ready(node, {0: 5})
-        assert len(asyncio.run(node.claim(TENANT, POOL, "w", 5))) == 5  # 5 stale entries left
-        make_ready(node, {1: 3})
-        leases = asyncio.run(node.claim(TENANT, POOL, "w", 5))
-        assert sorted(partition_for(lease.job_id, PARTITIONS) for lease in leases) == [1, 1, 1]
-    finally:
-        node.stop()
-        log.close()
+    node = alone
+    make_ready(node, {0: 5})
+    assert len(asyncio.run(node.claim(TENANT, POOL, "w", 5))) == 5  # 5 stale entries left
+    make_ready(node, {1: 3})
+    leases = asyncio.run(node.claim(TENANT, POOL, "w", 5))
+    assert sorted(partition_for(lease.job_id, PARTITIONS) for lease in leases) == [1, 1, 1]
 
 
 def alone_on_a_fake_clock(tmp_path: Path) -> tuple[int, FakeClock, MemoryLog, Node]:
