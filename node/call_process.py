@@ -12,7 +12,14 @@ The wire, one socket pair per process, frames of a 4-byte length and a msgpack m
     node -> process    the CallerConfig (once, pickled: the process is the node's own child)
                        Call(id, lease, spec)      make this attempt's call
                        Cancel(id)                 abandon it (the lease was lost, the run cancelled)
-    process -> node    Done(id, result)           what came back, classified
+    process -> node    Ready()                    set up: calls are taken from now (once, first)
+                       Done(id, result)           what came back, classified
+
+The node's executors start only once every process has said it is ready (at most
+``READY_TIMEOUT_S``): a process's start (an interpreter, its imports, the HTTP client) is about
+0.35 s of a core at rest and seconds on a loaded machine, and a node that took partitions before
+then would hold their first calls for that long (the node joins its group after its executors
+start: ``Node.services``).
 
 A call goes to the process with the fewest calls in flight. A process that ends unasked (killed,
 crashed) is noticed at once, as its socket closes: its calls in flight end as ambiguous failures
@@ -49,6 +56,7 @@ log = logging.getLogger(__name__)
 _LENGTH = struct.Struct(">I")
 _HIGH_WATER = 1 << 20  # bytes buffered for a process before a writer waits for it to read
 RESPAWN_DELAY_S = 0.5  # before another process replaces one that ended; doubles, up to 10 s
+READY_TIMEOUT_S = 30.0  # the start waits this long for the processes' Ready, then goes on
 
 
 class Call(msgspec.Struct, tag="call", array_like=True):
@@ -66,9 +74,13 @@ class Done(msgspec.Struct, tag="done", array_like=True):
     result: Result
 
 
+class Ready(msgspec.Struct, tag="ready", array_like=True):
+    pass
+
+
 _encoder = msgspec.msgpack.Encoder()
 _to_process = msgspec.msgpack.Decoder(Call | Cancel)
-_to_node = msgspec.msgpack.Decoder(Done)
+_to_node = msgspec.msgpack.Decoder(Done | Ready)
 
 
 def _frame(payload: bytes) -> bytes:
@@ -95,6 +107,7 @@ class _Process:
     writer: asyncio.StreamWriter
     pending: dict[int, asyncio.Future[Result]] = field(default_factory=dict)
     reading: asyncio.Task[None] | None = None
+    ready: bool = False  # it said Ready: set up, taking calls
 
 
 class CallerProcesses:
@@ -114,19 +127,37 @@ class CallerProcesses:
         self._ids = itertools.count(1)
         self._stopping = False
         self._failures = 0
+        self._changed = asyncio.Event()  # a process said Ready, or was replaced
 
     @property
     def pids(self) -> list[int]:
         return [p.popen.pid for p in self._processes]
 
     async def start(self) -> None:
+        """Start the processes, and return once each has said it is ready (or after
+        ``READY_TIMEOUT_S``, said in a warning: its calls then wait for it, as before)."""
+        started = time.monotonic()
         self._processes = [await self._spawn(i) for i in range(self._count)]
+        try:
+            await asyncio.wait_for(self._all_ready(), READY_TIMEOUT_S)
+        except TimeoutError:
+            log.warning(
+                "executor processes not ready after %.0f s; going on without waiting for them",
+                READY_TIMEOUT_S,
+            )
+            return
+        log.info("%d executor process(es) ready in %.1f s", self._count, time.monotonic() - started)
+
+    async def _all_ready(self) -> None:
+        while not all(p.ready for p in self._processes):
+            self._changed.clear()
+            await self._changed.wait()
 
     async def _spawn(self, index: int) -> _Process:
         ours, theirs = socket.socketpair()
         try:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "node.call_process", str(theirs.fileno())],
+                [*_command(), str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
             )
@@ -164,10 +195,14 @@ class CallerProcesses:
 
     async def _read(self, process: _Process) -> None:
         while (data := await _read_frame(process.reader)) is not None:
-            done = _to_node.decode(data)
-            answer = process.pending.pop(done.id, None)
-            if answer is not None and not answer.done():
-                answer.set_result(done.result)
+            match _to_node.decode(data):
+                case Done() as done:
+                    answer = process.pending.pop(done.id, None)
+                    if answer is not None and not answer.done():
+                        answer.set_result(done.result)
+                case Ready():
+                    process.ready = True
+                    self._changed.set()
         if self._stopping:
             return
         await self._replace(process)
@@ -204,6 +239,7 @@ class CallerProcesses:
             return
         replacement = await self._spawn(process.index)
         self._processes[self._processes.index(process)] = replacement
+        self._changed.set()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -213,6 +249,11 @@ class CallerProcesses:
             if process.reading is not None:
                 process.reading.cancel()
             await asyncio.to_thread(_exit_code, process.popen)
+
+
+def _command() -> list[str]:
+    """How a process is started (its socket's descriptor follows)."""
+    return [sys.executable, "-m", "node.call_process"]
 
 
 def _exit_code(popen: subprocess.Popen[bytes], timeout_s: float = 10.0) -> int | str:
@@ -240,6 +281,7 @@ async def _serve(fd: int) -> None:
 
     caller = Caller(config)
     await caller.open()
+    writer.write(_frame(_encoder.encode(Ready())))
     calls: dict[int, asyncio.Task[None]] = {}
 
     async def run(message: Call) -> None:

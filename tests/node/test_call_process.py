@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,6 +204,34 @@ def test_a_call_handed_to_a_process_after_its_lease_ran_out_is_not_made(target: 
 
     asyncio.run(scenario())
     assert target.calls == []
+
+
+def test_the_processes_start_returns_once_each_process_is_set_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process's start (an interpreter, its imports, the HTTP client) takes seconds on a
+    loaded machine. The executors' start, and so the node's joining its group after it, waits
+    for each process's word that it is set up: no call waits behind a process's imports."""
+    from node import call_process
+    from node.calls import CallerConfig
+
+    marked = tmp_path / "started"
+    slow = (
+        "import pathlib, sys, time; time.sleep(0.5); "
+        f"pathlib.Path({str(marked)!r}).touch(); "
+        "from node.call_process import main; main(sys.argv)"
+    )
+    monkeypatch.setattr(call_process, "_command", lambda: [sys.executable, "-c", slow])
+
+    async def scenario() -> bool:
+        processes = call_process.CallerProcesses(CallerConfig(egress=LOOPBACK_ALLOWED), 2)
+        await processes.start()
+        try:
+            return marked.exists()  # marked before the process set up and said so
+        finally:
+            await processes.stop()
+
+    assert asyncio.run(scenario())
 
 
 _HTTP_CLIENT_IMPORTED = """
