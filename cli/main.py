@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Global flags may stand before or after the command. Docs: README.md.",
     )
     _globals(parser, suppress=False)
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--version", action=_Version, help="show the versions and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = _Parsers(sub)
     serve.add_parser(sub)
@@ -395,6 +395,18 @@ def _progress_flag(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a progress bar with an ETA on standard error (default: on a terminal)",
     )
+
+
+class _Version(argparse.Action):
+    """``--version``, worked out only when asked: reading it imports the client library and
+    the package metadata, a quarter of a second at every start of every command otherwise
+    (a node's start included)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kw: Any) -> None:
+        parser.exit(message=_version() + "\n")
 
 
 def _version() -> str:
