@@ -406,7 +406,8 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kw: Any) -> None:
-        parser.exit(message=_version() + "\n")
+        sys.stdout.write(_version() + "\n")  # where argparse's own version action writes
+        parser.exit()
 
 
 def _version() -> str:
