@@ -1742,15 +1742,14 @@ class Node:
             handoff.post(deliver, reply)
 
         request_id, stop_waiting = self._expect(deliver_from_thread)
-        timed_out = False
         try:
             await asyncio.to_thread(self._log.submit, partition, wire.encode(envelope(request_id)))
             reply = await asyncio.wait_for(answer, timeout_s)
         except TimeoutError:
-            timed_out = True
             raise Unavailable(f"no answer from the owner of partition {partition}") from None
         finally:
-            if timed_out and on_late is not None:
+            # not answered in time (or the caller was cancelled): an answer may still come
+            if on_late is not None and (not answer.done() or answer.cancelled()):
                 loop.call_later(LATE_REPLY_S, stop_waiting)
             else:
                 stop_waiting()
