@@ -162,14 +162,17 @@ class OwnerAsked:
             self._take(partition, offset, value)
 
 
+def events_of(node: Node, kind: type[ev.AnyEvent], partition: int) -> list[Any]:
+    """The events of ``kind`` in ``partition``'s log, in order."""
+    return [
+        event
+        for record in node.read_events(partition, 0, 10_000)
+        if isinstance(event := ev.decode(record.value), kind)
+    ]
+
+
 def leases_in_log(node: Node) -> list[ev.LeaseGranted]:
-    out = []
-    for p in range(PARTITIONS):
-        for record in node.read_events(p, 0, 10_000):
-            event = ev.decode(record.value)
-            if isinstance(event, ev.LeaseGranted):
-                out.append(event)
-    return out
+    return [e for p in range(PARTITIONS) for e in events_of(node, ev.LeaseGranted, p)]
 
 
 def test_an_owner_that_does_not_answer_delays_a_claim_once_not_once_per_partition(
@@ -202,14 +205,6 @@ def test_a_claim_never_leases_more_than_its_limit_even_when_answers_come_late(
         assert time.monotonic() < deadline, "the released claim was never decided"
         time.sleep(0.02)
     assert len(leases_in_log(new)) <= 5
-
-
-def events_of(node: Node, kind: type[ev.AnyEvent], partition: int) -> list[Any]:
-    return [
-        event
-        for record in node.read_events(partition, 0, 10_000)
-        if isinstance(event := ev.decode(record.value), kind)
-    ]
 
 
 async def logged(node: Node, kind: type[ev.AnyEvent], partition: int, count: int) -> list[Any]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -39,29 +41,41 @@ def test_batches_beyond_the_bound_are_dropped_counted_and_said_once(
     ]
 
 
-def test_a_failing_handler_does_not_end_the_thread(caplog: pytest.LogCaptureFixture) -> None:
-    failures: list[int] = []
+@contextlib.contextmanager
+def failing_handler(emit: Callable[[logging.LogRecord], object]) -> Iterator[None]:
+    """A handler on the decisions' logger whose ``emit`` may raise, and which does not swallow
+    what it raises (as ``logging.Handler.handleError`` would)."""
 
-    class Broken(logging.Handler):
+    class Failing(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if getattr(record, "run_id", None) == "j0.60000":
-                raise RuntimeError("the disk is full")
+            emit(record)
 
         def handleError(self, record: logging.LogRecord) -> None:
             raise  # as a handler that does not swallow its errors would
 
-    broken = Broken()
+    handler = Failing()
     logger = logging.getLogger("cronlog.decisions")
-    logger.addHandler(broken)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_failing_handler_does_not_end_the_thread(caplog: pytest.LogCaptureFixture) -> None:
+    failures: list[int] = []
+
+    def fails(record: logging.LogRecord) -> bool:
+        if getattr(record, "run_id", None) == "j0.60000":
+            raise RuntimeError("the disk is full")
+        return False
+
     decisions = DecisionLog(on_failed=lambda: failures.append(1))
     decisions.start()
-    try:
-        with caplog.at_level(logging.INFO, logger="cronlog.decisions"):
-            decisions.appended(0, [fired(0)])
-            decisions.appended(0, [fired(1)])
-            decisions.stop()
-    finally:
-        logger.removeHandler(broken)
+    with failing_handler(fails), caplog.at_level(logging.INFO, logger="cronlog.decisions"):
+        decisions.appended(0, [fired(0)])
+        decisions.appended(0, [fired(1)])
+        decisions.stop()
     assert failures == [1]
     said = [r.getMessage() for r in caplog.records]
     assert "partition 0: writing a decision line failed" in said
@@ -165,27 +179,18 @@ def test_a_handler_failing_every_line_says_so_once_a_writing(
     failures: list[int] = []
     tried: list[str] = []
 
-    class Full(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if getattr(record, "decision", None) == "fired":
-                tried.append(record.__dict__["run_id"])
-                raise OSError("no space left on device")
+    def fails(record: logging.LogRecord) -> bool:
+        if getattr(record, "decision", None) == "fired":
+            tried.append(record.__dict__["run_id"])
+            raise OSError("no space left on device")
+        return False
 
-        def handleError(self, record: logging.LogRecord) -> None:
-            raise  # as a handler that does not swallow its errors would
-
-    full = Full()
-    logger = logging.getLogger("cronlog.decisions")
-    logger.addHandler(full)
     decisions = DecisionLog(on_failed=lambda: failures.append(1), linger_s=60)
-    try:
-        with caplog.at_level(logging.INFO, logger="cronlog.decisions"):
-            decisions.appended(0, [fired(0), fired(1)])
-            decisions.appended(0, [fired(2)])
-            decisions.start()
-            decisions.stop()
-    finally:
-        logger.removeHandler(full)
+    with failing_handler(fails), caplog.at_level(logging.INFO, logger="cronlog.decisions"):
+        decisions.appended(0, [fired(0), fired(1)])
+        decisions.appended(0, [fired(2)])
+        decisions.start()
+        decisions.stop()
     assert tried == ["j0.60000", "j1.60000", "j2.60000"]  # every line was tried
     assert failures == [1]
     [said] = [r for r in caplog.records if r.levelno == logging.ERROR]
