@@ -535,7 +535,7 @@ class KafkaLog:
                 "heartbeat.interval.ms": max(MIN_HEARTBEAT_MS, self._session_timeout_ms // 10),
                 # librdkafka refuses a poll interval shorter than the session
                 "max.poll.interval.ms": max(self._max_poll_interval_ms, self._session_timeout_ms),
-            }
+            },
         )
 
     def _wait_readable(self, partition: int, offset: int) -> None:
@@ -1236,21 +1236,44 @@ def _record(msg: Message) -> Record:
 
 
 def _end_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float) -> int:
-    """The partition's high watermark, asked again while its leadership settles: a new
-    topic's leader can be in the metadata before it serves offsets."""
+    """The partition's high watermark (see :func:`_watermarks`)."""
+    return _watermarks(consumer, partition, timeout_s)[1]
+
+
+# The first round of a watermark query waits this long; each round after waits twice as long.
+WATERMARK_ROUND_S = 2.0
+
+
+def _watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    """The partition's low and high watermarks, asked again while the cluster settles: a new
+    topic's leader can be in the metadata before it serves offsets, and a leader that died
+    keeps a query waiting on it until it times out. librdkafka sends the query to the leader
+    its metadata names and does not look again, so a node that started as a broker was
+    killed once spent all of its start's 30 s on the dead broker and exited (CI's chaos run,
+    seed 12), though the partition had a new leader 2 s later. Each round therefore waits
+    for a part of the time only (``WATERMARK_ROUND_S``, doubled each round), and the
+    topic's metadata is asked for anew before the next round."""
     deadline = time.monotonic() + timeout_s
+    round_s = WATERMARK_ROUND_S
     while True:
+        left_s = max(0.001, deadline - time.monotonic())
         try:
-            left_s = max(0.001, deadline - time.monotonic())
-            _, high = consumer.get_watermark_offsets(partition, timeout=left_s)
-            return int(high)
+            low, high = consumer.get_watermark_offsets(partition, timeout=min(round_s, left_s))
+            return int(low), int(high)
         except KafkaException as e:
             err = e.args[0]
-            settling = err.retriable() or err.code() in _LEADERSHIP_SETTLING
+            timed_out = err.code() == KafkaError._TIMED_OUT
+            settling = timed_out or err.retriable() or err.code() in _LEADERSHIP_SETTLING
             left_s = deadline - time.monotonic()
             if not settling or left_s <= 0:
                 raise
-            time.sleep(min(0.1, left_s))  # leadership settling has no event to wait on
+            if timed_out:
+                round_s *= 2
+                # A refresh that fails leaves the next round to find out.
+                with contextlib.suppress(KafkaException):
+                    consumer.list_topics(partition.topic, timeout=min(1.0, left_s))
+            else:
+                time.sleep(min(0.1, left_s))  # leadership settling has no event to wait on
 
 
 def _warn_if_commands_were_deleted(
@@ -1296,8 +1319,8 @@ def _warn_if_commands_were_deleted(
 
 
 def _start_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float) -> int:
-    low, _ = consumer.get_watermark_offsets(partition, timeout=timeout_s)
-    return int(low)
+    """The partition's low watermark (see :func:`_watermarks`)."""
+    return _watermarks(consumer, partition, timeout_s)[0]
 
 
 # librdkafka can stay inside send_offsets_to_transaction past the timeout it was given when the

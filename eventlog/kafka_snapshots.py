@@ -46,7 +46,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 
 from core.errors import CronlogError, Fenced
-from eventlog.kafka import _end_offset, _ensure_topics, _retrying
+from eventlog.kafka import _ensure_topics, _retrying, _watermarks
 from eventlog.snapshots import StoredSnapshot
 
 if TYPE_CHECKING:
@@ -246,9 +246,7 @@ class KafkaSnapshots:
             self._newest.pop(partition, None)
 
     def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
-        high = _end_offset(self._reader, tp, self._timeout_s)
-        low, _ = self._reader.get_watermark_offsets(tp, timeout=self._timeout_s)
-        return int(low), high
+        return _watermarks(self._reader, tp, self._timeout_s)
 
     def _last_record(self, partition: int, start: int) -> StoredSnapshot | None:
         """The last committed snapshot record of the partition from ``start`` to its end."""
