@@ -329,6 +329,10 @@ class Unanswered:
         self.timeouts.append(timeout)
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no leader", retriable=True))
 
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.timeouts.append(timeout)  # the metadata asked anew goes unanswered too
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no leader", retriable=True))
+
 
 def test_a_writer_waiting_for_its_last_append_asks_the_broker_no_longer_than_it_waits(
     kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
