@@ -107,7 +107,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from core.errors import CronlogError, Fenced, Pruned
+from core.errors import CronlogError, Fenced, Pruned, Unavailable
 from eventlog.port import Outbound, OwnershipListener, Record, partition_for
 from eventlog.retention import Retention, commands_may_go_below
 
@@ -402,10 +402,21 @@ class KafkaLog:
             return None
         tp = TopicPartition(self.topics["commands"], partition, to)
         admin = self._admin_client()
-        futures = admin.delete_records(
-            [tp], request_timeout=self._timeout_s, operation_timeout=self._timeout_s
-        )
-        [deleted] = [f.result() for f in futures.values()]
+        try:
+            futures = admin.delete_records(
+                [tp], request_timeout=self._timeout_s, operation_timeout=self._timeout_s
+            )
+            [deleted] = [f.result() for f in futures.values()]
+        except KafkaException as e:
+            err = e.args[0]
+            passing = (
+                err.retriable()
+                or err.code() in _LEADERSHIP_SETTLING
+                or err.code() == KafkaError._TIMED_OUT
+            )
+            if passing:  # a broker away or a leader moving: the next pass trims it
+                raise Unavailable(f"{tp.topic}[{partition}] not trimmed now: {err.str()}") from e
+            raise
         return start, int(deleted.low_watermark)
 
     @property

@@ -50,7 +50,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from archive.archiver import Archiver
 from archive.files import ArchivedFile, at_of
-from core.errors import Pruned
+from core.errors import Pruned, Unavailable
 from eventlog.embedded import EmbeddedLog
 from eventlog.retention import (
     Retention,
@@ -365,6 +365,9 @@ class KafkaRetention(_Retention):
         for p in owned:
             try:
                 self._trim_commands(p)
+            except Unavailable as err:  # a broker away for a moment: a line, not a traceback
+                self.metrics.failures.inc()
+                log.warning("trimming the commands of partition %d failed (%s); next pass", p, err)
             except Exception:
                 self.metrics.failures.inc()
                 log.exception("trimming the commands of partition %d failed; next pass", p)

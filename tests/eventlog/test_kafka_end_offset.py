@@ -9,8 +9,14 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from core.errors import CronlogError
-from eventlog.kafka import _align_configs, _end_offset, _ensure_topics, _start_offset
+from core.errors import CronlogError, Unavailable
+from eventlog.kafka import (
+    KafkaLog,
+    _align_configs,
+    _end_offset,
+    _ensure_topics,
+    _start_offset,
+)
 
 
 class Settling:
@@ -249,3 +255,36 @@ def test_a_config_refused_for_good_fails_at_once() -> None:
     with pytest.raises(CronlogError, match=r"cannot set the retention of topic P\.events"):
         _align_configs(admin, "P.events", {"retention.ms": "1"}, timeout_s=10)
     assert admin.reads == 1
+
+
+class DeleteRecords:
+    """An admin client whose DeleteRecords fails with the given error."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def delete_records(self, partitions: list[Any], **_: Any) -> dict[Any, Future]:
+        return {partitions[0]: Future(self.code)}
+
+
+def _trimming_log(code: int) -> Any:
+    log: Any = object.__new__(KafkaLog)
+    log.topics = {"commands": "P.commands"}
+    log._timeout_s = 1.0
+    log.start_offset = lambda stream, partition: 0
+    log.command_position = lambda partition: 10
+    log._admin_client = lambda: DeleteRecords(code)
+    return log
+
+
+def test_a_trim_a_broker_away_stopped_says_so_as_unavailable() -> None:
+    # The retention loop logs Unavailable as one warning line; anything else with a traceback.
+    with pytest.raises(Unavailable, match=r"P\.commands\[3\] not trimmed now"):
+        _trimming_log(KafkaError._TIMED_OUT).trim_commands(3)
+    with pytest.raises(Unavailable):
+        _trimming_log(KafkaError.NOT_LEADER_FOR_PARTITION).trim_commands(3)
+
+
+def test_a_trim_refused_for_good_is_raised_as_it_is() -> None:
+    with pytest.raises(KafkaException):
+        _trimming_log(KafkaError.TOPIC_AUTHORIZATION_FAILED).trim_commands(3)

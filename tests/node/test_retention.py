@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from core import events as ev
-from core.errors import CronlogError, Pruned
+from core.errors import CronlogError, Pruned, Unavailable
 from core.state import PartitionState, evolve
 from eventlog.embedded import EmbeddedLog
 from eventlog.retention import Retention, Segment, commands_may_go_below, sealed_below
@@ -181,6 +181,29 @@ def test_a_failed_trim_of_the_commands_is_counted_and_the_other_partitions_go_on
     assert metrics.failures._value.get() == 1
     assert metrics.pruned_records.labels("commands")._value.get() == 15
     assert "trimming the commands of partition 0 failed" in caplog.text
+
+
+class _Away:
+    """A log whose trim finds the broker away (librdkafka's timeout, a retriable error)."""
+
+    def trim_commands(self, partition: int) -> tuple[int, int] | None:
+        raise Unavailable("chaos.commands[3] not trimmed now: Local: Timed out")
+
+
+def test_a_trim_a_broker_away_stopped_is_one_warning_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A broker kill in a chaos run logged each owner's failed trim at ERROR with a traceback
+    # through librdkafka's futures: operators page on those, and nothing was wrong but the
+    # broker's absence, which the next pass outlives.
+    metrics = RetentionMetrics(CollectorRegistry())
+    loop = KafkaRetention(_Away(), lambda: [3], metrics, archiver=None, retention_ms=None)
+    with caplog.at_level("WARNING", logger="node.retention"):
+        loop.run_once(now_ms=0)
+    assert metrics.failures._value.get() == 1
+    [record] = [r for r in caplog.records if r.name == "node.retention"]
+    assert record.levelname == "WARNING" and record.exc_info is None
+    assert "partition 3 failed (chaos.commands[3] not trimmed now" in record.getMessage()
 
 
 def test_commands_may_go_below_the_durable_position_in_whole_sealed_segments() -> None:
