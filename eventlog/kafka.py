@@ -135,6 +135,15 @@ _LEADERSHIP_SETTLING = frozenset(
         KafkaError._TRANSPORT,
     }
 )
+
+
+def _passes(err: KafkaError) -> bool:
+    """An error a later ask may not meet: flagged retriable, leadership settling, or a broker
+    that did not answer in time (one that died with the request queued for it)."""
+    code = err.code()
+    return err.retriable() or code in _LEADERSHIP_SETTLING or code == KafkaError._TIMED_OUT
+
+
 # How long the broker may hold a reader's fetch that found nothing new. On a local broker a
 # read_committed fetch was answered not when a transaction's commit made records readable but
 # when this ran out: at 100 ms, every write waited a tenth of a second for the read model to see
@@ -409,12 +418,7 @@ class KafkaLog:
             [deleted] = [f.result() for f in futures.values()]
         except KafkaException as e:
             err = e.args[0]
-            passing = (
-                err.retriable()
-                or err.code() in _LEADERSHIP_SETTLING
-                or err.code() == KafkaError._TIMED_OUT
-            )
-            if passing:  # a broker away or a leader moving: the next pass trims it
+            if _passes(err):  # a broker away or a leader moving: the next pass trims it
                 raise Unavailable(f"{tp.topic}[{partition}] not trimmed now: {err.str()}") from e
             raise
         return start, int(deleted.low_watermark)
@@ -1309,12 +1313,10 @@ def _watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float)
             return int(low), int(high)
         except KafkaException as e:
             err = e.args[0]
-            timed_out = err.code() == KafkaError._TIMED_OUT
-            settling = timed_out or err.retriable() or err.code() in _LEADERSHIP_SETTLING
             left_s = deadline - time.monotonic()
-            if not settling or left_s <= 0:
+            if not _passes(err) or left_s <= 0:
                 raise
-            if timed_out:
+            if err.code() == KafkaError._TIMED_OUT:
                 round_s *= 2
                 # A refresh that fails leaves the next round to find out.
                 with contextlib.suppress(KafkaException):
