@@ -1026,26 +1026,21 @@ def _open_writers(
     after all three had been opened in turn. Returns once every one is open; when one cannot
     be opened, those that were are closed and its error is raised."""
     started = time.monotonic()
-    if len(partitions) == 1:
-        [partition] = partitions
-        writers = {partition: KafkaPartitionWriter.open(log, partition, group_metadata)}
-    else:
-        with ThreadPoolExecutor(len(partitions), thread_name_prefix="open-writer") as pool:
-            futures = {
-                p: pool.submit(KafkaPartitionWriter.open, log, p, group_metadata)
-                for p in partitions
-            }
-        writers = {}
-        failure: BaseException | None = None
-        for p, future in futures.items():
-            try:
-                writers[p] = future.result()
-            except BaseException as err:  # raised below, after the cleanup
-                failure = failure or err
-        if failure is not None:
-            for writer in writers.values():
-                writer.close()
-            raise failure
+    with ThreadPoolExecutor(len(partitions), thread_name_prefix="open-writer") as pool:
+        futures = {
+            p: pool.submit(KafkaPartitionWriter.open, log, p, group_metadata) for p in partitions
+        }
+    writers = {}
+    failure: BaseException | None = None
+    for p, future in futures.items():
+        try:
+            writers[p] = future.result()
+        except BaseException as err:  # raised below, after the cleanup
+            failure = failure or err
+    if failure is not None:
+        for writer in writers.values():
+            writer.close()
+        raise failure
     logger.info(
         "partitions %s: writers opened, predecessors fenced, in %.2f s",
         sorted(partitions),

@@ -174,7 +174,7 @@ class KafkaSnapshots:
         self._check_partition(partition)
         tp = TopicPartition(self.topic, partition)
         with self._reading:
-            low, high = self._watermarks(tp)
+            low, high = _watermarks(self._reader, tp, self._timeout_s)
             for step in _STEPS:
                 start = max(low, high - step)
                 found = self._last_record(partition, start)
@@ -244,9 +244,6 @@ class KafkaSnapshots:
             if self._producers.get(partition) is producer:
                 del self._producers[partition]
             self._newest.pop(partition, None)
-
-    def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
-        return _watermarks(self._reader, tp, self._timeout_s)
 
     def _last_record(self, partition: int, start: int) -> StoredSnapshot | None:
         """The last committed snapshot record of the partition from ``start`` to its end."""
