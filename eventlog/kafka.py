@@ -144,10 +144,12 @@ def _passes(err: KafkaError) -> bool:
     return err.retriable() or code in _LEADERSHIP_SETTLING or code == KafkaError._TIMED_OUT
 
 
-# How long the broker may hold a reader's fetch that found nothing new. On a local broker a
-# read_committed fetch was answered not when a transaction's commit made records readable but
-# when this ran out: at 100 ms, every write waited a tenth of a second for the read model to see
-# it. An idle node pays for the shorter wait in fetches (about 0.03 of a core more, 8 partitions).
+# How long the broker may hold a reader's fetch that found nothing new. A read_committed
+# fetch waiting at a partition's end is answered when a commit makes records readable (Kafka
+# 4.1.1: 2.6-7.2 ms after the commit with a 500 ms wait, as with 10 ms), but a read that does
+# not wait (a catch-up) learns it reached the end only from the empty answer, after the whole
+# wait: so the wait is short, and every reader at an end asks again this often. That is most
+# of a cluster's requests to its brokers (docs/reliability.md, "Where the two cores go").
 READ_WAIT_MS = 10
 # The group session: how long after a node's death its partitions move to the others. Kafka
 # brokers refuse anything below their ``group.min.session.timeout.ms`` (6 s unless set lower):
