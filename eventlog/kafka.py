@@ -995,7 +995,12 @@ class KafkaMembership:
                     f"committed offset of {self._commands}[{tp.partition}]: {tp.error}"
                 )
             position = tp.offset if tp.offset >= 0 else 0
-            _warn_if_commands_were_deleted(consumer, tp, position, log._timeout_s)
+            # Asked of a reader, not of ``consumer``: a blocking call on the group's consumer
+            # inside its own rebalance callback clears confluent-kafka's per-thread call state,
+            # and the next callback of the same poll aborts the process (`CallState_get:
+            # Assertion cs != NULL`, CI's chaos run during a broker kill).
+            with log._reader() as reader:
+                _warn_if_commands_were_deleted(reader, tp, position, log._timeout_s)
             writers[tp.partition]._position = position
             starts.append(
                 TopicPartition(self._commands, tp.partition, position or OFFSET_BEGINNING)
