@@ -41,8 +41,10 @@ def test_the_hot_data_stays_flat_and_the_archive_grows(tmp_path: Path, target: T
     assert result.runs_fired >= JOBS * DURATION_S / 2
     third, end = result.settled
     # The log is what retention bounds: without it, it holds three times as much at the end
-    # as at a third (measured: 2.7x), with it about as much (1.1x).
-    assert end.log <= 1.5 * third.log, result.summary()
+    # as at a third (measured: 2.7x), with it about as much (1.08x in runs alone). Once in CI,
+    # beside another test process, it was 1.53x: the log at a third was a quarter smaller than
+    # in any run alone, with as many runs fired. The bound sits between the two.
+    assert end.log <= 2.0 * third.log, result.summary()
     # The whole hot part: the state stores' few small files merge only every fourth flush,
     # so at these sizes (tens of KiB) they saw by more than the log does.
     assert result.growth() <= 2.0, result.summary()
