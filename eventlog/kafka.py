@@ -389,12 +389,26 @@ class KafkaLog:
         coordinator query to a consumer group it does not have and crashes the process in its
         own thread (librdkafka issue 5040; seen here by the chaos runs)."""
         self._check_partition(partition)
-        tp = TopicPartition(self.topics["commands"], partition)
-        with self._positions_lock:
-            [committed] = self._unjoined().committed([tp], timeout=self._timeout_s)
-        if committed.error is not None:
-            raise CronlogError(f"committed offset of {tp.topic}[{partition}]: {committed.error}")
+        [committed] = self._committed([partition])
         return max(int(committed.offset), 0)  # OFFSET_INVALID (-1001): nothing committed yet
+
+    def _committed(self, partitions: list[int]) -> list[TopicPartition]:
+        """The scheduler group's committed offsets of ``commands[partitions]``, asked in one
+        request (offset ``OFFSET_INVALID`` where none is). Also what a new owner asks inside
+        the group's rebalance callback, where nothing but the assignment is asked of the
+        group's own consumer: some of its blocking calls (``list_topics`` in confluent-kafka
+        2.16, reproduced) clear its per-thread call state there, and the next callback of the
+        same poll aborts the process (``CallState_get: Assertion 'cs != NULL' failed``, CI's
+        chaos run during a broker kill, when a watermark query's retry asked for metadata)."""
+        topic = self.topics["commands"]
+        with self._positions_lock:
+            committed = self._unjoined().committed(
+                [TopicPartition(topic, p) for p in partitions], timeout=self._timeout_s
+            )
+        for tp in committed:
+            if tp.error is not None:
+                raise CronlogError(f"committed offset of {topic}[{tp.partition}]: {tp.error}")
+        return list(committed)
 
     def topic_names(self, timeout_s: float) -> frozenset[str]:
         """The topics the cluster has now (the admin API's metadata: asking creates none)."""
@@ -985,20 +999,10 @@ class KafkaMembership:
         log = self._log
         # Fence every predecessor first: after that no transaction can move a command position.
         writers = _open_writers(log, [tp.partition for tp in partitions], self.group_metadata)
-        committed = consumer.committed(
-            [TopicPartition(self._commands, p) for p in writers], timeout=log._timeout_s
-        )
+        # Neither asked of ``consumer``: see :meth:`KafkaLog._committed`.
         starts = []
-        for tp in committed:
-            if tp.error is not None:
-                raise CronlogError(
-                    f"committed offset of {self._commands}[{tp.partition}]: {tp.error}"
-                )
+        for tp in log._committed(sorted(writers)):
             position = tp.offset if tp.offset >= 0 else 0
-            # Asked of a reader, not of ``consumer``: a blocking call on the group's consumer
-            # inside its own rebalance callback clears confluent-kafka's per-thread call state,
-            # and the next callback of the same poll aborts the process (`CallState_get:
-            # Assertion cs != NULL`, CI's chaos run during a broker kill).
             with log._reader() as reader:
                 _warn_if_commands_were_deleted(reader, tp, position, log._timeout_s)
             writers[tp.partition]._position = position
