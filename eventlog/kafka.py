@@ -144,13 +144,23 @@ def _passes(err: KafkaError) -> bool:
     return err.retriable() or code in _LEADERSHIP_SETTLING or code == KafkaError._TIMED_OUT
 
 
-# How long the broker may hold a reader's fetch that found nothing new. A read_committed
-# fetch waiting at a partition's end is answered when a commit makes records readable (Kafka
-# 4.1.1: 2.6-7.2 ms after the commit with a 500 ms wait, as with 10 ms), but a read that does
-# not wait (a catch-up) learns it reached the end only from the empty answer, after the whole
-# wait: so the wait is short, and every reader at an end asks again this often. That is most
-# of a cluster's requests to its brokers (docs/reliability.md, "Where the two cores go").
+# How long the broker may hold a reader's fetch that found nothing new. A read that does not
+# wait (a catch-up, a recovery) learns it reached a partition's end only from the empty answer,
+# after the whole wait: so its wait is short.
 READ_WAIT_MS = 10
+# The same for a reader that waits for records: a follower at a partition's tail (the read
+# model's, one per events partition in every node), left assigned there between its reads and
+# fetching all the while. A read_committed fetch waiting at the end is answered when a commit
+# makes records readable (Kafka 4.1.1: 2.6-7.2 ms after the commit with a 500 ms wait, as with
+# 10 ms), so the long wait costs a parked follower nothing, and its idle fetches, which at 10 ms
+# were most of a cluster's requests to its brokers, come 25 times less often
+# (docs/reliability.md, "Where the two cores go"). What it costs: a waiting read that does not
+# start where a parked follower stands reaches the end after two held fetches (measured: twice
+# the wait), so it is kept short of a second.
+TAIL_WAIT_MS = 250
+# How many followers of one partition a process keeps assigned at the tail between their reads
+# (:meth:`KafkaLog._park`): a follower whose consumer went to another pays the cost above.
+PARKED_PER_PARTITION = 2
 # The group session: how long after a node's death its partitions move to the others. Kafka
 # brokers refuse anything below their ``group.min.session.timeout.ms`` (6 s unless set lower):
 # a member refused joins with ``STOCK_MIN_SESSION_TIMEOUT_MS`` instead.
@@ -228,9 +238,12 @@ class KafkaLog:
         self._producer = Producer(
             {**self._base, "enable.idempotence": True, "acks": "all", "linger.ms": 1}
         )
-        self._readers: list[Consumer] = []  # unassigned, for any read
-        # (topic, partition) -> a consumer left assigned at the end, and the offset it is at
-        self._parked: dict[tuple[str, int], tuple[Consumer, int]] = {}
+        self._readers: list[Consumer] = []  # unassigned, for reads that do not wait
+        self._followers: list[Consumer] = []  # unassigned, for reads that wait (TAIL_WAIT_MS)
+        self._following: set[Consumer] = set()  # every follower this log made, in use or not
+        # (topic, partition) -> consumers left assigned at the end, each with the offset it is
+        # at, oldest first (PARKED_PER_PARTITION at most)
+        self._parked: dict[tuple[str, int], list[tuple[Consumer, int]]] = {}
         self._readers_lock = threading.Lock()
         # events partition -> an offset every event below which is known readable (its
         # transaction's markers are written), as reads and the writers' probes found it
@@ -491,9 +504,11 @@ class KafkaLog:
         with contextlib.suppress(KafkaException):
             self._producer.close()
         with self._readers_lock:
-            readers, self._readers = self._readers, []
-            readers += [consumer for consumer, _ in self._parked.values()]
+            readers, self._readers = self._readers + self._followers, []
+            self._followers = []
+            readers += [consumer for parked in self._parked.values() for consumer, _ in parked]
             self._parked = {}
+            self._following = set()
         for consumer in readers:
             consumer.close()
         with self._positions_lock:
@@ -646,9 +661,9 @@ class KafkaLog:
         Reads up to the partition's stable end (librdkafka reports it as ``_PARTITION_EOF``),
         then returns what it has, or waits up to ``timeout_s`` for the first record.
 
-        A read that ended at the stable end leaves its consumer assigned where it stopped
-        (:meth:`_park`), and the next *waiting* read from there takes it back: a follower at
-        the tail (the read model's, one per partition) then reads what its consumer has
+        A waiting read that ended at the stable end leaves its consumer assigned where it
+        stopped (:meth:`_park`), and the next waiting read from there takes it back: a follower
+        at the tail (the read model's, one per partition) then reads what its consumer has
         already fetched, instead of assigning a consumer, starting a fetch from the offset and
         unassigning it again on every read. A parked consumer is used only from the exact
         offset it stopped before, and every record it returns is checked against
@@ -656,7 +671,8 @@ class KafkaLog:
         recovery) promises everything up to the end as it is now, which a consumer that was
         at the end a moment ago cannot tell without fetching: it assigns a consumer at
         ``from_offset`` and reads to the end, as before. A waiting read on a parked consumer
-        gets what its fetches (every ``READ_WAIT_MS`` at most) brought within the wait.
+        gets what its fetches brought within the wait: the broker answers a follower's fetch
+        when a commit makes records readable, or after ``TAIL_WAIT_MS`` with none.
         """
         self._check_partition(partition)
         topic = self._topic(stream)
@@ -716,8 +732,10 @@ class KafkaLog:
                 # transaction below it has its markers written: the partition's writer waits
                 # for that before it begins its next transaction.
                 self._saw_readable(partition, max(stable, records[-1].offset + 1 if records else 0))
-            if at_end and len(records) < max_records and stream == "events":
-                # Every record polled was returned: the consumer stands just past the last.
+            if at_end and len(records) < max_records and stream == "events" and timeout_s > 0:
+                # Every record polled was returned: the consumer stands just past the last. Only
+                # a follower's (a waiting read's) is left there: a reader's short wait would
+                # have it fetch a hundred times a second while nobody reads.
                 parked = self._park(
                     consumer, topic, partition, records[-1].offset + 1 if records else from_offset
                 )
@@ -740,15 +758,20 @@ class KafkaLog:
     def _take_reader(
         self, topic: str | None, partition: int, from_offset: int
     ) -> tuple[Consumer, bool]:
-        """A consumer for a read: the one parked at ``from_offset`` of the partition (True:
-        assigned there, at the end when it was parked), or an unassigned one (False)."""
+        """A consumer for a read: for a read that waits (``topic`` given), the one parked at
+        ``from_offset`` of the partition (True: assigned there, at the end when it was
+        parked), or an unassigned follower (False); for one that does not, an unassigned
+        reader (False)."""
         self._check_open()
+        follow = topic is not None
         with self._readers_lock:
-            parked = None if topic is None else self._parked.get((topic, partition))
-            if topic is not None and parked is not None and parked[1] == from_offset:
-                del self._parked[(topic, partition)]
-                return parked[0], True
-            consumer = self._readers.pop() if self._readers else None
+            parked = [] if topic is None else self._parked.get((topic, partition), [])
+            for i, (standing, at) in enumerate(parked):
+                if at == from_offset:
+                    del parked[i]
+                    return standing, True
+            pool = self._followers if follow else self._readers
+            consumer = pool.pop() if pool else None
         if consumer is None:
             consumer = Consumer(
                 self._client_config(
@@ -759,31 +782,39 @@ class KafkaLog:
                         "enable.partition.eof": True,
                         # An offset retention deleted is an error to report, not a reset.
                         "auto.offset.reset": "error",
-                        "fetch.wait.max.ms": READ_WAIT_MS,
+                        "fetch.wait.max.ms": TAIL_WAIT_MS if follow else READ_WAIT_MS,
                     }
                 )
             )
+            if follow:
+                with self._readers_lock:
+                    self._following.add(consumer)
         return consumer, False
 
     def _park(self, consumer: Consumer, topic: str, partition: int, next_offset: int) -> bool:
-        """Keep ``consumer`` assigned at ``next_offset`` for the partition's next read: one per
-        partition, the latest (an earlier one stopped further back, where nobody reads now)."""
+        """Keep ``consumer`` assigned at ``next_offset`` for the partition's next read. A few per
+        partition: each of a process's followers of it (the read model's, a warm standby's)
+        keeps its own, and the oldest goes when one more would exceed PARKED_PER_PARTITION."""
         with self._readers_lock:
             if self._closed.is_set():
                 return False
-            replaced = self._parked.get((topic, partition))
-            self._parked[(topic, partition)] = (consumer, next_offset)
-        if replaced is not None:
+            parked = self._parked.setdefault((topic, partition), [])
+            parked.append((consumer, next_offset))
+            dropped = parked[:-PARKED_PER_PARTITION]
+            del parked[:-PARKED_PER_PARTITION]
+        for old, _ in dropped:
             with contextlib.suppress(KafkaException):
-                replaced[0].unassign()
-            self._put_reader(replaced[0])
+                old.unassign()
+            self._put_reader(old)
         return True
 
     def _put_reader(self, consumer: Consumer) -> None:
         with self._readers_lock:
             if not self._closed.is_set():
-                self._readers.append(consumer)
+                pool = self._followers if consumer in self._following else self._readers
+                pool.append(consumer)
                 return
+            self._following.discard(consumer)
         consumer.close()
 
     def _topic(self, stream: str) -> str:

@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from core.errors import CronlogError, Fenced
+from eventlog import kafka as kafka_log
 from eventlog.kafka import (
     REPLY_PARTITIONS,
     REPLY_RETENTION_MS,
@@ -232,12 +233,12 @@ def test_a_reader_at_the_tail_keeps_its_consumer_and_reads_only_from_where_it_st
         assert [r.value for r in got] == [b"e0", b"e1"]
         # It stopped at the end: its consumer stays assigned just past e1, for the next read.
         topic = log.topics["events"]
-        parked, at = log._parked[(topic, 0)]
+        [(parked, at)] = log._parked[(topic, 0)]
         assert at == first[-1] + 1
         second = writer.append([b"e2"])
         got = log.read_events(0, at, 100, 5.0)
         assert [(r.offset, r.value) for r in got] == [(second[0], b"e2")]
-        assert log._parked[(topic, 0)][0] is parked  # the same consumer, not assigned afresh
+        assert log._parked[(topic, 0)] == [(parked, second[0] + 1)]  # the same consumer
         # A read from anywhere else never takes it: it starts where it is asked to.
         assert [r.value for r in log.read_events(0, first[1], 100, 5.0)] == [b"e1", b"e2"]
         assert [r.value for r in log.read_events(0, 0, 100, 5.0)] == [b"e0", b"e1", b"e2"]
@@ -249,10 +250,59 @@ def test_a_reader_at_the_tail_keeps_its_consumer_and_reads_only_from_where_it_st
         # A read that does not wait wants everything up to the end as it is now: a consumer
         # parked at the end a moment ago cannot tell, so it is not taken (a recovery's catch-up
         # stopping short of the tail would lose events).
-        assert log._parked[(topic, 0)][1] == third + 1
+        assert (third + 1) in [at for _, at in log._parked[(topic, 0)]]
         [fourth] = writer.append([b"e4"])
         got = log.read_events(0, third + 1, 100)
         assert [(r.offset, r.value) for r in got] == [(fourth, b"e4")]
+        member.close()
+    finally:
+        log.close()
+
+
+def test_a_follower_waits_long_at_the_tail_yet_gets_a_commit_at_once(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower parked at the tail lets the broker hold its fetches (``TAIL_WAIT_MS``), so
+    idle followers ask rarely; the broker answers the held fetch when a commit makes records
+    readable, so the follower hears of an append no later. Two followers of a partition each
+    keep their own consumer there. A read that does not wait uses a reader of the short wait:
+    at the end, it learns so from the first empty answer."""
+    wait_s = 3.0  # were the follower's fetch waited out, 3 s; a commit is heard in milliseconds
+    monkeypatch.setattr(kafka_log, "TAIL_WAIT_MS", int(wait_s * 1000))
+    log = _open(kafka_bootstrap, 1, None)
+    try:
+        member = log.join(Recorder())
+        _poll_until([member], lambda: 0 in member.owned(), "never owned partition 0")
+        writer = member.writer(0)
+        [first] = writer.append([b"e0"])
+        for _ in range(2):  # two followers from the start, each parked at the end
+            assert [r.value for r in log.read_events(0, 0, 100, 5.0)] == [b"e0"]
+        parked = log._parked[(log.topics["events"], 0)]
+        assert [at for _, at in parked] == [first + 1] * 2
+        assert parked[0][0] is not parked[1][0] and parked[0][0] in log._following
+
+        got: list[list[Any]] = []
+
+        def follow() -> None:
+            got.append(log.read_events(0, first + 1, 100, 15.0))
+
+        readers = [threading.Thread(target=follow) for _ in range(2)]
+        for reader in readers:
+            reader.start()
+        time.sleep(0.5)  # both followers' fetches are held at the tail by now
+        [second] = writer.append([b"e1"])
+        appended = time.monotonic()
+        for reader in readers:
+            reader.join(20.0)
+        heard_after_s = time.monotonic() - appended
+        assert [[(r.offset, r.value) for r in records] for records in got] == [
+            [(second, b"e1")]
+        ] * 2
+        assert heard_after_s < wait_s / 2, f"heard of the commit {heard_after_s:.1f} s after"
+
+        began = time.monotonic()
+        assert log.read_events(0, second + 1, 100) == []  # at the end, not waiting
+        assert time.monotonic() - began < wait_s / 2
         member.close()
     finally:
         log.close()
