@@ -901,6 +901,8 @@ class KafkaMembership:
         self._writers: dict[int, KafkaPartitionWriter] = {}
         self._closed = False
         self._group_metadata = log.group_metadata()
+        # the last assignment's check for deleted commands (tests join it)
+        self.checking: threading.Thread | None = None
         self._consumer = self._new_consumer()
 
     def _new_consumer(self) -> Consumer:
@@ -1030,20 +1032,38 @@ class KafkaMembership:
         log = self._log
         # Fence every predecessor first: after that no transaction can move a command position.
         writers = _open_writers(log, [tp.partition for tp in partitions], self.group_metadata)
-        # Neither asked of ``consumer``: see :meth:`KafkaLog._committed`.
+        # Not asked of ``consumer``: see :meth:`KafkaLog._committed`.
+        committed = log._committed(sorted(writers))
         starts = []
-        for tp in log._committed(sorted(writers)):
+        for tp in committed:
             position = tp.offset if tp.offset >= 0 else 0
-            with log._reader() as reader:
-                _warn_if_commands_were_deleted(reader, tp, position, log._timeout_s)
             writers[tp.partition]._position = position
             starts.append(
                 TopicPartition(self._commands, tp.partition, position or OFFSET_BEGINNING)
             )
         consumer.incremental_assign(starts)
+        # The check for deleted commands only warns: it runs beside the assignment, never
+        # before it (a watermark query can take the log's whole timeout while the cluster
+        # settles, and the partitions would stay without an owner that long).
+        self.checking = threading.Thread(
+            target=self._check_starts, args=(committed,), name="commands-start-check", daemon=True
+        )
+        self.checking.start()
         with self._lock:
             self._writers.update(writers)
         self._listener.assigned(sorted(writers))
+
+    def _check_starts(self, committed: list[TopicPartition]) -> None:
+        log = self._log
+        for tp in committed:
+            if log._closed.is_set():
+                return
+            try:
+                with log._reader() as reader:
+                    _warn_if_commands_were_deleted(reader, tp, max(tp.offset, 0), log._timeout_s)
+            except Exception:  # a warning that could not be given is said, never raised
+                logger.exception("checking %s[%d] for deleted commands failed", tp.topic,
+                                 tp.partition)  # fmt: skip
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # confluent-kafka unassigns them once this returns.
@@ -1340,7 +1360,9 @@ def _watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float)
     killed once spent all of its start's 30 s on the dead broker and exited (CI's chaos run,
     seed 12), though the partition had a new leader 2 s later. Each round therefore waits
     for a part of the time only (``WATERMARK_ROUND_S``, doubled each round), and the
-    topic's metadata is asked for anew before the next round."""
+    topic's metadata is asked for anew before the next round. The same after any error that
+    passes: a reader whose metadata had the partition unknown (``_UNKNOWN_PARTITION``) kept
+    answering so for the whole 30 s, and a new owner waited that long (CI's chaos run)."""
     deadline = time.monotonic() + timeout_s
     round_s = WATERMARK_ROUND_S
     while True:
@@ -1355,11 +1377,11 @@ def _watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float)
                 raise
             if err.code() == KafkaError._TIMED_OUT:
                 round_s *= 2
-                # A refresh that fails leaves the next round to find out.
-                with contextlib.suppress(KafkaException):
-                    consumer.list_topics(partition.topic, timeout=min(1.0, left_s))
             else:
                 time.sleep(min(0.1, left_s))  # leadership settling has no event to wait on
+            # A refresh that fails leaves the next round to find out.
+            with contextlib.suppress(KafkaException):
+                consumer.list_topics(partition.topic, timeout=min(1.0, max(0.001, left_s)))
 
 
 def _warn_if_commands_were_deleted(

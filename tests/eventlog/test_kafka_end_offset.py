@@ -25,12 +25,16 @@ class Settling:
     def __init__(self, *errors: int) -> None:
         self.errors = list(errors)
         self.asked = 0
+        self.refreshed = False
 
     def get_watermark_offsets(self, partition: TopicPartition, timeout: float) -> tuple[int, int]:
         self.asked += 1
         if self.errors:
             raise KafkaException(KafkaError(self.errors.pop(0)))
         return (0, 42)
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.refreshed = True
 
 
 @pytest.mark.parametrize(
@@ -82,6 +86,30 @@ def test_a_query_held_by_a_dead_leader_is_asked_again_of_the_new_one(ask: Any) -
     assert ask(consumer, TopicPartition("t", 0), timeout_s=30) in (7, 42)
     assert len(consumer.waits) == 2
     assert consumer.waits[0] <= 30 / 10
+
+
+class StaleMetadata:
+    """A consumer whose metadata has the partition unknown until it asks for the topic's
+    metadata again (a reader of a new owner's check kept answering so for 30 s)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.refreshed = False
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+        self.asked += 1
+        if not self.refreshed:
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
+        return (7, 42)
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.refreshed = True
+
+
+def test_a_partition_the_metadata_has_unknown_is_asked_again_after_a_refresh() -> None:
+    consumer: Any = StaleMetadata()
+    assert _start_offset(consumer, TopicPartition("t", 0), timeout_s=30) == 7
+    assert consumer.asked == 2
 
 
 class Future:
