@@ -901,8 +901,8 @@ class KafkaMembership:
         self._writers: dict[int, KafkaPartitionWriter] = {}
         self._closed = False
         self._group_metadata = log.group_metadata()
-        # the last assignment's check for deleted commands (tests join it)
-        self.checking: threading.Thread | None = None
+        # the assignments' checks for deleted commands still running (tests join them)
+        self.checks: list[threading.Thread] = []
         self._consumer = self._new_consumer()
 
     def _new_consumer(self) -> Consumer:
@@ -1045,10 +1045,11 @@ class KafkaMembership:
         # The check for deleted commands only warns: it runs beside the assignment, never
         # before it (a watermark query can take the log's whole timeout while the cluster
         # settles, and the partitions would stay without an owner that long).
-        self.checking = threading.Thread(
+        check = threading.Thread(
             target=self._check_starts, args=(committed,), name="commands-start-check", daemon=True
         )
-        self.checking.start()
+        check.start()
+        self.checks = [t for t in self.checks if t.is_alive()] + [check]
         with self._lock:
             self._writers.update(writers)
         self._listener.assigned(sorted(writers))

@@ -93,10 +93,12 @@ def test_the_callback_asks_the_group_consumer_for_nothing_but_the_assignment(
     membership._lock = threading.Lock()
     membership._writers = {}
     membership._closed = False
+    membership.checks = []
     consumer = GroupConsumer()
 
     membership._on_assign(consumer, [TopicPartition(COMMANDS, 0), TopicPartition(COMMANDS, 1)])
-    membership.checking.join(10.0)  # the check for deleted commands runs beside the assignment
+    for check in membership.checks:  # the check for deleted commands runs beside it
+        check.join(10.0)
 
     assert consumer.calls == ["incremental_assign"]
     # Each start was asked of a reader, whose retry after the dead leader's timeout asked
