@@ -240,7 +240,6 @@ class KafkaLog:
         )
         self._readers: list[Consumer] = []  # unassigned, for reads that do not wait
         self._followers: list[Consumer] = []  # unassigned, for reads that wait (TAIL_WAIT_MS)
-        self._following: set[Consumer] = set()  # every follower this log made, in use or not
         # (topic, partition) -> consumers left assigned at the end, each with the offset it is
         # at, oldest first (PARKED_PER_PARTITION at most)
         self._parked: dict[tuple[str, int], list[tuple[Consumer, int]]] = {}
@@ -508,7 +507,6 @@ class KafkaLog:
             self._followers = []
             readers += [consumer for parked in self._parked.values() for consumer, _ in parked]
             self._parked = {}
-            self._following = set()
         for consumer in readers:
             consumer.close()
         with self._positions_lock:
@@ -679,7 +677,8 @@ class KafkaLog:
         deadline = time.monotonic() + timeout_s
         give_up = deadline + self._timeout_s  # a broker that never answers
         records: list[Record] = []
-        consumer, at_end = self._take_reader(topic if timeout_s > 0 else None, partition,
+        follow = timeout_s > 0  # a follower's read: a consumer of the long wait (TAIL_WAIT_MS)
+        consumer, at_end = self._take_reader(topic if follow else None, partition,
                                              from_offset)  # fmt: skip
         parked = False  # the events stream's only: its followers read every partition's tail
         stable = -1  # where the partition's stable end was found (read_committed: its LSO)
@@ -732,7 +731,7 @@ class KafkaLog:
                 # transaction below it has its markers written: the partition's writer waits
                 # for that before it begins its next transaction.
                 self._saw_readable(partition, max(stable, records[-1].offset + 1 if records else 0))
-            if at_end and len(records) < max_records and stream == "events" and timeout_s > 0:
+            if at_end and len(records) < max_records and stream == "events" and follow:
                 # Every record polled was returned: the consumer stands just past the last. Only
                 # a follower's (a waiting read's) is left there: a reader's short wait would
                 # have it fetch a hundred times a second while nobody reads.
@@ -743,7 +742,7 @@ class KafkaLog:
             if not parked:
                 with contextlib.suppress(KafkaException):
                     consumer.unassign()
-                self._put_reader(consumer)
+                self._put_reader(consumer, follow)
         return records
 
     @contextlib.contextmanager
@@ -753,7 +752,7 @@ class KafkaLog:
         try:
             yield consumer
         finally:
-            self._put_reader(consumer)
+            self._put_reader(consumer, follow=False)
 
     def _take_reader(
         self, topic: str | None, partition: int, from_offset: int
@@ -786,9 +785,6 @@ class KafkaLog:
                     }
                 )
             )
-            if follow:
-                with self._readers_lock:
-                    self._following.add(consumer)
         return consumer, False
 
     def _park(self, consumer: Consumer, topic: str, partition: int, next_offset: int) -> bool:
@@ -805,16 +801,16 @@ class KafkaLog:
         for old, _ in dropped:
             with contextlib.suppress(KafkaException):
                 old.unassign()
-            self._put_reader(old)
+            self._put_reader(old, follow=True)  # only followers are parked
         return True
 
-    def _put_reader(self, consumer: Consumer) -> None:
+    def _put_reader(self, consumer: Consumer, follow: bool) -> None:
+        """Return ``consumer`` (unassigned) to the pool it was taken from: the followers' or
+        the readers' (``follow``); closed if the log is."""
         with self._readers_lock:
             if not self._closed.is_set():
-                pool = self._followers if consumer in self._following else self._readers
-                pool.append(consumer)
+                (self._followers if follow else self._readers).append(consumer)
                 return
-            self._following.discard(consumer)
         consumer.close()
 
     def _topic(self, stream: str) -> str:
@@ -1364,15 +1360,29 @@ def _watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float)
     topic's metadata is asked for anew before the next round. The same after any error that
     passes: a reader whose metadata had the partition unknown (``_UNKNOWN_PARTITION``) kept
     answering so for the whole 30 s, and a new owner waited that long (CI's chaos run)."""
-    deadline = time.monotonic() + timeout_s
+    began = time.monotonic()
+    deadline = began + timeout_s
     round_s = WATERMARK_ROUND_S
+    failed: list[KafkaError] = []
     while True:
         left_s = max(0.001, deadline - time.monotonic())
         try:
             low, high = consumer.get_watermark_offsets(partition, timeout=min(round_s, left_s))
+            waited_s = time.monotonic() - began
+            if failed:  # a wait is never silent: a long one warns (a new topic settles quicker)
+                logger.log(
+                    logging.WARNING if waited_s >= WATERMARK_ROUND_S else logging.DEBUG,
+                    "watermarks of %s[%d] answered after %d failed asks over %.1f s (first: %s)",
+                    partition.topic,
+                    partition.partition,
+                    len(failed),
+                    waited_s,
+                    failed[0].str(),
+                )
             return int(low), int(high)
         except KafkaException as e:
             err = e.args[0]
+            failed.append(err)
             left_s = deadline - time.monotonic()
             if not _passes(err) or left_s <= 0:
                 raise

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -58,6 +58,13 @@ def _open(
         min_insync_replicas=None,
         **settings,
     )
+
+
+def _wait_for(done: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + OWNERSHIP_TIMEOUT_S
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
 
 
 def _poll_until(members: list[Membership], done: object, what: str) -> None:
@@ -279,7 +286,12 @@ def test_a_follower_waits_long_at_the_tail_yet_gets_a_commit_at_once(
             assert [r.value for r in log.read_events(0, 0, 100, 5.0)] == [b"e0"]
         parked = log._parked[(log.topics["events"], 0)]
         assert [at for _, at in parked] == [first + 1] * 2
-        assert parked[0][0] is not parked[1][0] and parked[0][0] in log._following
+        oldest = parked[0][0]
+        assert oldest is not parked[1][0]
+        # A third follower parks there too: the oldest goes back to the followers' pool.
+        assert [r.value for r in log.read_events(0, 0, 100, 5.0)] == [b"e0"]
+        assert len(parked) == 2 and oldest not in [c for c, _ in parked]
+        assert log._followers == [oldest] and oldest not in log._readers
 
         got: list[list[Any]] = []
 
@@ -289,7 +301,7 @@ def test_a_follower_waits_long_at_the_tail_yet_gets_a_commit_at_once(
         readers = [threading.Thread(target=follow) for _ in range(2)]
         for reader in readers:
             reader.start()
-        time.sleep(0.5)  # both followers' fetches are held at the tail by now
+        _wait_for(lambda: not parked, "the followers never took their parked consumers")
         [second] = writer.append([b"e1"])
         appended = time.monotonic()
         for reader in readers:
