@@ -106,10 +106,15 @@ class StaleMetadata:
         self.refreshed = True
 
 
-def test_a_partition_the_metadata_has_unknown_is_asked_again_after_a_refresh() -> None:
+def test_a_partition_the_metadata_has_unknown_is_asked_again_after_a_refresh(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     consumer: Any = StaleMetadata()
-    assert _start_offset(consumer, TopicPartition("t", 0), timeout_s=30) == 7
+    with caplog.at_level("DEBUG", logger="eventlog.kafka"):
+        assert _start_offset(consumer, TopicPartition("t", 0), timeout_s=30) == 7
     assert consumer.asked == 2
+    # The wait is said (at DEBUG when short, as here; a warning from WATERMARK_ROUND_S on).
+    assert "watermarks of t[0] answered after 1 failed asks" in caplog.text
 
 
 class Future:
