@@ -170,6 +170,12 @@ class Admission:
         self._enqueue(ticket)
         return False
 
+    def holds_few(self, tenant: str) -> bool:
+        """Whether ``tenant`` holds few of the node's calls: no more than a team's share of
+        the room kept for the others (a hundredth of the room when none is kept)."""
+        few = self._reserved_per_team or max(1, self._max // 100)
+        return self._by_tenant.get(tenant, 0) <= few
+
     def release(self, tenant: str) -> list[Ticket]:
         """A call of ``tenant`` ended (or a reservation went unused): the runs granted the
         freed room, their room reserved."""

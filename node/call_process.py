@@ -21,11 +21,34 @@ The node's executors start only once every process has said it is ready (at most
 then would hold their first calls for that long (the node joins its group after its executors
 start: ``Node.services``).
 
-A call goes to the process with the fewest calls in flight. A process that ends unasked (killed,
-crashed) is noticed at once, as its socket closes: its calls in flight end as ambiguous failures
-(they may have reached their targets, so a critical run's attempt is dead-lettered as
-``outcome_unknown``, as any call whose end nobody saw), it is logged and counted, and another
-process takes its place. A process whose node has gone sees its socket close and exits.
+**A process kept for the teams with few calls.** Besides the N processes, a node starts one
+more, kept for the calls of teams that hold few of the node's calls (at most a team's share of
+the room kept for the others, ``node.admission``): a team's herd fills the N, and another team's
+call, handed over in the middle of it, is made by a process with nothing else to do. Fair queues
+inside one process are not enough: a process making a herd's calls as fast as its core lets it
+runs each turn of its loop for up to a second, and a call needs five or six turns (read, start,
+connect, send), so another team's call went out 1-5 s after its start however fair its turn
+(measured, ``bench.flood_three``: 40,000 calls of one team due at once on three nodes). A call
+of a team with few calls goes to the kept process unless that has more calls in flight than the
+least busy of the N (with no herd, calls spread over all of them), and never before it has said
+it is ready (the node's start does not wait for it). A team with many calls never uses it.
+
+A call goes to the process with the fewest calls in flight. The calls handed to a process wait
+in the node, each team's in the order they came and the teams in turn (:class:`core.turns.Turns`),
+and go down the socket only as the process reads them, at most ``SEND_BYTES`` buffered on the way
+(the socket's kernel buffer is made that small too). The socket is a queue like any other: written
+at once, a herd of one team's 13,000 calls armed ahead was megabytes in the socket, read at the
+pace of a process busy making those calls, and another team's call handed over behind them
+reached the process 15 s later (measured, ``bench.flood_three``); now it waits behind at most
+``SEND_BYTES`` of them. A cancel of a call still waiting in the node takes it out there; of one
+sent, it follows it down the socket.
+
+A process that ends unasked (killed, crashed) is noticed at once, as its socket closes: its calls
+in flight end as ambiguous failures (they may have reached their targets, so a critical run's
+attempt is dead-lettered as ``outcome_unknown``, as any call whose end nobody saw), while those
+still waiting in the node fail as not called (the target saw nothing); it is logged and counted,
+and another process takes its place. A process whose node has gone sees its socket close and
+exits.
 """
 
 from __future__ import annotations
@@ -49,12 +72,16 @@ import msgspec
 from core import events as ev
 from core.commands import Outcome
 from core.jobs import JobSpec
+from core.turns import Turns
 from node.calls import NOT_CALLED, CallerConfig, Result, call_at_start
 
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct(">I")
 _HIGH_WATER = 1 << 20  # bytes buffered for a process before a writer waits for it to read
+# Bytes of calls on their way to a process (the node's write buffer, and the socket's): what a
+# call handed over waits behind at most, whatever the herd ahead of it. A call is about 1 KB.
+SEND_BYTES = 64 * 1024
 RESPAWN_DELAY_S = 0.5  # before another process replaces one that ended; doubles, up to 10 s
 READY_TIMEOUT_S = 30.0  # the start waits this long for the processes' Ready, then goes on
 
@@ -108,20 +135,43 @@ class _Process:
     pending: dict[int, asyncio.Future[Result]] = field(default_factory=dict)
     reading: asyncio.Task[None] | None = None
     ready: bool = False  # it said Ready: set up, taking calls
+    # Calls not sent yet, by team: (call id, frame); a call cancelled meanwhile is left out of
+    # ``unsent`` and skipped when its turn comes.
+    outbox: Turns[tuple[int, bytes]] = field(default_factory=Turns)
+    unsent: set[int] = field(default_factory=set)
+    more: asyncio.Event = field(default_factory=asyncio.Event)  # the outbox has calls
+    sending: asyncio.Task[None] | None = None
+
+    def unsent_calls(self) -> list[int]:
+        """Empty the outbox: the ids of the calls in it that were never sent."""
+        ids = []
+        while self.outbox:
+            call_id, _ = self.outbox.popleft()
+            if call_id in self.unsent:
+                ids.append(call_id)
+        self.unsent.clear()
+        return ids
 
 
 class CallerProcesses:
-    """N executor processes, used from the executors' loop."""
+    """N executor processes, and one kept for teams with few calls (``kept``), used from the
+    executors' loop."""
 
     def __init__(
-        self, config: CallerConfig, count: int, on_failed: Callable[[], None] | None = None
+        self,
+        config: CallerConfig,
+        count: int,
+        on_failed: Callable[[], None] | None = None,
+        *,
+        kept: bool = True,
     ) -> None:
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
         if config.resolver is not None:
             raise ValueError("a custom resolver cannot be sent to an executor process")
         self._config = config
-        self._count = count
+        self._count = count  # the processes any call may go to; the kept one is after them
+        self._kept = kept
         self._on_failed = on_failed
         self._processes: list[_Process] = []
         self._ids = itertools.count(1)
@@ -131,13 +181,16 @@ class CallerProcesses:
 
     @property
     def pids(self) -> list[int]:
+        """The processes' pids, the kept one (if any) last."""
         return [p.popen.pid for p in self._processes]
 
     async def start(self) -> None:
         """Start the processes, and return once each has said it is ready (or after
         ``READY_TIMEOUT_S``, said in a warning: its calls then wait for it, as before)."""
         started = time.monotonic()
-        self._processes = [await self._spawn(i) for i in range(self._count)]
+        self._processes = [
+            await self._spawn(i) for i in range(self._count + (1 if self._kept else 0))
+        ]
         try:
             await asyncio.wait_for(self._all_ready(), READY_TIMEOUT_S)
         except TimeoutError:
@@ -149,7 +202,8 @@ class CallerProcesses:
         log.info("%d executor process(es) ready in %.1f s", self._count, time.monotonic() - started)
 
     async def _all_ready(self) -> None:
-        while not all(p.ready for p in self._processes):
+        # The kept process is not waited for: until it is ready its calls go to the others.
+        while not all(p.ready for p in self._processes[: self._count]):
             self._changed.clear()
             await self._changed.wait()
 
@@ -163,35 +217,74 @@ class CallerProcesses:
             )
         finally:
             theirs.close()
-        reader, writer = await asyncio.open_connection(sock=ours)
+        reader, writer = await open_socket(ours)
         writer.write(_frame(pickle.dumps((self._config, logging.getLogger().level))))
         process = _Process(index, popen, reader, writer)
         process.reading = asyncio.create_task(self._read(process))
+        process.sending = asyncio.create_task(self._send(process))
         log.debug("executor process %d started (pid %d)", index, popen.pid)
         return process
 
-    def submit(self, lease: ev.LeaseGranted, spec: JobSpec) -> asyncio.Future[Result]:
-        """Have a process make the call; the future is its result. Cancelling the future
-        abandons the call (the process is told)."""
-        process = min(self._processes, key=lambda p: len(p.pending))
+    def submit(
+        self, lease: ev.LeaseGranted, spec: JobSpec, few: bool = False
+    ) -> asyncio.Future[Result]:
+        """Have a process make the call; the future is its result. ``few``: the call's team
+        holds few calls, so it may go to the kept process (see the module). Cancelling the
+        future abandons the call (the process is told)."""
+        process = self._choose(few)
         call_id = next(self._ids)
         answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         process.pending[call_id] = answer
-        process.writer.write(_frame(_encoder.encode(Call(call_id, lease, spec))))
+        process.outbox.append(
+            lease.tenant, (call_id, _frame(_encoder.encode(Call(call_id, lease, spec))))
+        )
+        process.unsent.add(call_id)
+        process.more.set()
 
         def abandoned(future: asyncio.Future[Result]) -> None:
-            if (
-                future.cancelled()
-                and process.pending.pop(call_id, None) is not None
-                and not process.writer.is_closing()
-            ):
+            if not future.cancelled() or process.pending.pop(call_id, None) is None:
+                return
+            if call_id in process.unsent:
+                process.unsent.discard(call_id)  # never sent: nothing to tell the process
+            elif not process.writer.is_closing():
                 process.writer.write(_frame(_encoder.encode(Cancel(call_id))))
 
         answer.add_done_callback(abandoned)
         return answer
 
+    def _choose(self, few: bool) -> _Process:
+        least = min(self._processes[: self._count], key=lambda p: len(p.pending))
+        if few and self._kept and len(self._processes) > self._count:
+            kept = self._processes[self._count]
+            if kept.ready and len(kept.pending) <= len(least.pending):
+                return kept
+        return least
+
     async def call(self, lease: ev.LeaseGranted, spec: JobSpec) -> Result:
         return await self.submit(lease, spec)
+
+    async def _send(self, process: _Process) -> None:
+        """Send the process its calls as it reads them, one team after another, at most
+        ``SEND_BYTES`` on the way (see the module)."""
+        writer = process.writer
+        try:
+            while True:
+                await process.more.wait()
+                chunk: list[bytes] = []
+                size = 0
+                while process.outbox and size < SEND_BYTES:
+                    call_id, frame = process.outbox.popleft()
+                    if call_id in process.unsent:
+                        process.unsent.discard(call_id)
+                        chunk.append(frame)
+                        size += len(frame)
+                if not process.outbox:
+                    process.more.clear()
+                if chunk:
+                    writer.write(b"".join(chunk))
+                    await writer.drain()
+        except ConnectionError:
+            pass  # the process ended: its reader replaces it
 
     async def _read(self, process: _Process) -> None:
         while (data := await _read_frame(process.reader)) is not None:
@@ -210,6 +303,12 @@ class CallerProcesses:
     async def _replace(self, process: _Process) -> None:
         """A process ended unasked: end its calls, say so, and start another."""
         code = await asyncio.to_thread(_exit_code, process.popen)
+        if process.sending is not None:
+            process.sending.cancel()
+        for call_id in process.unsent_calls():  # the process never had them: no call was made
+            answer = process.pending.pop(call_id)
+            if not answer.done():
+                answer.set_result(Result(Outcome.FAILED, NOT_CALLED))
         lost = list(process.pending.values())
         process.pending.clear()
         for answer in lost:
@@ -246,9 +345,19 @@ class CallerProcesses:
         for process in self._processes:
             process.writer.close()  # the process sees its socket close and exits
         for process in self._processes:
-            if process.reading is not None:
-                process.reading.cancel()
+            for task in (process.reading, process.sending):
+                if task is not None:
+                    task.cancel()
             await asyncio.to_thread(_exit_code, process.popen)
+
+
+async def open_socket(sock: socket.socket) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The node's end of a process's socket, holding at most about ``SEND_BYTES`` on the way
+    (its write buffer, and the kernel's: what a call handed over waits behind)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BYTES)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    writer.transport.set_write_buffer_limits(high=SEND_BYTES)
+    return reader, writer
 
 
 def _command() -> list[str]:

@@ -470,7 +470,9 @@ class Executors(Dispatcher):
         """The call under way: in an executor process when there are some, else here. A call
         armed ahead (the lease's ``start_at``) waits for its start where it is made."""
         if self._processes is not None:
-            return self._processes.submit(lease, spec)
+            with self._lock:
+                few = self._admission.holds_few(lease.tenant)
+            return self._processes.submit(lease, spec, few)
         assert self._caller is not None  # there is one exactly when there are no processes
         return asyncio.ensure_future(call_at_start(self._caller, lease, spec))
 

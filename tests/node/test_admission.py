@@ -159,6 +159,24 @@ def test_the_kept_room_fills_the_open_room_first() -> None:
     assert room.in_flight == 7 and room.waiting_for_room == 2
 
 
+def test_a_team_holds_few_calls_up_to_its_share_of_the_room_kept() -> None:
+    room = Admission(10, reserved=4, reserved_per_team=2)
+    assert room.holds_few("a")  # none yet
+    room.reserve(ticket("a0"))
+    room.reserve(ticket("a1"))
+    assert room.holds_few("a")  # two, its share of what is kept
+    room.reserve(ticket("a2"))
+    assert not room.holds_few("a") and room.holds_few("b")
+    room.release("a")
+    assert room.holds_few("a")
+    # With no room kept, few is a hundredth of the room (at least one).
+    bare = Admission(300)
+    for i in range(4):
+        bare.reserve(ticket(f"a{i}"))
+    assert not bare.holds_few("a")
+    assert Admission(5).holds_few("a")
+
+
 def test_the_default_reserve_is_a_tenth_in_hundredths() -> None:
     from node.admission import default_reserve
 

@@ -77,9 +77,18 @@ def pids(node: Node) -> list[int]:
     return processes.pids
 
 
+def holding(node: Node) -> tuple[int, int]:
+    """The index and pid of the process that has calls in flight."""
+    processes = node.executors._processes
+    assert processes is not None
+    [busy] = [p for p in processes._processes if p.pending]
+    return busy.index, busy.popen.pid
+
+
 def test_a_run_is_called_from_an_executor_process(node: Node, target: Target) -> None:
-    [pid] = pids(node)
-    assert pid != os.getpid() and os.path.exists(f"/proc/{pid}")
+    shared, kept = pids(node)  # one process, and the one kept for teams with few calls
+    for pid in (shared, kept):
+        assert pid != os.getpid() and os.path.exists(f"/proc/{pid}")
     slot = now_ms() + 300
     asyncio.run(node.execute(PutJob(job_id="a", spec=once(target.url, slot))))
     (call,) = target.wait_for(1, timeout_s=10)
@@ -94,7 +103,7 @@ def test_a_process_that_dies_is_replaced_and_its_calls_end_ambiguous(
     slot = now_ms() + 200
     asyncio.run(node.execute(PutJob(job_id="held", spec=once(target.url, slot, critical=True))))
     target.wait_for(1, timeout_s=10)  # the call is in the process, held by the target
-    [pid] = pids(node)
+    index, pid = holding(node)
     os.kill(pid, signal.SIGKILL)
     # The critical run's attempt may have taken effect: it is dead-lettered, not retried.
     run_id = f"held.{slot}"
@@ -103,7 +112,7 @@ def test_a_process_that_dies_is_replaced_and_its_calls_end_ambiguous(
     assert view is not None and view.dead_reason == "outcome_unknown"
     # Another process takes its place, and the next run is called from it.
     deadline = time.monotonic() + 15
-    while not pids(node) or pids(node)[0] == pid:
+    while len(pids(node)) < 2 or pid in pids(node):
         assert time.monotonic() < deadline, "no executor process replaced the one that died"
         time.sleep(0.05)
     later = now_ms() + 200
@@ -111,7 +120,7 @@ def test_a_process_that_dies_is_replaced_and_its_calls_end_ambiguous(
     assert node.history.wait_until(lambda: state_of(node, f"after.{later}") == "succeeded", 15)
     failures = node.metrics.thread_failures.labels("executor-process")._value.get()
     assert failures == 1
-    ended = [r for r in caplog.records if "executor process 0" in r.getMessage()]
+    ended = [r for r in caplog.records if f"executor process {index}" in r.getMessage()]
     assert ended and ended[0].levelno == logging.ERROR
 
 
@@ -263,3 +272,146 @@ def test_a_node_whose_calls_are_made_in_processes_does_not_import_the_http_clien
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
     ).stdout.strip()
     assert (found != "[]") is imported, found
+
+
+def armed(team: str, i: int, start_in_ms: int = 60_000) -> ev.LeaseGranted:
+    """A lease of ``team``'s whose call is armed to start ``start_in_ms`` from now."""
+    now = now_ms()
+    return ev.LeaseGranted(
+        at=now, job_id=f"{team}-{i}", tenant=team, run_id=f"{team}-{i}.1", scheduled_for=now,
+        attempt=1, fencing_token=1, worker_id="n1/executor", lease_expires_at=now + 120_000,
+        lateness_ms=0, start_at=now + start_in_ms,
+    )  # fmt: skip
+
+
+def test_a_team_with_few_calls_is_called_from_the_kept_process_and_a_herd_never_is(
+    target: Target,
+) -> None:
+    """A herd fills the processes any call may go to; a team with few calls goes to the one
+    kept for such teams, while that one has no more calls than the least busy of the others."""
+    from node.call_process import CallerProcesses
+    from node.calls import CallerConfig
+
+    spec = once(target.url, 1_000)
+
+    async def scenario() -> None:
+        processes = CallerProcesses(CallerConfig(egress=LOOPBACK_ALLOWED), 1)
+        await processes.start()
+        shared, kept = processes._processes
+        try:
+            deadline = time.monotonic() + 30
+            while not kept.ready:  # the start does not wait for the kept one
+                assert time.monotonic() < deadline, "the kept process never said it was ready"
+                await asyncio.sleep(0.01)
+            herd = [processes.submit(armed("herd", i), spec) for i in range(3)]
+            few = [processes.submit(armed("few", i), spec, few=True) for i in range(5)]
+            # 3 of the herd on the shared process; the few's first four on the kept one (up
+            # to as many as the shared one holds), the fifth where fewer are waiting
+            assert (len(shared.pending), len(kept.pending)) == (4, 4)
+            now = processes.submit(armed("few", 9, start_in_ms=0), spec, few=True)
+            assert len(kept.pending) == 5  # no more than the other held: the kept one
+            assert (await asyncio.wait_for(now, 10)).outcome.value == "succeeded"
+            for future in herd + few:
+                future.cancel()
+            await asyncio.sleep(0)  # the futures' callbacks, scheduled by the cancels
+            assert not shared.pending and not kept.pending
+        finally:
+            await processes.stop()
+
+    asyncio.run(scenario())
+    # only the call that started at once was made; the armed ones were withdrawn
+    assert [call.headers["Idempotency-Key"].split(":")[0] for call in target.calls] == ["few-9"]
+
+
+def test_a_call_handed_over_behind_a_herd_goes_down_the_socket_before_the_herd_s_rest() -> None:
+    """The socket to a process is a queue too: a herd of one team's calls written into it at
+    once held another team's call handed over behind it until the process had read them all
+    (15 s, measured). Calls wait in the node, the teams in turn, and go down the socket as it
+    drains: the other team's call comes after at most ``SEND_BYTES`` of the herd's. A call
+    cancelled while it waits in the node is never sent, nor is a cancel for it."""
+    import socket
+    import subprocess
+    from typing import cast
+
+    from node import call_process as cp
+    from node.calls import CallerConfig
+
+    spec = once("http://127.0.0.1:9/", 1_000)
+
+    async def scenario() -> tuple[list[cp.Call | cp.Cancel], int]:
+        processes = cp.CallerProcesses(CallerConfig(egress=LOOPBACK_ALLOWED), 1, kept=False)
+        ours, theirs = socket.socketpair()
+        reader, writer = await cp.open_socket(ours)
+        process = cp._Process(0, cast(subprocess.Popen[bytes], None), reader, writer)
+        processes._processes = [process]
+        process.sending = asyncio.create_task(processes._send(process))
+        herd = [processes.submit(armed("herd", i), spec) for i in range(3_000)]
+        other = processes.submit(armed("other", 0), spec)
+        withdrawn = herd.pop()
+        withdrawn.cancel()
+        theirs.setblocking(False)
+        loop = asyncio.get_running_loop()
+        frames: list[cp.Call | cp.Cancel] = []
+        sizes: list[int] = []
+        buffer = b""
+        while len(frames) < len(herd) + 1:
+            buffer += await loop.sock_recv(theirs, 1 << 16)
+            while len(buffer) >= 4 and len(buffer) >= 4 + (n := int.from_bytes(buffer[:4])):
+                frames.append(cp._to_process.decode(buffer[4 : 4 + n]))
+                sizes.append(4 + n)
+                buffer = buffer[4 + n :]
+        process.sending.cancel()
+        writer.close()
+        theirs.close()
+        for future in [*herd, other]:
+            future.cancel()
+        assert not buffer and not process.outbox
+        return frames, max(sizes)
+
+    frames, frame_bytes = asyncio.run(scenario())
+    tenants = [f.lease.tenant if isinstance(f, cp.Call) else "cancel" for f in frames]
+    # every call but the one withdrawn, in order, and no cancel for it
+    assert tenants.count("herd") == 2_999 and "cancel" not in tenants
+    assert [f.lease.job_id for f in frames if isinstance(f, cp.Call)][-1] == "herd-2998"
+    ahead = tenants.index("other")
+    # what the transport, the socket's kernel buffer and one chunk hold, at most
+    assert ahead <= 4 * cp.SEND_BYTES // frame_bytes, (ahead, frame_bytes)
+
+
+def test_calls_a_dead_process_never_read_fail_as_not_called(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process that dies ends its calls in flight as ambiguous (they may have reached their
+    targets), but the calls still waiting in the node never reached it: they fail as not
+    called, so even a critical run is tried again."""
+    from node import call_process as cp
+    from node.calls import NOT_CALLED, CallerConfig, Result
+
+    # says it is ready, then reads nothing until it is killed
+    silent = (
+        "import os, sys, time; from node.call_process import Ready, _encoder, _frame; "
+        "os.write(int(sys.argv[1]), _frame(_encoder.encode(Ready()))); time.sleep(120)"
+    )
+    monkeypatch.setattr(cp, "_command", lambda: [sys.executable, "-c", silent])
+    spec = once("http://127.0.0.1:9/", 1_000)
+
+    async def scenario() -> list[Result]:
+        processes = cp.CallerProcesses(CallerConfig(egress=LOOPBACK_ALLOWED), 1, kept=False)
+        await processes.start()
+        [process] = processes._processes
+        try:
+            calls = [processes.submit(armed("herd", i), spec) for i in range(3_000)]
+            deadline = time.monotonic() + 10
+            while len(process.unsent) > 3_000 - 10:  # until some went down the socket
+                assert time.monotonic() < deadline, "no call was ever sent"
+                await asyncio.sleep(0.01)
+            os.kill(process.popen.pid, signal.SIGKILL)
+            return await asyncio.wait_for(asyncio.gather(*calls), 30)
+        finally:
+            await processes.stop()
+
+    results = asyncio.run(scenario())
+    not_called = [r for r in results if r.error == NOT_CALLED and not r.ambiguous]
+    ambiguous = [r for r in results if r.ambiguous]
+    assert len(not_called) + len(ambiguous) == 3_000
+    assert ambiguous and len(not_called) >= 2_000, (len(ambiguous), len(not_called))
