@@ -58,6 +58,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import time
 import unicodedata
 from dataclasses import dataclass
 from typing import Any, assert_never
@@ -211,11 +212,13 @@ class Caller:
         try:
             match target:
                 case HttpTarget():
-                    return await self._http(target, lease, spec, start)  # it keeps the timeout
+                    result = await self._http(target, lease, spec, start)  # it keeps the timeout
+                    return _went_out(result, lease, start)
                 case KafkaTarget():
-                    return await asyncio.wait_for(
+                    result = await asyncio.wait_for(
                         self._kafka(target, lease, spec, start), spec.timeout_sec
                     )
+                    return _went_out(result, lease, start)
                 case PullTarget():
                     pass  # the pool's workers run it; a lease for one here is a bug, said below
                 case _:
@@ -399,7 +402,7 @@ class Caller:
             headers=list(run_headers(lease).items()),
             on_delivery=delivered,
         )
-        start.over()  # it is in the producer's hands
+        start.over(went_out=True)  # it is in the producer's hands
         poller = asyncio.ensure_future(self._poll_producer(done))
         try:
             error = await done
@@ -414,19 +417,31 @@ class Caller:
             await asyncio.to_thread(self._producer.poll, 0.1)
 
 
+def _went_out(result: Result, lease: ev.LeaseGranted, start: _Start) -> Result:
+    """``result`` with when its call went out, if it did and was armed ahead (its start is
+    reported: :func:`node.calls.call_at_start`)."""
+    if lease.start_at is None or start.went_out_ms is None:
+        return result
+    return msgspec.structs.replace(result, went_out_ms=start.went_out_ms)
+
+
 class _Start:
     """One call's place among those starting (``Caller._starting``), given up once: when it has
-    its connection, or when it ends without one."""
+    its connection (it went out: ``went_out_ms`` is when), or when it ends without one."""
 
-    __slots__ = ("_gate",)
+    __slots__ = ("_gate", "went_out_ms")
 
     def __init__(self, gate: FairGate) -> None:
         self._gate: FairGate | None = gate
+        self.went_out_ms: int | None = None
 
-    def over(self) -> None:
+    def over(self, went_out: bool = False) -> None:
         gate, self._gate = self._gate, None
-        if gate is not None:
-            gate.leave()
+        if gate is None:
+            return
+        if went_out:
+            self.went_out_ms = round(time.time() * 1000)
+        gate.leave()
 
 
 class _Progress:
@@ -454,7 +469,7 @@ class _Connector(aiohttp.TCPConnector):
         progress = _progress.get(None)
         if progress is not None:
             progress.connected = True
-            progress.start.over()
+            progress.start.over(went_out=True)
         return connection
 
 

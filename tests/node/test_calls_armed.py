@@ -150,3 +150,39 @@ def events_of(node: Node, job_id: str, *kinds: type) -> list[Any]:
         for record in node.read_events(p, 0, 10_000)
         if isinstance(event := ev.decode(record.value), kinds) and event.job_id == job_id
     ]
+
+
+def test_an_armed_call_s_start_is_when_it_went_out_not_when_its_wait_ended(
+    target: Target,
+) -> None:
+    """A busy process's armed call waits, after its start, for its team's turn and its
+    connection; its start is reported as when it went out, so the delay it records is the one
+    its target saw (a start taken at the wait's end said on time a call seconds late)."""
+    from node.caller import Caller
+    from node.calls import CallerConfig, FairGate, call_at_start
+
+    now = time.time_ns() // 1_000_000
+    lease = ev.LeaseGranted(
+        at=now, job_id="j", tenant="team-b", run_id="j.1", scheduled_for=now, attempt=1,
+        fencing_token=1, worker_id="n1/executor", lease_expires_at=now + 60_000,
+        lateness_ms=0, start_at=now,
+    )  # fmt: skip
+    spec = JobSpec(name="j", tenant="team-b", target=HttpTarget(url=target.url), run_at=now)
+
+    async def scenario() -> tuple[int | None, int | None]:
+        caller = Caller(CallerConfig(egress=LOOPBACK_ALLOWED))
+        await caller.open()
+        try:
+            gate = caller._starting = FairGate(1)
+            await gate.enter("team-a")  # another team's call holds the only start
+            asyncio.get_running_loop().call_later(0.4, gate.leave)  # and connects 0.4 s on
+            result = await call_at_start(caller, lease, spec)
+        finally:
+            await caller.close()
+        return result.started_late_ms, result.went_out_ms
+
+    late_ms, went_out_ms = asyncio.run(scenario())
+    assert went_out_ms is not None and late_ms == went_out_ms - now
+    assert 400 <= late_ms < 5_000
+    (call,) = target.calls
+    assert call.body["job_id"] == "j"
