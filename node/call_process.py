@@ -143,12 +143,9 @@ class _Process:
     sending: asyncio.Task[None] | None = None
 
     def unsent_calls(self) -> list[int]:
-        """Empty the outbox: the ids of the calls in it that were never sent."""
-        ids = []
-        while self.outbox:
-            call_id, _ = self.outbox.popleft()
-            if call_id in self.unsent:
-                ids.append(call_id)
+        """Empty the outbox: the ids of the calls never sent."""
+        ids = list(self.unsent)
+        self.outbox = Turns()
         self.unsent.clear()
         return ids
 
@@ -270,21 +267,28 @@ class CallerProcesses:
         try:
             while True:
                 await process.more.wait()
+                ids: list[int] = []
                 chunk: list[bytes] = []
                 size = 0
                 while process.outbox and size < SEND_BYTES:
                     call_id, frame = process.outbox.popleft()
-                    if call_id in process.unsent:
-                        process.unsent.discard(call_id)
+                    if call_id in process.unsent:  # else cancelled while it waited
+                        ids.append(call_id)
                         chunk.append(frame)
                         size += len(frame)
                 if not process.outbox:
                     process.more.clear()
                 if chunk:
                     writer.write(b"".join(chunk))
+                    process.unsent.difference_update(ids)
                     await writer.drain()
         except ConnectionError:
             pass  # the process ended: its reader replaces it
+        except Exception:
+            # Never a sender owned and dead, its calls waiting for ever: the process is ended,
+            # and replaced as any that dies (its calls not sent fail as not called).
+            log.exception("sending calls to executor process %d failed; ending it", process.index)
+            process.popen.kill()
 
     async def _read(self, process: _Process) -> None:
         while (data := await _read_frame(process.reader)) is not None:

@@ -415,3 +415,45 @@ def test_calls_a_dead_process_never_read_fail_as_not_called(
     ambiguous = [r for r in results if r.ambiguous]
     assert len(not_called) + len(ambiguous) == 3_000
     assert ambiguous and len(not_called) >= 2_000, (len(ambiguous), len(not_called))
+
+
+def test_a_sender_that_fails_ends_its_process_and_its_calls_fail_as_not_called(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never a sender owned and dead with calls waiting on it for ever: it says why, its
+    process is ended and replaced, and the calls it never sent fail as not called."""
+    from node.call_process import CallerProcesses
+    from node.calls import NOT_CALLED, CallerConfig
+
+    spec = once(target.url, 1_000)
+
+    async def scenario() -> tuple[list[str], list[int], bool]:
+        processes = CallerProcesses(CallerConfig(egress=LOOPBACK_ALLOWED), 1, kept=False)
+        await processes.start()
+        [process] = processes._processes
+        before = processes.pids
+
+        def broken(data: bytes | bytearray | memoryview) -> None:
+            raise RuntimeError("a bug in the sender")
+
+        process.writer.write = broken  # type: ignore[method-assign]
+        try:
+            calls = [processes.submit(armed("team-a", i), spec) for i in range(3)]
+            results = await asyncio.wait_for(asyncio.gather(*calls), 30)
+            deadline = time.monotonic() + 30
+            while processes.pids == before or not processes._processes[0].ready:
+                assert time.monotonic() < deadline, "the process was never replaced"
+                await asyncio.sleep(0.01)
+            after = await asyncio.wait_for(
+                processes.submit(armed("team-a", 9, start_in_ms=0), spec), 10
+            )
+        finally:
+            await processes.stop()
+        assert all(not r.ambiguous for r in results)
+        return [r.error for r in results], before, after.outcome.value == "succeeded"
+
+    errors, _, succeeded = asyncio.run(scenario())
+    assert errors == [NOT_CALLED] * 3 and succeeded
+    assert any(
+        "sending calls to executor process 0 failed" in r.getMessage() for r in caplog.records
+    )
