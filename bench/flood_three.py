@@ -17,10 +17,10 @@ also read back through the API, for the start each executor reported (``RunStart
 of a late arrival was cronlog's start and how much the way to the target. Appends a JSON line
 per round to bench/results/flood_three.jsonl and writes ``--out``.
 
-Why a server each: with one, B's calls wait in that server's accept queue behind A's tens of
-thousands of connections (measured on 2026-12-06: B's executors started its calls a median 7 ms
-after the slot, and they arrived a median 2.2 s, at p99 18 s, after it, every late one together
-as A's flood ended), which is the shared target's capacity, not the scheduler's fairness.
+A server each is what two teams would have. One server for both (``--shared-target``, the
+benchmark's first form) gave the same picture on 2026-12-06: B's calls p50 2.8 s late with one
+server and 2.6 s with two before the executors' socket was made fair, 3.9 ms and 4-6 ms after;
+the shared server (which never overflowed its accept queue) was not what held B back.
 """
 
 from __future__ import annotations

@@ -82,6 +82,7 @@ _HIGH_WATER = 1 << 20  # bytes buffered for a process before a writer waits for 
 # Bytes of calls on their way to a process (the node's write buffer, and the socket's): what a
 # call handed over waits behind at most, whatever the herd ahead of it. A call is about 1 KB.
 SEND_BYTES = 64 * 1024
+DONE_PER_TURN = 64  # frames read from a process in one turn of the executors' loop
 RESPAWN_DELAY_S = 0.5  # before another process replaces one that ended; doubles, up to 10 s
 READY_TIMEOUT_S = 30.0  # the start waits this long for the processes' Ready, then goes on
 
@@ -291,7 +292,15 @@ class CallerProcesses:
             process.popen.kill()
 
     async def _read(self, process: _Process) -> None:
+        taken = 0
         while (data := await _read_frame(process.reader)) is not None:
+            taken += 1
+            if taken == DONE_PER_TURN:
+                # Outcomes read from a buffer full of them would all resume their calls' tasks
+                # in one turn of the loop; a few at a time, other work comes in between (another
+                # team's call handed over, which waited up to a second behind a herd's outcomes).
+                taken = 0
+                await asyncio.sleep(0)
             match _to_node.decode(data):
                 case Done() as done:
                     answer = process.pending.pop(done.id, None)
@@ -310,8 +319,8 @@ class CallerProcesses:
         if process.sending is not None:
             process.sending.cancel()
         for call_id in process.unsent_calls():  # the process never had them: no call was made
-            answer = process.pending.pop(call_id)
-            if not answer.done():
+            answer = process.pending.pop(call_id, None)
+            if answer is not None and not answer.done():
                 answer.set_result(Result(Outcome.FAILED, NOT_CALLED))
         lost = list(process.pending.values())
         process.pending.clear()
