@@ -370,6 +370,15 @@ def _cancel_job(state: PartitionState, cmd: CancelJob, now: Millis) -> list[AnyE
     return events
 
 
+def _goes_ahead(state: PartitionState, job: JobState, now: Millis) -> bool:
+    """Whether a job with live runs has its next slot materialised ahead: only under ``allow``,
+    where the slot runs whatever is live, and only while no run of it is ahead of its slot, so
+    that one run at most is ever materialised ahead. (A job whose runs each take longer than
+    the gap between its slots thus keeps its starts ahead, armed, instead of deciding every slot
+    at the slot.)"""
+    return job.spec.overlap_policy is OverlapPolicy.ALLOW and not _ahead_runs(state, job, now)
+
+
 def _ahead_runs(state: PartitionState, job: JobState, now: Millis) -> list[RunState]:
     """The job's runs materialised ahead of a slot that has not come yet (the lead time): a
     manual trigger cannot name a future slot and a retry or replay follows a start, so a
@@ -457,9 +466,11 @@ def _slot_due(
 ) -> list[AnyEvent]:
     """The slots due at ``now`` under the misfire and overlap policies, as they stand at
     ``now``; or, when none is due, the job's next slot if it comes by ``through`` (the lead
-    time). A slot is materialised ahead only for a job with no live run, and only the one next
-    slot: with a run live, the overlap policy decides at the slot, against what is live then.
-    The misfire rules compare a slot with ``now``, so a slot not yet come is never a misfire."""
+    time). A slot is materialised ahead only for a job with no live run, or under ``allow`` (the
+    slot runs whatever is live) with none of its live runs ahead of its own slot, and only the
+    one next slot: with a run live, any other overlap policy decides at the slot, against what is
+    live then. The misfire rules compare a slot with ``now``, so a slot not yet come is never a
+    misfire."""
     job = state.jobs.get(job_id)
     if job is None or job.status is not JobStatus.ACTIVE:
         return []
@@ -468,7 +479,7 @@ def _slot_due(
         return []  # a stale timer
     spec = job.spec
     if first > now:
-        if through is None or first > through or job.live:
+        if through is None or first > through or (job.live and not _goes_ahead(state, job, now)):
             return []  # a stale timer, or a slot for the overlap policy to decide when it comes
         after = next_slot(spec, first, job.anchor) if spec.recurring else None
         ahead = _with_overlap(state, job, [first], after, now)

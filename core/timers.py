@@ -53,6 +53,7 @@ from core.events import (
     RunStarted,
     UpstreamRecorded,
 )
+from core.jobs import OverlapPolicy
 from core.state import JobStatus, PartitionState, RunState, RunStatus, ended_at
 
 TimerKey = tuple[str, str]
@@ -62,8 +63,9 @@ TimerChange = tuple[TimerKey, Millis | None]
 
 def slot_timer(state: PartitionState, job_id: str, lead_ms: int = 0) -> TimerChange:
     """The job's slot timer as its state stands: its next slot, or None (cancel it); a lead
-    time ahead of it while the job has no live run (``core.decide``: only then is a slot
-    materialised ahead)."""
+    time ahead of it while the job has no live run, or, under the ``allow`` overlap policy,
+    once the start of its latest live run has come (``core.decide``: only then is a slot
+    materialised ahead, one at a time)."""
     return _slot_timer(state, job_id, lead_ms)
 
 
@@ -73,6 +75,11 @@ def _slot_timer(state: PartitionState, job_id: str, lead_ms: int = 0) -> TimerCh
         return (("slot", job_id), None)
     if lead_ms and not job.live:
         return (("slot", job_id), job.next_slot - lead_ms)
+    if lead_ms and job.spec.overlap_policy is OverlapPolicy.ALLOW:
+        # The slot runs whatever is live; the one run materialised ahead must have come to its
+        # start first (every live run's start is at or before its available_at).
+        latest = max(state.runs[run_id].available_at for run_id in job.live)
+        return (("slot", job_id), min(job.next_slot, max(job.next_slot - lead_ms, latest)))
     return (("slot", job_id), job.next_slot)
 
 
@@ -109,7 +116,10 @@ def timers_after(state: PartitionState, event: AnyEvent, lead_ms: int = 0) -> li
             return changes
         case RunReleased() | RetryScheduled():
             run = state.runs.get(event.run_id)
-            return _ready_timer(state, run) if run is not None else []
+            changes = _ready_timer(state, run) if run is not None else []
+            if lead_ms:  # a live run's start moved: under ``allow``, so does the slot timer
+                changes.append(_slot_timer(state, event.job_id, lead_ms))
+            return changes
         case RunReplayed():
             run = state.runs.get(event.run_id)
             changes = _ready_timer(state, run) if run is not None else []

@@ -124,6 +124,27 @@ def test_a_live_run_keeps_the_next_slot_for_the_overlap_policy_at_the_slot() -> 
     assert skip.reason == "overlap" and skip.at == skip.scheduled_for == T0 + 2 * MIN
 
 
+def test_under_allow_a_live_run_leaves_the_next_slot_materialised_ahead_one_at_a_time() -> None:
+    """Under ``allow`` the slot runs whatever is live, so a run still open at the next slot's
+    lead time (a call slower than the gap between slots, or its outcome recorded late) no longer
+    turns every later slot into one decided at the slot: the next one is materialised ahead once
+    the latest live run's start has come, and never more than one is ahead of its slot."""
+    sim = Sim(T0 + 30 * SEC, lead_ms=LEAD)
+    put(sim, "j", schedule=None, interval_sec=2, target=HTTP)  # its first slot: now
+    for _ in range(5):  # each slot's run starts at its slot, and its call never ends
+        (lease,) = start_ready(sim)
+        assert lease.lateness_ms == 0
+        sim.advance(2 * SEC)
+        live = sim.state.jobs["j"].live
+        assert len([r for r in live if sim.state.runs[r].scheduled_for > sim.now]) == 1
+    runs = materialised(sim)
+    # the first at its slot (due as it was registered); each later one a slot ahead, as the
+    # run before it came to its start
+    assert [e.scheduled_for - e.at for e in runs] == [0] + [2 * SEC] * (len(runs) - 1)
+    assert len(runs) == 7  # five started, one at its slot now, one ahead: never more
+    assert sim.replayed() == sim.state.snapshot()
+
+
 def test_a_pause_before_the_slot_withdraws_the_run_and_the_slot_is_skipped_on_resume() -> None:
     sim = Sim(T0 + 30 * SEC, lead_ms=LEAD)
     put(sim, "j")
