@@ -76,8 +76,9 @@ def _slot_timer(state: PartitionState, job_id: str, lead_ms: int = 0) -> TimerCh
     if lead_ms and not job.live:
         return (("slot", job_id), job.next_slot - lead_ms)
     if lead_ms and job.spec.overlap_policy is OverlapPolicy.ALLOW:
-        # The slot runs whatever is live; the one run materialised ahead must have come to its
-        # start first (every live run's start is at or before its available_at).
+        # The slot runs whatever is live; the run materialised ahead must have come to its start
+        # first. No live run is ahead of its slot once every live run's available_at has come
+        # (a run's slot, and a start leased ahead, are never after its available_at).
         latest = max(state.runs[run_id].available_at for run_id in job.live)
         return (("slot", job_id), min(job.next_slot, max(job.next_slot - lead_ms, latest)))
     return (("slot", job_id), job.next_slot)
