@@ -77,7 +77,7 @@ from core.commands import AnswerDue, AnyCommand, ForgetDue, LeaseDue, SlotDue
 from core.decide import MAX_HORIZON_MS, decide
 from core.errors import CronlogError, InvalidDefinition
 from core.ids import SEPARATOR
-from core.jobs import KafkaTarget, OverlapPolicy
+from core.jobs import KafkaTarget
 from core.state import JobStatus, PartitionState, ended_at, evolve
 from core.timers import TimerKey, forget_timer, run_timers, slot_timer, timers_after
 from core.turns import Turns
@@ -105,13 +105,6 @@ DEFAULT_ARM_MS = 2_000  # a node arms a push run's call this long before its sta
 # its lead time begins.
 MAX_LEAD_MS = 300_000
 _DAY_MS = 86_400_000  # the span of a slot a day or more away
-
-
-def _allow_ahead(state: PartitionState, job_id: str, lead_ms: int) -> Millis:
-    """The slot timer of an ``allow`` job with live runs (``core.timers.slot_timer``)."""
-    _, deadline = slot_timer(state, job_id, lead_ms)
-    assert deadline is not None  # an active job with a next slot
-    return deadline
 
 
 class Partition:
@@ -167,8 +160,8 @@ class Partition:
             if slot is not None and job.status is active:
                 if lead and not job.live:  # as ``core.timers.slot_timer`` arms it
                     slot -= lead
-                elif lead and job.spec.overlap_policy is OverlapPolicy.ALLOW:
-                    slot = _allow_ahead(state, job.job_id, lead)
+                elif lead:  # live runs: what the overlap policy allows is slot_timer's to say
+                    slot = slot_timer(state, job.job_id, lead)[1] or slot
                 take = now  # not parked
                 if park:
                     take = slot - slot % (park if slot - now < _DAY_MS else _DAY_MS) - park
