@@ -28,14 +28,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+from cronlog_client import Client
+from cronlog_client.models import Run
 
 from bench.common import (
     LIMITS,
@@ -45,7 +47,6 @@ from bench.common import (
     lag_summary,
     log,
     now_ms,
-    percentile,
     rounds_on_kafka,
     sleep_until_ms,
     stamp,
@@ -83,33 +84,19 @@ async def _register(nodes: list[NodeProcess], token: str, jobs: list[dict[str, A
     return time.perf_counter() - began
 
 
-async def _team_runs(node: NodeProcess, token: str) -> list[dict[str, Any]]:
-    """Every run of the team's jobs, as the API lists them."""
-    runs: list[dict[str, Any]] = []
-    headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(headers=headers, timeout=60.0) as client:
-        jobs = (await client.get(f"{node.url}/v1/jobs", params={"limit": 1000})).json()["jobs"]
-        for job in jobs:
-            cursor = None
-            while True:
-                params: dict[str, Any] = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
-                page = (
-                    await client.get(f"{node.url}/v1/jobs/{job['job_id']}/runs", params=params)
-                ).json()
-                runs += page["runs"]
-                cursor = page.get("next_cursor")
-                if not cursor:
-                    break
-    return runs
+def _team_runs(node: NodeProcess, token: str) -> list[Run]:
+    """Every run of the team's jobs, as the API lists them (through the SDK)."""
+    with Client(node.url, token, timeout_s=60.0) as client:
+        return [run for job in client.iter_jobs() for run in client.iter_job_runs(job.job_id)]
 
 
-def _ms(text: str) -> int:
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+def _ms(instant: dt.datetime) -> int:
+    return round(instant.timestamp() * 1000)
 
 
 def _started_late(
     team: str,
-    runs: list[dict[str, Any]],
+    runs: list[Run],
     arrivals: list[tuple[int, str]],
     b_from: int,
     b_until: int,
@@ -120,25 +107,22 @@ def _started_late(
     started: list[float] = []
     on_the_way: list[float] = []
     for run in runs:
-        slot = _ms(run["scheduled_for"])
-        if not (b_from <= slot < b_until) or not run["attempts"]:
+        slot = _ms(run.scheduled_for)
+        if not (b_from <= slot < b_until) or not run.attempts:
             continue
-        start = _ms(run["attempts"][0]["started_at"])
+        start = _ms(run.attempts[0].started_at)
         started.append(start - slot)
-        arrived = firsts.get(f"{team}/{run['job_id']}:{slot}")
+        arrived = firsts.get(f"{team}/{run.job_id}:{slot}")
         if arrived is not None:
             on_the_way.append(arrived / 1e6 - start)
-
-    def q(values: list[float], at: float) -> float | None:
-        return round(percentile(sorted(values), at), 1) if values else None
-
+    lag, way = lag_summary(started, len(started)), lag_summary(on_the_way, len(on_the_way))
     return {
         "runs": len(started),
-        "started_p50_ms": q(started, 0.5),
-        "started_p99_ms": q(started, 0.99),
-        "started_over_1s": sum(lag > 1000 for lag in started),
-        "to_target_p50_ms": q(on_the_way, 0.5),
-        "to_target_p99_ms": q(on_the_way, 0.99),
+        "started_p50_ms": lag.get("p50_ms"),
+        "started_p99_ms": lag.get("p99_ms"),
+        "started_over_1s": sum(late > 1000 for late in started),
+        "to_target_p50_ms": way.get("p50_ms"),
+        "to_target_p99_ms": way.get("p99_ms"),
     }
 
 
@@ -189,7 +173,7 @@ def _round(
             sleep_until_ms(b_until + SETTLE_S * 1000)
             arrivals = recorder.take()
             b_arrivals = arrivals if b_recorder is recorder else b_recorder.take()
-            b_runs = asyncio.run(_team_runs(nodes[0], "token-b"))
+            b_runs = _team_runs(nodes[0], "token-b")
         finally:
             cluster.stop()
             stalls = _stall_lines(nodes_logs(cluster))
