@@ -1363,7 +1363,7 @@ def _watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float)
     began = time.monotonic()
     deadline = began + timeout_s
     round_s = WATERMARK_ROUND_S
-    failed: list[KafkaError] = []
+    failed, first_error = 0, ""
     while True:
         left_s = max(0.001, deadline - time.monotonic())
         try:
@@ -1375,14 +1375,15 @@ def _watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float)
                     "watermarks of %s[%d] answered after %d failed asks over %.1f s (first: %s)",
                     partition.topic,
                     partition.partition,
-                    len(failed),
+                    failed,
                     waited_s,
-                    failed[0].str(),
+                    first_error,
                 )
             return int(low), int(high)
         except KafkaException as e:
             err = e.args[0]
-            failed.append(err)
+            failed += 1
+            first_error = first_error or err.str()
             left_s = deadline - time.monotonic()
             if not _passes(err) or left_s <= 0:
                 raise
