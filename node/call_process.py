@@ -252,7 +252,7 @@ class CallerProcesses:
 
     def _choose(self, few: bool) -> _Process:
         least = min(self._processes[: self._count], key=lambda p: len(p.pending))
-        if few and self._kept and len(self._processes) > self._count:
+        if few and len(self._processes) > self._count:  # started with the kept one
             kept = self._processes[self._count]
             if kept.ready and len(kept.pending) <= len(least.pending):
                 return kept
@@ -292,6 +292,18 @@ class CallerProcesses:
             process.popen.kill()
 
     async def _read(self, process: _Process) -> None:
+        try:
+            await self._take_answers(process)
+        except Exception:
+            # Never a reader owned and dead, its calls' answers never read: the process is
+            # ended, and replaced as any that dies.
+            log.exception("reading from executor process %d failed; ending it", process.index)
+            process.popen.kill()
+        if self._stopping:
+            return
+        await self._replace(process)
+
+    async def _take_answers(self, process: _Process) -> None:
         taken = 0
         while (data := await _read_frame(process.reader)) is not None:
             taken += 1
@@ -309,9 +321,6 @@ class CallerProcesses:
                 case Ready():
                     process.ready = True
                     self._changed.set()
-        if self._stopping:
-            return
-        await self._replace(process)
 
     async def _replace(self, process: _Process) -> None:
         """A process ended unasked: end its calls, say so, and start another."""
@@ -345,11 +354,17 @@ class CallerProcesses:
         if self._on_failed is not None:
             self._on_failed()
         process.writer.close()
-        delay = min(10.0, RESPAWN_DELAY_S * 2.0 ** min(self._failures - 1, 5))
-        await asyncio.sleep(delay)  # a crash loop must not spin: a backoff, not a wait
-        if self._stopping:
-            return
-        replacement = await self._spawn(process.index)
+        while True:
+            delay = min(10.0, RESPAWN_DELAY_S * 2.0 ** min(self._failures - 1, 5))
+            await asyncio.sleep(delay)  # a crash loop must not spin: a backoff, not a wait
+            if self._stopping:
+                return
+            try:
+                replacement = await self._spawn(process.index)
+                break
+            except Exception:  # no process, no descriptors: said, and tried again
+                self._failures += 1
+                log.exception("executor process %d could not be started again", process.index)
         self._processes[self._processes.index(process)] = replacement
         self._changed.set()
 

@@ -457,3 +457,40 @@ def test_a_sender_that_fails_ends_its_process_and_its_calls_fail_as_not_called(
     assert any(
         "sending calls to executor process 0 failed" in r.getMessage() for r in caplog.records
     )
+
+
+def test_a_reader_that_fails_ends_its_process_which_is_replaced(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never a reader owned and dead, the answers of its process's calls never read: a frame
+    it cannot read is said, the process is ended, its calls end as a dead process's do, and
+    another takes its place."""
+    from node import call_process as cp
+    from node.calls import CallerConfig, Result
+
+    # says it is ready, then sends what is no answer, then waits to be killed
+    garbled = (
+        "import os, sys, time; from node.call_process import Ready, _encoder, _frame; "
+        "fd = int(sys.argv[1]); os.write(fd, _frame(_encoder.encode(Ready()))); "
+        "time.sleep(0.5); os.write(fd, _frame(b'no answer')); time.sleep(120)"
+    )
+    monkeypatch.setattr(cp, "_command", lambda: [sys.executable, "-c", garbled])
+    spec = once("http://127.0.0.1:9/", 1_000)
+
+    async def scenario() -> tuple[Result, list[int], list[int]]:
+        processes = cp.CallerProcesses(CallerConfig(egress=LOOPBACK_ALLOWED), 1, kept=False)
+        await processes.start()
+        before = processes.pids
+        try:
+            result = await asyncio.wait_for(processes.submit(armed("team-a", 0), spec), 30)
+            deadline = time.monotonic() + 30
+            while processes.pids == before:
+                assert time.monotonic() < deadline, "the process was never replaced"
+                await asyncio.sleep(0.01)
+            return result, before, processes.pids
+        finally:
+            await processes.stop()
+
+    result, before, after = asyncio.run(scenario())
+    assert result.outcome.value == "failed" and before != after
+    assert any("reading from executor process 0 failed" in r.getMessage() for r in caplog.records)
