@@ -112,9 +112,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="MS",
-        help="the scheduler group's session: a dead node's partitions move to the others after"
-        " this long (default 3000; brokers refuse less than their group.min.session.timeout.ms,"
-        " 6000 by Kafka's default, and the node then joins with 6000 and says so)",
+        help="the scheduler group's session: the partitions of a node that stops answering move"
+        " to the others after this long (a killed node's sooner, by the peer watch); keep it"
+        " longer than a broker's fence plus a controller election, or each broker death moves"
+        " every partition (default 6000; brokers refuse less than their"
+        " group.min.session.timeout.ms, 6000 by Kafka's default, and the node then joins with"
+        " 6000 and says so)",
     )
     serve.add_argument(
         "--kafka-config",

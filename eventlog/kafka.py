@@ -4,21 +4,32 @@ Layout, for a log with prefix ``cronlog`` and N partitions::
 
     cronlog.commands   N partitions   anyone appends (idempotent producer, acks=all)
     cronlog.events     N partitions   partition p written only by transactional.id cronlog.p<p>
+    cronlog.positions  N partitions   p's command position, a record in each of p's transactions
+                                      that carries one; compacted
     cronlog.replies    4 partitions   replies to forwarded requests, keyed by node id; kept an hour
-    group cronlog.scheduler           members consume cronlog.commands; the group's committed
-                                      offset of commands[p] is p's command position
+    group cronlog.scheduler           members consume cronlog.commands: the group assigns the
+                                      partitions
 
 Ownership comes from the consumer group. When partition p is assigned to a member, the member
 opens p's writer: a producer with ``transactional.id=<prefix>.p<p>``, whose
 ``init_transactions()`` bumps the producer epoch. That fences the previous owner at once (its
 next transactional call fails with ``_FENCED``) and aborts whatever transaction it left open.
-Only then does the member read p's committed command offset, which is now final, and start
-consuming commands from it. The sequence is the reason the writer is opened inside the
+Only then does the member read p's command position, which is now final, and start consuming
+commands from it. The sequence is the reason the writer is opened inside the
 assignment callback rather than lazily.
 
-An append is one transaction: the events go to ``events[p]`` and the command position goes in
-as the group's offset of ``commands[p]`` (``send_offsets_to_transaction``), so both commit or
-neither does. Kafka acknowledges the commit before the commit markers reach the partition, so
+An append is one transaction: the events go to ``events[p]`` and the command position (the
+offset of ``commands[p]`` below which every command is decided) goes to ``positions[p]`` as a
+record, so both commit or neither does. The position is read back as the last committed record
+of ``positions[p]`` (:meth:`KafkaLog.command_position`); a log from before this topic, whose
+positions went in as the scheduler group's offsets (``send_offsets_to_transaction``), is read
+from the group until its first append here. The group's coordinator is then on no append's
+path: a transactional offset commit needs it, and librdkafka could wait inside
+``send_offsets_to_transaction`` for as long as a broker that hosted it was gone
+(confluentinc/librdkafka#5456 and #5511, open at 2.16: partitions dark 12-16 s after a broker
+kill, and once for over six minutes, docs/reliability.md).
+
+Kafka acknowledges the commit before the commit markers reach the partition, so
 a ``read_committed`` reader could miss events for a moment after ``append`` returned; ``append``
 therefore waits until its last event is readable, which keeps read-your-writes for callers. A
 caller that waits for readability itself opens the log with ``readable_appends=False``: the node
@@ -30,9 +41,7 @@ The next transaction waits for the last one's markers too, for another reason: t
 coordinator refuses to add the partition to a new transaction of the same transactional id
 until it has written the last one's markers (``CONCURRENT_TRANSACTIONS``), and librdkafka asks
 again only after a fixed 20 ms (``AddPartitionsToTxn``; it speaks no KIP-890 "transactions
-v2", in which the broker adds the partition itself). When the transaction carries a
-command position too, ``AddOffsetsToTxn`` meets the same refusal and is asked again after
-``retry.backoff.ms`` (100 ms, doubling). So the runner calls
+v2", in which the broker adds the partition itself). So the runner calls
 :meth:`KafkaPartitionWriter.wait_until_readable` before it takes its next batch: it returns as
 soon as a read_committed read of the partition (the read model's follower, usually) has seen
 the last event, or the broker's stable end (its last stable offset) has passed it, and the
@@ -41,11 +50,11 @@ one.
 
 The commands topic is trimmed, not only expired: :meth:`KafkaLog.trim_commands` deletes (the
 admin API's DeleteRecords) the records of ``commands[p]`` below p's committed command position,
-which it reads back from the broker. Nothing below it is read again: a new owner starts there,
-and a fenced owner's transactions can no longer commit. An owner's in-memory position is never
-used, since its consumer may have fetched past what it committed. Kafka Streams purges its
-repartition topics up to the committed offset in the same way. The topic's ``retention.ms``
-stays, as the backstop for commands no owner ever decided.
+which it reads back from the broker (``positions[p]``). Nothing below it is read again: a new
+owner starts there, and a fenced owner's transactions can no longer commit. An owner's
+in-memory position is never used, since its consumer may have fetched past what it committed.
+Kafka Streams purges its repartition topics up to the committed offset in the same way. The
+topic's ``retention.ms`` stays, as the backstop for commands no owner ever decided.
 
 Errors from a transaction follow librdkafka's flags: ``fatal()`` (``_FENCED`` among them) and
 unflagged errors close the writer and raise :class:`core.errors.Fenced`;
@@ -65,17 +74,24 @@ from the end offset read when it opens, that keeps only the records keyed by its
 other nodes share the partition, and nothing sent before it opened is delivered.
 
 A member that stops polling keeps its partitions until ``max.poll.interval.ms`` passes (then
-librdkafka leaves the group for it); a member that dies loses them after
-``session.timeout.ms``. Both default low here (10 s, 3 s) because a partition without an owner
-fires no jobs; the node's poll loop must come round well within ``max_poll_interval_ms``. A
-session shorter than the brokers allow (``group.min.session.timeout.ms``, 6 s by Kafka's
-default) is refused at the join: the member then joins with 6 s and says so once.
+librdkafka leaves the group for it, 10 s here: the node's poll loop must come round well within
+``max_poll_interval_ms``); a member that dies loses them after ``session.timeout.ms``, 6 s here
+(Kafka's floor by default), unless it is removed sooner: a node killed on a live machine is
+removed by the others' peer watch within a second (``node/peer_watch.py``), a dead worker
+process by its node's parent. So the session decides only for a node that stops answering
+(paused, its machine or network gone). A session shorter than the brokers allow
+(``group.min.session.timeout.ms``) is refused at the join: the member then joins with 6 s and
+says so once.
 
 The session also bounds how long a member may go without reaching the group's coordinator:
 librdkafka gives its partitions up after that long. A broker that dies takes the coordinators it
-hosts with it until the controller fences it (``broker.session.timeout.ms``), so a session
-shorter than that fence makes every member give up every partition at each broker death;
-``tools/kafka`` fences in 2 s, and docs/operations.md says what to set on a cluster of one's own.
+hosts with it until the controller fences it (``broker.session.timeout.ms``; after a controller
+election first when it was the active controller), so a session shorter than that move makes
+every member give up every partition at each such death and join again: the group then deals
+every partition out afresh, nearly all to new owners, cold. ``tools/kafka`` fences in 2 s, and
+its coordinators moved 3.4-4.4 s after a kill under load, past the 3 s session of before
+(docs/reliability.md, "A session that outlasts a coordinator's move"); docs/operations.md says
+what to set on a cluster of one's own.
 """
 
 from __future__ import annotations
@@ -91,6 +107,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    OFFSET_INVALID,
     Consumer,
     KafkaError,
     KafkaException,
@@ -122,6 +139,17 @@ logger = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", "Producer abort_transaction failed", RuntimeWarning)
 
 STREAMS = ("commands", "events")
+POSITIONS = "positions"  # the command positions' topic (the module's docstring)
+# Its records are one a transaction: compacted (each partition's one key), in segments that
+# roll hourly so the compaction keeps about an hour of them.
+POSITIONS_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": str(3_600_000),
+    "min.cleanable.dirty.ratio": "0.1",
+}
+# How many records from a positions partition's end a reader looks back at first, for the last
+# committed one (aborted records and transaction markers come after it); then sixteen times more.
+POSITION_LOOKBACK = 32
 REPLY_PARTITIONS = 4  # fixed, so every node finds a node id's replies in the same partition
 _LEADERSHIP_SETTLING = frozenset(
     {
@@ -161,10 +189,12 @@ TAIL_WAIT_MS = 250
 # How many followers of one partition a process keeps assigned at the tail between their reads
 # (:meth:`KafkaLog._park`): a follower whose consumer went to another pays the cost above.
 PARKED_PER_PARTITION = 2
-# The group session: how long after a node's death its partitions move to the others. Kafka
-# brokers refuse anything below their ``group.min.session.timeout.ms`` (6 s unless set lower):
-# a member refused joins with ``STOCK_MIN_SESSION_TIMEOUT_MS`` instead.
-SESSION_TIMEOUT_MS = 3000
+# The group session: how long after a node stops answering its partitions move to the others
+# (a killed one is removed sooner, by the peer watch). Longer than a coordinator's move after a
+# broker's death, or that death takes every member's partitions away (the module's docstring).
+# Kafka brokers refuse anything below their ``group.min.session.timeout.ms`` (6 s unless set
+# lower): a member refused joins with ``STOCK_MIN_SESSION_TIMEOUT_MS`` instead.
+SESSION_TIMEOUT_MS = 6000
 STOCK_MIN_SESSION_TIMEOUT_MS = 6000
 # Heartbeats: the members hear of a rebalance at their next one, so a shorter interval moves a
 # dead node's partitions sooner (a tenth of the session, at least this).
@@ -229,7 +259,7 @@ class KafkaLog:
         self._num_partitions = num_partitions
         self._readable_appends = readable_appends
         self.prefix = prefix
-        self.topics = {stream: f"{prefix}.{stream}" for stream in STREAMS}
+        self.topics = {stream: f"{prefix}.{stream}" for stream in (*STREAMS, POSITIONS)}
         self.replies_topic = f"{prefix}.replies"
         self._base = {"bootstrap.servers": bootstrap_servers, **FAST_FAILOVER, **client_config}
         self._session_timeout_ms = session_timeout_ms
@@ -323,6 +353,17 @@ class KafkaLog:
             )
             if wanted:
                 _align_configs(admin, name, wanted, timeout_s, fresh)
+        positions = f"{prefix}.{POSITIONS}"
+        _ensure_topics(
+            admin,
+            [positions],
+            num_partitions,
+            replication_factor,
+            {**config, **POSITIONS_CONFIG},
+            timeout_s,
+            fresh,
+        )
+        _align_configs(admin, positions, POSITIONS_CONFIG, timeout_s, fresh)
         replies = {**config, "retention.ms": str(REPLY_RETENTION_MS)}
         _ensure_topics(
             admin,
@@ -390,28 +431,56 @@ class KafkaLog:
             return _start_offset(consumer, tp, self._timeout_s)
 
     def command_position(self, partition: int) -> int:
-        """The partition's command position as the broker holds it: the scheduler group's
-        committed offset of ``commands[partition]``, committed in the transaction of the events
-        that decided the commands below it, and where a new owner starts (0 when none is).
-
-        Asked as an owner asks it, through a consumer of the group's id that never joins the
-        group (``committed()``), not through the admin API's ListConsumerGroupOffsets: in
-        librdkafka (2.4 to at least 2.16) an admin client that meets ``NOT_COORDINATOR`` in
-        that answer, as after the group's coordinator moved with a broker restart, hands a
-        coordinator query to a consumer group it does not have and crashes the process in its
-        own thread (librdkafka issue 5040; seen here by the chaos runs)."""
+        """The partition's command position as the broker holds it: the last committed record
+        of ``positions[partition]``, written in the transaction of the events that decided the
+        commands below it, and where a new owner starts (0 when none is)."""
         self._check_partition(partition)
-        [committed] = self._committed([partition])
-        return max(int(committed.offset), 0)  # OFFSET_INVALID (-1001): nothing committed yet
+        return self._found_positions([partition])[partition] or 0
+
+    def _found_positions(self, partitions: list[int]) -> dict[int, int | None]:
+        """The command positions of ``partitions`` (:meth:`command_position`), None where the
+        log holds none. A partition whose positions topic has no record yet (a log written
+        before the topic, or never appended to) is read from the scheduler group's committed
+        offsets, where positions went before. Also what a new owner asks in the group's
+        rebalance callback, once its writers have fenced every predecessor."""
+        found = {p: self._last_position(p) for p in partitions}
+        missing = [p for p, position in found.items() if position is None]
+        if missing:
+            for tp in self._committed(missing):
+                # OFFSET_INVALID (-1001): nothing committed there either
+                found[tp.partition] = int(tp.offset) if tp.offset >= 0 else None
+        return found
+
+    def _last_position(self, partition: int) -> int | None:
+        """The value of the last committed record of ``positions[partition]``, None if it has
+        none. Read back from the end (``POSITION_LOOKBACK`` records, then more): only aborted
+        records and transaction markers can follow it."""
+        start = self.start_offset(POSITIONS, partition)
+        end = self.end_offset(POSITIONS, partition)
+        back = POSITION_LOOKBACK
+        while end > start:
+            since = max(start, end - back)
+            records = self._read(POSITIONS, partition, since, end - since + 1, 0.0)
+            if records:
+                return _position_value(records[-1].value, partition)
+            if since == start:
+                return None
+            back *= 16
+        return None
 
     def _committed(self, partitions: list[int]) -> list[TopicPartition]:
         """The scheduler group's committed offsets of ``commands[partitions]``, asked in one
-        request (offset ``OFFSET_INVALID`` where none is). Also what a new owner asks inside
-        the group's rebalance callback, where nothing but the assignment is asked of the
-        group's own consumer: some of its blocking calls (``list_topics`` in confluent-kafka
-        2.16, reproduced) clear its per-thread call state there, and the next callback of the
-        same poll aborts the process (``CallState_get: Assertion 'cs != NULL' failed``, CI's
-        chaos run during a broker kill, when a watermark query's retry asked for metadata)."""
+        request (offset ``OFFSET_INVALID`` where none is): the command positions of a log
+        written before ``positions`` (:meth:`_positions_of`). Asked through a consumer of the
+        group's id that never joins the group (``committed()``), not through the admin API's
+        ListConsumerGroupOffsets: in librdkafka (2.4 to at least 2.16) an admin client that
+        meets ``NOT_COORDINATOR`` in that answer, as after the group's coordinator moved with a
+        broker restart, hands a coordinator query to a consumer group it does not have and
+        crashes the process in its own thread (librdkafka issue 5040; seen here by the chaos
+        runs). Nor of the group's own consumer inside its rebalance callback: some of its
+        blocking calls (``list_topics`` in confluent-kafka 2.16, reproduced) clear its
+        per-thread call state there, and the next callback of the same poll aborts the process
+        (``CallState_get: Assertion 'cs != NULL' failed``)."""
         topic = self.topics["commands"]
         with self._positions_lock:
             committed = self._unjoined().committed(
@@ -532,26 +601,9 @@ class KafkaLog:
     def _client_config(self, **settings: Any) -> dict[str, Any]:
         return {**self._base, **settings}
 
-    def group_metadata(self) -> object:
-        """The group a transaction sends its command position to, named without a member or a
-        generation (those of a consumer that never joins: generation -1).
-
-        The broker checks a transactional offset commit's generation only when it carries one
-        (KIP-447; a transactional commit with generation -1 and no member id is taken whatever
-        the group's state). cronlog has no need of that check: each partition has a
-        transactional id of its own, and its new owner's ``init_transactions`` fences every
-        transaction of the previous one before it reads anything. With the member's own
-        metadata, every rebalance (a node joining, leaving or restarting) made the broker
-        refuse the commit of each append in flight with ``ILLEGAL_GENERATION``, even on the
-        partitions that stayed where they were, and each of those partitions stopped to
-        recover from the log (in a rolling restart of the chaos runs, 2-6 appends a run)."""
-        with self._positions_lock:
-            return self._unjoined().consumer_group_metadata()
-
     def _unjoined(self) -> Consumer:
         """The consumer of the scheduler group's id that never joins it (made at first use;
-        the caller holds ``_positions_lock``): the group's committed offsets, and its name
-        without a member or a generation."""
+        the caller holds ``_positions_lock``): the group's committed offsets."""
         self._check_open()
         if self._positions is None:
             self._positions = Consumer(
@@ -896,7 +948,6 @@ class KafkaMembership:
         self._lock = threading.Lock()
         self._writers: dict[int, KafkaPartitionWriter] = {}
         self._closed = False
-        self._group_metadata = log.group_metadata()
         # the assignments' checks for deleted commands still running (tests join them)
         self.checks: list[threading.Thread] = []
         self._consumer = self._new_consumer()
@@ -961,7 +1012,7 @@ class KafkaMembership:
         old.close()
         # The new producer's init_transactions fences the old one and settles its open
         # transaction (committed if its commit was under way, aborted otherwise).
-        new = KafkaPartitionWriter.open(self._log, partition, self.group_metadata)
+        new = KafkaPartitionWriter.open(self._log, partition)
         new._position = old.command_position()
         with self._lock:
             if self._writers.get(partition) is not old:  # revoked meanwhile
@@ -969,10 +1020,6 @@ class KafkaMembership:
                 raise Fenced(f"partition {partition} is not owned by this member")
             self._writers[partition] = new
         return new
-
-    def group_metadata(self) -> object:
-        """What a transaction's command position is sent with (:meth:`KafkaLog.group_metadata`)."""
-        return self._group_metadata
 
     def close(self) -> None:
         if self._closed:
@@ -1027,16 +1074,16 @@ class KafkaMembership:
             return  # an assignment served while leaving is revoked right after; open nothing
         log = self._log
         # Fence every predecessor first: after that no transaction can move a command position.
-        writers = _open_writers(log, [tp.partition for tp in partitions], self.group_metadata)
-        # Not asked of ``consumer``: see :meth:`KafkaLog._committed`.
-        committed = log._committed(sorted(writers))
+        writers = _open_writers(log, [tp.partition for tp in partitions])
+        found = log._found_positions(sorted(writers))
+        committed = [
+            TopicPartition(self._commands, p, OFFSET_INVALID if position is None else position)
+            for p, position in sorted(found.items())
+        ]
         starts = []
-        for tp in committed:
-            position = tp.offset if tp.offset >= 0 else 0
-            writers[tp.partition]._position = position
-            starts.append(
-                TopicPartition(self._commands, tp.partition, position or OFFSET_BEGINNING)
-            )
+        for p, position in sorted(found.items()):
+            writers[p]._position = position or 0
+            starts.append(TopicPartition(self._commands, p, position or OFFSET_BEGINNING))
         consumer.incremental_assign(starts)
         # The check for deleted commands only warns: it runs beside the assignment, never
         # before it (a watermark query can take the log's whole timeout while the cluster
@@ -1075,9 +1122,7 @@ class KafkaMembership:
             self._listener.revoked(sorted(w.partition for w in writers))
 
 
-def _open_writers(
-    log: KafkaLog, partitions: list[int], group_metadata: Callable[[], object]
-) -> dict[int, KafkaPartitionWriter]:
+def _open_writers(log: KafkaLog, partitions: list[int]) -> dict[int, KafkaPartitionWriter]:
     """The writers of ``partitions``, each opened (its predecessor fenced) at the same time as
     the others: opening one is round trips to the transaction coordinator, longer when the
     predecessor died inside a transaction, which the coordinator aborts first. One at a time,
@@ -1086,9 +1131,7 @@ def _open_writers(
     be opened, those that were are closed and its error is raised."""
     started = time.monotonic()
     with ThreadPoolExecutor(len(partitions), thread_name_prefix="open-writer") as pool:
-        futures = {
-            p: pool.submit(KafkaPartitionWriter.open, log, p, group_metadata) for p in partitions
-        }
+        futures = {p: pool.submit(KafkaPartitionWriter.open, log, p) for p in partitions}
     writers = {}
     failure: BaseException | None = None
     for p, future in futures.items():
@@ -1116,12 +1159,10 @@ class KafkaPartitionWriter:
         log: KafkaLog,
         partition: int,
         producer: Producer,
-        group_metadata: Callable[[], object],
     ) -> None:
         self._log = log
         self._partition = partition
         self._producer: Producer | None = producer
-        self._group_metadata = group_metadata
         self._position = 0
         # The end of the last append's events, until they are known readable (its markers
         # written): the next transaction waits for that (:meth:`wait_until_readable`).
@@ -1135,9 +1176,7 @@ class KafkaPartitionWriter:
         self._transactional_id = f"{log.prefix}.p{partition}"
 
     @classmethod
-    def open(
-        cls, log: KafkaLog, partition: int, group_metadata: Callable[[], object]
-    ) -> KafkaPartitionWriter:
+    def open(cls, log: KafkaLog, partition: int) -> KafkaPartitionWriter:
         """Open the writer, fencing the partition's previous writer."""
         producer = Producer(
             log._client_config(
@@ -1150,7 +1189,7 @@ class KafkaPartitionWriter:
             )
         )
         _retrying(producer.init_transactions, time.monotonic() + log._timeout_s)
-        return cls(log, partition, producer, group_metadata)
+        return cls(log, partition, producer)
 
     @property
     def partition(self) -> int:
@@ -1178,19 +1217,8 @@ class KafkaPartitionWriter:
                     return []
                 self._in_flight = True
             deadline = time.monotonic() + self._log._timeout_s
-            abandoned = False
             try:
                 offsets = self._transaction(producer, events, commands_through, outbound, deadline)
-            except _Stuck as e:
-                # A thread is still inside the producer: never touch it again, keep it alive
-                # (destroying a client another thread is inside of is not safe), and let the
-                # runner recover with a new writer, whose init_transactions fences this one.
-                abandoned = True
-                with self._lock:
-                    self._producer = None
-                _ABANDONED.append(producer)
-                logger.error("partition %d: %s; the writer is abandoned", self._partition, e)
-                raise Fenced(f"writer {self._transactional_id} abandoned: {e}") from None
             except KafkaException as e:
                 if self._closed():  # given up meanwhile: whatever it did, the next owner reads
                     raise Fenced(f"writer {self._transactional_id} closed: {e.args[0]}") from e
@@ -1199,7 +1227,7 @@ class KafkaPartitionWriter:
                 with self._lock:
                     self._in_flight = False
                     closed = self._producer is None
-                if closed and not abandoned:  # closed while it ran (or by its failure): now
+                if closed:  # closed while it ran (or by its failure): now
                     _close_producer(producer)
             with self._lock:
                 if commands_through is not None:
@@ -1275,22 +1303,12 @@ class KafkaPartitionWriter:
             producer.produce(
                 record.topic, record.value, key=record.key, headers=list(record.headers)
             )
-        if commands_through is not None:
-            position = [
-                TopicPartition(self._log.topics["commands"], self._partition, commands_through)
-            ]
-            # It takes milliseconds, or seconds while the group's coordinator moves: given
-            # less than the whole append, so a call that never returns costs less.
-            by = min(deadline, time.monotonic() + OFFSETS_TIMEOUT_S)
-            _bounded(
-                lambda: _retrying(
-                    lambda left: producer.send_offsets_to_transaction(
-                        position, self._group_metadata(), left
-                    ),
-                    by,
-                ),
-                by,
-                f"partition {self._partition}: sending the command position to the transaction",
+        if commands_through is not None:  # committed with the events, or neither is
+            producer.produce(
+                self._log.topics[POSITIONS],
+                str(commands_through).encode(),
+                key=POSITION_KEY,
+                partition=self._partition,
             )
         # The commit flushes the events first and serves their delivery reports on this thread;
         # a delivery that failed fails the commit as abortable. A flush of its own before it
@@ -1412,16 +1430,18 @@ def _warn_if_commands_were_deleted(
         logger.warning("start of %s[%d] unknown: %s", partition.topic, partition.partition, e)
         return
     if position < start and partition.offset < 0:
-        # Nothing committed, yet the topic no longer starts at 0: either no owner ever decided
-        # these commands, or the broker dropped the group's offsets (offsets.retention.minutes)
-        # after owners had; the log cannot tell which.
+        # No position anywhere, yet the topic no longer starts at 0: either no owner ever
+        # decided these commands, or the positions were lost after owners had (a positions
+        # topic not compacted; a log from before it, whose positions were the group's offsets,
+        # which the broker drops after offsets.retention.minutes); the log cannot tell which.
         logger.error(
-            "%s[%d]: commands 0..%d were deleted and the scheduler group holds no command "
-            "position: either the topic's retention deleted them before any owner decided "
-            "them (they are lost: raise --command-retention), or the broker expired the "
-            "group's committed offsets (offsets.retention.minutes) and the commands decided "
-            "since the last trim are decided again from %d (raise offsets.retention.minutes "
-            "above --command-retention; see docs/operations.md)",
+            "%s[%d]: commands 0..%d were deleted and the log holds no command position for "
+            "them: either the topic's retention deleted them before any owner decided them "
+            "(they are lost: raise --command-retention), or the positions were lost (the "
+            "positions topic's cleanup.policy must be compact; a log from before it kept them "
+            "as the group's offsets, which the broker expires after offsets.retention.minutes) "
+            "and the commands decided since the last trim are decided again from %d (see "
+            "docs/operations.md)",
             partition.topic,
             partition.partition,
             start - 1,
@@ -1443,44 +1463,6 @@ def _start_offset(consumer: Consumer, partition: TopicPartition, timeout_s: floa
     return _watermarks(consumer, partition, timeout_s)[0]
 
 
-# librdkafka can stay inside send_offsets_to_transaction past the timeout it was given when the
-# group's coordinator was on a broker that died (confluentinc/librdkafka#5456 and #5511, open
-# at 2.16): a runner was held there for over six minutes after a broker kill, its partition
-# dark. The call runs on a thread of its own and is given up this long after the append's
-# deadline.
-STUCK_GRACE_S = 2.0
-OFFSETS_TIMEOUT_S = 10.0  # what an append gives send_offsets_to_transaction, at most
-# Producers given up while a thread was still inside them; kept, so none is destroyed under it.
-_ABANDONED: list[Producer] = []
-
-
-class _Stuck(CronlogError):
-    """A call into librdkafka that did not return by its deadline (see ``STUCK_GRACE_S``)."""
-
-
-def _bounded(call: Callable[[], T], deadline: float, what: str) -> T:
-    """``call()`` on a thread of its own; ``_Stuck`` if it has not returned ``STUCK_GRACE_S``
-    after ``deadline`` (``time.monotonic``). Whatever it raises is raised here."""
-    done = threading.Event()
-    result: list[T] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(call())
-        except BaseException as err:  # handed to the caller
-            failure.append(err)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="kafka-bounded-call", daemon=True).start()
-    if not done.wait(max(0.0, deadline - time.monotonic()) + STUCK_GRACE_S):
-        raise _Stuck(f"{what} did not return in time")
-    if failure:
-        raise failure[0]
-    return result[0]
-
-
 def _retrying(call: Callable[[float], T], deadline: float) -> T:
     """Run a transactional call, given the time left before ``deadline`` (``time.monotonic``),
     and repeat it while librdkafka flags its error retriable and time is left: a broker that
@@ -1496,6 +1478,22 @@ def _retrying(call: Callable[[float], T], deadline: float) -> T:
                 raise
         time.sleep(backoff)  # an error that came back at once is not asked again at once
         backoff = min(backoff * 2, MAX_RETRY_BACKOFF_S)
+
+
+POSITION_KEY = b"commands-through"  # each positions partition's one key (compacted)
+
+
+def _position_value(value: bytes | None, partition: int) -> int:
+    """A ``positions`` record's command position (its value is the offset in decimal)."""
+    try:
+        position = int((value or b"").decode())
+    except (UnicodeDecodeError, ValueError):
+        raise CronlogError(
+            f"positions[{partition}]: the last record is not a command position: {value!r}"
+        ) from None
+    if position < 0:
+        raise CronlogError(f"positions[{partition}]: a negative command position: {position}")
+    return position
 
 
 def _close_producer(producer: Producer) -> None:

@@ -1,7 +1,7 @@
 """A dead node's group members removed at once, not a session later (cluster mode).
 
 A node killed with ``kill -9`` (or by the OOM killer, or a crash) leaves the consumer group only
-when its session runs out (``--group-session-ms``, 3 s): until then its partitions have no
+when its session runs out (``--group-session-ms``, 6 s): until then its partitions have no
 owner and their slots wait. Its machine, though, is usually alive, and says so at once: the
 node's port refuses connections, or answers as the node's next boot. The watch asks.
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from eventlog import kafka
 from eventlog.kafka import KafkaMembership
@@ -44,7 +44,7 @@ class GroupConsumer:
 
 
 class Log:
-    """What the callback needs of the log: committed offsets (3 of partition 0, none of 1)
+    """What the callback needs of the log: command positions (3 of partition 0, none of 1)
     and readers whose metadata names a leader that died."""
 
     _timeout_s = 30.0
@@ -53,9 +53,9 @@ class Log:
         self.readers: list[DeadLeader] = []
         self._closed = threading.Event()
 
-    def _committed(self, partitions: list[int]) -> list[TopicPartition]:
-        offsets = {0: 3, 1: OFFSET_INVALID}
-        return [TopicPartition(COMMANDS, p, offsets[p]) for p in partitions]
+    def _found_positions(self, partitions: list[int]) -> dict[int, int | None]:
+        positions = {0: 3, 1: None}
+        return {p: positions[p] for p in partitions}
 
     @contextlib.contextmanager
     def _reader(self) -> Iterator[DeadLeader]:
@@ -82,7 +82,7 @@ def test_the_callback_asks_the_group_consumer_for_nothing_but_the_assignment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(
-        kafka, "_open_writers", lambda log, partitions, metadata: {p: Writer(p) for p in partitions}
+        kafka, "_open_writers", lambda log, partitions: {p: Writer(p) for p in partitions}
     )
     log = Log()
     listener = Listener()

@@ -121,8 +121,9 @@ def test_an_append_commits_its_command_position_while_the_group_rebalances(
     # A member joining moves the group to a new generation in librdkafka's own thread, before
     # the other member polls and hears of it. An append in between used to send its command
     # position with the old generation, and the broker refused the commit (ILLEGAL_GENERATION):
-    # aborted, on a partition that was not even moving. The position goes with the group's id
-    # alone now; the partition's transactional id is what fences a former owner.
+    # aborted, on a partition that was not even moving. The position is a record of the
+    # partition's own transaction now, with no offset commit to the group at all; the
+    # partition's transactional id is what fences a former owner.
     log = _open(kafka_bootstrap, 4)
     stop = threading.Event()
     try:
@@ -154,6 +155,44 @@ def test_an_append_commits_its_command_position_while_the_group_rebalances(
         second.close()
     finally:
         stop.set()
+        log.close()
+
+
+def test_a_log_from_before_the_positions_topic_starts_from_the_groups_offsets(
+    kafka_bootstrap: str,
+) -> None:
+    """A log whose command positions went in as the scheduler group's offsets (before the
+    positions topic) is read from the group while its positions partition has no record, and
+    from the partition once an append wrote one there."""
+    log = _open(kafka_bootstrap, 2)
+    try:
+        commands = [log.submit(0, f"c{i}".encode()) for i in range(5)]
+        assert log.command_position(0) == 0 == log.command_position(1)  # nothing anywhere
+        # As an owner before the positions topic left it: the group's offset of commands[0].
+        old = Consumer(
+            {
+                "bootstrap.servers": kafka_bootstrap,
+                "group.id": log.group,
+                "enable.auto.commit": False,
+            }
+        )
+        old.commit(
+            offsets=[TopicPartition(log.topics["commands"], 0, commands[2] + 1)],
+            asynchronous=False,
+        )
+        old.close()
+        assert log.command_position(0) == commands[2] + 1
+
+        member = log.join(Recorder())
+        _poll_until([member], lambda: member.owned() == {0, 1}, "never owned both")
+        writer = member.writer(0)
+        assert writer.command_position() == commands[2] + 1  # where the owner starts
+        assert [r.offset for r in member.poll(5.0)] == commands[3:]  # what is left to decide
+        writer.append([b"e"], commands_through=commands[4] + 1)
+        assert log.command_position(0) == commands[4] + 1  # read from positions[0] now
+        assert log.command_position(1) == 0
+        member.close()
+    finally:
         log.close()
 
 
@@ -485,7 +524,7 @@ def test_records_for_others_commit_with_the_events_and_never_from_a_fenced_write
 
         [kept] = first.append([b"completed-1"], outbound=[out(1)])
         # the partition's next writer (a new owner) fences the first
-        second = KafkaPartitionWriter.open(log, 0, lambda: None)
+        second = KafkaPartitionWriter.open(log, 0)
         with pytest.raises(Fenced):
             first.append([b"completed-2"], outbound=[out(2)])
         [taken] = second.append([b"completed-3"], outbound=[out(3)])

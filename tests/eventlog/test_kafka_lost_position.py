@@ -1,6 +1,7 @@
 """A new owner that finds no command position says why: either the topic's retention deleted
-commands nobody decided, or the broker expired the scheduler group's committed offsets, after
-which the commands decided since the last trim are decided again."""
+commands nobody decided, or the positions were lost (a positions topic not compacted, or a log
+from before it whose positions were the group's offsets, which the broker expires), after which
+the commands decided since the last trim are decided again."""
 
 from __future__ import annotations
 

@@ -29,12 +29,12 @@ def test_the_writers_of_an_assignment_are_opened_at_once(monkeypatch: pytest.Mon
     # for the second forever (the barrier breaks after its timeout and the open fails).
     everyone = threading.Barrier(3, timeout=10)
 
-    def open_(log: Any, partition: int, group_metadata: Any) -> Opened:
+    def open_(log: Any, partition: int) -> Opened:
         everyone.wait()
         return Opened(partition)
 
     monkeypatch.setattr(kafka.KafkaPartitionWriter, "open", open_)
-    writers = _open_writers(Any, [4, 0, 2], lambda: None)  # type: ignore[arg-type]
+    writers = _open_writers(Any, [4, 0, 2])  # type: ignore[arg-type]
     assert sorted(writers) == [0, 2, 4]
     assert all(w.partition == p for p, w in writers.items())  # type: ignore[attr-defined]
 
@@ -44,7 +44,7 @@ def test_when_one_writer_cannot_be_opened_the_others_are_closed(
 ) -> None:
     opened: list[Opened] = []
 
-    def open_(log: Any, partition: int, group_metadata: Any) -> Opened:
+    def open_(log: Any, partition: int) -> Opened:
         if partition == 1:
             raise CronlogError("the coordinator refused partition 1")
         writer = Opened(partition)
@@ -53,6 +53,6 @@ def test_when_one_writer_cannot_be_opened_the_others_are_closed(
 
     monkeypatch.setattr(kafka.KafkaPartitionWriter, "open", open_)
     with pytest.raises(CronlogError, match="partition 1"):
-        _open_writers(Any, [0, 1, 2], lambda: None)  # type: ignore[arg-type]
+        _open_writers(Any, [0, 1, 2])  # type: ignore[arg-type]
     assert sorted(w.partition for w in opened) == [0, 2]
     assert all(w.closed for w in opened)

@@ -222,7 +222,7 @@ def test_commands_below_the_committed_position_are_trimmed_and_a_takeover_decide
         # A newer writer fences the owner: the zombie, which still thinks it owns the
         # partition, can move the position no further, and its trims stay below it.
         zombie = first.writer(0)
-        fencer = KafkaPartitionWriter.open(log, 0, first.group_metadata)
+        fencer = KafkaPartitionWriter.open(log, 0)
         with pytest.raises(Fenced):
             zombie.append([b"decided too late"], commands_through=consumed[-1].offset + 1)
         loop.run_once(0)

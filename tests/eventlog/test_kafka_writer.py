@@ -40,7 +40,11 @@ class FakeLog:
     _readable_appends: bool = False
     prefix: str = "t"
     topics: dict[str, str] = field(
-        default_factory=lambda: {"events": "t.events", "commands": "t.commands"}
+        default_factory=lambda: {
+            "events": "t.events",
+            "commands": "t.commands",
+            "positions": "t.positions",
+        }
     )
 
 
@@ -58,6 +62,7 @@ class ScriptedProducer:
     def __init__(self, commit: Callable[[float], None]) -> None:
         self._commit = commit
         self.pending: list[Callable[..., None]] = []
+        self.produced: list[tuple[str, bytes, int]] = []  # (topic, value, partition) in order
         self.next_offset = 0
         self.commit_timeouts: list[float] = []
         self.closed = 0
@@ -65,8 +70,17 @@ class ScriptedProducer:
     def begin_transaction(self) -> None:
         self.pending = []
 
-    def produce(self, topic: str, value: bytes, partition: int, on_delivery: Any) -> None:
-        self.pending.append(on_delivery)
+    def produce(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        partition: int = -1,
+        on_delivery: Any = None,
+    ) -> None:
+        self.produced.append((topic, value, partition))
+        if on_delivery is not None:
+            self.pending.append(on_delivery)
 
     def commit_transaction(self, timeout: float) -> None:
         self.commit_timeouts.append(timeout)
@@ -102,7 +116,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 
 def writer_of(producer: ScriptedProducer) -> KafkaPartitionWriter:
-    return KafkaPartitionWriter(FakeLog(), 0, producer, lambda: None)  # type: ignore[arg-type]
+    return KafkaPartitionWriter(FakeLog(), 0, producer)  # type: ignore[arg-type]
 
 
 def test_an_append_whose_commit_keeps_timing_out_gives_up_within_the_logs_timeout(
@@ -223,38 +237,28 @@ def test_an_append_that_fails_after_its_writer_was_closed_raises_fenced() -> Non
     assert producer.closed == 1
 
 
-class OffsetsNeverReturn(ScriptedProducer):
-    """``send_offsets_to_transaction`` stays inside librdkafka past its timeout, as it did when
-    the group's coordinator was on a broker that died (confluentinc/librdkafka#5456, #5511)."""
-
-    def __init__(self) -> None:
-        super().__init__(lambda timeout: None)
-        self.inside = threading.Event()
-        self.release = threading.Event()
-
-    def send_offsets_to_transaction(self, positions: Any, metadata: Any, timeout: float) -> None:
-        self.inside.set()
-        self.release.wait(30)
-
-
-def test_an_append_whose_command_position_never_returns_abandons_the_writer(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(kafka, "OFFSETS_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(kafka, "STUCK_GRACE_S", 0.2)
-    producer = OffsetsNeverReturn()
+def test_the_command_position_is_a_record_of_the_appends_own_transaction() -> None:
+    """The position goes to ``positions[p]`` beside the events, committed with them or not at
+    all: no offset commit to the group's coordinator (the producer has no
+    ``send_offsets_to_transaction``: a call to it would fail this test)."""
+    producer = ScriptedProducer(lambda timeout: None)
     writer = writer_of(producer)
-    try:
-        with pytest.raises(Fenced, match="abandoned"):
-            writer.append([b"e"], commands_through=7)
-        assert producer.inside.is_set()
-        # Never touched again (a thread is still inside it), and kept alive meanwhile.
-        assert producer.closed == 0
-        assert producer in kafka._ABANDONED
-        with pytest.raises(Fenced):
-            writer.append([b"next"])
-        writer.close()
-        assert producer.closed == 0
-    finally:
-        producer.release.set()
-        kafka._ABANDONED.remove(producer)
+
+    assert writer.append([b"a", b"b"], commands_through=7) == [0, 1]
+    assert producer.produced == [
+        ("t.events", b"a", 0),
+        ("t.events", b"b", 0),
+        ("t.positions", b"7", 0),
+    ]
+    assert writer.command_position() == 7
+
+    producer.produced.clear()
+    assert writer.append([], commands_through=9) == []  # decided commands, no events
+    assert producer.produced == [("t.positions", b"9", 0)]
+    assert len(producer.commit_timeouts) == 2
+    assert writer.command_position() == 9
+
+    producer.produced.clear()
+    writer.append([b"c"])  # no position: nothing of it is written
+    assert producer.produced == [("t.events", b"c", 0)]
+    assert writer.command_position() == 9

@@ -100,11 +100,11 @@ OWED_LOOKBACK_MS = 60_000  # slots older than this are slot_never_run's, not dar
 SKEW_SETTLE_MS = 2500  # libfaketime reads a new offset within two seconds
 # How near a fault a critical run's last lease must be for its ``outcome_unknown`` to be the
 # fault's doing (``outcome_unknown_without_fault``). After the fault's end: a fault's effects
-# outlive its heal. The nodes' Kafka group notices a member gone or back within its session
-# timeout (3 s, eventlog.kafka.SESSION_TIMEOUT_MS) and a rebalance of every partition (a
-# killed controller that hosted the group's coordinator) left the nodes owning no partition
-# for up to 14 s before issue 23's fixes, 4-5 s since (docs/reliability.md); a lease granted
-# before the partitions moved is ended by their next owner, later. 3 + 14, rounded up: 20 s.
+# outlive its heal. The nodes' Kafka group notices a member that stopped answering within its
+# session timeout (6 s, eventlog.kafka.SESSION_TIMEOUT_MS; a killed one sooner), and a
+# rebalance of every partition (a killed controller that hosted the group's coordinator) left
+# the nodes owning no partition for up to 14 s before issue 23's fixes (docs/reliability.md); a
+# lease granted before the partitions moved is ended by their next owner, later. 6 + 14: 20 s.
 FAULT_AFTER_MS = 20_000
 # Before its strike: a lease that ended before the fault struck cannot have been lost to it;
 # the harness notes the strike just after it sends the signal, by the wall clock the nodes

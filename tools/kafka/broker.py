@@ -346,8 +346,9 @@ def _server_properties(node: Node, nodes: list[Node]) -> str:
         # controller is fenced only once a new one is elected.
         "controller.quorum.fetch.timeout.ms": 1000,
         "controller.quorum.election.timeout.ms": 500,
-        # Lets cronlog's group session (eventlog.kafka.SESSION_TIMEOUT_MS, 3 s) be shorter
-        # than the broker default's floor of 6 s: a dead node's partitions move after it.
+        # Lets a group session be shorter than the broker default's floor of 6 s (cronlog's
+        # default, eventlog.kafka.SESSION_TIMEOUT_MS, is 6 s; tests and --group-session-ms
+        # go lower).
         "group.min.session.timeout.ms": 1000,
     }
     return "".join(f"{k}={v}\n" for k, v in settings.items())
