@@ -443,7 +443,13 @@ class KafkaLog:
         before the topic, or never appended to) is read from the scheduler group's committed
         offsets, where positions went before. Also what a new owner asks in the group's
         rebalance callback, once its writers have fenced every predecessor."""
-        found = {p: self._last_position(p) for p in partitions}
+        found: dict[int, int | None]
+        if len(partitions) > 1:  # a takeover's partitions read side by side, as their writers open
+            with ThreadPoolExecutor(len(partitions), thread_name_prefix="read-position") as pool:
+                read = pool.map(self._last_position, partitions)
+                found = dict(zip(partitions, read, strict=True))
+        else:
+            found = {p: self._last_position(p) for p in partitions}
         missing = [p for p, position in found.items() if position is None]
         if missing:
             for tp in self._committed(missing):

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from core.errors import CronlogError, Fenced
@@ -187,11 +187,50 @@ def test_a_log_from_before_the_positions_topic_starts_from_the_groups_offsets(
         _poll_until([member], lambda: member.owned() == {0, 1}, "never owned both")
         writer = member.writer(0)
         assert writer.command_position() == commands[2] + 1  # where the owner starts
-        assert [r.offset for r in member.poll(5.0)] == commands[3:]  # what is left to decide
+        left: list[int] = []
+        deadline = time.monotonic() + OWNERSHIP_TIMEOUT_S
+        while len(left) < 2 and time.monotonic() < deadline:
+            left += [r.offset for r in member.poll(0.5)]
+        assert left == commands[3:]  # what is left to decide
         writer.append([b"e"], commands_through=commands[4] + 1)
         assert log.command_position(0) == commands[4] + 1  # read from positions[0] now
         assert log.command_position(1) == 0
         member.close()
+    finally:
+        log.close()
+
+
+def test_the_position_is_the_last_committed_record_however_many_aborted_ones_follow_it(
+    kafka_bootstrap: str,
+) -> None:
+    """Aborted transactions leave records and markers after the last committed position: the
+    reader looks further back until it finds it (past ``POSITION_LOOKBACK`` here)."""
+    log = _open(kafka_bootstrap, 1)
+    try:
+        member = log.join(Recorder())
+        _poll_until([member], lambda: member.owned() == {0}, "never owned partition 0")
+        command = log.submit(0, b"c")
+        member.writer(0).append([b"e"], commands_through=command + 1)
+        member.close()
+        # A writer of the partition's transactional id that aborts every time (its positions
+        # are never committed): two offsets each, a record and its abort marker.
+        aborting = Producer(
+            {"bootstrap.servers": kafka_bootstrap, "transactional.id": f"{log.prefix}.p0"}
+        )
+        aborting.init_transactions(30)
+        for n in range(kafka_log.POSITION_LOOKBACK):
+            aborting.begin_transaction()
+            aborting.produce(
+                log.topics["positions"],
+                str(1000 + n).encode(),
+                key=kafka_log.POSITION_KEY,  # a compacted topic takes no record without one
+                partition=0,
+            )
+            assert aborting.flush(30) == 0  # written, then aborted (unsent ones are purged)
+            aborting.abort_transaction(30)
+        # the committed record is further back than the first look reaches
+        assert log.end_offset("positions", 0) > 2 * kafka_log.POSITION_LOOKBACK
+        assert log.command_position(0) == command + 1
     finally:
         log.close()
 
