@@ -954,6 +954,7 @@ class KafkaMembership:
         self._lock = threading.Lock()
         self._writers: dict[int, KafkaPartitionWriter] = {}
         self._closed = False
+        self._in_callback = threading.Event()  # a revocation callback is running (close waits)
         # the assignments' checks for deleted commands still running (tests join them)
         self.checks: list[threading.Thread] = []
         self._consumer = self._new_consumer()
@@ -1032,13 +1033,44 @@ class KafkaMembership:
             return
         self._closed = True
         # Revokes through the callback and leaves the group. Leaving is best effort: a broker
-        # that does not answer must not keep the writers open, so errors end here.
-        with contextlib.suppress(Exception):
-            self._consumer.close()
+        # that does not answer must not keep the writers open, so errors end here, and so
+        # does a close that librdkafka never lets go of (:meth:`_close_consumer`).
+        self._close_consumer()
         with self._lock:
             left = sorted(self._writers)
         if left:  # the revocation callback did not run: give them up here
             self._give_up(left)
+
+    def _close_consumer(self) -> None:
+        """Close the group's consumer on a thread of its own, waiting while the revocation
+        callback runs (this node's own work) and at most ``CLOSE_STUCK_S`` once it is not:
+        librdkafka has stayed inside a close for good, in the unassign it makes after the
+        callback returned, waiting for an answer that never came (a member closed while the
+        group rebalanced; a test hung CI on it). Such a consumer is left behind, said."""
+        consumer = self._consumer
+        closed = threading.Event()
+
+        def close() -> None:
+            try:
+                consumer.close()
+            except Exception as err:  # best effort, as leaving the group is
+                logger.warning("the group's consumer: closing it failed: %s", err)
+            finally:
+                closed.set()
+
+        threading.Thread(target=close, name="group-consumer-close", daemon=True).start()
+        idle_since = time.monotonic()
+        while not closed.wait(0.1):
+            if self._in_callback.is_set():
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= CLOSE_STUCK_S:
+                logger.error(
+                    "the group's consumer did not close within %.0f s of its last callback"
+                    " (librdkafka holds it); it is left behind, and its partitions are given"
+                    " up here",
+                    CLOSE_STUCK_S,
+                )
+                return
 
     def _accept(self, msg: Message, consumer: Consumer) -> bool:
         err = msg.error()
@@ -1117,7 +1149,11 @@ class KafkaMembership:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # confluent-kafka unassigns them once this returns.
-        self._give_up([tp.partition for tp in partitions])
+        self._in_callback.set()
+        try:
+            self._give_up([tp.partition for tp in partitions])
+        finally:
+            self._in_callback.clear()
 
     def _give_up(self, partitions: list[int]) -> None:
         with self._lock:
@@ -1487,6 +1523,9 @@ def _retrying(call: Callable[[float], T], deadline: float) -> T:
 
 
 POSITION_KEY = b"commands-through"  # each positions partition's one key (compacted)
+# How long a closing group consumer may stay inside librdkafka after its last callback
+# (:meth:`KafkaMembership._close_consumer`).
+CLOSE_STUCK_S = 10.0
 
 
 def _position_value(value: bytes | None, partition: int) -> int:
