@@ -477,7 +477,7 @@ class KafkaLog:
     def _committed(self, partitions: list[int]) -> list[TopicPartition]:
         """The scheduler group's committed offsets of ``commands[partitions]``, asked in one
         request (offset ``OFFSET_INVALID`` where none is): the command positions of a log
-        written before ``positions`` (:meth:`_positions_of`). Asked through a consumer of the
+        written before ``positions`` (:meth:`_found_positions`). Asked through a consumer of the
         group's id that never joins the group (``committed()``), not through the admin API's
         ListConsumerGroupOffsets: in librdkafka (2.4 to at least 2.16) an admin client that
         meets ``NOT_COORDINATOR`` in that answer, as after the group's coordinator moved with a
