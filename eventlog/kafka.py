@@ -461,8 +461,9 @@ class KafkaLog:
         """The value of the last committed record of ``positions[partition]``, None if it has
         none. Read back from the end (``POSITION_LOOKBACK`` records, then more): only aborted
         records and transaction markers can follow it."""
-        start = self.start_offset(POSITIONS, partition)
-        end = self.end_offset(POSITIONS, partition)
+        with self._reader() as consumer:  # both watermarks in one request
+            tp = TopicPartition(self.topics[POSITIONS], partition)
+            start, end = _watermarks(consumer, tp, self._timeout_s)
         back = POSITION_LOOKBACK
         while end > start:
             since = max(start, end - back)
