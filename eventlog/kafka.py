@@ -279,9 +279,10 @@ class KafkaLog:
         self._stable: dict[int, int] = {}
         self._stable_changed = threading.Condition()
         self._admin: AdminClient | None = None  # opened by the first trim
-        # reads the scheduler group's committed offsets (command_position); opened by the first
-        self._positions: Consumer | None = None
-        self._positions_lock = threading.Lock()
+        # reads the scheduler group's committed offsets (the command positions of a log from
+        # before the positions topic); opened by the first read
+        self._group_reader: Consumer | None = None
+        self._group_reader_lock = threading.Lock()
         self._members: list[KafkaMembership] = []
         # The members' client.id (node.peer_watch reads it back); librdkafka's default if None
         self.member_name: str | None = None
@@ -489,7 +490,7 @@ class KafkaLog:
         per-thread call state there, and the next callback of the same poll aborts the process
         (``CallState_get: Assertion 'cs != NULL' failed``)."""
         topic = self.topics["commands"]
-        with self._positions_lock:
+        with self._group_reader_lock:
             committed = self._unjoined().committed(
                 [TopicPartition(topic, p) for p in partitions], timeout=self._timeout_s
             )
@@ -585,10 +586,10 @@ class KafkaLog:
             self._parked = {}
         for consumer in readers:
             consumer.close()
-        with self._positions_lock:
-            positions, self._positions = self._positions, None
-        if positions is not None:
-            positions.close()
+        with self._group_reader_lock:
+            group_reader, self._group_reader = self._group_reader, None
+        if group_reader is not None:
+            group_reader.close()
 
     def __enter__(self) -> KafkaLog:
         return self
@@ -610,10 +611,10 @@ class KafkaLog:
 
     def _unjoined(self) -> Consumer:
         """The consumer of the scheduler group's id that never joins it (made at first use;
-        the caller holds ``_positions_lock``): the group's committed offsets."""
+        the caller holds ``_group_reader_lock``): the group's committed offsets."""
         self._check_open()
-        if self._positions is None:
-            self._positions = Consumer(
+        if self._group_reader is None:
+            self._group_reader = Consumer(
                 self._client_config(
                     **{
                         "group.id": self.group,  # read, never joined
@@ -622,7 +623,7 @@ class KafkaLog:
                     }
                 )
             )
-        return self._positions
+        return self._group_reader
 
     def _member_config(self) -> dict[str, Any]:
         named = {} if self.member_name is None else {"client.id": self.member_name}
