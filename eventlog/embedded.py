@@ -90,7 +90,14 @@ from eventlog.mailbox import LocalPostOffice
 from eventlog.memory import ChangeSignal, SingleProcessLog
 from eventlog.port import NO_OUTBOUND, Outbound, PartitionWriter, Record
 from eventlog.retention import DEFAULT_SEGMENT_BYTES, DEFAULT_SEGMENT_MS, Segment
-from eventlog.rocks import bounded, checked_reads, is_damage, iterator_error
+from eventlog.rocks import (
+    bounded,
+    checked_reads,
+    close_store,
+    is_damage,
+    iterator_error,
+    open_store,
+)
 
 STREAMS = ("commands", "events")
 _STREAM_ID = {"commands": b"c", "events": b"e"}
@@ -505,7 +512,7 @@ class EmbeddedLog(SingleProcessLog):
         options.set_paranoid_checks(True)
         families = {name: bounded(Options(raw_mode=True)) for name in (*STREAMS, _META)}
         try:
-            return Rdict(str(path), options=options, column_families=families)
+            return open_store(None, path, options=options, column_families=families)
         except Exception as exc:
             if "lock" in str(exc).lower():
                 raise CronlogError(
@@ -520,7 +527,7 @@ class EmbeddedLog(SingleProcessLog):
         # Every handle must go before close(), or rocksdict keeps the LOCK.
         self._cf.clear()
         self._tables.clear()
-        self._db.close()
+        close_store(self._db)
 
     def _check_num_partitions(self) -> None:
         meta = self._tables[_META]

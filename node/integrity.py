@@ -32,7 +32,7 @@ from rocksdict import AccessType, Options, Rdict
 from archive.store import ObjectStore
 from core.errors import LogCorrupted
 from eventlog.port import EventLog
-from eventlog.rocks import checked_reads, iterator_error
+from eventlog.rocks import checked_reads, close_store, iterator_error, open_store
 from eventlog.snapshots import SnapshotStore
 from projections import history_checkpoint
 from projections.model_keys import POSITIONS, from_u64, partition_of, prefix_end
@@ -130,7 +130,7 @@ def _stored_offset(path: Path) -> int | None:
         log.warning("state store %s: offset unreadable at the start check: %s", path, exc)
         return None
     finally:
-        db.close()
+        close_store(db)
 
 
 def _model_positions(path: Path) -> dict[int, int]:
@@ -154,7 +154,7 @@ def _model_positions(path: Path) -> dict[int, int]:
             return {}
         return found
     finally:
-        db.close()
+        close_store(db)
 
 
 def _open_read_only(path: Path) -> Rdict | None:
@@ -162,8 +162,9 @@ def _open_read_only(path: Path) -> Rdict | None:
         return None
     try:
         # The WAL is replayed (into memory only): a store's newest batches may be there alone.
-        return Rdict(
-            str(path),
+        return open_store(
+            None,
+            path,
             options=Options(raw_mode=True),
             access_type=AccessType.read_only(False),
         )

@@ -5,12 +5,17 @@ Three watches, one supervised thread (:class:`StallWatch`, a pass every quarter 
 
 - **The process.** The watch's own pass comes late when nothing in the process ran: a native
   call that holds the interpreter lock (a RocksDB write stalled on compaction, say), or a
-  machine that did not schedule the process. Before each pass it arms the interpreter's fault
-  handler to write every thread's stack to a file if the next pass is more than
-  ``THRESHOLD_S`` late; the handler's own thread needs no lock, so the stacks show what held
-  the process while it was held. The warning that follows names the thread that was busy and
-  its innermost frames; every thread's stack is kept in ``stalls.txt`` beside the node's
-  stores until the next stall replaces it.
+  machine that did not schedule the process. Each pass reads the processor time every Python
+  thread has used so far (:class:`ThreadClocks`, from Linux's ``/proc``); a pass more than
+  ``THRESHOLD_S`` late compares, and the warning that follows names the thread that used the
+  processor while the process stood still, or says that none did (the process was stopped or
+  starved, or a thread waited in a native call holding the lock), with where each thread is
+  once the process runs again. Every thread's stack and processor time is kept in
+  ``stalls.txt`` beside the node's stores until the next stall replaces it. (The interpreter's
+  fault handler could take the stacks during the stall, from a thread of its own, but it reads
+  the other threads' frames without the lock: once the process runs again it reads them while
+  they change, and that killed nodes with signal 11 right after a SIGSTOP ended, or in a stall
+  under load; docs/reliability.md.)
 - **The partitions.** Each runner says which of its timers is the oldest not yet decided
   (``PartitionRunner.behind_s``) and what its thread is doing (``PartitionRunner.phase``). One
   more than ``THRESHOLD_S`` behind is a stall: a warning names the partition, how far behind it
@@ -30,14 +35,17 @@ Every stall and late start is counted (``cronlog_stalls_total{kind}``,
 
 from __future__ import annotations
 
-import faulthandler
 import logging
+import os
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -51,7 +59,6 @@ log = logging.getLogger(__name__)
 THRESHOLD_S = 1.0  # the seeds ask for a start within a second of the slot
 INTERVAL_S = 0.25
 REPORT_EVERY_S = 10.0  # late starts of one partition and cause: one line at most this often
-_IDLE_FRAMES = ("wait (threading.py", "select (selectors.py", "_worker (concurrent")
 
 
 @dataclass(slots=True)
@@ -176,6 +183,54 @@ class LateStarts:
             )
 
 
+class ThreadClocks:
+    """The processor time each Python thread of the process has used: Linux's
+    ``/proc/self/task/<tid>/stat``, one open file per thread read again at each look (a sixth
+    of a millisecond for 30 threads). Where there is no ``/proc``, no thread's time is known
+    and a stall names no thread."""
+
+    def __init__(self) -> None:
+        self._files: dict[int, int] = {}  # native thread id -> its open stat file
+        self._ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def read(self) -> dict[int, float]:
+        """Thread ident -> processor seconds, for every Python thread running now."""
+        used: dict[int, float] = {}
+        alive: set[int] = set()
+        for thread in threading.enumerate():
+            tid, ident = thread.native_id, thread.ident
+            if tid is None or ident is None:
+                continue
+            alive.add(tid)
+            seconds = self._seconds(tid)
+            if seconds is not None:
+                used[ident] = seconds
+        for tid in [tid for tid in self._files if tid not in alive]:
+            os.close(self._files.pop(tid))
+        return used
+
+    def _seconds(self, tid: int) -> float | None:
+        try:
+            fd = self._files.get(tid)
+            if fd is None:
+                fd = self._files[tid] = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+            stat = os.pread(fd, 1024, 0)
+            # after the name in parentheses: utime and stime are the line's 14th and 15th
+            fields = stat[stat.rindex(b")") + 2 :].split()
+            return (int(fields[11]) + int(fields[12])) / self._ticks
+        except (OSError, ValueError, IndexError):
+            # a thread that has just ended (its id may come back for another thread)
+            fd = self._files.pop(tid, None)
+            if fd is not None:
+                os.close(fd)
+            return None
+
+    def close(self) -> None:
+        for fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+
 class StallWatch(PeriodicWorker):
     """The watch's thread (see the module's docstring); the node starts and supervises it."""
 
@@ -196,31 +251,21 @@ class StallWatch(PeriodicWorker):
         self._metrics = metrics
         self._late = late
         self._dump_path = dump_path
-        self._dump: TextIO | None = None  # the open file the fault handler writes to
         self._clock = clock
         self._on_failed = on_failed
         self._last: float | None = None
+        self._threads = ThreadClocks()
+        self._used: dict[int, float] = {}  # thread ident -> processor seconds, at the last pass
+        self._process_used = 0.0  # the whole process's, its native threads' included
         self._behind: dict[int, float] = {}  # partition -> seconds behind, while in a stall
 
     def start(self) -> None:
         self._last = None
-        if self._dump_path is not None and self._dump is None:
-            scratch = self._dump_path.with_name(f".{self._dump_path.name}.armed")
-            try:
-                # A worker process's directory may not be made yet (it was not: every worker of
-                # a node of several logged "no file for stacks" and named no stacks).
-                scratch.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                self._dump = scratch.open("w+", encoding="utf-8")
-            except OSError as err:
-                log.warning("stall watch: no file for stacks (%s); stalls name no stacks", err)
         super().start()
 
     def stop(self, timeout_s: float | None = None) -> None:
         super().stop(timeout_s)
-        dump, self._dump = self._dump, None
-        if dump is not None:
-            faulthandler.cancel_dump_traceback_later()
-            dump.close()
+        self._threads.close()
 
     def _interval_s(self) -> float:
         return INTERVAL_S
@@ -232,51 +277,85 @@ class StallWatch(PeriodicWorker):
 
     def _pass(self) -> None:
         now = self._clock()
+        used, process_used = self._threads.read(), time.process_time()
         if self._last is not None:
             late = now - self._last - INTERVAL_S
             if late > THRESHOLD_S:
-                self._process_stalled(late)
-        self._last = now
-        self._arm()
+                self._process_stalled(late, used, process_used)
+        self._last, self._used, self._process_used = now, used, process_used
         self._partitions()
         self._late.report()
 
-    def _arm(self) -> None:
-        dump = self._dump
-        if dump is None:
-            return
-        # Written only if the next pass is THRESHOLD_S late; re-armed (cancelling the last)
-        # by every pass that comes in time.
-        faulthandler.dump_traceback_later(INTERVAL_S + THRESHOLD_S, file=dump)
-
-    def _process_stalled(self, seconds: float) -> None:
+    def _process_stalled(self, seconds: float, used: dict[int, float], process_used: float) -> None:
+        """Say what the processor did while the process stood still: one thread held it, none
+        ran, or native threads had most of it."""
         self._metrics.stalls.labels("process").inc()
-        stacks = self._stacks()
+        spent = {ident: s - self._used.get(ident, 0.0) for ident, s in used.items()}
+        frames = sys._current_frames()  # with the lock held: safe, and as the threads run again
+        names: dict[int | None, str] = {t.ident: t.name for t in threading.enumerate()}
+        ident, busiest = max(spent.items(), key=lambda item: item[1], default=(None, 0.0))
+        in_all = max(0.0, process_used - self._process_used)
+        if ident is not None and busiest >= seconds / 2:
+            why = (
+                f"its thread {names.get(ident, ident)} held it, {busiest:.1f} s on the"
+                f" processor (now at {where(frames.get(ident))})"
+            )
+        elif in_all < seconds / 4:
+            why = (
+                f"no thread of it ran ({in_all:.1f} s on the processor in all): the machine did"
+                " not run the process (stopped, or starved of processor), or a thread held the"
+                " interpreter lock while it waited in a native call"
+            )
+        else:
+            python = sum(max(0.0, s) for s in spent.values())
+            most = (
+                f" (the most, {busiest:.1f} s, {names.get(ident, ident)}, now at"
+                f" {where(frames.get(ident))})"
+                if ident is not None
+                else ""
+            )
+            why = (
+                f"its threads used {in_all:.1f} s of processor, {python:.1f} s of it in Python"
+                f"{most} and the rest in native threads (RocksDB's, librdkafka's)"
+            )
+        kept = self._keep(seconds, spent, frames, names)
         log.warning(
-            "the node's process stood still for %.1f s: nothing in it ran (a native call held"
-            " the interpreter lock, or the machine did not run the process)%s",
+            "the node's process stood still for %.1f s: %s%s",
             seconds,
-            f"; the busy thread was: {stacks}" if stacks else "",
+            why,
+            f" (every thread's stack: {kept})" if kept else "",
         )
 
-    def _stacks(self) -> str:
-        """The busy threads' innermost frames from the fault handler's dump, whose whole is
-        kept in ``dump_path``; the scratch file the handler writes to is cleared for the next."""
-        dump, kept = self._dump, self._dump_path
-        if dump is None or kept is None:
-            return ""
+    def _keep(
+        self,
+        seconds: float,
+        spent: Mapping[int, float],
+        frames: Mapping[int, FrameType],
+        names: Mapping[int | None, str],
+    ) -> Path | None:
+        """Every thread's stack as the process runs again, with its processor time during the
+        stall, into ``dump_path`` (replacing the last stall's)."""
+        path = self._dump_path
+        if path is None:
+            return None
+        parts = [
+            f"The process stood still for {seconds:.1f} s, until"
+            f" {time.strftime('%Y-%m-%dT%H:%M:%S%z')}; each thread's stack as it ran again,"
+            " the one that used the processor most first:\n"
+        ]
+        for ident, frame in sorted(frames.items(), key=lambda item: -spent.get(item[0], 0.0)):
+            parts.append(
+                f"\nThread {names.get(ident, ident)}: {spent.get(ident, 0.0):.2f} s on the"
+                " processor in the stall\n" + "".join(traceback.format_stack(frame))
+            )
         try:
-            dump.seek(0)
-            text = dump.read()
-            dump.seek(0)
-            dump.truncate()
-            if text:
-                kept.write_text(text, encoding="utf-8")
+            # A worker process's directory may not be made yet.
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.write_text("".join(parts), encoding="utf-8")
         except OSError as err:
             log.warning("stall watch: the stacks of a stall could not be kept: %s", err)
-            return ""
-        busy = busy_threads(text)
-        return "; ".join(busy) + f" (every thread's stack: {kept})" if busy else ""
+            return None
+        return path
 
     def _partitions(self) -> None:
         runners = self._runners()
@@ -308,27 +387,14 @@ class StallWatch(PeriodicWorker):
         self._metrics.behind.set(furthest)
 
 
-def busy_threads(dump: str) -> list[str]:
-    """From a fault handler dump (``Thread 0x... (most recent call first):`` then frames), the
-    threads not idling in a wait, each as its innermost two frames."""
-    busy: list[str] = []
-    for block in dump.split("\n\n"):
-        lines = [line.strip() for line in block.strip().splitlines()]
-        frames = [line for line in lines[1:] if line.startswith("File ")]
-        if not frames:
-            continue
-        top = frames[0]
-        if any(idle in _frame(top) for idle in _IDLE_FRAMES):
-            continue
-        busy.append(" < ".join(_frame(f) for f in frames[:2]))
-    return busy
-
-
-def _frame(line: str) -> str:
-    """``File "/x/y.py", line 12 in name`` -> ``name (y.py:12)``."""
-    try:
-        path, _, rest = line.partition('", line ')
-        number, _, name = rest.partition(" in ")
-        return f"{name} ({path.rsplit('/', 1)[-1]}:{number})"
-    except ValueError:
-        return line
+def where(frame: FrameType | None) -> str:
+    """A thread's innermost two frames, ``inner (file.py:12) < outer (file.py:40)``."""
+    if frame is None:
+        return "(ended)"
+    found: list[str] = []
+    at: FrameType | None = frame
+    while at is not None and len(found) < 2:
+        code = at.f_code
+        found.append(f"{code.co_name} ({code.co_filename.rsplit('/', 1)[-1]}:{at.f_lineno})")
+        at = at.f_back
+    return " < ".join(found)

@@ -46,7 +46,7 @@ from pathlib import Path
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from core.errors import StoreDamaged
-from eventlog.rocks import bounded, is_damage
+from eventlog.rocks import bounded, close_store, is_damage, open_store
 from projections.aside import set_aside
 from projections.model_fold import ModelFold, Observer, ReadyRun
 from projections.model_forget import FORGETTABLE, Forgot, ModelForget
@@ -120,7 +120,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
                 self._read_marks()
                 self._upgrade()
         except StoreDamaged:
-            self._db.close()
+            close_store(self._db)
             raise
 
     @classmethod
@@ -147,7 +147,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
             if generation is not None and generation != self._generation:
                 return False
             try:
-                self._db.close()
+                close_store(self._db)
             except Exception as exc:  # a compaction met the damage first: closed all the same
                 log.warning("read model %s closed with an error: %s", self._path, exc)
             aside = set_aside(self._path)
@@ -202,7 +202,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
                 if sum(positions.values()) <= sum(self._positions.values()):
                     log.info("read model %s: folded past the checkpoint already", self._path)
                     return
-                self._db.close()
+                close_store(self._db)
                 shutil.rmtree(self._path)
                 os.replace(staging, self._path)
                 self._generation += 1  # a fold read before the swap must not land after it
@@ -214,7 +214,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
                         self._upgrade()
                 except StoreDamaged as damage:  # verified when restored: the disk, again
                     with contextlib.suppress(Exception):
-                        self._db.close()
+                        close_store(self._db)
                     log.error("%s; set aside as %s", damage, set_aside(self._path))
                     self._db = self._open_db()
                     self._upgrade()
@@ -249,7 +249,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
         options.create_if_missing(True)
         options.set_paranoid_checks(True)
         try:
-            return Rdict(str(self._path), options=options)
+            return open_store(self, self._path, options=options)
         except Exception as exc:
             if is_damage(exc):
                 raise StoreDamaged(f"read model {self._path}: {exc}") from exc
@@ -276,7 +276,7 @@ class ReadModel(ModelFold, ModelQueries, ModelForget):
     def close(self) -> None:
         with self._write_lock, self._db_lock:
             self._closed = True
-            self._db.close()
+            close_store(self._db)
         for refill in self._refills:  # a restore under way stops at the swap, undone
             refill.join(REFILL_JOIN_S)
             if refill.is_alive():

@@ -73,7 +73,15 @@ from core.state import (
     upgrade_job,
 )
 from eventlog.port import EventLog
-from eventlog.rocks import bounded, checked_reads, is_damage, iterator_error, scan_reads
+from eventlog.rocks import (
+    bounded,
+    checked_reads,
+    close_store,
+    is_damage,
+    iterator_error,
+    open_store,
+    scan_reads,
+)
 from eventlog.snapshots import SnapshotStore, StoredSnapshot
 from projections.aside import set_aside
 from projections.decoding import EventDecoder
@@ -462,7 +470,7 @@ class RocksStateStore:
         options.create_if_missing(True)
         options.set_paranoid_checks(True)
         try:
-            return Rdict(str(self._path), options=options)
+            return open_store(self, self._path, options=options)
         except Exception as exc:
             if is_damage(exc):
                 raise StoreDamaged(
@@ -599,7 +607,7 @@ class RocksStateStore:
     def set_aside(self) -> str:
         self._wait_for_views()
         with self._closing:
-            self._db.close()
+            close_store(self._db)
             aside = set_aside(self._path)
             self._db = self._open_db()
         return str(aside)
@@ -607,7 +615,7 @@ class RocksStateStore:
     def close(self) -> None:
         self._wait_for_views()
         with self._closing:
-            self._db.close()
+            close_store(self._db)
 
     def _wait_for_views(self) -> None:
         with self._views_closed:

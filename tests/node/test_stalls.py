@@ -3,9 +3,9 @@ behind its timers, a process that stood still."""
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import re
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -23,7 +23,7 @@ from core.jobs import HttpTarget, JobSpec, PullTarget
 from core.state import RunState
 from eventlog.memory import MemoryLog
 from node.runner import Decided, Dispatcher, PartitionRunner, Request
-from node.stalls import LateStarts, LoopTimes, StallMetrics, StallWatch, busy_threads
+from node.stalls import LateStarts, LoopTimes, StallMetrics, StallWatch, ThreadClocks, where
 from projections.state_store import MemoryStateStore
 from tests.node.test_runner import Owner
 
@@ -235,7 +235,11 @@ def test_a_partition_behind_its_timers_is_told_once_with_its_cause_and_when_it_c
     assert metrics.behind._value.get() == 0
 
 
-def test_a_pass_that_comes_late_is_a_process_stall(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_pass_that_comes_late_while_nothing_ran_says_nothing_ran(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The clock jumps 3 s between two passes and no thread used the processor meanwhile: the
+    process was stopped (SIGSTOP) or not scheduled, and the warning says so."""
     now = [100.0]
     metrics = StallMetrics(CollectorRegistry())
     watch = StallWatch(dict, metrics, LateStarts(metrics), clock=lambda: now[0])
@@ -245,27 +249,82 @@ def test_a_pass_that_comes_late_is_a_process_stall(caplog: pytest.LogCaptureFixt
         watch._pass()  # on time
         now[0] += 3.25
         watch._pass()
+    watch.stop()
     [record] = caplog.records
-    assert record.getMessage().startswith("the node's process stood still for 3.0 s")
+    assert record.getMessage().startswith(
+        "the node's process stood still for 3.0 s: no thread of it ran"
+    )
     assert metrics.stalls.labels("process")._value.get() == 1
 
 
-def test_a_dump_names_the_busy_thread_not_the_waiting_ones(tmp_path: Path) -> None:
+def test_the_watch_never_arms_the_fault_handlers_timed_dump(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The fault handler's timed dump reads every thread's frames from a thread of its own,
+    without the interpreter lock: armed before each pass, it fired at the end of every stall
+    and read the frames of threads running again, and killed nodes with signal 11. A stall is
+    told from the threads' processor times instead."""
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the timed dump was armed")
+
+    monkeypatch.setattr("faulthandler.dump_traceback_later", refused)
+    now = [100.0]
+    metrics = StallMetrics(CollectorRegistry())
+    watch = StallWatch(
+        dict, metrics, LateStarts(metrics), dump_path=tmp_path / "stalls.txt", clock=lambda: now[0]
+    )
+    watch.start()
+    try:
+        for _ in range(3):
+            watch._pass()
+            now[0] += 2.0
+    finally:
+        watch.stop()
+    assert metrics.stalls.labels("process")._value.get() >= 2
+    assert "Thread MainThread" in (tmp_path / "stalls.txt").read_text()
+
+
+def test_a_thread_is_told_by_its_innermost_two_frames() -> None:
     stop = threading.Event()
     waiter = threading.Thread(target=stop.wait, name="idle")
     waiter.start()
     try:
-        with (tmp_path / "dump").open("w+") as out:
-            faulthandler.dump_traceback(out, all_threads=True)
-            out.seek(0)
-            busy = busy_threads(out.read())
+        frames = sys._current_frames()
+        assert waiter.ident is not None
+        assert where(frames[waiter.ident]).startswith("wait (threading.py:")
+        ours = frames[threading.get_ident()]
+        name = "test_a_thread_is_told_by_its_innermost_two_frames"
+        assert where(ours).startswith(f"{name} (test_stalls.py:")
+        assert where(ours).count(" < ") == 1
     finally:
         stop.set()
         waiter.join()
-    # the test itself was running; the waiting thread is passed over
-    ours = [b for b in busy if b.startswith("test_a_dump_names_the_busy_thread_not_the_waiting")]
-    assert len(ours) == 1
-    assert not [b for b in busy if b.startswith("wait (threading.py")]
+
+
+def test_the_processor_time_of_a_busy_thread_is_read_and_an_ended_ones_file_closed() -> None:
+    clocks = ThreadClocks()
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        first = clocks.read()
+        deadline = time.monotonic() + 5
+        assert spinner.ident in first
+        while clocks.read()[spinner.ident] - first[spinner.ident] < 0.05:
+            assert time.monotonic() < deadline, "the spinning thread's time never grew"
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        spinner.join()
+    assert spinner.ident not in clocks.read()
+    assert spinner.native_id not in clocks._files
+    clocks.close()
 
 
 def test_the_cause_of_a_slow_batch_is_its_largest_part() -> None:
@@ -280,13 +339,13 @@ def test_the_interpreter_held_by_one_call_is_told_with_that_call(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A regular expression that backtracks for seconds holds the interpreter lock throughout,
-    as a native call into a store can: the watch's thread cannot run, the fault handler's can,
-    and the warning that follows names the frame that held it."""
+    as a native call into a store can: the watch's thread cannot run, and the warning that
+    follows names the thread that used the processor meanwhile, and where it is."""
     metrics = StallMetrics(CollectorRegistry())
     watch = StallWatch(dict, metrics, LateStarts(metrics), dump_path=tmp_path / "stalls.txt")
     watch.start()
     try:
-        time.sleep(0.6)  # a few passes: the fault handler is armed
+        time.sleep(0.6)  # a few passes: the threads' times are read
         with caplog.at_level(logging.WARNING, logger="node.stalls"):
             started = time.monotonic()
             re.match(r"(a+)+b", "a" * 26)  # 2^26 ways to fail: seconds, the lock held
@@ -297,22 +356,29 @@ def test_the_interpreter_held_by_one_call_is_told_with_that_call(
                 time.sleep(0.05)  # the watch's next pass, in real time
     finally:
         watch.stop()
-    assert held > 1.3, "the sort was too quick to hold the lock past the threshold"
+    assert held > 1.3, "the match was too quick to hold the lock past the threshold"
     [record] = [r for r in caplog.records if "stood still" in r.getMessage()]
+    name = threading.current_thread().name
+    assert f"its thread {name} held it" in record.getMessage()
     assert "test_the_interpreter_held_by_one_call_is_told_with_that_call" in record.getMessage()
-    assert "in test_the_interpreter_held" in (tmp_path / "stalls.txt").read_text()
+    kept = (tmp_path / "stalls.txt").read_text()
+    assert kept.index(f"Thread {name}:") < kept.index("Thread stall-watch:")  # the busiest first
+    assert "in test_the_interpreter_held" in kept
 
 
-def test_a_watch_started_before_its_directory_is_made_still_has_a_file_for_stacks(
+def test_a_watch_started_before_its_directory_is_made_still_keeps_its_stacks(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A worker process's stall watch starts before anything made the worker's directory."""
+    now = [100.0]
     metrics = StallMetrics(CollectorRegistry())
     dump = tmp_path / "node-1" / "stalls.txt"
-    watch = StallWatch(dict, metrics, LateStarts(metrics), dump_path=dump)
+    watch = StallWatch(dict, metrics, LateStarts(metrics), dump_path=dump, clock=lambda: now[0])
     with caplog.at_level(logging.WARNING, logger="node.stalls"):
-        watch.start()
-        watch.stop()
-    assert not [r for r in caplog.records if "no file for stacks" in r.getMessage()]
-    assert (dump.parent / ".stalls.txt.armed").exists()
+        watch._pass()
+        now[0] += 2.0
+        watch._pass()
+    watch.stop()
+    assert not [r for r in caplog.records if "could not be kept" in r.getMessage()]
+    assert "stood still for 1.8 s" in dump.read_text()
     assert dump.parent.stat().st_mode & 0o077 == 0
