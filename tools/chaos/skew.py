@@ -8,8 +8,11 @@ wrong by the offset. libfaketime reads the file again at most once a second
 (``FAKETIME_CACHE_DURATION``), so a change takes effect within two seconds.
 
 Debian's libfaketime (0.9.10) breaks Python 3.11's ``time.sleep`` in that mode (an absolute
-monotonic ``clock_nanosleep`` comes back ``EINVAL``), so a small shim compiled from
-``monotonic_sleep.c`` is preloaded first; it needs a C compiler (``cc``), once per machine.
+monotonic ``clock_nanosleep`` comes back ``EINVAL``), and leaves glibc's C11 ``cnd_timedwait``
+unwrapped, whose wall-clock deadline librdkafka computes from the faked clock, so that every
+one of its timed waits took the offset longer (a ``poll(1.0)`` 6 s at 5 s ahead); a small shim
+compiled from ``monotonic_sleep.c``, preloaded first, mends both. It needs a C compiler
+(``cc``), once per machine.
 :func:`check` proves the whole arrangement works with a given Python before a run relies on
 it: the wall clock moves, steps back, and ``time.sleep``, timed waits and asyncio keep time.
 """
@@ -95,13 +98,32 @@ class SkewedClock:
 
 
 _PROBE = """
-import asyncio, sys, threading, time
+import asyncio, ctypes, sys, threading, time
+
+class Deadline(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+def c11_wait(seconds):
+    # A C11 timed wait (glibc's cnd_timedwait), as librdkafka waits, its deadline read from the
+    # wall clock; looked up as librdkafka's calls are, so the preloaded shim answers it.
+    libc = ctypes.CDLL(None)
+    mtx, cnd = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)
+    libc.mtx_init(mtx, 0)
+    libc.cnd_init(cnd)
+    libc.mtx_lock(mtx)
+    at = time.time() + seconds
+    t = time.monotonic()
+    libc.cnd_timedwait(cnd, mtx, ctypes.byref(Deadline(int(at), int(at % 1 * 1e9))))
+    took = time.monotonic() - t
+    libc.mtx_unlock(mtx)
+    return took
+
 def report(tag):
     mono = time.monotonic()
     t = time.monotonic(); time.sleep(0.05); slept = time.monotonic() - t
     t = time.monotonic(); threading.Event().wait(0.05); waited = time.monotonic() - t
     t = time.monotonic(); asyncio.run(asyncio.sleep(0.05)); looped = time.monotonic() - t
-    print(tag, time.time(), mono, slept, waited, looped, flush=True)
+    print(tag, time.time(), mono, slept, waited, looped, c11_wait(0.05), flush=True)
 report("before")
 sys.stdin.readline()  # the offset file changes now
 time.sleep(2.5)  # libfaketime looks at the file again within two seconds
@@ -112,7 +134,7 @@ report("after")
 def check(python: str = sys.executable, work_dir: Path | None = None) -> None:
     """Run ``python`` under the preload 30 s ahead, then step its clock 40 s back; raise
     :class:`SkewUnavailable` unless its wall clock followed and its monotonic clock, sleeps,
-    timed waits and asyncio did not."""
+    timed waits (Python's, and C11's as librdkafka waits) and asyncio did not."""
     import time
 
     directory = work_dir or Path(os.environ.get("TMPDIR", "/tmp"))
@@ -130,7 +152,7 @@ def check(python: str = sys.executable, work_dir: Path | None = None) -> None:
             )
             assert probe.stdin is not None and probe.stdout is not None
             first = probe.stdout.readline().split()
-            if len(first) != 6:
+            if len(first) != 7:
                 _, err = probe.communicate(timeout=30)
                 raise SkewUnavailable(f"{python} under libfaketime failed:\n{err[-2000:]}")
             clock.set(-10.0)
@@ -140,7 +162,7 @@ def check(python: str = sys.executable, work_dir: Path | None = None) -> None:
             _, err = probe.communicate(timeout=30)
         except (subprocess.SubprocessError, OSError) as e:
             raise SkewUnavailable(f"{python} does not run under libfaketime: {e}") from e
-        if len(first) != 6 or len(second) != 6:
+        if len(first) != 7 or len(second) != 7:
             raise SkewUnavailable(f"{python} under libfaketime failed:\n{err[-2000:]}")
         now, mono = time.time(), time.monotonic()
         for (_, wall, their_mono, *waits), expected in ((first, 30.0), (second, -10.0)):
