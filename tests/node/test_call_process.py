@@ -494,3 +494,45 @@ def test_a_reader_that_fails_ends_its_process_which_is_replaced(
     result, before, after = asyncio.run(scenario())
     assert result.outcome.value == "failed" and before != after
     assert any("reading from executor process 0 failed" in r.getMessage() for r in caplog.records)
+
+
+def test_answers_read_from_a_full_buffer_leave_room_for_other_work_between_them() -> None:
+    """A buffer full of a herd's outcomes is read ``DONE_PER_TURN`` frames a turn of the loop:
+    other work (another team's call handed over) runs between them, not after all of them."""
+    import subprocess
+    from typing import cast
+
+    from core.commands import Outcome
+    from node import call_process as cp
+    from node.calls import CallerConfig, Result
+
+    async def scenario() -> tuple[int, int]:
+        processes = cp.CallerProcesses(CallerConfig(egress=LOOPBACK_ALLOWED), 1, kept=False)
+        loop = asyncio.get_running_loop()
+        answers = [loop.create_future() for _ in range(4 * cp.DONE_PER_TURN)]
+        reader = asyncio.StreamReader()
+        for i in range(len(answers)):
+            reader.feed_data(cp._frame(cp._encoder.encode(cp.Done(i, Result(Outcome.SUCCEEDED)))))
+        reader.feed_eof()
+        process = cp._Process(
+            0,
+            cast(subprocess.Popen[bytes], None),
+            reader,
+            cast(asyncio.StreamWriter, None),
+            pending=dict(enumerate(answers)),
+        )
+        seen: list[int] = []
+
+        async def other_work() -> None:
+            seen.append(sum(a.done() for a in answers))
+
+        waiting = asyncio.create_task(other_work())  # runs at the reader's first yield
+        await processes._take_answers(process)
+        await waiting
+        return seen[0], sum(a.done() for a in answers)
+
+    from node.call_process import DONE_PER_TURN
+
+    resolved_before_the_other_work, resolved = asyncio.run(scenario())
+    assert resolved == 4 * DONE_PER_TURN
+    assert resolved_before_the_other_work < DONE_PER_TURN, resolved_before_the_other_work
