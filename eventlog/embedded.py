@@ -301,7 +301,7 @@ class EmbeddedLog(SingleProcessLog):
         self._post_office = LocalPostOffice()
         self._damage: LogCorrupted | None = None
         self._damage_seen = threading.Event()
-        self._db = self._open_db(self._path)
+        self._db = self._open_db(self, self._path)
         self._cf = {name: self._db.get_column_family_handle(name) for name in (*STREAMS, _META)}
         self._tables = {name: self._db.get_column_family(name) for name in (*STREAMS, _META)}
         self._sync = WriteOptions()
@@ -501,7 +501,7 @@ class EmbeddedLog(SingleProcessLog):
     # -- opening and closing -------------------------------------------------------------
 
     @staticmethod
-    def _open_db(path: Path) -> Rdict:
+    def _open_db(owner: EmbeddedLog, path: Path) -> Rdict:
         path.mkdir(parents=True, exist_ok=True)
         options = bounded(Options(raw_mode=True))
         options.create_if_missing(True)
@@ -512,7 +512,7 @@ class EmbeddedLog(SingleProcessLog):
         options.set_paranoid_checks(True)
         families = {name: bounded(Options(raw_mode=True)) for name in (*STREAMS, _META)}
         try:
-            return open_store(None, path, options=options, column_families=families)
+            return open_store(owner, path, options=options, column_families=families)
         except Exception as exc:
             if "lock" in str(exc).lower():
                 raise CronlogError(
