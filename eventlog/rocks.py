@@ -30,6 +30,7 @@ with the node's age.
 from __future__ import annotations
 
 import atexit
+import collections
 import itertools
 import logging
 import os
@@ -99,6 +100,11 @@ def _budget() -> tuple[Cache, WriteBufferManager]:
 _open: dict[int, tuple[str, Rdict]] = {}  # token -> (path, database): every one not closed
 _open_lock = threading.Lock()
 _tokens = itertools.count()
+# Tokens whose owner was collected. The owner's finalizer runs wherever the collector does: in
+# any thread, at any allocation, possibly while that very thread holds ``_open_lock`` (the lock
+# is not reentrant, so taking it there would stop the thread for good). It only appends here
+# (atomic); whoever takes the lock next drops them.
+_forgotten: collections.deque[int] = collections.deque()
 
 
 def open_store(owner: object | None, path: str | Path, **kwargs: Any) -> Rdict:
@@ -109,9 +115,10 @@ def open_store(owner: object | None, path: str | Path, **kwargs: Any) -> Rdict:
     db = Rdict(str(path), **kwargs)
     token = next(_tokens)
     with _open_lock:
+        _drop_forgotten()
         _open[token] = (str(path), db)
     if owner is not None:
-        weakref.finalize(owner, _forget, token).atexit = False
+        weakref.finalize(owner, _forgotten.append, token).atexit = False
     return db
 
 
@@ -119,30 +126,46 @@ def close_store(db: Rdict) -> None:
     """Close ``db`` (rocksdict's ``close``: its memtables flushed, its background work waited
     for); it is no longer closed at exit."""
     with _open_lock:
-        for token, (_, held) in list(_open.items()):
-            if held is db:
-                del _open[token]
+        _drop_forgotten()
+        for token in [token for token, (_, held) in _open.items() if held is db]:
+            del _open[token]
     db.close()
 
 
 def open_stores() -> list[str]:
     """The paths of the databases this process has open."""
     with _open_lock:
+        _drop_forgotten()
         return [path for path, _ in _open.values()]
 
 
-def _forget(token: int) -> None:
-    with _open_lock:
-        _open.pop(token, None)
+def _drop_forgotten() -> None:
+    """With ``_open_lock`` held: forget the databases whose owners were collected."""
+    while _forgotten:
+        _open.pop(_forgotten.popleft(), None)
+
+
+EXIT_LOCK_WAIT_S = 5.0
 
 
 def _close_left_open() -> None:
     """At the interpreter's exit (before the C++ statics go): close what is still open.
     Registered after ``logging``'s own exit handler (imported above), so it runs before it and
-    its warnings are written."""
-    with _open_lock:
+    its warnings are written.
+
+    Exit is never held up by the registry's lock: a daemon thread may have been stopped while
+    it held it (the lock guards a few dictionary operations, so a wait of seconds means that).
+    The stores are then closed all the same, from a copy."""
+    locked = _open_lock.acquire(timeout=EXIT_LOCK_WAIT_S)
+    if not locked:
+        log.warning("RocksDB's registry of open stores was held for %s s at exit", EXIT_LOCK_WAIT_S)
+    try:
+        _drop_forgotten()
         left = list(_open.values())
         _open.clear()
+    finally:
+        if locked:
+            _open_lock.release()
     for path, db in left:
         log.warning("RocksDB store %s was still open at exit: closed now", path)
         try:

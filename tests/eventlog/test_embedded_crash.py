@@ -251,13 +251,17 @@ def test_a_write_is_acknowledged_only_after_its_wal_is_synced(tmp_path: Path) ->
     calls: list[str] = []
     path = tmp_path / "log"
     with EmbeddedLog.open(path, 2) as log:
-        log._db = _Recording(log._db, calls)
-        log.submit(0, b"first")
-        assert calls[-2:] == ["write", "flush_wal(True)"], calls
-        log._tables["commands"].flush()  # a memtable switch: RocksDB starts a new WAL file
-        calls.clear()
-        log.submit(1, b"second")
-        assert calls == ["write", "flush_wal(True)"], calls
+        db = log._db
+        log._db = _Recording(db, calls)
+        try:
+            log.submit(0, b"first")
+            assert calls[-2:] == ["write", "flush_wal(True)"], calls
+            log._tables["commands"].flush()  # a memtable switch: RocksDB starts a new WAL file
+            calls.clear()
+            log.submit(1, b"second")
+            assert calls == ["write", "flush_wal(True)"], calls
+        finally:
+            log._db = db  # closed as it was opened (eventlog.rocks.close_store)
     with EmbeddedLog.open(path, 2) as again:
         assert [r.value for r in read_all(again, "commands", 1)] == [b"second"]
 

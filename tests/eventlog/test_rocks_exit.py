@@ -9,6 +9,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 from rocksdict import Options
@@ -73,4 +74,31 @@ def test_a_store_whose_owner_is_collected_unclosed_is_forgotten_and_closed_by_it
     assert str(path) not in rocks.open_stores()
     again = rocks.open_store(None, path, options=options)  # its LOCK was released
     rocks.close_store(again)
+    assert str(path) not in rocks.open_stores()
+
+
+def test_an_owner_collected_while_its_thread_holds_the_registrys_lock_does_not_stop_it(
+    tmp_path: Path,
+) -> None:
+    """The collector runs an owner's finalizer in whatever thread allocates, possibly one inside
+    ``open_store`` or ``close_store`` with the registry's lock held. A finalizer that took that
+    (non-reentrant) lock stopped its thread for good, and a node or a test waiting on the
+    thread with it."""
+    path = tmp_path / "store"
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    owner = _Owner()
+    owner.db = rocks.open_store(owner, path, options=options)  # type: ignore[attr-defined]
+    holder = [owner]
+    del owner
+
+    def collect_with_the_lock_held() -> None:
+        with rocks._open_lock:
+            holder.clear()  # the last reference: the finalizer runs here, in this thread
+            gc.collect()
+
+    thread = threading.Thread(target=collect_with_the_lock_held, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the owner's finalizer waited on the lock its thread held"
     assert str(path) not in rocks.open_stores()

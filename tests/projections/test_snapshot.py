@@ -4,6 +4,7 @@ that folding the whole log gives; a snapshot it cannot use is passed over, never
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,14 +24,16 @@ STEPS = 300
 
 
 @pytest.fixture(scope="module")
-def history(tmp_path_factory: pytest.TempPathFactory) -> tuple[EmbeddedLog, list[bytes]]:
+def history(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[EmbeddedLog, list[bytes]]]:
     """One partition's history in a real embedded log (partition 1 of 2)."""
     sim = busy_partition(7, steps=STEPS, partition=1)
-    log = EmbeddedLog.open(tmp_path_factory.mktemp("log") / "log", 2)
-    writers = Writers(log)
-    writers.append(1, sim.log, chunk=37)
-    writers.close()
-    return log, sim.log
+    with EmbeddedLog.open(tmp_path_factory.mktemp("log") / "log", 2) as log:
+        writers = Writers(log)
+        writers.append(1, sim.log, chunk=37)
+        writers.close()
+        yield log, sim.log
 
 
 def folded_from_zero(log_records: list[bytes], upto: int | None = None) -> PartitionState:
