@@ -278,6 +278,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         " last events (default 0)",
     )
     snapshots.add_argument(
+        "--cold-join",
+        action="store_true",
+        help="with --kafka: join the group at once, without first catching up the partitions"
+        " it may give this node (a take-over from a live owner is then a cold one)",
+    )
+    snapshots.add_argument(
         "--no-snapshots",
         action="store_true",
         help="neither write nor restore snapshots: every recovery without a local store folds"
@@ -822,6 +828,9 @@ def _serve(args: argparse.Namespace) -> int:
             # client the watch keeps warm, never librdkafka's admin client, which can abort the
             # process mid-fault.
             kafka_log.read_members_with(admin.members)
+            if not args.cold_join:
+                subscribed = kafka_log.topics["commands"]  # the group's members subscribe to it
+                node.warm_before_joining(lambda: admin.holdings(subscribed))
             if watching:
                 node.services.add(kafka_watch(admin, address, boot))
     node.start()

@@ -122,6 +122,12 @@ class NodeMetrics:
             "still owned and were started again.",
             registry=r,
         )
+        self.prewarmed = Counter(
+            "cronlog_partitions_warmed_before_joining",
+            "Partitions whose state this node caught up before it joined the group, as those"
+            " the group might give it (node.standby, warm before joining).",
+            registry=r,
+        )
         self.thread_failures = Counter(
             "cronlog_thread_failures",
             "Failures of the node's own threads, which then try again, by thread.",

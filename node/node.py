@@ -114,7 +114,7 @@ from node.retention import recovery_floor
 from node.runner import Decided, PartitionRunner, Request
 from node.snapshotter import SnapshotPolicy, Snapshotter
 from node.stalls import LateStarts, StallMetrics, StallWatch
-from node.standby import StandbyFollower, standby_targets
+from node.standby import StandbyFollower, may_be_given, standby_targets
 from node.supervisor import Supervisor
 from node.worker import Unwatched, Worker, backoff_s
 from projections import history_checkpoint
@@ -166,6 +166,10 @@ NODE_STOP_WAIT_S = 10.0
 OTHERS_TIMEOUT_S = 2.0
 # A handover begins this long after a whole second (the second's slots have started by then).
 HANDOVER_AFTER_MS = 150
+# Warming before joining (node.standby): up to this many times a member's share of the
+# partitions, the likeliest first, for at most this long (the join waits for it).
+PREWARM_SHARES = 2
+PREWARM_BUDGET_S = 15.0
 NEXT_READY_SCAN = 10_000  # ready entries of a pool a waiting claim looks at, per partition
 RETRY_BACKOFF_S = 0.2  # a thread of the node that failed tries again after this, doubling
 MAX_RETRY_BACKOFF_S = 10.0
@@ -265,6 +269,8 @@ class Node:
         # a node of several worker processes: why the others are not ready (cli.workers)
         self.siblings_not_ready: Callable[[], list[str]] | None = None
         self._standby_replicas = standby_replicas
+        # What each member of the group holds, asked before joining (warm_before_joining).
+        self._holdings: Callable[[], list[frozenset[int]]] | None = None
         self.node_id = node_id
         self._retention_ms = retention_ms
         self._lead_ms = lead_ms  # how long before its slot a run is materialised (core.partition)
@@ -581,9 +587,43 @@ class Node:
         if self._mailbox is not None:
             self._mailbox.close()
 
+    def warm_before_joining(self, holdings: Callable[[], list[frozenset[int]]]) -> None:
+        """Before joining the group, warm the partitions it may give this node: ``holdings``
+        says what each member holds now (``node.standby``, "Warm before joining"). To be
+        called before :meth:`start`."""
+        self._holdings = holdings
+
     def _join(self) -> None:
         if self._membership is None:
+            self._warm_what_may_come()
             self._membership = self._log.join(self)
+
+    def _warm_what_may_come(self) -> None:
+        """Catch up, as standbys, the stores of the partitions the group may give this node
+        when it joins, so that a take-over from a live owner is not a cold one."""
+        if self._holdings is None:
+            return
+        began = time.monotonic()
+        try:
+            holdings = self._holdings()
+        except Exception as err:  # the group could not be asked: join cold, as before
+            log.warning("%s: the group's holdings are unknown: %s; joining cold", self.node_id, err)
+            return
+        if not any(holdings):
+            return  # nobody holds anything: the first start, or the whole group restarting
+        members = len(holdings) + 1
+        share = -(-self._log.num_partitions // members)  # the most a member is given
+        candidates = may_be_given(holdings, self._log.num_partitions, PREWARM_SHARES * share)
+        warmed = self.standby.prewarm(candidates, PREWARM_BUDGET_S)
+        self.metrics.prewarmed.inc(len(warmed))
+        log.info(
+            "%s: warmed partitions %s before joining, in %.2f s (the group's %d members hold %s)",
+            self.node_id,
+            warmed,
+            time.monotonic() - began,
+            len(holdings),
+            ", ".join(str(sorted(h)) for h in holdings),
+        )
 
     def _leave(self) -> None:
         # Stop deciding before leaving the group: leaving closes every partition's writer, and

@@ -272,6 +272,18 @@ class GroupAdmin:
         found = [parse(m["member_id"], m["client_id"]) for m in described["members"]]
         return [m for m in found if m is not None]
 
+    def holdings(self, topic: str) -> list[frozenset[int]]:
+        """The partitions of ``topic`` each member of the group holds now (one set a member,
+        empty for a member given nothing), from the group's description: the assignment the
+        coordinator last handed out."""
+        with self._lock, self._fresh_on_failure():
+            described = self._admin().describe_groups([self.group])[self.group]
+        if described.get("error"):
+            if "GroupIdNotFound" in str(described["error"]):
+                return []  # nobody joined yet
+            raise RuntimeError(f"group {self.group} not described: {described['error']}")
+        return [_partitions_of(m.get("member_assignment"), topic) for m in described["members"]]
+
     def remove(self, dead: list[Member]) -> None:
         from kafka.admin import MemberToRemove
 
@@ -316,6 +328,19 @@ def group_admin(
         )
         return None
     return GroupAdmin(bootstrap_servers, group)
+
+
+def _partitions_of(assignment: Any, topic: str) -> frozenset[int]:
+    """The partitions of ``topic`` in a member's assignment as kafka-python describes it: the
+    decoded consumer protocol's ``assigned_partitions`` (as a dict or an object), nothing when
+    there is none (a member between rebalances) or it could not be decoded."""
+    if isinstance(assignment, dict):
+        pairs = [(a.get("topic"), a.get("partitions")) for a in assignment["assigned_partitions"]]
+    elif assignment is not None and hasattr(assignment, "assigned_partitions"):
+        pairs = [(a.topic, a.partitions) for a in assignment.assigned_partitions]
+    else:
+        return frozenset()
+    return frozenset(p for t, ps in pairs if t == topic for p in ps or ())
 
 
 def kafka_watch(admin: GroupAdmin, own_address: str, own_boot: str) -> PeerWatch:

@@ -20,12 +20,23 @@ not seen yet. A standby costs what an owner's state costs in memory, plus the re
 A failure while following one partition is logged and counted (``on_failed``), its store is
 closed, and it is followed again from its store on the next round; the thread never ends on
 one.
+
+**Warm before joining** (:meth:`StandbyFollower.prewarm`, on Kafka by default). A node that
+joins a group whose members already hold every partition is given some of theirs, and the
+owner it takes one from has stopped deciding it by then: a cold take-over (a snapshot restored,
+a tail read, in the seconds the rebalance already costs) left that partition's slots 1-3 s late
+in a rolling restart, every time a restarted node came back. So before the node joins, it asks
+the group what each member holds (:func:`may_be_given` reads which partitions a newcomer can
+be given), catches those stores up as standbys, and keeps them followed until its first
+assignment, or for :data:`JOINING_KEEP_S`; a partition assigned then is handed over warm, and
+the others are let go. It costs the node's start a catch-up of a few partitions' stores.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +51,35 @@ log = logging.getLogger(__name__)
 
 ROUND_WAIT_S = 0.5  # how long one round waits for new events of the first followed partition
 BATCH = 1000
+# How long the partitions warmed before joining are followed waiting for the first assignment:
+# a join and its rebalance take seconds, more on a loaded machine.
+JOINING_KEEP_S = 60.0
+
+
+def may_be_given(holdings: list[frozenset[int]], num_partitions: int, limit: int) -> list[int]:
+    """The partitions a member joining a group whose members hold ``holdings`` may be given, at
+    most ``limit`` of them, the likeliest first.
+
+    A balanced assignment (Kafka's cooperative-sticky one, and any other) leaves every member of
+    the group with ``num_partitions // members`` or one more. So the newcomer is given what no
+    member holds, and otherwise takes from members holding more than that floor; the members
+    holding the most give first. Which of a member's partitions goes is the assignor's choice,
+    so each of its partitions is a candidate."""
+    if limit <= 0:
+        return []
+    held = set().union(*holdings) if holdings else set()
+    found = [p for p in range(num_partitions) if p not in held]
+    floor = num_partitions // (len(holdings) + 1)
+    givers = sorted((h for h in holdings if len(h) > floor), key=len, reverse=True)
+    # One partition from each giver in turn, so a limit spreads over the givers.
+    queues = [sorted(h) for h in givers]
+    while any(queues) and len(found) < limit:
+        for queue in queues:
+            if queue and len(found) < limit:
+                p = queue.pop(0)
+                if p not in found:
+                    found.append(p)
+    return found[:limit]
 
 
 def standby_targets(owned: frozenset[int], num_partitions: int, replicas: int) -> list[int]:
@@ -73,6 +113,7 @@ class StandbyFollower(SupervisedWorker):
         replicas: int,
         snapshots: SnapshotStore | None = None,
         on_failed: Callable[[int, BaseException], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if replicas < 0:
             raise ValueError(f"replicas must not be negative, got {replicas}")
@@ -82,6 +123,7 @@ class StandbyFollower(SupervisedWorker):
         self.replicas = replicas
         self._snapshots = snapshots
         self._on_failed = on_failed
+        self._monotonic = monotonic
         self._decoder = EventDecoder("standby")
         self._warm: dict[int, Warm] = {}
         self._lock = threading.Condition()  # held while a partition is folded or handed over
@@ -90,9 +132,12 @@ class StandbyFollower(SupervisedWorker):
         self._thread: threading.Thread | None = None
         self.rounds = 0
         self.failures = 0
+        # Warmed before the node joined (prewarm): followed until the first assignment.
+        self._joining: frozenset[int] = frozenset()
+        self._joining_until = 0.0
 
     def start(self) -> None:
-        if self.replicas == 0:
+        if self.replicas == 0 and not self._joining:
             return
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
@@ -128,10 +173,43 @@ class StandbyFollower(SupervisedWorker):
                 lambda: self._opening != partition and partition not in self._warm, timeout_s
             )
 
+    def prewarm(self, partitions: list[int], budget_s: float) -> list[int]:
+        """Before the node joins its group: catch up the stores of ``partitions`` (in this
+        thread, for ``budget_s`` at most; the rest are left cold) and follow them until the
+        first assignment (or :data:`JOINING_KEEP_S`). Returns those warmed."""
+        began = self._monotonic()
+        with self._lock:
+            self._joining = frozenset(partitions)
+            self._joining_until = began + JOINING_KEEP_S
+        warmed = []
+        for p in partitions:
+            if self._monotonic() - began > budget_s or self._stopped.is_set():
+                break
+            try:
+                self._follow(p, 0.0)
+            except Exception as err:
+                self.failures += 1
+                log.exception("warming partition %d before joining failed", p)
+                if self._on_failed is not None:
+                    self._on_failed(p, err)
+                continue
+            warmed.append(p)
+        return warmed
+
+    def _targets(self, owned: frozenset[int]) -> list[int]:
+        """What to follow now: the standbys of what is owned, and what was warmed before
+        joining until the first assignment came (or the wait for it ran out)."""
+        targets = set(standby_targets(owned, self._log.num_partitions, self.replicas))
+        with self._lock:
+            if self._joining and (owned or self._monotonic() > self._joining_until):
+                self._joining = frozenset()
+            targets |= self._joining - owned
+        return sorted(targets)
+
     def follow_once(self, wait_s: float = 0.0) -> None:
         """One round: start or stop following as the assignment says, then fold what is new."""
         owned = self._owned()
-        targets = standby_targets(owned, self._log.num_partitions, self.replicas)
+        targets = self._targets(owned)
         with self._lock:
             for p in [p for p in self._warm if p not in targets]:
                 _close(self._warm.pop(p).store)

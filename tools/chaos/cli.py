@@ -60,6 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         help="chance a fault is combined with another (default 0.35)",
     )
     run_p.add_argument("--drain", type=float, default=25.0, help="seconds without faults")
+    run_p.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        dest="serve_args",
+        metavar="ARG",
+        help="one more `cronlog serve` argument for every node, repeated for each"
+        " (--serve-arg=--standby-replicas --serve-arg=1); with --ci too",
+    )
     run_p.add_argument("--warmup", type=float, default=8.0, help="seconds before the faults")
     run_p.add_argument("--every-second", type=int, default=Shape.every_second)
     run_p.add_argument("--critical", type=int, default=Shape.every_second_critical)
@@ -169,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         combine_p=args.combine,
         drain_s=args.drain,
         warmup_s=args.warmup,
+        serve_args=tuple(args.serve_args),
         shape=Shape(
             every_second=args.every_second,
             every_second_critical=args.critical,
@@ -182,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.ci:
         settings = ci_settings(out.resolve(), args.seed if args.seed is not None else CI_SEED)
+        settings.serve_args = tuple(args.serve_args)
         seed = settings.seed
     print(f"chaos run, seed {seed}, into {out}", flush=True)
     try:

@@ -75,6 +75,7 @@ class Settings:
     warmup_s: float = 8.0
     drain_s: float = 25.0
     node_drain_s: float = 10.0  # serve --drain-sec, for the rolling restart's SIGTERMs
+    serve_args: tuple[str, ...] = ()  # more `cronlog serve` options for every node
 
 
 CI_SEED = 12
@@ -286,6 +287,7 @@ class Run:
                 f"{TENANT}={TEAM_TOPIC.partition('.')[0]}.",
                 "--limits",
                 str(limits),
+                *s.serve_args,
             ),
         )
         self.cluster = Cluster(
