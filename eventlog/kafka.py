@@ -196,9 +196,13 @@ PARKED_PER_PARTITION = 2
 # lower): a member refused joins with ``STOCK_MIN_SESSION_TIMEOUT_MS`` instead.
 SESSION_TIMEOUT_MS = 6000
 STOCK_MIN_SESSION_TIMEOUT_MS = 6000
-# Heartbeats: the members hear of a rebalance at their next one, so a shorter interval moves a
-# dead node's partitions sooner (a tenth of the session, at least this).
-MIN_HEARTBEAT_MS = 250
+# Heartbeats: the members hear of a rebalance at their next one. Every move of a partition
+# waits for it: a dead node's, a leaving node's, and a joining node's twice (the cooperative
+# protocol revokes in one round and assigns in the next). At a tenth of the session (600 ms)
+# that was up to 1.2 s of every hand-over to a node that joined; a heartbeat costs the group's
+# coordinator one small request, so four a second a member are nothing to a broker. Never more
+# than a third of the session (Kafka's advice), for a short one.
+HEARTBEAT_MS = 250
 # Client settings that shorten a broker's death for cronlog's clients, unless the operator's
 # own (``--kafka-config``) say otherwise. librdkafka backs off reconnecting to a broker up to
 # 10 s and retrying a request up to 1 s by default: a coordinator that moved was found seconds
@@ -637,7 +641,7 @@ class KafkaLog:
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
                 "session.timeout.ms": self._session_timeout_ms,
-                "heartbeat.interval.ms": max(MIN_HEARTBEAT_MS, self._session_timeout_ms // 10),
+                "heartbeat.interval.ms": min(HEARTBEAT_MS, self._session_timeout_ms // 3),
                 # librdkafka refuses a poll interval shorter than the session
                 "max.poll.interval.ms": max(self._max_poll_interval_ms, self._session_timeout_ms),
             },
