@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from core.ids import log_job_id
+from eventlog.kafka import KafkaLog
 from eventlog.port import partition_for
 from tools.chaos import nodes
 from tools.chaos.nodes import NodeConfig, NodeProcess
@@ -26,6 +27,7 @@ __all__ = [
     "iso",
     "job_ids",
     "now_ms",
+    "open_log",
     "two_nodes",
 ]
 
@@ -51,6 +53,17 @@ class Cluster(nodes.Cluster):
     def __init__(self, bootstrap: str, base_dir: Path, serve_args: tuple[str, ...] = ()) -> None:
         # serve_args: more `cronlog serve` options for every node
         super().__init__(bootstrap, base_dir, dataclasses.replace(CONFIG, serve_args=serve_args))
+
+
+def open_log(cluster: Cluster) -> KafkaLog:
+    """A log client of ``cluster``'s topics, as a node opens it (the caller closes it)."""
+    return KafkaLog.open(
+        cluster.bootstrap,
+        PARTITIONS,
+        prefix=cluster.prefix,
+        replication_factor=CONFIG.replication_factor,
+        min_insync_replicas=CONFIG.min_insync_replicas,
+    )
 
 
 @contextlib.contextmanager

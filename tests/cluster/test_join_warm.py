@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from eventlog.kafka import KafkaLog
-from tests.cluster.nodes import PARTITIONS, Cluster, iso, job_ids, now_ms
+from tests.cluster.nodes import PARTITIONS, Cluster, iso, job_ids, now_ms, open_log
 from tests.cluster.test_snapshot_takeover import by_partition, event_ends, gauge
 from tests.node.targets import Target
 from tools.replay.source import Layout
@@ -62,13 +61,7 @@ def test_a_joining_node_takes_over_warm_what_it_is_given_by_a_live_owner(
     assert response.status_code == 200, response.text
     assert {r["status"] for r in response.json()["results"]} == {201}
 
-    log_ = KafkaLog.open(
-        cluster.bootstrap,
-        PARTITIONS,
-        prefix=cluster.prefix,
-        replication_factor=1,
-        min_insync_replicas=1,
-    )
+    log_ = open_log(cluster)
     try:
         history = event_ends(log_)
         assert min(history.values()) > 100, history  # what a cold take-over would read

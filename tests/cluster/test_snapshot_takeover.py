@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from eventlog.kafka import KafkaLog
 from eventlog.kafka_snapshots import KafkaSnapshots
-from tests.cluster.nodes import PARTITIONS, Cluster, NodeProcess, iso, job_ids, now_ms
+from tests.cluster.nodes import PARTITIONS, Cluster, NodeProcess, iso, job_ids, now_ms, open_log
 from tests.node.targets import Target
 from tools.replay.source import Layout
 from tools.replay.verify import verify_partition
@@ -130,13 +130,7 @@ def test_a_new_node_without_a_store_restores_the_snapshots_and_replays_only_the_
         assert statuses == {201}, statuses
     jobs = len(ticks) + len(one_shots) + HISTORY_BATCHES * 1000
 
-    log_ = KafkaLog.open(
-        cluster.bootstrap,
-        PARTITIONS,
-        prefix=cluster.prefix,
-        replication_factor=1,
-        min_insync_replicas=1,
-    )
+    log_ = open_log(cluster)
     try:
         history = event_ends(log_)
         assert min(history.values()) > 300, history  # what a fold from zero would read
