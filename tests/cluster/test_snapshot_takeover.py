@@ -44,7 +44,11 @@ def cluster(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(
         kafka_bootstrap,
         tmp_path,
-        serve_args=("--snapshot-every-sec", "0.5", "--limits", str(limits)),
+        # --cold-join: b would otherwise restore the snapshots as standbys before it joins
+        # (the killed a still holds every partition in the group's eyes), and its runners would
+        # start from those; the runners' own restore is what this test is about
+        # (tests/cluster/test_join_warm.py has the warm join).
+        serve_args=("--snapshot-every-sec", "0.5", "--limits", str(limits), "--cold-join"),
     )
     try:
         yield c
