@@ -264,25 +264,27 @@ class GroupAdmin:
             )
         return self._client
 
-    def members(self) -> list[Member]:
+    def _described(self) -> list[dict[str, Any]]:
+        """The group's members as DescribeGroups gives them (none before anyone joined)."""
         with self._lock, self._fresh_on_failure():
             described = self._admin().describe_groups([self.group])[self.group]
-            if described.get("error"):
-                raise RuntimeError(f"group {self.group} not described: {described['error']}")
-        found = [parse(m["member_id"], m["client_id"]) for m in described["members"]]
+            error = described.get("error")
+            if error and "GroupIdNotFound" in str(error):
+                return []  # nobody has joined yet: no members, not a failure
+            if error:
+                raise RuntimeError(f"group {self.group} not described: {error}")
+        members: list[dict[str, Any]] = described["members"]
+        return members
+
+    def members(self) -> list[Member]:
+        found = [parse(m["member_id"], m["client_id"]) for m in self._described()]
         return [m for m in found if m is not None]
 
     def holdings(self, topic: str) -> list[frozenset[int]]:
         """The partitions of ``topic`` each member of the group holds now (one set a member,
         empty for a member given nothing), from the group's description: the assignment the
         coordinator last handed out."""
-        with self._lock, self._fresh_on_failure():
-            described = self._admin().describe_groups([self.group])[self.group]
-        if described.get("error"):
-            if "GroupIdNotFound" in str(described["error"]):
-                return []  # nobody joined yet
-            raise RuntimeError(f"group {self.group} not described: {described['error']}")
-        return [_partitions_of(m.get("member_assignment"), topic) for m in described["members"]]
+        return [_partitions_of(m.get("member_assignment"), topic) for m in self._described()]
 
     def remove(self, dead: list[Member]) -> None:
         from kafka.admin import MemberToRemove
@@ -331,16 +333,14 @@ def group_admin(
 
 
 def _partitions_of(assignment: Any, topic: str) -> frozenset[int]:
-    """The partitions of ``topic`` in a member's assignment as kafka-python describes it: the
-    decoded consumer protocol's ``assigned_partitions`` (as a dict or an object), nothing when
-    there is none (a member between rebalances) or it could not be decoded."""
-    if isinstance(assignment, dict):
-        pairs = [(a.get("topic"), a.get("partitions")) for a in assignment["assigned_partitions"]]
-    elif assignment is not None and hasattr(assignment, "assigned_partitions"):
-        pairs = [(a.topic, a.partitions) for a in assignment.assigned_partitions]
-    else:
+    """The partitions of ``topic`` in a member's assignment as kafka-python describes it (the
+    consumer protocol's assignment, decoded into a dict); nothing when the member has none
+    (between rebalances) or it could not be decoded (left as bytes)."""
+    if not isinstance(assignment, dict):
         return frozenset()
-    return frozenset(p for t, ps in pairs if t == topic for p in ps or ())
+    return frozenset(
+        p for a in assignment["assigned_partitions"] if a["topic"] == topic for p in a["partitions"]
+    )
 
 
 def kafka_watch(admin: GroupAdmin, own_address: str, own_boot: str) -> PeerWatch:

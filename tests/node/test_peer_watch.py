@@ -19,6 +19,7 @@ from node.peer_watch import (
     GroupAdmin,
     Member,
     PeerWatch,
+    _partitions_of,
     member_name,
     parse,
     probe,
@@ -225,3 +226,19 @@ def test_rounds_that_keep_failing_are_told_once_then_every_few_seconds(
         down[0] = False
         one_round()
     assert caplog.records[-1].getMessage() == "peer watch: rounds work again, after 41 failed"
+
+
+def test_a_members_holdings_are_read_from_the_assignment_kafka_python_decodes() -> None:
+    # As DescribeGroups came back from a 4.1 broker through kafka-python (a cronlog member
+    # subscribes to the commands topic only); undecodable assignments stay bytes.
+    assignment = {
+        "assigned_partitions": [
+            {"topic": "p.commands", "partitions": [0, 3]},
+            {"topic": "p.other", "partitions": [1]},
+        ],
+        "user_data": "",
+    }
+    assert _partitions_of(assignment, "p.commands") == frozenset({0, 3})
+    assert _partitions_of(assignment, "p.events") == frozenset()
+    assert _partitions_of(b"\x00\x01", "p.commands") == frozenset()
+    assert _partitions_of(None, "p.commands") == frozenset()
