@@ -39,6 +39,17 @@ class Seen:
         self.unusable += 1
 
 
+def owner_wrote(log: MemoryLog, store_dir: Path, jobs: int) -> None:
+    """An owner of partition 0 (its store in ``store_dir``) registers ``jobs`` jobs, then
+    stops: one event a job in the log."""
+    owner = started(log, lambda: RocksStateStore.open(store_dir, 0))
+    try:
+        for i in range(jobs):
+            put(owner, f"job-{i}").result(timeout=10)
+    finally:
+        owner.stop()
+
+
 def folded(log: MemoryLog) -> PartitionState:
     state = PartitionState(0)
     for record in log.read_events(0, 0, 100_000):
@@ -88,12 +99,7 @@ def test_the_owner_snapshots_and_a_new_owner_replays_only_the_tail(tmp_path: Pat
 
 def test_without_snapshots_a_new_owner_folds_from_zero(tmp_path: Path) -> None:
     log = MemoryLog(1)
-    owner = started(log, lambda: RocksStateStore.open(tmp_path / "owner", 0))
-    try:
-        for i in range(5):
-            put(owner, f"job-{i}").result(timeout=10)
-    finally:
-        owner.stop()
+    owner_wrote(log, tmp_path / "owner", 5)
     new_owner = started(log, lambda: RocksStateStore.open(tmp_path / "new", 0))
     try:
         assert new_owner.deciding.wait(10)

@@ -10,7 +10,7 @@ from eventlog.snapshots import MemorySnapshots
 from node.standby import JOINING_KEEP_S, StandbyFollower, may_be_given, standby_targets
 from projections.state_store import RocksStateStore
 from tests.node.test_runner import put, started
-from tests.node.test_snapshots import folded
+from tests.node.test_snapshots import folded, owner_wrote
 
 
 def after_last(log: MemoryLog) -> int:
@@ -125,12 +125,7 @@ def test_partitions_warmed_before_joining_are_followed_until_the_first_assignmen
     tmp_path: Path,
 ) -> None:
     log = MemoryLog(3, gaps=True)
-    owner = started(log, lambda: RocksStateStore.open(tmp_path / "owner", 0))
-    try:
-        for i in range(20):
-            put(owner, f"job-{i}").result(timeout=10)
-    finally:
-        owner.stop()
+    owner_wrote(log, tmp_path / "owner", 20)
     owned: frozenset[int] = frozenset()
     follower = StandbyFollower(
         log, lambda p: RocksStateStore.open(tmp_path / "joiner", p), lambda: owned, 0
