@@ -155,10 +155,15 @@ class SlotDue(Command, tag=True, frozen=True, kw_only=True):
     before ``through`` is materialised ahead of it (``core.decide`` says when). ``through``
     comes from the timer that fired (the partition's lead time), never from a clock read in
     the core, so the decision stays a function of the state, the command and ``now``. None,
-    or a ``through`` before ``now``: only the slots due at ``now``."""
+    or a ``through`` before ``now``: only the slots due at ``now``. ``reach_ms`` (the
+    partition's arming time, ``Partition.arm_ms``) is how far ahead of ``now`` a push job under
+    ``allow`` keeps its runs materialised while runs of it are still ahead of their slots
+    (``core.decide._goes_ahead``): its calls stay armed that far ahead, however short the gap
+    between its slots."""
 
     job_id: str
     through: Millis | None = None
+    reach_ms: int = 0
 
 
 class LeaseDue(Command, tag=True, frozen=True, kw_only=True):

@@ -173,7 +173,7 @@ def decide(state: PartitionState, command: AnyCommand, now: Millis) -> list[AnyE
         case UpstreamSucceeded():
             return _upstream(state, command, now)
         case SlotDue():
-            return _slot_due(state, command.job_id, now, command.through)
+            return _slot_due(state, command.job_id, now, command.through, command.reach_ms)
         case LeaseDue():
             return _lease_due(state, command.run_id, now)
         case AnswerDue():
@@ -370,13 +370,19 @@ def _cancel_job(state: PartitionState, cmd: CancelJob, now: Millis) -> list[AnyE
     return events
 
 
-def _goes_ahead(state: PartitionState, job: JobState, now: Millis) -> bool:
+def _goes_ahead(state: PartitionState, job: JobState, now: Millis, reach_ms: int) -> bool:
     """Whether a job with live runs has its next slot materialised ahead: only under ``allow``,
-    where the slot runs whatever is live, and only while no run of it is ahead of its slot, so
-    that one run at most is ever materialised ahead. (A job whose runs each take longer than
-    the gap between its slots thus keeps its starts ahead, armed, instead of deciding every slot
-    at the slot.)"""
-    return job.spec.overlap_policy is OverlapPolicy.ALLOW and not _ahead_runs(state, job, now)
+    where the slot runs whatever is live, and only while each run of it still ahead of its slot
+    starts within ``reach_ms`` (a push job's; a pull job's: none may be ahead), so that its
+    runs ahead are one more than its slots within the reach at most. (A job whose runs each
+    take longer than the gap between its slots thus keeps its starts ahead, armed, instead of
+    deciding every slot at the slot; and a job whose slots come more often than the arming
+    time keeps its calls armed that far ahead, so they start on time across a hand-over of its
+    partition shorter than that: the calls go out from the executors that hold them.)"""
+    if job.spec.overlap_policy is not OverlapPolicy.ALLOW:
+        return False
+    reach = reach_ms if job.spec.pool is None else 0
+    return all(run.available_at <= now + reach for run in _ahead_runs(state, job, now))
 
 
 def _ahead_runs(state: PartitionState, job: JobState, now: Millis) -> list[RunState]:
@@ -462,15 +468,15 @@ def _materialised(
 
 
 def _slot_due(
-    state: PartitionState, job_id: str, now: Millis, through: Millis | None
+    state: PartitionState, job_id: str, now: Millis, through: Millis | None, reach_ms: int = 0
 ) -> list[AnyEvent]:
     """The slots due at ``now`` under the misfire and overlap policies, as they stand at
     ``now``; or, when none is due, the job's next slot if it comes by ``through`` (the lead
     time). A slot is materialised ahead only for a job with no live run, or under ``allow`` (the
-    slot runs whatever is live) with none of its live runs ahead of its own slot, and only the
-    one next slot: with a run live, any other overlap policy decides at the slot, against what is
-    live then. The misfire rules compare a slot with ``now``, so a slot not yet come is never a
-    misfire."""
+    slot runs whatever is live) with each of its live runs ahead of its own slot starting within
+    ``reach_ms`` (``_goes_ahead``), and only the one next slot: with a run live, any other
+    overlap policy decides at the slot, against what is live then. The misfire rules compare a
+    slot with ``now``, so a slot not yet come is never a misfire."""
     job = state.jobs.get(job_id)
     if job is None or job.status is not JobStatus.ACTIVE:
         return []
@@ -479,7 +485,11 @@ def _slot_due(
         return []  # a stale timer
     spec = job.spec
     if first > now:
-        if through is None or first > through or (job.live and not _goes_ahead(state, job, now)):
+        if (
+            through is None
+            or first > through
+            or (job.live and not _goes_ahead(state, job, now, reach_ms))
+        ):
             return []  # a stale timer, or a slot for the overlap policy to decide when it comes
         after = next_slot(spec, first, job.anchor) if spec.recurring else None
         ahead = _with_overlap(state, job, [first], after, now)

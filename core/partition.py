@@ -161,7 +161,7 @@ class Partition:
                 if lead and not job.live:  # as ``core.timers.slot_timer`` arms it
                     slot -= lead
                 elif lead:  # live runs: what the overlap policy allows is slot_timer's to say
-                    slot = slot_timer(state, job.job_id, lead)[1] or slot
+                    slot = slot_timer(state, job.job_id, lead, self.arm_ms)[1] or slot
                 take = now  # not parked
                 if park:
                     take = slot - slot % (park if slot - now < _DAY_MS else _DAY_MS) - park
@@ -195,7 +195,7 @@ class Partition:
     def fold(self, event: ev.AnyEvent) -> None:
         """Fold one event in and change the timers it calls for (replay uses this too)."""
         evolve(self.state, event)
-        changes = timers_after(self.state, event, self.lead_ms)
+        changes = timers_after(self.state, event, self.lead_ms, self.arm_ms)
         changes.append(forget_timer(self.state, event.job_id, self.retention_ms))
         for key, deadline in changes:
             if deadline is None:
@@ -210,7 +210,11 @@ class Partition:
         kind, ident = key
         command: AnyCommand
         if kind == "slot":
-            command = SlotDue(job_id=ident, through=now + self.lead_ms if self.lead_ms else None)
+            command = SlotDue(
+                job_id=ident,
+                through=now + self.lead_ms if self.lead_ms else None,
+                reach_ms=self.arm_ms,
+            )
         elif kind == "lease":
             command = LeaseDue(run_id=ident)
         elif kind == "answer":
@@ -243,7 +247,7 @@ class Partition:
                 key: TimerKey = ("slot", job_id)
                 if key in wheel:
                     continue  # armed by an event folded since: newer than the parked one
-                _, deadline = slot_timer(state, job_id, self.lead_ms)
+                _, deadline = slot_timer(state, job_id, self.lead_ms, self.arm_ms)
                 if deadline is not None and not wheel.add(key, deadline, arming):
                     self._came_due(deadline, key)
 

@@ -61,26 +61,36 @@ TimerKey = tuple[str, str]
 TimerChange = tuple[TimerKey, Millis | None]
 
 
-def slot_timer(state: PartitionState, job_id: str, lead_ms: int = 0) -> TimerChange:
+def slot_timer(
+    state: PartitionState, job_id: str, lead_ms: int = 0, reach_ms: int = 0
+) -> TimerChange:
     """The job's slot timer as its state stands: its next slot, or None (cancel it); a lead
     time ahead of it while the job has no live run, or, under the ``allow`` overlap policy,
-    once the start of its latest live run has come (``core.decide``: only then is a slot
-    materialised ahead, one at a time)."""
-    return _slot_timer(state, job_id, lead_ms)
+    once the start of its latest live run is ``reach_ms`` away (a push job's; a pull job's: has
+    come). ``core.decide`` materialises the next slot ahead only then, one at a time, so a push
+    job's runs are materialised, and their calls armed, ``reach_ms`` ahead of now."""
+    return _slot_timer(state, job_id, lead_ms, reach_ms)
 
 
-def _slot_timer(state: PartitionState, job_id: str, lead_ms: int = 0) -> TimerChange:
+def _slot_timer(
+    state: PartitionState, job_id: str, lead_ms: int = 0, reach_ms: int = 0
+) -> TimerChange:
     job = state.jobs.get(job_id)
     if job is None or job.status is not JobStatus.ACTIVE or job.next_slot is None:
         return (("slot", job_id), None)
     if lead_ms and not job.live:
         return (("slot", job_id), job.next_slot - lead_ms)
     if lead_ms and job.spec.overlap_policy is OverlapPolicy.ALLOW:
-        # The slot runs whatever is live; the run materialised ahead must have come to its start
-        # first. No live run is ahead of its slot once every live run's available_at has come
-        # (a run's slot, and a start leased ahead, are never after its available_at).
+        # The slot runs whatever is live; the runs materialised ahead must have come within the
+        # reach of their start first. No live run is ahead of its slot once every live run's
+        # available_at has come (a run's slot, and a start leased ahead, are never after its
+        # available_at).
         latest = max(state.runs[run_id].available_at for run_id in job.live)
-        return (("slot", job_id), min(job.next_slot, max(job.next_slot - lead_ms, latest)))
+        reach = reach_ms if job.spec.pool is None else 0
+        return (
+            ("slot", job_id),
+            min(job.next_slot, max(job.next_slot - lead_ms, latest - reach)),
+        )
     return (("slot", job_id), job.next_slot)
 
 
@@ -95,22 +105,24 @@ def _ready_timer(state: PartitionState, run: RunState) -> list[TimerChange]:
     return [(("ready", run.run_id), run.available_at)]
 
 
-def timers_after(state: PartitionState, event: AnyEvent, lead_ms: int = 0) -> list[TimerChange]:
+def timers_after(
+    state: PartitionState, event: AnyEvent, lead_ms: int = 0, reach_ms: int = 0
+) -> list[TimerChange]:
     """The timer changes ``event`` calls for; ``state`` has already folded it. With a lead
     time the slot timer also moves when the job's live runs come and go (``slot_timer``)."""
     match event:
         case JobUpdated():
             # A new target may move its pending runs between the executors and a pool.
-            changes = [_slot_timer(state, event.job_id, lead_ms)]
+            changes = [_slot_timer(state, event.job_id, lead_ms, reach_ms)]
             for run_id in state.jobs[event.job_id].live:
                 changes += _ready_timer(state, state.runs[run_id])
             return changes
         case JobRegistered() | JobResumed() | RunSkipped():
-            return [_slot_timer(state, event.job_id, lead_ms)]
+            return [_slot_timer(state, event.job_id, lead_ms, reach_ms)]
         case JobPaused() | JobCancelled():
             return [(("slot", event.job_id), None)]
         case RunMaterialised():
-            changes = [_slot_timer(state, event.job_id, lead_ms)]
+            changes = [_slot_timer(state, event.job_id, lead_ms, reach_ms)]
             run = state.runs.get(event.run_id)
             if run is not None:
                 changes += _ready_timer(state, run)
@@ -119,13 +131,13 @@ def timers_after(state: PartitionState, event: AnyEvent, lead_ms: int = 0) -> li
             run = state.runs.get(event.run_id)
             changes = _ready_timer(state, run) if run is not None else []
             if lead_ms:  # a live run's start moved: under ``allow``, so does the slot timer
-                changes.append(_slot_timer(state, event.job_id, lead_ms))
+                changes.append(_slot_timer(state, event.job_id, lead_ms, reach_ms))
             return changes
         case RunReplayed():
             run = state.runs.get(event.run_id)
             changes = _ready_timer(state, run) if run is not None else []
             if lead_ms:  # live again: the next slot is decided at the slot
-                changes.append(_slot_timer(state, event.job_id, lead_ms))
+                changes.append(_slot_timer(state, event.job_id, lead_ms, reach_ms))
             return changes
         case LeaseGranted() | Heartbeat():
             return [
@@ -136,7 +148,7 @@ def timers_after(state: PartitionState, event: AnyEvent, lead_ms: int = 0) -> li
             changes = [(("ready", event.run_id), None), (("lease", event.run_id), None)]
             changes += _no_ask(event.run_id)
             if lead_ms:  # perhaps the last live run: the next slot may be materialised ahead
-                changes.append(_slot_timer(state, event.job_id, lead_ms))
+                changes.append(_slot_timer(state, event.job_id, lead_ms, reach_ms))
             return changes
         case LeaseExpired():
             return [(("ready", event.run_id), None), (("lease", event.run_id), None)]
@@ -151,7 +163,7 @@ def timers_after(state: PartitionState, event: AnyEvent, lead_ms: int = 0) -> li
                 changes = [(("ready", event.run_id), None), (("lease", event.run_id), None)]
                 changes += _no_ask(event.run_id)
             if lead_ms or event.reason is CancelReason.WITHDRAWN:  # the next slot moved
-                changes.append(_slot_timer(state, event.job_id, lead_ms))
+                changes.append(_slot_timer(state, event.job_id, lead_ms, reach_ms))
             return changes
         case RunOutcomeAsked():
             return [
@@ -186,11 +198,11 @@ def forget_timer(state: PartitionState, job_id: str, retention_ms: int) -> Timer
 
 
 def all_timers(
-    state: PartitionState, retention_ms: int | None = None, lead_ms: int = 0
+    state: PartitionState, retention_ms: int | None = None, lead_ms: int = 0, reach_ms: int = 0
 ) -> Iterator[tuple[TimerKey, Millis]]:
     """Every timer ``state`` calls for; the forget timers too when ``retention_ms`` is given."""
     for job in state.jobs.values():
-        key, deadline = _slot_timer(state, job.job_id, lead_ms)
+        key, deadline = _slot_timer(state, job.job_id, lead_ms, reach_ms)
         if deadline is not None:
             yield key, deadline
         if retention_ms is not None and (ended := ended_at(state, job)) is not None:

@@ -21,8 +21,9 @@ from core.commands import (
 )
 from core.decide import ARM_GUARD_MS, MAX_HORIZON_MS
 from core.errors import Conflict, InvalidDefinition
-from core.jobs import HttpTarget
+from core.jobs import HttpTarget, PullTarget
 from core.partition import Partition
+from core.state import RunStatus
 from tests.core.harness import Sim, spec
 
 T0 = int(datetime(2026, 3, 2, tzinfo=UTC).timestamp() * 1000)
@@ -131,3 +132,93 @@ def test_a_lease_armed_and_never_started_runs_out_from_its_start() -> None:
     assert not sim.of_type(ev.LeaseExpired)  # not counted from the arming
     sim.advance(1)
     assert [e.run_id for e in sim.of_type(ev.LeaseExpired)] == [lease.run_id]
+
+
+def every_second(sim: Sim, job_id: str, **kw: object) -> None:
+    sim.do(PutJob(job_id=f"team-a/{job_id}", spec=spec(schedule="* * * * * *", **kw)))
+
+
+def run_steadily(sim: Sim, until: int, step_ms: int = 250) -> list[ev.LeaseGranted]:
+    """Drive the partition as its node would: start each run whose call comes due (its
+    arming time early), and complete each call 100 ms after its start; the leases granted."""
+    leases: list[ev.LeaseGranted] = []
+    open_calls: list[ev.LeaseGranted] = []
+    while sim.now < until:
+        while sim.ready:
+            granted = [e for e in start(sim, sim.ready.popleft()) if isinstance(e, ev.LeaseGranted)]
+            leases += granted
+            open_calls += granted
+        for lease in [c for c in open_calls if (c.start_at or c.at) + 100 <= sim.now]:
+            open_calls.remove(lease)
+            sim.do(
+                CompleteRun(
+                    run_id=lease.run_id,
+                    fencing_token=lease.fencing_token,
+                    outcome=Outcome.SUCCEEDED,
+                    started_late_ms=0,
+                )
+            )
+        sim.advance(step_ms)
+    return leases
+
+
+def armed_slots(sim: Sim, job_id: str) -> list[int]:
+    """The slots of the job's runs leased ahead of their start: calls armed, not made yet."""
+    return sorted(
+        run.scheduled_for
+        for run in sim.state.runs.values()
+        if run.job_id == f"team-a/{job_id}" and run.start_at is not None and run.start_at > sim.now
+    )
+
+
+def test_a_job_due_more_often_than_the_arming_time_keeps_its_calls_armed_that_far_ahead() -> None:
+    """An every-second job under ``allow`` keeps runs materialised, and their calls armed, its
+    arming time ahead of now (one slot after another, never more than the slots within it and
+    one more): a node that stops deciding its partition at any instant has already armed every
+    call due within the arming time, so a hand-over shorter than that leaves no slot late."""
+    sim = Sim(T0, lead_ms=LEAD, arm_ms=ARM)
+    every_second(sim, "tick")
+    leases = run_steadily(sim, T0 + 40 * SEC)
+    assert leases and all(lease.lateness_ms == 0 for lease in leases)
+    assert all(lease.start_at == lease.scheduled_for for lease in leases)
+    for _ in range(12):  # at instants within the second, and across it
+        sim_slots = armed_slots(sim, "tick")
+        due_within = [s for s in range(sim.now - sim.now % SEC + SEC, sim.now + ARM, SEC)]
+        assert set(due_within) <= set(sim_slots), (sim.now, sim_slots)
+        ahead = [r for r in sim.state.runs.values() if r.scheduled_for > sim.now]
+        assert len(ahead) <= ARM // SEC + 1
+        run_steadily(sim, sim.now + 250)
+    assert sim.replayed() == sim.state.snapshot()
+
+
+def test_without_an_arming_time_or_for_a_pull_job_one_run_at_most_is_ahead() -> None:
+    pull = Sim(T0, lead_ms=LEAD, arm_ms=ARM)
+    pull.do(
+        PutJob(
+            job_id="team-a/pulled",
+            spec=spec(schedule="* * * * * *", target=PullTarget(pool="p")),
+        )
+    )
+    unarmed = Sim(T0, lead_ms=LEAD)
+    every_second(unarmed, "tick")
+    for sim in (pull, unarmed):
+        for _ in range(40):
+            run_steadily(sim, sim.now + 250)
+            ahead = [r for r in sim.state.runs.values() if r.scheduled_for > sim.now]
+            assert len([r for r in ahead if r.status is RunStatus.PENDING]) <= 1
+
+
+def test_a_pause_withdraws_every_armed_run_far_enough_from_its_start() -> None:
+    sim = Sim(T0, lead_ms=LEAD, arm_ms=ARM)
+    every_second(sim, "tick")
+    run_steadily(sim, T0 + 40 * SEC + 300)  # 0.7 s before a slot: the next two are armed
+    assert armed_slots(sim, "tick") == [T0 + 41 * SEC, T0 + 42 * SEC]
+    ahead = {r.scheduled_for for r in sim.state.runs.values() if r.scheduled_for > sim.now}
+    assert ahead == {T0 + 41 * SEC, T0 + 42 * SEC, T0 + 43 * SEC}  # the last not armed yet
+    events = sim.do(PauseJob(job_id="team-a/tick", tenant="team-a"))
+    withdrawn = [e for e in events if isinstance(e, ev.RunCancelled)]
+    assert {e.scheduled_for for e in withdrawn} == ahead
+    assert all(e.next_slot == T0 + 41 * SEC for e in withdrawn)
+    assert sim.state.jobs["team-a/tick"].next_slot == T0 + 41 * SEC
+    assert armed_slots(sim, "tick") == []
+    assert sim.replayed() == sim.state.snapshot()
