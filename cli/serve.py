@@ -871,6 +871,10 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             server.run()
     finally:
+        # The stop has begun: another SIGTERM (a supervisor asking again, a worker's parent
+        # making sure) must not cut it short, leaving calls armed ahead unmade and the stores
+        # open; a second Ctrl-C still ends the process at once.
+        signal.signal(signal.SIGTERM, _already_stopping)
         # Outcomes cannot be recorded in a damaged log: do not wait for calls in flight.
         node.stop(drain_s=0 if damaged else args.drain_sec)
         if snapshots is not None:
@@ -1073,6 +1077,13 @@ def _server(
 
 def _exit_cleanly(signum: int, _frame: object) -> None:
     raise SystemExit(0)
+
+
+def _already_stopping(signum: int, _frame: object) -> None:
+    logging.getLogger("cronlog").info(
+        "SIGTERM again: the node is stopping already (its calls in flight end first; SIGINT or"
+        " SIGKILL ends it now)"
+    )
 
 
 def _stored_partitions(data_dir: Path, requested: int) -> int:

@@ -173,7 +173,8 @@ class WorkerProcess(Worker):
     def _end(self, process: subprocess.Popen[bytes]) -> None:
         if process.poll() is not None:
             return
-        process.send_signal(signal.SIGTERM)
+        if not self._ending:  # asked already (begin_stop): once is the request, not twice
+            process.send_signal(signal.SIGTERM)
         try:
             process.wait(self._drain_s + STOP_GRACE_S)
         except subprocess.TimeoutExpired:
@@ -347,6 +348,7 @@ def serve_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
     as a node of its own would be, and the parent keeps the port and the workers."""
     from cli.serve import (
         EXIT_LOG_DAMAGED,
+        _already_stopping,
         _exit_cleanly,
         configure_logging,
         load_metrics_token,
@@ -415,8 +417,10 @@ def serve_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
         try:
             stop.wait()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, _exit_cleanly)
+            # Stopping: a second SIGTERM must not cut the workers' drain short (the parent
+            # would close the log under them); a second Ctrl-C still ends it at once.
+            signal.signal(signal.SIGTERM, _already_stopping)
+            signal.signal(signal.SIGINT, _exit_cleanly)
             for worker in workers:
                 worker.begin_stop()
             supervisor.stop()

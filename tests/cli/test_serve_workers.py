@@ -222,3 +222,49 @@ def test_a_retention_pass_reads_each_report_once(tmp_path: Path) -> None:
     assert (floor(0), floor(1)) == (5, 6)
     floor_path(tmp_path, 0).unlink()  # gone within the pass: what was read still holds
     assert floor(1) == 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_node_asked_to_stop_twice_still_makes_the_calls_it_armed_ahead(
+    tmp_path: Path, workers: int
+) -> None:
+    """SIGTERM, and SIGTERM again while the node drains (a supervisor asking twice; a node of
+    worker processes asked its workers twice before): the calls armed for the next two
+    seconds go out at their slots from the stopping node, and it exits having closed its
+    stores. Before, a node of two workers made none of them and exited with its stores open,
+    and so every armed call's lease ran out first (a critical run's set aside)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    target = Target().start()
+    args = ("--drain-sec", "10") + (("--workers", str(workers)) if workers > 1 else ())
+    node = Serve(data, partitions=4, args=args).start()
+    assert node.proc is not None
+    try:
+        for i in range(4):
+            body = {"name": f"tick-{i}", "schedule": "* * * * *", "seconds": "*"}
+            created = httpx.post(
+                f"{node.url}/v1/jobs", json={**body, "target": target.url}, headers=A, timeout=10
+            )
+            assert created.status_code == 201, created.text
+        target.wait_for(12, timeout_s=10)  # running: every job's calls arriving each second
+        # 0.2 s into a second: the calls of the next two seconds are armed by now
+        time.sleep((1.2 - time.time() % 1) % 1)
+        asked = time.time()
+        node.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        node.proc.send_signal(signal.SIGTERM)
+        assert node.proc.wait(30) == 0
+    finally:
+        target.stop()
+        if node.proc.poll() is None:
+            node.kill()
+    second = int(asked) + 1
+    made = {
+        int(call.headers["Idempotency-Key"].rsplit(":", 1)[1]) // 1000: call.received_at
+        for call in target.calls
+        if call.received_at > asked
+    }
+    assert {second, second + 1} <= set(made), sorted(made)
+    assert all(at - slot < 1.0 for slot, at in made.items()), made  # on time, not retried
+    assert "still open at exit" not in (data / "serve.log").read_text()
