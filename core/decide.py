@@ -102,6 +102,7 @@ from core.jobs import (
     judged,
     last_slots,
     next_slot,
+    reach_ahead_ms,
     retry_delay_ms,
     slots_between,
 )
@@ -373,15 +374,16 @@ def _cancel_job(state: PartitionState, cmd: CancelJob, now: Millis) -> list[AnyE
 def _goes_ahead(state: PartitionState, job: JobState, now: Millis, reach_ms: int) -> bool:
     """Whether a job with live runs has its next slot materialised ahead: only under ``allow``,
     where the slot runs whatever is live, and only while each run of it still ahead of its slot
-    starts within ``reach_ms`` (a push job's; a pull job's: none may be ahead), so that its
-    runs ahead are one more than its slots within the reach at most. (A job whose runs each
-    take longer than the gap between its slots thus keeps its starts ahead, armed, instead of
-    deciding every slot at the slot; and a job whose slots come more often than the arming
-    time keeps its calls armed that far ahead, so they start on time across a hand-over of its
-    partition shorter than that: the calls go out from the executors that hold them.)"""
+    starts within its reach (``core.jobs.reach_ahead_ms``: the arming time for a push job that
+    is not critical; else none may be ahead), so that its runs ahead are one more than its
+    slots within the reach at most. (A job whose runs each take longer than the gap between its
+    slots thus keeps its starts ahead, armed, instead of deciding every slot at the slot; and a
+    job whose slots come more often than the arming time keeps its calls armed that far ahead,
+    so they start on time across a hand-over of its partition shorter than that: the calls go
+    out from the executors that hold them.)"""
     if job.spec.overlap_policy is not OverlapPolicy.ALLOW:
         return False
-    reach = reach_ms if job.spec.pool is None else 0
+    reach = reach_ahead_ms(job.spec, reach_ms)
     return all(run.available_at <= now + reach for run in _ahead_runs(state, job, now))
 
 

@@ -53,7 +53,7 @@ from core.events import (
     RunStarted,
     UpstreamRecorded,
 )
-from core.jobs import OverlapPolicy
+from core.jobs import OverlapPolicy, reach_ahead_ms
 from core.state import JobStatus, PartitionState, RunState, RunStatus, ended_at
 
 TimerKey = tuple[str, str]
@@ -66,9 +66,10 @@ def slot_timer(
 ) -> TimerChange:
     """The job's slot timer as its state stands: its next slot, or None (cancel it); a lead
     time ahead of it while the job has no live run, or, under the ``allow`` overlap policy,
-    once the start of its latest live run is ``reach_ms`` away (a push job's; a pull job's: has
-    come). ``core.decide`` materialises the next slot ahead only then, one at a time, so a push
-    job's runs are materialised, and their calls armed, ``reach_ms`` ahead of now."""
+    once the start of its latest live run is its reach away (``core.jobs.reach_ahead_ms``: the
+    arming time for a push job that is not critical; else: has come). ``core.decide``
+    materialises the next slot ahead only then, one at a time, so such a job's runs are
+    materialised, and their calls armed, ``reach_ms`` ahead of now."""
     return _slot_timer(state, job_id, lead_ms, reach_ms)
 
 
@@ -86,7 +87,7 @@ def _slot_timer(
         # available_at has come (a run's slot, and a start leased ahead, are never after its
         # available_at).
         latest = max(state.runs[run_id].available_at for run_id in job.live)
-        reach = reach_ms if job.spec.pool is None else 0
+        reach = reach_ahead_ms(job.spec, reach_ms)
         return (
             ("slot", job_id),
             min(job.next_slot, max(job.next_slot - lead_ms, latest - reach)),

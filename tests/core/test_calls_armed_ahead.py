@@ -222,3 +222,15 @@ def test_a_pause_withdraws_every_armed_run_far_enough_from_its_start() -> None:
     assert sim.state.jobs["team-a/tick"].next_slot == T0 + 41 * SEC
     assert armed_slots(sim, "tick") == []
     assert sim.replayed() == sim.state.snapshot()
+
+
+def test_a_critical_job_keeps_one_call_armed_ahead_at_most() -> None:
+    """A node killed before its armed starts leaves each such lease ambiguous, and a critical
+    run's ambiguity is asked about or set aside: so a critical job does not reach ahead."""
+    sim = Sim(T0, lead_ms=LEAD, arm_ms=ARM)
+    every_second(sim, "pay", critical=True)
+    for _ in range(40):
+        run_steadily(sim, sim.now + 250)
+        assert len(armed_slots(sim, "pay")) <= 1
+        ahead = [r for r in sim.state.runs.values() if r.scheduled_for > sim.now]
+        assert len(ahead) <= 1
