@@ -157,9 +157,9 @@ class SlotDue(Command, tag=True, frozen=True, kw_only=True):
     the core, so the decision stays a function of the state, the command and ``now``. None,
     or a ``through`` before ``now``: only the slots due at ``now``. ``reach_ms`` (the
     partition's arming time, ``Partition.arm_ms``) is how far ahead of ``now`` a push job under
-    ``allow`` keeps its runs materialised while runs of it are still ahead of their slots
-    (``core.decide._goes_ahead``): its calls stay armed that far ahead, however short the gap
-    between its slots."""
+    ``allow`` that is not critical keeps its runs materialised while runs of it are still ahead
+    of their slots (``core.jobs.reach_ahead_ms``, ``core.decide._goes_ahead``): its calls stay
+    armed that far ahead, however short the gap between its slots."""
 
     job_id: str
     through: Millis | None = None

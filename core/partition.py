@@ -39,12 +39,12 @@ arms its timers by the lead it is given. 0 (the default) decides every slot at t
 (``horizon_ms``): the lease is granted ahead, counting from ``available_at`` (its
 ``start_at``), and the executor makes the call at that instant on its own timer. Like the lead,
 a setting, not state. The arming time is also the reach under ``allow`` of a push job that
-is not critical (``core.jobs.reach_ahead_ms``): its next
-slot is materialised ahead once its latest run is within the arming time of its start
-(``SlotDue.reach_ms``), so a job due more often than that keeps its calls armed that far ahead
-of now. With ``kafka_at_slot`` set (a cluster whose runner produces ``kafka://``
-runs in the events' own transaction, ``node.produced``) a Kafka target's run is not armed
-ahead: its lease, its success and its record are decided together at its start.
+is not critical (``core.jobs.reach_ahead_ms``): its next slot is materialised ahead once its
+latest run is within the arming time of its start (``SlotDue.reach_ms``), so a job due more
+often than that keeps its calls armed that far ahead of now. With ``kafka_at_slot`` set (a
+cluster whose runner produces ``kafka://`` runs in the events' own transaction,
+``node.produced``) a Kafka target's run is not armed ahead: its lease, its success and its
+record are decided together at its start.
 
 ``snapshot()`` gives the canonical state as bytes with a format version in front, and
 ``restore()`` takes them back (rebuilding every timer from the state): a snapshot of a state
