@@ -516,6 +516,9 @@ class PartitionRunner:
             times.settle_s = time.monotonic() - settling
             batch = self._wait_for_work()
             if self._stopped:
+                # Taken as the stop woke the loop: answered, never dropped (its caller asks
+                # the partition's next owner; unanswered, it waited LOCAL_TIMEOUT_S).
+                _answer_all(batch, Unavailable(f"partition {self.partition} is not running here"))
                 break
             # A partition's time never goes back. After the wall clock steps back, the wheel
             # keeps its later time, and a timer armed by the earlier clock would be "already

@@ -613,3 +613,23 @@ def test_a_critical_lease_whose_call_this_node_never_started_is_tried_again(tell
             assert dead.reason == "outcome_unknown"
     finally:
         runner.stop()
+
+
+def test_a_request_taken_as_the_runner_stops_is_answered_not_dropped() -> None:
+    """A stop that wakes the loop while a request waits in its inbox: the loop takes the
+    request and sees the stop. It was dropped there, unanswered, and its caller waited a
+    minute (``LOCAL_TIMEOUT_S``): an executor recording a call's outcome at its partition's
+    hand-over held its stop's drain to the end and never recorded it, so the lease ran out and
+    the run was called again. Now it hears "unavailable" at once, and asks the new owner."""
+    log = MemoryLog(1)
+    runner = started(log, lambda: MemoryStateStore(0))
+    assert runner.deciding.wait(10)
+    try:
+        with runner._cv:  # the loop waits for work; both reach it before it runs again
+            answer = put(runner, "late")
+            runner.request_stop()
+        result = answer.result(timeout=5)
+        assert isinstance(result, Unavailable)
+        assert log.end_offset("events", 0) == 0  # not decided: the next owner decides it
+    finally:
+        runner.stop()
