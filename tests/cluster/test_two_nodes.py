@@ -283,7 +283,7 @@ def test_a_rolling_restart_hands_the_partitions_over_and_lets_a_critical_call_fi
             lambda: owned_by(survivor) == PARTITIONS,
         )
         assert not slow.answered.is_set(), "the partitions moved only after the call ended"
-        # It drains its call meanwhile and ends (a second SIGTERM would cut the drain short).
+        # It drains its call meanwhile and ends.
         assert runner.process.wait(30) == 0
         runner.down = True
         assert not slow.hung_up.is_set(), "the call was cut short"
