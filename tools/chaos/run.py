@@ -14,8 +14,9 @@ and the checker.
 5. The checker (:mod:`tools.chaos.checker`) gets the history; its report goes to
    ``report.json`` and ``report.txt`` in the run's directory, beside everything a failure
    needs to be understood: the node and broker logs, the target's and workers' records, the
-   faults log, and the events as read (``events.jsonl``), so ``python -m tools.chaos check
-   DIR`` can check a run again without its cluster.
+   faults log, the events as read (``events.jsonl``), so ``python -m tools.chaos check
+   DIR`` can check a run again without its cluster, and the commands sent to the partitions
+   (``commands.jsonl``: API requests and outcomes forwarded to a partition's owner).
 """
 
 from __future__ import annotations
@@ -519,6 +520,12 @@ class Run:
         if self.s.shape.topic:
             topic = self.out / "topic.jsonl"  # the kafka:// jobs' records
             gather.EventReader(self.kafka.bootstrap_servers, TEAM_TOPIC, topic).catch_up()
+        # The commands as sent, for a reader of the run (the checker does not need them): a
+        # request forwarded to a partition's owner is one, and where it went is in them.
+        commands = self.out / "commands.jsonl"
+        gather.EventReader(
+            self.kafka.bootstrap_servers, f"chaos-{self.s.seed}.commands", commands
+        ).catch_up()
         calls, bad_calls = read(self.out / "target.jsonl")
         work, bad_work = read_all(sorted((self.out / "workers").glob("*.jsonl")))
         creates, _ = read(self.out / "creates.jsonl")
