@@ -516,9 +516,6 @@ class PartitionRunner:
             times.settle_s = time.monotonic() - settling
             batch = self._wait_for_work()
             if self._stopped:
-                # Taken as the stop woke the loop: answered, never dropped (its caller asks
-                # the partition's next owner; unanswered, it waited LOCAL_TIMEOUT_S).
-                _answer_all(batch, Unavailable(f"partition {self.partition} is not running here"))
                 break
             # A partition's time never goes back. After the wall clock steps back, the wheel
             # keeps its later time, and a timer armed by the earlier clock would be "already
@@ -644,6 +641,11 @@ class PartitionRunner:
                     wait = min(wait, max(0.0, (deadline - self._clock.now_ms()) / 1000))
                 if wait > 0:
                     self._cv.wait(wait)
+            if self._stopped:
+                # What waits stays in the inbox, for the stop to answer "unavailable" (the
+                # callers ask the partition's next owner): taken here, it went unanswered, its
+                # caller waiting LOCAL_TIMEOUT_S.
+                return []
             batch: list[Request] = []
             while self._inbox and len(batch) < MAX_BATCH:
                 batch.append(self._inbox.popleft())
