@@ -332,7 +332,7 @@ class Run:
             self.workers,
             self.cluster.nodes[SKEWED],
             self.faults_log,
-            f"chaos-{s.seed}.events",
+            f"{self.cluster.prefix}.events",
             on_step_back=lambda before, after, at: self._probe_step(
                 workload, clients, before, after, at
             ),
@@ -365,7 +365,7 @@ class Run:
         self.watch.stop()
         pauses = self._pause_all(clients, workload)
         reader = gather.EventReader(
-            self.kafka.bootstrap_servers, f"chaos-{s.seed}.events", self.out / "events.jsonl"
+            self.kafka.bootstrap_servers, f"{self.cluster.prefix}.events", self.out / "events.jsonl"
         )
         try:
             live = self._settle(reader)
@@ -524,7 +524,7 @@ class Run:
         # request forwarded to a partition's owner is one, and where it went is in them.
         commands = self.out / "commands.jsonl"
         gather.EventReader(
-            self.kafka.bootstrap_servers, f"chaos-{self.s.seed}.commands", commands
+            self.kafka.bootstrap_servers, f"{self.cluster.prefix}.commands", commands
         ).catch_up()
         calls, bad_calls = read(self.out / "target.jsonl")
         work, bad_work = read_all(sorted((self.out / "workers").glob("*.jsonl")))
