@@ -30,8 +30,16 @@ runs each turn of its loop for up to a second, and a call needs five or six turn
 connect, send), so another team's call went out 1-5 s after its start however fair its turn
 (measured, ``bench.flood_three``: 40,000 calls of one team due at once on three nodes). A call
 of a team with few calls goes to the kept process unless that has more calls in flight than the
-least busy of the N (with no herd, calls spread over all of them), and never before it has said
-it is ready (the node's start does not wait for it). A team with many calls never uses it.
+least busy of the N by more than ``KEPT_LEAD`` (with no herd, calls spread over all of them), and
+never before it has said it is ready (the node's start does not wait for it). A team with many
+calls never uses it. The lead is there because calls are armed ahead: a team's every-second jobs
+keep their next seconds' calls in the kept process, waiting for their starts, and the rule of
+earlier builds, "no more than the least busy", sent the next of them to a shared process that
+held none yet, where another team's herd armed for the same slot could fill it before the call
+was made (in ``tests/node/test_fair_defaults.py``, 5 of the few team's first calls went there,
+and in one run of three its call was 2.6 s late behind the other team's 600). Calls
+waiting for their start cost a process a timer each, so the kept process may hold a few dozen
+more than the others.
 
 A call goes to the process with the fewest calls in flight. The calls handed to a process wait
 in the node, each team's in the order they came and the teams in turn (:class:`core.turns.Turns`),
@@ -82,6 +90,9 @@ _HIGH_WATER = 1 << 20  # bytes buffered for a process before a writer waits for 
 # Bytes of calls on their way to a process (the node's write buffer, and the socket's): what a
 # call handed over waits behind at most, whatever the herd ahead of it. A call is about 1 KB.
 SEND_BYTES = 64 * 1024
+# How many calls more than the least busy of the others the kept process may hold and still take
+# a call of a team with few calls (see the module).
+KEPT_LEAD = 64
 DONE_PER_TURN = 64  # frames read from a process in one turn of the executors' loop
 RESPAWN_DELAY_S = 0.5  # before another process replaces one that ended; doubles, up to 10 s
 READY_TIMEOUT_S = 30.0  # the start waits this long for the processes' Ready, then goes on
@@ -254,7 +265,7 @@ class CallerProcesses:
         least = min(self._processes[: self._count], key=lambda p: len(p.pending))
         if few and len(self._processes) > self._count:  # started with the kept one
             kept = self._processes[self._count]
-            if kept.ready and len(kept.pending) <= len(least.pending):
+            if kept.ready and len(kept.pending) <= len(least.pending) + KEPT_LEAD:
                 return kept
         return least
 
