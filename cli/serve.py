@@ -29,6 +29,7 @@ from cli.workers import BOOT, die_with_parent, node_dir, worker_node_id
 from core.partition import DEFAULT_ARM_MS, DEFAULT_LEAD_MS, MAX_ARM_MS, MAX_LEAD_MS
 from eventlog.snapshots import DEFAULT_EVERY_EVENTS, DEFAULT_EVERY_S
 from node.admission import DEFAULT_ROOM, default_reserve
+from node.calls import COLLECTOR_THRESHOLDS
 from node.peer_watch import advertised
 from projections.history_checkpoint import DEFAULT_GRACE_MS, DEFAULT_KEEP
 
@@ -836,7 +837,7 @@ def _serve(args: argparse.Namespace) -> int:
     node.start()
     # Let allocation bursts (a midnight herd) run between collections; once recovery has
     # loaded what lives as long as the node, the gc-freeze service keeps the collector off it.
-    gc.set_threshold(50_000, 20, 20)
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)
     if speaks:
         print(f"cronlog: {egress.describe()}", flush=True)
     if speaks and egress.topics:  # without a grant every kafka:// target is refused: nothing to say

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import os
@@ -81,7 +82,7 @@ from core import events as ev
 from core.commands import Outcome
 from core.jobs import JobSpec
 from core.turns import Turns
-from node.calls import NOT_CALLED, CallerConfig, Result, call_at_start
+from node.calls import COLLECTOR_THRESHOLDS, NOT_CALLED, CallerConfig, Result, call_at_start
 
 log = logging.getLogger(__name__)
 
@@ -429,6 +430,10 @@ async def _serve(fd: int) -> None:
 
     caller = Caller(config)
     await caller.open()
+    # What the start loaded lives as long as the process: kept out of the collector's walks,
+    # and a herd's allocations run between collections (node.calls.COLLECTOR_THRESHOLDS).
+    gc.freeze()
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)
     writer.write(_frame(_encoder.encode(Ready())))
     calls: dict[int, asyncio.Task[None]] = {}
 

@@ -34,6 +34,12 @@ UNREACHABLE = "unreachable"
 # the request goes out (FairGate). On loopback a start costs about a third of a millisecond.
 STARTING = 512
 NOT_CALLED = "not called: the lease ran out before the call"
+# The cycle collector's thresholds in the processes that make a herd's calls (a node's, an
+# executor process's): a herd allocates tens of thousands of short-lived objects a second, and at
+# Python's default (a collection every 700 net allocations, a full one walking every live object
+# by turns) an executor process holding a herd's 50,000 armed calls spent half its CPU
+# collecting (bench/results/perfherd.md, "The executor process and the cycle collector").
+COLLECTOR_THRESHOLDS = (50_000, 20, 20)
 
 
 def retry_after_ms(value: str | None, now: datetime | None = None) -> int | None:

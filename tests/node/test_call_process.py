@@ -4,6 +4,7 @@ process that dies is replaced, and the calls it had in flight end as ambiguous."
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -241,6 +242,43 @@ def test_the_processes_start_returns_once_each_process_is_set_up(
             await processes.stop()
 
     assert asyncio.run(scenario())
+
+
+def test_an_executor_process_lets_a_herd_s_allocations_run_between_collections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A herd's calls allocate in bursts; at the collector's defaults an executor process making
+    50,000 armed calls spent half its CPU collecting (bench/results/perfherd.md). Once set up,
+    the process keeps what its start loaded out of the collector's walks and collects at the
+    node's thresholds."""
+    from node import call_process
+    from node.calls import COLLECTOR_THRESHOLDS, CallerConfig
+
+    noted = tmp_path / "collector"
+    noting = (
+        "import gc, json, pathlib, sys\n"
+        "from node import call_process as cp\n"
+        "frame = cp._frame\n"
+        "def noting(payload):\n"
+        f"    pathlib.Path({str(noted)!r}).write_text("
+        "json.dumps([gc.get_threshold(), gc.get_freeze_count()]))\n"
+        "    return frame(payload)\n"
+        "cp._frame = noting\n"
+        "cp.main(sys.argv)\n"
+    )  # the collector as the process has it when it says it is ready
+    monkeypatch.setattr(call_process, "_command", lambda: [sys.executable, "-c", noting])
+
+    async def scenario() -> None:
+        processes = call_process.CallerProcesses(
+            CallerConfig(egress=LOOPBACK_ALLOWED), 1, kept=False
+        )
+        await processes.start()
+        await processes.stop()
+
+    asyncio.run(scenario())
+    thresholds, frozen = json.loads(noted.read_text())
+    assert tuple(thresholds) == COLLECTOR_THRESHOLDS
+    assert frozen > 10_000  # the imports and the HTTP client, set up before the first call
 
 
 _HTTP_CLIENT_IMPORTED = """
