@@ -159,11 +159,13 @@ class SlotDue(Command, tag=True, frozen=True, kw_only=True):
     partition's arming time, ``Partition.arm_ms``) is how far ahead of ``now`` a push job under
     ``allow`` that is not critical keeps its runs materialised while runs of it are still ahead
     of their slots (``core.jobs.reach_ahead_ms``, ``core.decide._goes_ahead``): its calls stay
-    armed that far ahead, however short the gap between its slots."""
+    armed that far ahead, however short the gap between its slots. ``critical``: a critical
+    job reaches that far too (a hand-over's last batch, ``Partition.arm_ahead``)."""
 
     job_id: str
     through: Millis | None = None
     reach_ms: int = 0
+    critical: bool = False
 
 
 class LeaseDue(Command, tag=True, frozen=True, kw_only=True):

@@ -174,7 +174,9 @@ def decide(state: PartitionState, command: AnyCommand, now: Millis) -> list[AnyE
         case UpstreamSucceeded():
             return _upstream(state, command, now)
         case SlotDue():
-            return _slot_due(state, command.job_id, now, command.through, command.reach_ms)
+            return _slot_due(
+                state, command.job_id, now, command.through, command.reach_ms, command.critical
+            )
         case LeaseDue():
             return _lease_due(state, command.run_id, now)
         case AnswerDue():
@@ -371,7 +373,9 @@ def _cancel_job(state: PartitionState, cmd: CancelJob, now: Millis) -> list[AnyE
     return events
 
 
-def _goes_ahead(state: PartitionState, job: JobState, now: Millis, reach_ms: int) -> bool:
+def _goes_ahead(
+    state: PartitionState, job: JobState, now: Millis, reach_ms: int, critical: bool = False
+) -> bool:
     """Whether a job with live runs has its next slot materialised ahead: only under ``allow``,
     where the slot runs whatever is live, and only while each run of it still ahead of its slot
     starts within its reach (``core.jobs.reach_ahead_ms``: the arming time for a push job that
@@ -380,10 +384,11 @@ def _goes_ahead(state: PartitionState, job: JobState, now: Millis, reach_ms: int
     slots thus keeps its starts ahead, armed, instead of deciding every slot at the slot; and a
     job whose slots come more often than the arming time keeps its calls armed that far ahead,
     so they start on time across a hand-over of its partition shorter than that: the calls go
-    out from the executors that hold them.)"""
+    out from the executors that hold them.) ``critical``: a critical job reaches as far (a
+    hand-over's last batch, ``core.partition.Partition.arm_ahead``)."""
     if job.spec.overlap_policy is not OverlapPolicy.ALLOW:
         return False
-    reach = reach_ahead_ms(job.spec, reach_ms)
+    reach = reach_ahead_ms(job.spec, reach_ms, critical=critical)
     return all(run.available_at <= now + reach for run in _ahead_runs(state, job, now))
 
 
@@ -470,7 +475,12 @@ def _materialised(
 
 
 def _slot_due(
-    state: PartitionState, job_id: str, now: Millis, through: Millis | None, reach_ms: int = 0
+    state: PartitionState,
+    job_id: str,
+    now: Millis,
+    through: Millis | None,
+    reach_ms: int = 0,
+    critical: bool = False,
 ) -> list[AnyEvent]:
     """The slots due at ``now`` under the misfire and overlap policies, as they stand at
     ``now``; or, when none is due, the job's next slot if it comes by ``through`` (the lead
@@ -490,7 +500,7 @@ def _slot_due(
         if (
             through is None
             or first > through
-            or (job.live and not _goes_ahead(state, job, now, reach_ms))
+            or (job.live and not _goes_ahead(state, job, now, reach_ms, critical))
         ):
             return []  # a stale timer, or a slot for the overlap policy to decide when it comes
         after = next_slot(spec, first, job.anchor) if spec.recurring else None

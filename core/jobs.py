@@ -455,14 +455,16 @@ def check_header_value(field: str, value: str) -> None:
 # -- when does a job fire ---------------------------------------------------------------------
 
 
-def reach_ahead_ms(spec: JobSpec, arm_ms: int) -> int:
+def reach_ahead_ms(spec: JobSpec, arm_ms: int, *, critical: bool = False) -> int:
     """How far ahead of now a job under ``allow`` keeps its runs materialised, one after
     another (``core.decide._goes_ahead``, ``core.timers.slot_timer``): a push job's calls are
     armed that far ahead, so a job due more often than that keeps every call of the arming
     time armed. Not a pull job's (its workers claim; one run ahead at most), and not a critical
     job's: a node killed before armed starts leaves each such lease ambiguous (asked about, or
-    set aside ``outcome_unknown``), so a critical job keeps one armed at most."""
-    if spec.pool is not None or spec.critical:
+    set aside ``outcome_unknown``), so a critical job keeps one armed at most. ``critical``:
+    a critical job's too, for the last batch of a node that hands its partitions over and
+    makes the calls it armed as it drains (``core.partition.Partition.arm_ahead``)."""
+    if spec.pool is not None or (spec.critical and not critical):
         return 0
     return arm_ms
 

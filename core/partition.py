@@ -88,6 +88,9 @@ from core.turns import Turns
 from core.wheel import TimingWheel
 
 MAX_ARM_MS = MAX_HORIZON_MS  # a call is armed at most this far ahead of its start
+# Slots of one job a hand-over's last batch materialises at most (``Partition.arm_ahead``): the
+# reach stops it sooner, a slot a second within a 2 s arming time being three.
+MAX_AHEAD_PER_JOB = 64
 
 # 2: a job's definition held encoded (``core.state.hold_spec``). Format 1 (the definition as a
 # map in place) is still read, and its jobs converted (``core.state.JobStateV1``).
@@ -207,6 +210,37 @@ class Partition:
                 # A due key stays queued: firing it decides against the state, which refuses.
             else:
                 self._arm(key, deadline)
+
+    def arm_ahead(self, now: Millis) -> list[ev.AnyEvent]:
+        """A graceful hand-over's last batch: the next slots of each critical push job under
+        ``allow`` within the arming time of ``now`` materialised, as every other push job's
+        are (``core.jobs.reach_ahead_ms``), so their ``ready`` timers come due and the calls
+        are armed here. A node that hands its partitions over and then drains makes those
+        calls at their slots, while the next owner takes over; a node killed instead never
+        gets here, which is why a critical job keeps one call armed otherwise. The events,
+        folded, to append; none without an arming time."""
+        if not self.arm_ms:
+            return []
+        through = now + self.arm_ms
+        state = self.state
+        due = {run.job_id for run in state.runs.values() if run.scheduled_for <= through}
+        events: list[ev.AnyEvent] = []
+        for job_id in sorted(due):
+            job = state.jobs.get(job_id)
+            if job is None or not job.spec.critical or job.spec.pool is not None:
+                continue
+            if self.kafka_at_slot and isinstance(job.spec.target, KafkaTarget):
+                continue  # produced in the events' transaction at its start, never armed
+            command = SlotDue(job_id=job_id, through=through, reach_ms=self.arm_ms, critical=True)
+            for _ in range(MAX_AHEAD_PER_JOB):  # one slot a decision, within the reach
+                try:
+                    decided = self.handle(command, now)
+                except CronlogError:
+                    break
+                if not decided:
+                    break
+                events += decided
+        return events
 
     def fire(self, key: TimerKey, now: Millis) -> list[ev.AnyEvent]:
         """Decide a slot, lease, answer or forget timer that came due. A timer can lose a race

@@ -122,6 +122,10 @@ class Request:
     reply: Reply | None = None
     offset: int | None = None  # the command's offset in the commands stream, if it came from there
     queued_at: float = 0.0  # time.monotonic() when it reached the runner's inbox
+    # A hand-over's last batch (``command`` aside): the critical jobs' next calls armed
+    # (``Partition.arm_ahead``). Answered once the batch is appended; its leases are dispatched
+    # right after, before the loop takes anything else (a stop ends the batch in hand first).
+    arms_ahead: bool = False
 
 
 # A start that waited for call room: how long (seconds), and why there was none.
@@ -818,9 +822,14 @@ class PartitionRunner:
         each waited) and the timers due (noting in ``asks`` the runs whose target is to be
         asked); return the command position the batch moves to, if any."""
         through: int | None = None
+        arming: list[Request] = []
         for request in batch:
             if request.offset is not None:
                 through = request.offset + 1
+            if request.arms_ahead:
+                events += self.core.arm_ahead(now)
+                arming.append(request)  # answered once their leases are decided, below
+                continue
             if self._hold_check(request, now):
                 continue
             start = len(events)
@@ -854,6 +863,7 @@ class PartitionRunner:
                 pass
             else:
                 events += self.core.fire(key, now)
+        answers += [(request, (len(events), len(events))) for request in arming]
         return through
 
     def _never_called(self, run_id: str, now: int, events: list[AnyEvent]) -> bool:

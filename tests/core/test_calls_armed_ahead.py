@@ -234,3 +234,57 @@ def test_a_critical_job_keeps_one_call_armed_ahead_at_most() -> None:
         assert len(armed_slots(sim, "pay")) <= 1
         ahead = [r for r in sim.state.runs.values() if r.scheduled_for > sim.now]
         assert len(ahead) <= 1
+
+
+def test_a_hand_over_s_last_batch_arms_a_critical_job_s_calls_through_the_arming_time() -> None:
+    """A node that hands its partitions over, and then drains, makes the calls it armed: its
+    last batch (``Partition.arm_ahead``) arms a critical job's next calls through the arming
+    time, as every other push job's always are, so a hand-over longer than a second leaves
+    none of its slots late. Other jobs are left as they were."""
+    sim = Sim(T0, lead_ms=LEAD, arm_ms=ARM)
+    every_second(sim, "pay", critical=True)
+    every_second(sim, "tick")
+    sim.do(
+        PutJob(
+            job_id="team-a/pulled",
+            spec=spec(schedule="* * * * * *", target=PullTarget(pool="p")),
+        )
+    )
+    run_steadily(sim, T0 + 40 * SEC + 150)  # a hand-over begins 150 ms into a second
+
+    def runs_of(job: str) -> list[int]:
+        return sorted(r.scheduled_for for r in sim.state.runs.values() if r.job_id == job)
+
+    assert armed_slots(sim, "pay") == [T0 + 41 * SEC]  # one armed, as always
+    tick, pulled = armed_slots(sim, "tick"), runs_of("team-a/pulled")
+    events = sim.partition.arm_ahead(sim.now)
+    assert {e.job_id for e in events} == {"team-a/pay"}
+    sim.log.extend(ev.encode(e) for e in events)
+    sim.advance(0)  # their calls' ready timers came due with the events
+    while sim.ready:
+        start(sim, sim.ready.popleft())
+    assert armed_slots(sim, "pay") == [T0 + 41 * SEC, T0 + 42 * SEC]
+    assert armed_slots(sim, "tick") == tick and runs_of("team-a/pulled") == pulled
+    assert sim.partition.arm_ahead(sim.now) == []  # armed through the arming time already
+    assert sim.replayed() == sim.state.snapshot()
+    unarmed = Sim(T0, lead_ms=LEAD)
+    every_second(unarmed, "pay", critical=True)
+    run_steadily(unarmed, T0 + 40 * SEC + 150)
+    assert unarmed.partition.arm_ahead(unarmed.now) == []  # no arming time, nothing armed
+
+
+def test_a_hand_over_s_last_batch_reaches_as_far_as_a_longer_arming_time() -> None:
+    """The last batch applies the reach of every other push job to the critical one: with a
+    5 s arming time, each of its next five calls is armed, not only the next one after those
+    already leased."""
+    arm = 5 * SEC
+    sim = Sim(T0, lead_ms=LEAD, arm_ms=arm)
+    every_second(sim, "pay", critical=True)
+    run_steadily(sim, T0 + 40 * SEC + 150)
+    events = sim.partition.arm_ahead(sim.now)
+    sim.log.extend(ev.encode(e) for e in events)
+    sim.advance(0)
+    while sim.ready:
+        start(sim, sim.ready.popleft(), horizon_ms=arm)
+    assert armed_slots(sim, "pay") == [T0 + s * SEC for s in range(41, 46)]
+    assert sim.replayed() == sim.state.snapshot()

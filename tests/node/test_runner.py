@@ -13,7 +13,7 @@ import pytest
 
 from core import events as ev
 from core.clock import FakeClock
-from core.commands import PauseJob, PutJob
+from core.commands import PauseJob, PutJob, SlotDue
 from core.errors import CronlogError, Unavailable
 from core.jobs import HttpTarget, JobSpec, PullTarget
 from core.state import PartitionState, RunState
@@ -633,3 +633,35 @@ def test_a_request_taken_as_the_runner_stops_is_answered_not_dropped() -> None:
         assert log.end_offset("events", 0) == 0  # not decided: the next owner decides it
     finally:
         runner.stop()
+
+
+def test_a_hand_over_s_last_batch_arms_the_critical_jobs_next_calls_before_the_stop() -> None:
+    """A node about to hand its partitions over asks each runner for a last batch
+    (``Request(arms_ahead=True)``, ``Node._arm_last_batch``): a critical every-second job,
+    which keeps one call armed otherwise, has its calls through the arming time leased and
+    handed to the executors before the runner stops, so the node makes them as it drains."""
+    log = MemoryLog(1)
+    clock = WallClock(START)
+    member = log.join(Owner())
+    member.poll(0)
+    executors = Starting()
+    runner = PartitionRunner(
+        0, log, member.writer(0), lambda: MemoryStateStore(0), clock, executors,
+        lead_ms=30_000, arm_ms=2_000,
+    )  # fmt: skip
+    runner.start()
+    try:
+        pay = JobSpec(name="pay", tenant="team-a", target=HttpTarget(url="http://127.0.0.1:9/"),
+                      schedule="* * * * * *", critical=True)  # fmt: skip
+        runner.submit(Request(PutJob(job_id="team-a/pay", spec=pay)))
+        for now in range(START, START + 10_150 + 1, 250):  # steadily, up to 150 ms into a second
+            decided_at(runner, clock, log, now)
+        armed = {lease.scheduled_for for lease in executors.leases if lease.start_at > clock.now}
+        assert armed == {START + 11_000}  # one call armed ahead, as a critical job keeps
+        answer: Future[Decided | CronlogError] = Future()
+        runner.submit(Request(SlotDue(job_id=""), reply=answer.set_result, arms_ahead=True))
+        assert isinstance(answer.result(timeout=10), Decided)
+    finally:
+        runner.stop()  # the hand-over: the batch in hand ends first
+    armed = {lease.scheduled_for for lease in executors.leases if lease.start_at > clock.now}
+    assert armed == {START + 11_000, START + 12_000}
