@@ -164,6 +164,8 @@ STOP_WAIT_S = 3.0
 NODE_STOP_WAIT_S = 10.0
 # How long a stopping node asks the group's coordinator whether others remain to hand over to.
 OTHERS_TIMEOUT_S = 2.0
+# How long a graceful hand-over waits for its partitions' last batch (``Node._arm_last_batch``).
+LAST_BATCH_WAIT_S = 0.5
 # A handover begins this long after a whole second (the second's slots have started by then).
 HANDOVER_AFTER_MS = 150
 # Warming before joining (node.standby): up to this many times a member's share of the
@@ -575,9 +577,32 @@ class Node:
             # run is late (it had less than one when the handover began late in a second).
             into = self._clock.now_ms() % 1000
             time.sleep(((HANDOVER_AFTER_MS - into) % 1000) / 1000)
+            self._arm_last_batch()
             self._hand_over.set()
             if not self._handed_over.wait(NODE_STOP_WAIT_S + OTHERS_TIMEOUT_S):
                 log.warning("%s: the partitions were not handed over in time", self.node_id)
+
+    def _arm_last_batch(self) -> None:
+        """Before handing the partitions over: have each runner arm the next calls of its
+        critical jobs within the arming time (``Partition.arm_ahead``), which this node makes
+        as it drains, and wait for them up to ``LAST_BATCH_WAIT_S`` in all. Those jobs keep
+        one call armed otherwise (a killed node's armed leases are ambiguous), so a hand-over
+        longer than a second made their next slot late; with this batch, their calls are armed
+        through the arming time, as every other push job's are."""
+        with self._lock:
+            runners = list(self._runners.values())
+        answered: list[threading.Event] = []
+        for runner in runners:
+            done = threading.Event()
+            runner.submit(Request(_NOTHING, reply=lambda _answer, d=done: d.set(), arms_ahead=True))
+            answered.append(done)
+        deadline = time.monotonic() + LAST_BATCH_WAIT_S
+        for done in answered:
+            if not done.wait(max(0.0, deadline - time.monotonic())):
+                log.info(
+                    "%s: handing over before every partition armed its last batch", self.node_id
+                )
+                return
 
     def _open_mailbox(self) -> None:
         if self._mailbox is None:
