@@ -594,7 +594,11 @@ class Node:
         answered: list[threading.Event] = []
         for runner in runners:
             done = threading.Event()
-            runner.submit(Request(_NOTHING, reply=lambda _answer, d=done: d.set(), arms_ahead=True))
+
+            def said(_answer: Decided | CronlogError, done: threading.Event = done) -> None:
+                done.set()
+
+            runner.submit(Request(_NOTHING, reply=said, arms_ahead=True))
             answered.append(done)
         deadline = time.monotonic() + LAST_BATCH_WAIT_S
         for done in answered:

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from core.decide import ARM_GUARD_MS
-from core.ids import idempotency_key, log_job_id
+from core.ids import idempotency_key, log_job_id, team_id
 from tests.cluster.hold import HoldingTarget
 from tests.cluster.nodes import PARTITIONS, Cluster, NodeProcess, iso, job_ids, now_ms
 from tests.node.targets import Target
@@ -294,6 +294,47 @@ def test_a_rolling_restart_hands_the_partitions_over_and_lets_a_critical_call_fi
         assert len(done["attempts"]) == 1 and done["attempts"][0]["outcome"] == "succeeded"
     finally:
         slow.stop()
+
+
+def test_a_stopping_node_arms_its_critical_jobs_next_calls_and_makes_them_as_it_drains(
+    cluster: Cluster, target: Target
+) -> None:
+    """A critical job keeps one call armed ahead, since a killed node's armed leases are
+    ambiguous; a node that hands its partitions over and then drains makes the calls it armed,
+    so it first arms its critical every-second jobs' calls through the arming time (the last
+    batch, docs/architecture.md). A call leased by the stopping node more than a second ahead
+    of its start is one of those: it went out from that node as it drained, and the new owner
+    recorded it, the only attempt of its run."""
+    from cronlog_client import Client
+
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    for job_id in one_per_partition("pay"):
+        body = {"job_id": job_id, "name": "pay", "schedule": "* * * * *", "seconds": "*",
+                "target": target.url, "critical": True}  # fmt: skip
+        assert n1.create_job(body).status_code == 201
+    target.wait_for(2 * PARTITIONS, timeout_s=10)  # the jobs are being called
+    assert n1.process is not None
+    n1.process.terminate()  # SIGTERM, as a rolling restart sends it
+    assert n1.process.wait(30) == 0
+    n1.down = True
+    with Client(n2.url, "token-a") as client:
+        leases = [e.event for e in client.events(start="start") if e.type == "LeaseGranted"]
+    ahead = [
+        lease
+        for lease in leases
+        if lease["worker_id"].startswith("n1/") and lease["start_at"] - lease["at"] > 1000
+    ]
+    assert ahead, "the stopping node armed no critical call more than a second ahead"
+    for lease in ahead:
+        run = wait_until(
+            f"{lease['run_id']} was not recorded as succeeded",
+            lambda lease=lease: run_in_state(n2, team_id(lease["run_id"]), "succeeded"),
+        )
+        [attempt] = run["attempts"]
+        assert attempt["worker_id"] == lease["worker_id"]
+    called = {(c.headers["X-Cronlog-Run-Id"], c.headers["X-Cronlog-Fencing-Token"])
+              for c in target.calls}  # fmt: skip
+    assert {(team_id(lease["run_id"]), str(lease["fencing_token"])) for lease in ahead} <= called
 
 
 @pytest.mark.parametrize("cluster", ["every-node", "owner"], indirect=True)
