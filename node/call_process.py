@@ -36,8 +36,8 @@ calls never uses it. The lead is there because calls are armed ahead: a team's e
 keep their next seconds' calls in the kept process, waiting for their starts, and the rule of
 earlier builds, "no more than the least busy", sent the next of them to a shared process that
 held none yet, where another team's herd armed for the same slot could fill it before the call
-was made (in ``tests/node/test_fair_defaults.py``, 5 of the few team's first calls went there,
-and in one run of three its call was 2.6 s late behind the other team's 600). Calls
+was made (in ``tests/node/test_fair_defaults.py``, 5 of the few team's first calls went there;
+a run of that test with the few team's call 2.6 s late may have been this). Calls
 waiting for their start cost a process a timer each, so the kept process may hold a few dozen
 more than the others.
 
