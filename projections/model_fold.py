@@ -29,7 +29,7 @@ import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, assert_never
+from typing import Protocol, TypeVar, assert_never
 
 from rocksdict import WriteBatch
 
@@ -97,7 +97,12 @@ from projections.views import JobStatusName, JobView, RunStateName, RunView, Ski
 
 log = logging.getLogger("projections.read_model")  # the name the model logged under before
 
+R = TypeVar("R", JobRecord, RunView)
+
 LIVE_STATES = frozenset({"blocked", "pending", "running", "failed", "retrying"})
+# How many decoded job records, and as many run records, the fold keeps between batches (the
+# most recently written; about 1.4 KB a job record and 0.6 KB a run record of a small job).
+KEPT_RECORDS = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,11 +170,49 @@ def _status(job: JobRecord) -> JobStatusName:
     return job.base
 
 
+class _Kept:
+    """The job and run records the last batches wrote, decoded, the most recently written
+    last: a herd's run is folded in three batches (materialised, leased, finished), and each
+    read and decoded the run and its job from the store again.
+
+    A batch takes a record out (:meth:`ModelFold._job`, :meth:`ModelFold._run`) and changes it
+    in place; the record comes back only once the batch is written. So a batch that fails
+    leaves nothing here it changed, and what is here is what the store holds, as long as:
+    - nothing else writes these records: the forgetting passes drop what they delete
+      (:meth:`ModelFold._forget_kept`);
+    - the store is the one they came from: a set-aside or a refill changes the generation,
+      and the next batch finds these kept for another one and drops them all."""
+
+    __slots__ = ("generation", "jobs", "runs")
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.jobs: dict[str, JobRecord] = {}
+        self.runs: dict[str, RunView] = {}
+
+    def keep(self, pending: _Pending, limit: int) -> None:
+        """After ``pending`` was written: its records, the oldest dropped beyond ``limit``."""
+        _keep(self.jobs, pending.jobs, limit)
+        _keep(self.runs, pending.runs, limit)
+
+
+def _keep(kept: dict[str, R], written: dict[str, R | None], limit: int) -> None:
+    for key, record in written.items():
+        if record is None:
+            kept.pop(key, None)  # (a run withdrawn: its record deleted)
+        else:
+            kept[key] = record
+    while len(kept) > limit:
+        del kept[next(iter(kept))]
+
+
 class ModelFold(ModelStore):
     """Folds events into the model in batches, moving each partition's position with them."""
 
     _pending: _Pending | None
     _observers: list[Observer]
+    _kept: _Kept | None = None
+    kept_records = KEPT_RECORDS  # 0: keep none
 
     def has_unscoped_ids(self) -> bool:
         """Whether some job's log id is a bare team id, from before ids were scoped
@@ -185,12 +228,23 @@ class ModelFold(ModelStore):
             if self._pending is not None:  # nested: the outer batch writes
                 yield
                 return
+            if self._kept is None or self._kept.generation != self._generation:
+                self._kept = _Kept(self._generation)  # another store's, or none yet
             self._pending = _Pending()
             try:
                 yield
                 self._commit(self._pending)
+                self._kept.keep(self._pending, self.kept_records)
             finally:
                 self._pending = None
+
+    def _forget_kept(self, *, jobs: Sequence[str] = (), runs: Sequence[str] = ()) -> None:
+        """Records deleted other than by a batch (under ``_write_lock``) are kept no more."""
+        if self._kept is not None:
+            for job_id in jobs:
+                self._kept.jobs.pop(job_id, None)
+            for run_id in runs:
+                self._kept.runs.pop(run_id, None)
 
     def process_records(
         self,
@@ -480,14 +534,17 @@ class ModelFold(ModelStore):
 
     def _move(self, p: _Pending, run: RunView, state: RunStateName) -> None:
         if run.state != state:
-            self._unindex(p, run)
+            # From one live state to another (a lease granted, a retry due) the job's count
+            # of live runs stays: its record is neither read nor written for it.
+            live = not (run.state in LIVE_STATES and state in LIVE_STATES)
+            self._unindex(p, run, live=live)
             run.state = state
-            self._index(p, run)
+            self._index(p, run, live=live)
 
-    def _index(self, p: _Pending, run: RunView) -> None:
+    def _index(self, p: _Pending, run: RunView, *, live: bool = True) -> None:
         p.raw[state_key(run)] = b""
         self._count_key(p, run_count_key(run.tenant, run.state), +1)
-        if run.state in LIVE_STATES:
+        if live and run.state in LIVE_STATES:
             self._live(p, run.job_id, +1)
         if run.state in ("pending", "retrying") and self._observers:
             job = self._job(p, run.job_id)
@@ -495,10 +552,10 @@ class ModelFold(ModelStore):
             if pool is not None:
                 p.ready.append(ReadyRun(run.tenant, pool, run.available_at, p.partition))
 
-    def _unindex(self, p: _Pending, run: RunView) -> None:
+    def _unindex(self, p: _Pending, run: RunView, *, live: bool = True) -> None:
         p.raw[state_key(run)] = None
         self._count_key(p, run_count_key(run.tenant, run.state), -1)
-        if run.state in LIVE_STATES:
+        if live and run.state in LIVE_STATES:
             self._live(p, run.job_id, -1)
 
     def _live(self, p: _Pending, job_id: str, delta: int) -> None:
@@ -514,14 +571,20 @@ class ModelFold(ModelStore):
 
     def _job(self, p: _Pending, job_id: str) -> JobRecord | None:
         if job_id not in p.jobs:
-            stored = self._db.get(job_key(job_id))
-            p.jobs[job_id] = None if stored is None else job_decoder.decode(stored)
+            kept = self._kept.jobs.pop(job_id, None) if self._kept is not None else None
+            if kept is None:
+                stored = self._db.get(job_key(job_id))
+                kept = None if stored is None else job_decoder.decode(stored)
+            p.jobs[job_id] = kept
         return p.jobs[job_id]
 
     def _run(self, p: _Pending, run_id: str) -> RunView | None:
         if run_id not in p.runs:
-            stored = self._db.get(run_record_key(run_id))
-            p.runs[run_id] = None if stored is None else run_decoder.decode(stored)
+            kept = self._kept.runs.pop(run_id, None) if self._kept is not None else None
+            if kept is None:
+                stored = self._db.get(run_record_key(run_id))
+                kept = None if stored is None else run_decoder.decode(stored)
+            p.runs[run_id] = kept
         return p.runs[run_id]
 
     def _put_job(self, p: _Pending, job: JobRecord, *, fresh: bool = False) -> None:

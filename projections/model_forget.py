@@ -101,6 +101,7 @@ class ModelForget(ModelStore):
                             run_id = run_id_of(suffix)
                             run = run_decoder.decode(self._indexed(run_record_key(run_id)))
                             wb.delete(run_record_key(run_id))
+                            self._forget_kept(runs=(run.run_id,))
                             wb.delete(prefix + suffix)
                             wb.delete(job_runs_prefix(run.job_id) + suffix)
                             if run.idempotency_key is not None:
@@ -178,6 +179,7 @@ class ModelForget(ModelStore):
                         continue  # a dead run, or runs still in the window: it stays
                     job = job_decoder.decode(self._indexed(job_key(job_id)))
                     self._delete_job(wb, job)
+                    self._forget_kept(jobs=(job.view.job_id,))
                     wb.delete(FORGOTTEN + suffix)
                     if job.base != "cancelled":
                         key = job_count_key(job.view.tenant)

@@ -21,7 +21,7 @@ import functools
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -84,6 +84,11 @@ class ModelStore:
     def generation(self) -> int:
         """Grows each time the model is set aside: a fold read before must not land after."""
         return self._generation
+
+    def _forget_kept(self, *, jobs: Sequence[str] = (), runs: Sequence[str] = ()) -> None:
+        """Job and run records deleted other than by a fold's batch (under ``_write_lock``):
+        the fold keeps no decoded copy of them any more (:class:`~projections.model_fold.ModelFold`
+        keeps them; a store without a fold keeps none)."""
 
     def set_aside(self, damage: StoreDamaged, generation: int | None = None) -> bool:
         """Set the damaged model aside and start empty (the store's life:
