@@ -9,6 +9,10 @@ them, in the reverse order):
   written since the previous check, once the partitions have recovered. A required one-shot
   service: the node is ready only once it is done. A check that fails for another reason than
   damage ends its thread; the supervisor says so and runs it again after its backoff.
+- ``log-check-serving`` (embedded log, with the start's check): once the start's check is done,
+  every ``LOG_CHECK_EVERY_S`` the same check of what was appended since, so the next start's
+  check reads seconds of records, not everything a long run appended. Not required: a check
+  that finds damage fails the log, and the log watch stops the node as for any read.
 - ``retention``: the embedded log's archive-then-prune loop, or on Kafka the loop that trims
   the commands topic and archives (:mod:`node.retention`).
 - ``gc-freeze``: once the node is first ready, moves what recovery loaded (it lives as long as
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cronlog")
 
 LOG_CHECK_AFTER_S = 60.0  # the start's check waits this long at most for the partitions
+LOG_CHECK_EVERY_S = 10.0  # then what was appended is checked this often while serving
 FREEZE_WITHIN_S = 600.0  # no freeze for a node not ready by then
 LOOK_S = 1.0  # how long a wait lasts before it looks whether its service is stopping
 
@@ -63,7 +68,9 @@ def services(
     if isinstance(raw_log, EmbeddedLog):
         found.append(log_watch(raw_log, server, damaged))
         if not args.skip_log_check:
-            found.append(log_check(raw_log, node, full=args.full_log_check))
+            start_check = log_check(raw_log, node, full=args.full_log_check)
+            found.append(start_check)
+            found.append(log_check_serving(raw_log, start_check))
     if getattr(args, "worker_index", None) is not None:
         from cli.workers import (
             FloorReport,
@@ -142,6 +149,31 @@ def log_check(log_: Any, node: Node, *, full: bool) -> OneShot:
         return True
 
     return OneShot("log-check", check, required=True)
+
+
+def log_check_serving(
+    log_: Any, start_check: OneShot, every_s: float = LOG_CHECK_EVERY_S
+) -> Worker:
+    """Once ``start_check`` is done, check what the log appended since the previous check
+    every ``every_s`` (where a check ended is kept in the log, so the next start's check
+    begins there). Damage found fails the log: the log watch stops the node (exit 3)."""
+    from core.errors import LogCorrupted
+
+    def check(stopping: threading.Event) -> None:
+        while not start_check.done.wait(LOOK_S):
+            if stopping.is_set():
+                return
+        while not stopping.wait(every_s):
+            try:
+                log_.verify(since_last=True)
+            except LogCorrupted:
+                return  # the log has failed: the log watch stops the node and serve exits 3
+            except Exception:
+                if log_.closed:
+                    return  # stopped meanwhile
+                raise  # the supervisor says so and starts the checks again after its backoff
+
+    return Worker("log-check-serving", check)
 
 
 def log_check_now(log_: Any, *, full: bool) -> OneShot:

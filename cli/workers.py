@@ -514,7 +514,9 @@ def _serve_log(
 
     supervisor.add(background.log_watch(raw_log, _StopFlag(), damaged))
     if not args.skip_log_check:
-        supervisor.add(background.log_check_now(raw_log, full=args.full_log_check))
+        start_check = background.log_check_now(raw_log, full=args.full_log_check)
+        supervisor.add(start_check)
+        supervisor.add(background.log_check_serving(raw_log, start_check))
     # The archive's and retention's counters: logged, not served (the workers serve /metrics).
     metrics = RetentionMetrics(CollectorRegistry())
     archiver = None if archive is None else Archiver(raw_log, archive, on_gap=gap_counter(metrics))

@@ -19,6 +19,7 @@ from node.node import Node
 from node.supervisor import Supervisor
 from node.worker import OneShot
 from tests.node.test_snapshot_supervision import thread_deaths
+from tests.projections.histories import Writers
 
 __all__ = ["thread_deaths"]  # a fixture
 
@@ -103,6 +104,70 @@ def test_a_start_check_that_found_damage_is_never_done_nor_run_again(tmp_path: P
         log.close()
 
 
+def _checked_by(log: EmbeddedLog, checked: threading.Event, calls: list[int]) -> None:
+    """Count the log's checks; ``checked`` is set once one ran after the start's."""
+    real = log.verify
+
+    def counted(*, since_last: bool = False) -> int:
+        calls.append(real(since_last=since_last))
+        if len(calls) >= 2:
+            checked.set()
+        return calls[-1]
+
+    log.verify = counted  # type: ignore[method-assign]
+
+
+def test_what_is_appended_while_serving_is_checked_so_a_start_checks_only_what_is_new(
+    tmp_path: Path,
+) -> None:
+    log = EmbeddedLog.open(tmp_path / "log", 1)
+    writers = Writers(log)
+    checked = threading.Event()
+    calls: list[int] = []
+    _checked_by(log, checked, calls)
+    start_check = background.log_check(log, _Recovered(), full=False)  # type: ignore[arg-type]
+    serving = background.log_check_serving(log, start_check, every_s=0.01)
+    try:
+        serving.start()  # waits for the start's check
+        writers.append(0, [b"{}"] * 30)
+        start_check.start()
+        assert start_check.join(10) and start_check.done.is_set()
+        writers.append(0, [b"{}"] * 20)  # appended while serving
+        assert checked.wait(10)
+        assert sum(calls) == 50  # every record checked once: 30 at the start, 20 since
+        serving.stop()
+        assert serving.failure is None
+        assert log.verify(since_last=True) == 0  # the next start's check: nothing new
+    finally:
+        serving.stop()
+        writers.close()
+        log.close()
+
+
+def test_damage_found_while_serving_ends_the_checks_for_good(tmp_path: Path) -> None:
+    log = EmbeddedLog.open(tmp_path / "log", 1)
+    found = threading.Event()
+
+    def damaged(*, since_last: bool = False) -> int:
+        found.set()
+        raise LogCorrupted("events of partition 0: checksum mismatch at offset 3")
+
+    start_check = OneShot("log-check", lambda stopping: True)
+    start_check.start()
+    assert start_check.join(10)
+    log.verify = damaged  # type: ignore[method-assign]
+    serving = background.log_check_serving(log, start_check, every_s=0.01)
+    try:
+        serving.start()
+        assert found.wait(10)
+        assert serving.join(10)
+        # The log has failed (the log watch stops the node): the thread ended by itself.
+        assert not serving.alive and serving.failure is None
+    finally:
+        serving.stop()
+        log.close()
+
+
 def _args(data_dir: Path, *more: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     serve.add_parser(parser.add_subparsers())
@@ -131,14 +196,17 @@ def test_serves_services_follow_the_nodes_and_one_that_dies_is_started_again(
     server = SimpleNamespace(should_exit=False)
     damage: list[BaseException] = []
     added = background.services(args, log, None, retention_from(args), node, server, damage)
-    assert [s.name for s in added] == ["log-watch", "log-check", "retention", "gc-freeze"]
+    assert [s.name for s in added] == [
+        "log-watch", "log-check", "log-check-serving", "retention", "gc-freeze",
+    ]  # fmt: skip
     assert [s.name for s in added if s.required] == ["log-watch", "log-check"]
     for service in added:
         node.services.add(service)
-    assert [s.name for s in node.services.services][-5:] == [
+    assert [s.name for s in node.services.services][-6:] == [
         "standby",
         "log-watch",
         "log-check",
+        "log-check-serving",
         "retention",
         "gc-freeze",
     ]
