@@ -100,9 +100,11 @@ log = logging.getLogger("projections.read_model")  # the name the model logged u
 R = TypeVar("R", JobRecord, RunView)
 
 LIVE_STATES = frozenset({"blocked", "pending", "running", "failed", "retrying"})
-# How many decoded job records, and as many run records, the fold keeps between batches (the
-# most recently written; about 1.4 KB a job record and 0.6 KB a run record of a small job).
-KEPT_RECORDS = 65_536
+# How many decoded job records, and as many run records, the fold keeps between batches, the
+# most recently written: a run's record is read again when its call ends (seconds after its
+# lease at most, in a herd), and an every-second job's record each second. A small job's
+# records took 1.4 KB and 1.0 KB decoded: about 40 MB at most.
+KEPT_RECORDS = 16_384
 
 
 @dataclass(frozen=True, slots=True)
