@@ -9,18 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.bench_fold import TENANT as TEAM
+from bench.bench_fold import histories
 from core import events as ev
 from core.errors import StoreDamaged
-from core.jobs import HttpTarget, JobSpec
 from projections.read_model import ReadModel
 from tests.core.harness import Sim
 from tests.projections.histories import busy_partition
-
-T0 = 1_800_000_000_000
-TEAM = "t1"
-JOB = f"{TEAM}/nightly"
-SLOT = T0 + 60_000
-RUN = f"{JOB}@{SLOT}"
 
 
 def _fold(model: ReadModel, sim: Sim, batch: int) -> None:
@@ -48,40 +43,13 @@ def test_records_kept_between_batches_fold_as_records_read_from_the_store(
 
 
 def _events() -> list[ev.AnyEvent]:
-    spec = JobSpec(name="nightly", tenant=TEAM, target=HttpTarget(url="http://127.0.0.1:9/h"))
-    return [
-        ev.JobRegistered(at=T0, job_id=JOB, tenant=TEAM, spec=spec, next_slot=SLOT),
-        ev.RunMaterialised(
-            at=SLOT - 30_000,
-            job_id=JOB,
-            tenant=TEAM,
-            run_id=RUN,
-            scheduled_for=SLOT,
-            available_at=SLOT,
-            priority=5,
-            next_slot=SLOT + 86_400_000,
-        ),
-        ev.LeaseGranted(
-            at=SLOT + 5,
-            job_id=JOB,
-            tenant=TEAM,
-            run_id=RUN,
-            scheduled_for=SLOT,
-            fencing_token=1,
-            worker_id="node-1",
-            lease_expires_at=SLOT + 60_000,
-            lateness_ms=5,
-        ),
-        ev.RunCompleted(
-            at=SLOT + 20,
-            job_id=JOB,
-            tenant=TEAM,
-            run_id=RUN,
-            scheduled_for=SLOT,
-            fencing_token=1,
-            started_at=SLOT + 5,
-        ),
-    ]
+    """One HTTP job's registration and one run of it: materialised, leased, completed."""
+    registered, runs = histories(1, "interleaved")
+    return [ev.decode(record.value) for record in registered + runs]
+
+
+EVENTS = _events()
+JOB, RUN, SLOT = EVENTS[1].job_id, EVENTS[1].run_id, EVENTS[1].scheduled_for  # type: ignore[union-attr]
 
 
 @pytest.fixture
@@ -91,7 +59,7 @@ def model(tmp_path: Path) -> Iterator[ReadModel]:
 
 
 def test_a_batch_that_is_not_written_leaves_no_record_it_changed(model: ReadModel) -> None:
-    registered, made, leased, _ = _events()
+    registered, made, leased, _ = EVENTS
     model.process(registered, 0, 0)
     model.process(made, 0, 1)
     with pytest.raises(RuntimeError), model.batch():
@@ -108,7 +76,7 @@ def test_a_batch_that_is_not_written_leaves_no_record_it_changed(model: ReadMode
 def test_a_run_the_hot_window_forgot_is_not_written_back_from_a_kept_copy(
     model: ReadModel,
 ) -> None:
-    registered, made, leased, done = _events()
+    registered, made, leased, done = EVENTS
     for offset, event in enumerate((registered, made, leased, done)):
         model.process(event, 0, offset)
     assert model.forget_runs(cutoff=SLOT + 1, max_runs=10).runs == 1
@@ -124,7 +92,7 @@ def test_a_run_the_hot_window_forgot_is_not_written_back_from_a_kept_copy(
 def test_records_kept_for_a_model_set_aside_are_not_written_into_its_successor(
     model: ReadModel,
 ) -> None:
-    registered, made, leased, done = _events()
+    registered, made, leased, done = EVENTS
     for offset, event in enumerate((registered, made, leased)):
         model.process(event, 0, offset)
     model.set_aside(StoreDamaged("read model: a block checksum mismatch"))
