@@ -240,8 +240,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     serve.add_argument(
         "--skip-log-check",
         action="store_true",
-        help="no start check of the embedded log (it runs once the partitions have recovered,"
-        " and /readyz waits for it; every read still checks what it reads)",
+        help="no check of the embedded log, at start or while serving (the start's runs once"
+        " the partitions have recovered, and /readyz waits for it; then what is appended is"
+        " checked every 10 s; every read still checks what it reads)",
     )
     serve.add_argument(
         "--full-log-check",
