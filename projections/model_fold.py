@@ -26,6 +26,7 @@ the same way); this module keeps the indexes and counters around it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -204,8 +205,12 @@ def _keep(kept: dict[str, R], written: dict[str, R | None], limit: int) -> None:
             kept.pop(key, None)  # (a run withdrawn: its record deleted)
         else:
             kept[key] = record
-    while len(kept) > limit:
-        del kept[next(iter(kept))]
+    if len(kept) > limit:
+        # The oldest go a quarter of the limit at a time: a dict's first key is found by
+        # stepping over the slots of those deleted before it, so dropping one at a time cost
+        # about 9 us a record kept (0.5 us this way).
+        for key in list(itertools.islice(kept, len(kept) - limit * 3 // 4)):
+            del kept[key]
 
 
 class ModelFold(ModelStore):
