@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from node.worker import OneShot, Service, Worker
@@ -127,7 +128,6 @@ def log_check(log_: Any, node: Node, *, full: bool) -> OneShot:
     snapshot and checks what it reads, so the first fires need not wait for a check whose
     length grows with everything appended since the previous start. Readiness waits for it;
     damage found fails the log, and the log watch stops the node (exit 3)."""
-    from core.errors import LogCorrupted
 
     def check(stopping: threading.Event) -> bool:
         give_up_at = time.monotonic() + LOG_CHECK_AFTER_S
@@ -138,15 +138,7 @@ def log_check(log_: Any, node: Node, *, full: bool) -> OneShot:
                 break
         if stopping.is_set():
             return False
-        try:
-            check_log(log_, full=full)
-        except LogCorrupted:
-            return False  # the log has failed: the log watch stops the node and serve exits 3
-        except Exception:
-            if log_.closed:
-                return False  # stopped meanwhile
-            raise  # the supervisor says so and runs the check again after its backoff
-        return True
+        return _checked(log_, lambda: check_log(log_, full=full))
 
     return OneShot("log-check", check, required=True)
 
@@ -157,21 +149,14 @@ def log_check_serving(
     """Once ``start_check`` is done, check what the log appended since the previous check
     every ``every_s`` (where a check ended is kept in the log, so the next start's check
     begins there). Damage found fails the log: the log watch stops the node (exit 3)."""
-    from core.errors import LogCorrupted
 
     def check(stopping: threading.Event) -> None:
         while not start_check.done.wait(LOOK_S):
             if stopping.is_set():
                 return
         while not stopping.wait(every_s):
-            try:
-                log_.verify(since_last=True)
-            except LogCorrupted:
-                return  # the log has failed: the log watch stops the node and serve exits 3
-            except Exception:
-                if log_.closed:
-                    return  # stopped meanwhile
-                raise  # the supervisor says so and starts the checks again after its backoff
+            if not _checked(log_, lambda: log_.verify(since_last=True)):
+                return
 
     return Worker("log-check-serving", check)
 
@@ -180,20 +165,28 @@ def log_check_now(log_: Any, *, full: bool) -> OneShot:
     """The start's check of the embedded log in the parent of worker processes (which has no
     partitions to wait for); damage found fails the log, and the parent's log watch stops every
     worker (exit 3)."""
-    from core.errors import LogCorrupted
 
     def check(stopping: threading.Event) -> bool:
-        try:
-            check_log(log_, full=full)
-        except LogCorrupted:
-            return False
-        except Exception:
-            if log_.closed:
-                return False
-            raise
-        return True
+        return _checked(log_, lambda: check_log(log_, full=full))
 
     return OneShot("log-check", check, required=True)
+
+
+def _checked(log_: Any, check: Callable[[], object]) -> bool:
+    """Run one check of the log: False once the log has failed (damage: the log watch stops
+    the node and serve exits 3) or was closed meanwhile; any other error is raised, and the
+    supervisor says so and starts the check's thread again after its backoff."""
+    from core.errors import LogCorrupted
+
+    try:
+        check()
+    except LogCorrupted:
+        return False
+    except Exception:
+        if log_.closed:
+            return False
+        raise
+    return True
 
 
 def parent_watch(server: Any) -> Worker:
