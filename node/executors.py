@@ -32,6 +32,7 @@ all of them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -60,7 +61,7 @@ from node.calls import (
     retry_after_ms,
 )
 from node.handoff import Handoff
-from node.runner import Dispatcher, PartitionRunner
+from node.runner import Decided, Dispatcher, PartitionRunner, Reply
 from node.secrets import Secrets
 
 if TYPE_CHECKING:
@@ -85,8 +86,17 @@ log = logging.getLogger(__name__)
 COMPLETE_GRACE_S = 2.0
 # Leases the executors' loop starts before it lets its other work in (see ``dispatch``).
 START_CHUNK = 64
+# An outcome handed to a partition this node runs is answered on the runner's thread; one not
+# answered in this long (a runner always answers, even as it stops: this is the net under a
+# bug) is asked again through the node, so its room is never held for good.
+ANSWER_TIMEOUT_S = 60.0
+SWEEP_S = 1.0  # how often the outcomes waiting for their answer are looked at, while some wait
+RETRY_FIRST_S = 0.05  # an outcome its partition could not take: asked again after this
 
 Route = Callable[[AnyCommand], Awaitable[list[ev.AnyEvent]]]
+# Hands a command to the runner of a partition this node runs, answered on the runner's
+# thread; False where the partition is decided elsewhere (then ``Route``).
+Local = Callable[[AnyCommand, Reply], bool]
 
 
 class Executors(Dispatcher):
@@ -170,8 +180,18 @@ class Executors(Dispatcher):
         # the loop at the first ask), and the asks under way: (run id, token, ask).
         self._status_caller: Caller | None = None
         self._asking: set[tuple[str, int, int]] = set()
-        # The node's way to its partitions' owners (set by the node before it starts us).
+        # The node's way to its partitions' owners (set by the node before it starts us), and
+        # to the partitions it runs itself without a round trip through this loop.
         self.route: Route | None = None
+        self.submit_local: Local | None = None
+        # Calls under way, abandoned when the executors close.
+        self._calls: set[asyncio.Future[Result]] = set()
+        # Outcomes handed to a partition of this node, not answered yet (oldest first): id ->
+        # (when, the command, when to give up, what it records, its team).
+        self._unanswered: dict[int, tuple[float, CompleteRun, float, str, str]] = {}
+        self._unanswered_lock = threading.Lock()
+        self._outcome_ids = itertools.count()
+        self._sweeping = False
         # Told when an executor process ended unasked (the node counts it).
         self.on_process_failed: Callable[[], None] | None = None
 
@@ -199,6 +219,8 @@ class Executors(Dispatcher):
         self._loop.close()
 
     async def _close(self) -> None:
+        for call in list(self._calls):
+            call.cancel()  # abandoned: its lease runs out (see ``_called``)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -344,9 +366,68 @@ class Executors(Dispatcher):
             self._loop.call_soon(self._start_chunk)
 
     def _spawn(self, runner: PartitionRunner, lease: ev.LeaseGranted, spec: JobSpec) -> None:
-        task = self._loop.create_task(self._run(runner, lease, spec))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """(On the loop.) Start ``lease``'s call. Its end comes back to ``_called``, a callback:
+        no task per call (a herd's 50,000 calls pay for none)."""
+        try:
+            if not self._take_handed(lease.run_id, lease.fencing_token):
+                # Its runner found the lease run out before this came to it, and decided (and
+                # logged) that the attempt failed without a call (PartitionRunner._never_called).
+                self.release(lease.tenant)
+                return
+            if time.time() * 1000 >= lease.lease_expires_at - BEAT_MARGIN_S * 1000:
+                # The node stood still between granting the lease and calling (a pause, a
+                # stop): the run may be someone else's by now, or will be before a heartbeat
+                # could renew the lease. Make no call, and say so: the target saw nothing, so
+                # even a critical run may be tried again (if the expiry was decided first,
+                # this is refused and the expiry stands).
+                log.warning("run %s: its lease ran out before the call started", lease.run_id)
+                self._report(lease, spec, Result(Outcome.FAILED, NOT_CALLED))
+                return
+            call = self._start_call(lease, spec)
+        except Exception:
+            log.exception("run %s: executor failed", lease.run_id)
+            self.release(lease.tenant)
+            return
+        if lease.start_at is not None:
+            self._armed[lease.run_id] = call  # a cancel before its start withdraws it
+        # Most calls end long before a third of their lease: the heartbeat starts only for
+        # those still running then, so a herd does not pay a task per call for it.
+        keeper = _LeaseKeeper(self, lease, spec, call)
+        self._calls.add(call)
+        call.add_done_callback(lambda _: self._called(call, lease, spec, keeper))
+
+    def _called(
+        self,
+        call: asyncio.Future[Result],
+        lease: ev.LeaseGranted,
+        spec: JobSpec,
+        keeper: _LeaseKeeper,
+    ) -> None:
+        """(On the loop.) ``lease``'s call ended: its outcome goes to the run's owner, unless
+        the call was abandoned (its lease lost, its run cancelled, the executors closing)."""
+        self._calls.discard(call)
+        keeper.stop()
+        if self._armed.get(lease.run_id) is call:
+            del self._armed[lease.run_id]
+        try:
+            if call.cancelled():
+                if keeper.lost:
+                    self._dropped.discard(call)
+                else:
+                    self._withdrawn(lease, call)  # (said, if it was)
+                self.release(lease.tenant)  # nothing to report
+                return
+            error = call.exception()
+            if error is not None:
+                log.error("run %s: executor failed", lease.run_id, exc_info=error)
+                self.release(lease.tenant)
+                return
+            result = call.result()
+        except Exception:
+            log.exception("run %s: executor failed", lease.run_id)
+            self.release(lease.tenant)
+            return
+        self._report(lease, spec, result)
 
     def never_started(self, run_id: str, fencing_token: int) -> bool:
         """(From a runner's thread, its lease run out.) True, and the call withdrawn for good,
@@ -363,46 +444,6 @@ class Executors(Dispatcher):
                 return False
             del self._handed[run_id]
             return True
-
-    async def _run(self, runner: PartitionRunner, lease: ev.LeaseGranted, spec: JobSpec) -> None:
-        try:
-            if not self._take_handed(lease.run_id, lease.fencing_token):
-                # Its runner found the lease run out before this came to it, and decided (and
-                # logged) that the attempt failed without a call (PartitionRunner._never_called).
-                return
-            if time.time() * 1000 >= lease.lease_expires_at - BEAT_MARGIN_S * 1000:
-                # The node stood still between granting the lease and calling (a pause, a
-                # stop): the run may be someone else's by now, or will be before a heartbeat
-                # could renew the lease. Make no call, and say so: the target saw nothing, so
-                # even a critical run may be tried again (if the expiry was decided first,
-                # this is refused and the expiry stands).
-                log.warning("run %s: its lease ran out before the call started", lease.run_id)
-                result = Result(Outcome.FAILED, NOT_CALLED)
-                await self._complete(lease, spec, result)
-                return
-            call = self._start_call(lease, spec)
-            if lease.start_at is not None:
-                self._armed[lease.run_id] = call  # a cancel before its start withdraws it
-            # Most calls end long before a third of their lease: the heartbeat starts only for
-            # those still running then, so a herd does not pay a task per call for it.
-            keeper = _LeaseKeeper(self, lease, spec, call)
-            try:
-                result = await call
-            except asyncio.CancelledError:
-                if keeper.lost or self._withdrawn(lease, call):
-                    return  # the lease was lost or the run cancelled: nothing to report
-                raise
-            finally:
-                keeper.stop()
-                if self._armed.get(lease.run_id) is call:
-                    del self._armed[lease.run_id]
-            await self._complete(lease, spec, result)
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            log.exception("run %s: executor failed", lease.run_id)
-        finally:
-            self.release(lease.tenant)
 
     def cancelled(self, run_id: str) -> None:
         """(From a runner's thread.) ``run_id`` was cancelled: a call armed ahead for it is
@@ -487,10 +528,13 @@ class Executors(Dispatcher):
             return err
         return None
 
-    async def _complete(self, lease: ev.LeaseGranted, spec: JobSpec, result: Result) -> None:
-        """Record the attempt's outcome, asking again while the owner is unavailable, for as long
-        as the lease could still be live. The room is held until then, so a drain waits for
-        outcomes to be durable, not only for calls to end."""
+    def _report(self, lease: ev.LeaseGranted, spec: JobSpec, result: Result) -> None:
+        """(On the loop.) Record the attempt's outcome, asking again while the owner is
+        unavailable, for as long as the lease could still be live; then give the call's room
+        back. The room is held until then, so a drain waits for outcomes to be durable, not only
+        for calls to end. An outcome for a partition this node runs goes to its runner at once,
+        answered on the runner's thread (``_answered``): no future, timer or turn of this loop
+        per outcome."""
         command = CompleteRun(
             run_id=lease.run_id,
             fencing_token=lease.fencing_token,
@@ -503,7 +547,103 @@ class Executors(Dispatcher):
             started_late_ms=result.started_late_ms if lease.start_at is not None else None,
         )
         give_up = time.monotonic() + spec.lease_sec + COMPLETE_GRACE_S
-        await self._record(command, give_up, f"outcome {result.outcome}")
+        what = f"outcome {result.outcome}"
+        try:
+            if self._report_here(command, give_up, what, lease.tenant):
+                return
+        except Exception:
+            log.exception("run %s: %s not handed to its partition", lease.run_id, what)
+        self._spawn_recording(command, give_up, what, lease.tenant, 0.0)
+
+    def _report_here(self, command: CompleteRun, give_up: float, what: str, tenant: str) -> bool:
+        """Hand ``command`` to its partition's runner if this node runs it; False if not."""
+        submit = self.submit_local
+        if submit is None:
+            return False
+        key = next(self._outcome_ids)
+        with self._unanswered_lock:
+            self._unanswered[key] = (time.monotonic(), command, give_up, what, tenant)
+
+        def reply(answer: Decided | CronlogError) -> None:
+            with self._unanswered_lock:
+                if self._unanswered.pop(key, None) is None:
+                    return  # taken as unanswered by the sweep, and asked again
+            self._answered(command, give_up, what, tenant, answer)
+
+        handed = False
+        try:
+            handed = submit(command, reply)
+        finally:
+            if not handed:
+                with self._unanswered_lock:
+                    self._unanswered.pop(key, None)
+        if handed and not self._sweeping:
+            self._sweeping = True
+            self._loop.call_later(SWEEP_S, self._sweep)
+        return handed
+
+    def _answered(
+        self,
+        command: CompleteRun,
+        give_up: float,
+        what: str,
+        tenant: str,
+        answer: Decided | CronlogError,
+    ) -> None:
+        """(On the runner's thread.) The run's owner answered ``command``: the room goes back,
+        or, if the partition could not take it (it stopped or moved meanwhile), it is asked
+        again through the node, wherever the partition runs now."""
+        if isinstance(answer, Unavailable):
+            self._handoff.post(self._spawn_recording, command, give_up, what, tenant, RETRY_FIRST_S)
+            return
+        if isinstance(answer, CronlogError):  # the lease ran out, the run was cancelled...
+            log.info("run %s: %s not recorded: %s", command.run_id, what, answer)
+        self.release(tenant)
+
+    def _sweep(self) -> None:
+        """(On the loop, every ``SWEEP_S`` while outcomes wait for their answer.) One not
+        answered in ``ANSWER_TIMEOUT_S`` is asked again through the node, and said."""
+        self._sweeping = False
+        cutoff = time.monotonic() - ANSWER_TIMEOUT_S
+        with self._unanswered_lock:
+            waited = self._unanswered
+            late = list(itertools.takewhile(lambda key: waited[key][0] <= cutoff, waited))
+            taken = [self._unanswered.pop(key) for key in late]
+            waiting = bool(self._unanswered)
+        for _, command, give_up, what, tenant in taken:
+            log.error(
+                "run %s: %s had no answer from its partition in %.0f s; asking again",
+                command.run_id,
+                what,
+                ANSWER_TIMEOUT_S,
+            )
+            self._spawn_recording(command, give_up, what, tenant, 0.0)
+        if waiting and not self._sweeping:
+            self._sweeping = True
+            self._loop.call_later(SWEEP_S, self._sweep)
+
+    def _spawn_recording(
+        self, command: CompleteRun, give_up: float, what: str, tenant: str, wait_s: float
+    ) -> None:
+        """(On the loop.) Record ``command`` through the node (``_record``), after ``wait_s``;
+        then give the room back."""
+        task = self._loop.create_task(self._recording(command, give_up, what, tenant, wait_s))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _recording(
+        self, command: CompleteRun, give_up: float, what: str, tenant: str, wait_s: float
+    ) -> None:
+        try:
+            if wait_s:
+                await asyncio.sleep(wait_s)  # a backoff before asking again, not an event
+            await self._record(command, give_up, what)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("run %s: recording its %s failed", command.run_id, what)
+        finally:
+            self.release(tenant)
 
     async def _record(
         self, command: CompleteRun | AnswerOutcome, give_up: float, what: str

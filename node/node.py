@@ -111,7 +111,7 @@ from node.ready_watch import AHEAD_MS as WATCH_AHEAD_MS
 from node.ready_watch import MAX_INSTANTS, ReadyWatches, Told, Watching
 from node.relay import DependencyRelay, RelayMetrics
 from node.retention import recovery_floor
-from node.runner import Decided, PartitionRunner, Request
+from node.runner import Decided, PartitionRunner, Reply, Request
 from node.snapshotter import SnapshotPolicy, Snapshotter
 from node.stalls import LateStarts, StallMetrics, StallWatch
 from node.standby import StandbyFollower, may_be_given, standby_targets
@@ -428,6 +428,7 @@ class Node:
                 past_window=partial(past_window, clock=self._clock, window_ms=history_window_ms),
             )
         self.executors.route = self._decide
+        self.executors.submit_local = self._submit_local
         self.executors.on_process_failed = self.metrics.thread_failures.labels(
             "executor-process"
         ).inc
@@ -1494,6 +1495,18 @@ class Node:
                 decided = results[i]
                 if isinstance(decided, list):
                     results[i] = NotYetReadable(str(err), decided)
+
+    def _submit_local(self, command: AnyCommand, reply: Reply) -> bool:
+        """(On the executors' loop.) Hand ``command`` to its partition's runner if this node
+        runs the partition, ``reply`` told the answer on the runner's thread: an outcome of the
+        executors then takes no future, timer or round trip through their loop. False where the
+        partition is decided elsewhere (the executors then ``_decide`` it)."""
+        partition = partition_for(routing_key(command), self._log.num_partitions)
+        runner = self._runners.get(partition)
+        if runner is None or _holds_here(runner, command):
+            return False
+        _gathering(asyncio.get_running_loop()).submit(runner, Request(command, reply=reply))
+        return True
 
     async def _decide(self, command: AnyCommand) -> list[ev.AnyEvent]:
         """``execute`` without waiting for the read model: for the executors' heartbeats and
