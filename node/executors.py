@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -92,6 +93,9 @@ START_CHUNK = 64
 ANSWER_TIMEOUT_S = 60.0
 SWEEP_S = 1.0  # how often the outcomes waiting for their answer are looked at, while some wait
 RETRY_FIRST_S = 0.05  # an outcome its partition could not take: asked again after this
+# Calls whose first heartbeats fall due within this of one another are looked at by one timer
+# of the loop (``_FirstBeats``), a little early rather than late.
+BEAT_TICK_S = 0.05
 
 Route = Callable[[AnyCommand], Awaitable[list[ev.AnyEvent]]]
 # Hands a command to the runner of a partition this node runs, answered on the runner's
@@ -164,6 +168,7 @@ class Executors(Dispatcher):
         self._lock = threading.Condition()
         self._loop = asyncio.new_event_loop()
         self._handoff = Handoff(self._loop)
+        self._first_beats = _FirstBeats(self._loop)
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="executors", daemon=True
         )
@@ -711,6 +716,29 @@ def first_beat_s(lease: ev.LeaseGranted, spec: JobSpec, now_ms: float) -> float:
     return max(0.0, min(heartbeat_interval(spec), left_s - BEAT_MARGIN_S))
 
 
+class _FirstBeats:
+    """When the calls' first heartbeats fall due: one timer of the loop for the calls due within
+    ``BEAT_TICK_S`` of one another, not one each. Most calls end long before their first beat
+    (their entry is then passed over), so a herd of 50,000 calls arms a few hundred timers."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._due: dict[int, list[_LeaseKeeper]] = {}
+
+    def add(self, keeper: _LeaseKeeper, delay_s: float) -> None:
+        """(On the loop.) Tell ``keeper`` in ``delay_s``, up to a tick early."""
+        tick = math.floor((self._loop.time() + delay_s) / BEAT_TICK_S)
+        keepers = self._due.get(tick)
+        if keepers is None:
+            keepers = self._due[tick] = []
+            self._loop.call_at(tick * BEAT_TICK_S, self._fire, tick)
+        keepers.append(keeper)
+
+    def _fire(self, tick: int) -> None:
+        for keeper in self._due.pop(tick, ()):
+            keeper.due()
+
+
 class _LeaseKeeper:
     """Heartbeats a call's lease while the call runs, from a third of the lease on, or sooner
     when less than that is left of it (:func:`first_beat_s`)."""
@@ -724,14 +752,12 @@ class _LeaseKeeper:
     ) -> None:
         self._executors, self._lease, self._spec, self._call = executors, lease, spec, call
         self._beating: asyncio.Task[bool] | None = None
-        loop = asyncio.get_running_loop()
-        self._timer: asyncio.TimerHandle | None = loop.call_later(
-            first_beat_s(lease, spec, time.time() * 1000), self._start
-        )
+        self._stopped = False
+        executors._first_beats.add(self, first_beat_s(lease, spec, time.time() * 1000))
 
-    def _start(self) -> None:
-        self._timer = None
-        if not self._call.done():
+    def due(self) -> None:
+        """(On the loop.) The first beat is due: it starts if the call still runs."""
+        if not self._stopped and not self._call.done():
             self._beating = asyncio.ensure_future(
                 self._executors._heartbeat(self._lease, self._spec, self._call)
             )
@@ -747,7 +773,6 @@ class _LeaseKeeper:
         )
 
     def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self._stopped = True
         if self._beating is not None and not self._beating.done():
             self._beating.cancel()

@@ -3,9 +3,17 @@ call's outcome is never an unknown one (a critical run set aside) for a start th
 
 from __future__ import annotations
 
+import asyncio
+
 from core import events as ev
 from core.jobs import HttpTarget, JobSpec
-from node.executors import BEAT_MARGIN_S, first_beat_s, heartbeat_interval
+from node.executors import (
+    BEAT_MARGIN_S,
+    BEAT_TICK_S,
+    _FirstBeats,
+    first_beat_s,
+    heartbeat_interval,
+)
 
 SPEC = JobSpec(
     name="j",
@@ -43,3 +51,33 @@ def test_a_call_started_late_beats_before_its_lease_runs_out() -> None:
     assert due == 0.3 - BEAT_MARGIN_S
     assert due < 0.3  # decided before the lease instant, so the outcome finds it live
     assert first_beat_s(lease(10_100), SPEC, now_ms=10_000) == 0.0  # at once
+
+
+def test_first_beats_due_together_share_one_timer_and_come_at_most_a_tick_early() -> None:
+    told: list[tuple[float, float]] = []  # (when due, when told), the loop's clock
+
+    class Keeper:
+        def __init__(self, due_at: float) -> None:
+            self.due_at = due_at
+
+        def due(self) -> None:
+            told.append((self.due_at, loop.time()))
+
+    async def main() -> int:
+        beats = _FirstBeats(loop)
+        start = loop.time()
+        for i in range(200):
+            delay = 0.2 + i * 0.0002  # all within 0.04 s of one another
+            beats.add(Keeper(start + delay), delay)  # type: ignore[arg-type]
+        timers = len(beats._due)  # one timer a tick
+        await asyncio.sleep(0.2 + 0.04 + 0.1)
+        return timers
+
+    loop = asyncio.new_event_loop()
+    try:
+        timers = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert len(told) == 200
+    assert timers <= 2  # a tick's calls share a timer (the 0.04 s may straddle two ticks)
+    assert all(when >= due - BEAT_TICK_S for due, when in told)
