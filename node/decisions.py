@@ -162,6 +162,9 @@ def write(
     A line that cannot be written does not stop the next ones; ``failed(partition, first
     error, lines that failed)`` is told once, after them (a handler that fails every line says
     so once a writing, not once a line); without it the first error is raised at once."""
+    # Most events are no decision an operator follows run by run (a lease, a completion):
+    # passed over by type at once, not through every case of the match below.
+    events = [event for event in events if type(event) in _DECISIONS]
     herds = _herds(events)
     said: set[tuple[str, str]] = set()
     first: Exception | None = None
@@ -243,6 +246,12 @@ def _line(
             )
         case _:
             pass  # not a decision an operator follows run by run
+
+
+# The events that make a line (``_line``).
+_DECISIONS: frozenset[type] = frozenset(
+    (ev.RunMaterialised, ev.RetryScheduled, ev.RunDeadLettered, ev.LeaseReturned, ev.RunSkipped)
+)
 
 
 def _herds(events: Sequence[ev.AnyEvent]) -> dict[tuple[str, str], list[ev.RunMaterialised]]:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from core import events as ev
+from node import decisions
 from node.decisions import FIRED_LINES_PER_BATCH, DecisionLog, write
 
 
@@ -214,3 +217,10 @@ def test_a_lease_given_back_is_a_line_naming_the_run_and_the_token(
         " given back, the run is pending"
     )
     assert (line.__dict__["run_id"], line.__dict__["fencing_token"]) == ("j.60000", 42)
+
+
+def test_every_event_a_line_is_written_for_passes_the_first_sieve() -> None:
+    """``write`` passes over, by type, the events ``_line`` writes nothing for: a case added to
+    ``_line`` must be one of ``_DECISIONS`` too, or its line would never be written."""
+    cases = set(re.findall(r"case ev\.(\w+)\(", inspect.getsource(decisions._line)))
+    assert cases == {kind.__name__ for kind in decisions._DECISIONS}
