@@ -52,10 +52,12 @@ NOW = (
     " 21:17-22:45 UTC)"
 )
 CLOSE = "What would close the goals still missed, now"
+OUTCOMES = "The executors' outcomes answered where they are decided (2026-12-07, night)"
+LEFT = "The full form after them, and what is left"
 WHERE = {
-    "herd-http": [("perfherd.md", NOW), ("perfherd.md", CLOSE)],
+    "herd-http": [("perfherd.md", OUTCOMES), ("perfherd.md", LEFT)],
     "herd-pull": [("perfherd.md", NOW), ("perfherd.md", CLOSE)],
-    "sustained": [("perfherd.md", NOW), ("perfherd.md", CLOSE)],
+    "sustained": [("perfherd.md", OUTCOMES), ("perfherd.md", LEFT), ("perfherd.md", CLOSE)],
     "single": [("registration-single.md", "Where the time goes now, and what would close the "
                 "gaps")],
     "batch": [("registration-batch.md", "Where the time goes, and what is left"),
