@@ -741,7 +741,11 @@ class _FirstBeats:
 
 class _LeaseKeeper:
     """Heartbeats a call's lease while the call runs, from a third of the lease on, or sooner
-    when less than that is left of it (:func:`first_beat_s`)."""
+    when less than that is left of it (:func:`first_beat_s`). Stopped, it lets go of the call
+    and its lease: a herd's keepers wait in ``_FirstBeats`` until their first beat's instant,
+    long after most calls ended, and hold nothing bigger than themselves meanwhile."""
+
+    __slots__ = ("_beating", "_work")
 
     def __init__(
         self,
@@ -750,17 +754,22 @@ class _LeaseKeeper:
         spec: JobSpec,
         call: asyncio.Future[Result],
     ) -> None:
-        self._executors, self._lease, self._spec, self._call = executors, lease, spec, call
+        self._work: tuple[Executors, ev.LeaseGranted, JobSpec, asyncio.Future[Result]] | None = (
+            executors,
+            lease,
+            spec,
+            call,
+        )
         self._beating: asyncio.Task[bool] | None = None
-        self._stopped = False
         executors._first_beats.add(self, first_beat_s(lease, spec, time.time() * 1000))
 
     def due(self) -> None:
         """(On the loop.) The first beat is due: it starts if the call still runs."""
-        if not self._stopped and not self._call.done():
-            self._beating = asyncio.ensure_future(
-                self._executors._heartbeat(self._lease, self._spec, self._call)
-            )
+        if self._work is None:
+            return  # stopped: the call ended
+        executors, lease, spec, call = self._work
+        if not call.done():
+            self._beating = asyncio.ensure_future(executors._heartbeat(lease, spec, call))
 
     @property
     def lost(self) -> bool:
@@ -773,6 +782,6 @@ class _LeaseKeeper:
         )
 
     def stop(self) -> None:
-        self._stopped = True
+        self._work = None
         if self._beating is not None and not self._beating.done():
             self._beating.cancel()

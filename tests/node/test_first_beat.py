@@ -4,6 +4,9 @@ call's outcome is never an unknown one (a critical run set aside) for a start th
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
+from types import SimpleNamespace
 
 from core import events as ev
 from core.jobs import HttpTarget, JobSpec
@@ -11,6 +14,7 @@ from node.executors import (
     BEAT_MARGIN_S,
     BEAT_TICK_S,
     _FirstBeats,
+    _LeaseKeeper,
     first_beat_s,
     heartbeat_interval,
 )
@@ -81,3 +85,23 @@ def test_first_beats_due_together_share_one_timer_and_come_at_most_a_tick_early(
     assert len(told) == 200
     assert timers <= 2  # a tick's calls share a timer (the 0.04 s may straddle two ticks)
     assert all(when >= due - BEAT_TICK_S for due, when in told)
+
+
+def test_a_stopped_keeper_waiting_for_its_first_beat_holds_no_call() -> None:
+    """A herd's keepers wait for their first beat's instant long after most calls ended: a
+    stopped one lets its call (and its lease) go meanwhile."""
+    loop = asyncio.new_event_loop()
+    try:
+        executors = SimpleNamespace(_first_beats=_FirstBeats(loop))
+        call: asyncio.Future[object] = loop.create_future()
+        gone = weakref.ref(call)
+        keeper = _LeaseKeeper(executors, lease(2**52), SPEC, call)  # type: ignore[arg-type]
+        call.set_result(None)
+        keeper.stop()
+        del call
+        gc.collect()
+        assert gone() is None  # the keeper, still waiting in _FirstBeats, let it go
+        keeper.due()  # its instant comes: nothing to beat for
+        assert not keeper.lost
+    finally:
+        loop.close()
