@@ -30,7 +30,7 @@ import itertools
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, assert_never, cast
+from typing import Protocol, TypeVar, assert_never
 
 from rocksdict import WriteBatch
 
@@ -106,10 +106,6 @@ LIVE_STATES = frozenset({"blocked", "pending", "running", "failed", "retrying"})
 # lease at most, in a herd), and an every-second job's record each second. A small job's
 # records took 1.4 KB and 1.0 KB decoded: about 40 MB at most.
 KEPT_RECORDS = 16_384
-# A batch naming at least this many runs and jobs not read yet reads them in one lookup
-# (``ModelFold._prefetch``); fewer are looked up one by one.
-PREFETCH_FROM = 4
-_UNREAD = bytes(8)  # (by identity) a record the prefetch did not read
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,10 +144,6 @@ class _Pending:
     ready: list[ReadyRun] = field(default_factory=list)
     partition: int = -1  # the partition of the event being folded
     dependants: bool = False  # a job was indexed as an upstream's dependant
-    # records of the batch's runs and jobs read from the store before it is folded, encoded
-    # (None: not there), for the first look at each (``ModelFold._prefetch``)
-    fetched_runs: dict[str, bytes | None] = field(default_factory=dict)
-    fetched_jobs: dict[str, bytes | None] = field(default_factory=dict)
 
 
 def _tag(p: _Pending, tenant: str, job_id: str, tags: Sequence[str], value: bytes | None) -> None:
@@ -279,9 +271,8 @@ class ModelFold(ModelStore):
             pending = self._pending
             assert pending is not None
             with self._reading():  # once for the batch: a context per event costs more
-                events = [decoder.decode(record) for record in records]
-                self._prefetch(pending, events)
-                for record, event in zip(records, events, strict=True):
+                for record in records:
+                    event = decoder.decode(record)
                     if event is not None:
                         self._fold(pending, event, partition, record.offset)
                     elif record.offset >= pending.positions.get(
@@ -585,38 +576,11 @@ class ModelFold(ModelStore):
             p.counts[key] = self._stored_count(key)
         p.counts[key] += delta
 
-    def _prefetch(self, p: _Pending, events: Sequence[AnyEvent | None]) -> None:
-        """Read the records of the runs and jobs that ``events`` name and the batch has not
-        read or kept, all in one lookup of the store, before they are folded. One lookup of
-        many lets the other threads run while the store searches (a lookup of one holds the
-        interpreter's lock throughout), and the store searches them together."""
-        kept = self._kept
-        kept_runs = kept.runs if kept is not None else {}
-        kept_jobs = kept.jobs if kept is not None else {}
-        runs: dict[str, None] = {}
-        jobs: dict[str, None] = {}
-        for event in events:
-            run_id = getattr(event, "run_id", None)
-            if run_id is not None and run_id not in p.runs and run_id not in kept_runs:
-                runs[run_id] = None
-            job_id = getattr(event, "job_id", None)
-            if job_id is not None and job_id not in p.jobs and job_id not in kept_jobs:
-                jobs[job_id] = None
-        if len(runs) + len(jobs) < PREFETCH_FROM:
-            return  # a few: looked up one by one as they are folded
-        keys: list[str | int | float | bytes | bool] = [run_record_key(r) for r in runs]
-        keys += [job_key(job_id) for job_id in jobs]
-        found = cast("list[bytes | None]", self._db.get(keys))
-        p.fetched_runs.update(zip(runs, found, strict=False))
-        p.fetched_jobs.update(zip(jobs, found[len(runs) :], strict=True))
-
     def _job(self, p: _Pending, job_id: str) -> JobRecord | None:
         if job_id not in p.jobs:
             kept = self._kept.jobs.pop(job_id, None) if self._kept is not None else None
             if kept is None:
-                stored = p.fetched_jobs.pop(job_id, _UNREAD)
-                if stored is _UNREAD:
-                    stored = self._db.get(job_key(job_id))
+                stored = self._db.get(job_key(job_id))
                 kept = None if stored is None else job_decoder.decode(stored)
             p.jobs[job_id] = kept
         return p.jobs[job_id]
@@ -625,9 +589,7 @@ class ModelFold(ModelStore):
         if run_id not in p.runs:
             kept = self._kept.runs.pop(run_id, None) if self._kept is not None else None
             if kept is None:
-                stored = p.fetched_runs.pop(run_id, _UNREAD)
-                if stored is _UNREAD:
-                    stored = self._db.get(run_record_key(run_id))
+                stored = self._db.get(run_record_key(run_id))
                 kept = None if stored is None else run_decoder.decode(stored)
             p.runs[run_id] = kept
         return p.runs[run_id]
