@@ -111,7 +111,7 @@ from node.ready_watch import AHEAD_MS as WATCH_AHEAD_MS
 from node.ready_watch import MAX_INSTANTS, ReadyWatches, Told, Watching
 from node.relay import DependencyRelay, RelayMetrics
 from node.retention import recovery_floor
-from node.runner import Decided, PartitionRunner, Reply, Request
+from node.runner import LOCAL_TIMEOUT_S, Decided, PartitionRunner, Reply, Request
 from node.snapshotter import SnapshotPolicy, Snapshotter
 from node.stalls import LateStarts, StallMetrics, StallWatch
 from node.standby import StandbyFollower, may_be_given, standby_targets
@@ -148,9 +148,6 @@ QUERY_THREADS = 4  # the threads answering other nodes' questions about history 
 # granted after it ran out is never handed out, and runs out unused.
 REMOTE_CLAIM_TIMEOUT_S = 2.0
 CLAIM_ROUNDS = 3  # rounds of asks per claim (those that granted their whole share go again)
-# A local runner answers every request it takes, even when it fails; this bounds the wait
-# should that ever not hold, so no caller waits forever.
-LOCAL_TIMEOUT_S = 60.0
 # A claim's answer that comes after the claim stopped waiting is still taken this long, and the
 # leases it granted (to nobody) are given back (``Node.return_leases``); one later than that
 # leaves its leases to run out.

@@ -81,6 +81,10 @@ class Recovery:
 
 
 MAX_BATCH = 2000  # requests decided per append
+# A runner answers every request it takes, even when it fails or stops; this bounds a local
+# caller's wait should that ever not hold (the node's requests, the executors' outcomes), so
+# nothing waits for ever.
+LOCAL_TIMEOUT_S = 60.0
 # A worker's check of a run leased ahead that comes before the start is CHECK_GUARD_MS away is
 # held, and answered once the partition decides past that instant (``_hold_check``); one sent
 # more than this long before that instant is refused (503, nothing decided) instead of held.
