@@ -62,7 +62,7 @@ from node.calls import (
     retry_after_ms,
 )
 from node.handoff import Handoff
-from node.runner import Decided, Dispatcher, PartitionRunner, Reply
+from node.runner import LOCAL_TIMEOUT_S, Decided, Dispatcher, PartitionRunner, Reply
 from node.secrets import Secrets
 
 if TYPE_CHECKING:
@@ -87,10 +87,6 @@ log = logging.getLogger(__name__)
 COMPLETE_GRACE_S = 2.0
 # Leases the executors' loop starts before it lets its other work in (see ``dispatch``).
 START_CHUNK = 64
-# An outcome handed to a partition this node runs is answered on the runner's thread; one not
-# answered in this long (a runner always answers, even as it stops: this is the net under a
-# bug) is asked again through the node, so its room is never held for good.
-ANSWER_TIMEOUT_S = 60.0
 SWEEP_S = 1.0  # how often the outcomes waiting for their answer are looked at, while some wait
 RETRY_FIRST_S = 0.05  # an outcome its partition could not take: asked again after this
 # Calls whose first heartbeats fall due within this of one another are looked at by one timer
@@ -573,7 +569,13 @@ class Executors(Dispatcher):
             with self._unanswered_lock:
                 if self._unanswered.pop(key, None) is None:
                     return  # taken as unanswered by the sweep, and asked again
-            self._answered(command, give_up, what, tenant, answer)
+            try:
+                self._answered(command, give_up, what, tenant, answer)
+            except Exception:
+                # The runner would log this at debug only (a caller gone away); here it is a
+                # room that may not come back, so it is said (unless the executors closed).
+                if not self._loop.is_closed():
+                    log.exception("run %s: the answer to its %s was lost", command.run_id, what)
 
         handed = False
         try:
@@ -607,9 +609,9 @@ class Executors(Dispatcher):
 
     def _sweep(self) -> None:
         """(On the loop, every ``SWEEP_S`` while outcomes wait for their answer.) One not
-        answered in ``ANSWER_TIMEOUT_S`` is asked again through the node, and said."""
+        answered in ``LOCAL_TIMEOUT_S`` is asked again through the node, and said."""
         self._sweeping = False
-        cutoff = time.monotonic() - ANSWER_TIMEOUT_S
+        cutoff = time.monotonic() - LOCAL_TIMEOUT_S
         with self._unanswered_lock:
             waited = self._unanswered
             late = list(itertools.takewhile(lambda key: waited[key][0] <= cutoff, waited))
@@ -620,7 +622,7 @@ class Executors(Dispatcher):
                 "run %s: %s had no answer from its partition in %.0f s; asking again",
                 command.run_id,
                 what,
-                ANSWER_TIMEOUT_S,
+                LOCAL_TIMEOUT_S,
             )
             self._spawn_recording(command, give_up, what, tenant, 0.0)
         if waiting and not self._sweeping:
@@ -736,7 +738,10 @@ class _FirstBeats:
 
     def _fire(self, tick: int) -> None:
         for keeper in self._due.pop(tick, ()):
-            keeper.due()
+            try:
+                keeper.due()
+            except Exception:  # one keeper's failure must not leave the tick's others unbeaten
+                log.exception("a call's first heartbeat could not start")
 
 
 class _LeaseKeeper:

@@ -105,3 +105,26 @@ def test_a_stopped_keeper_waiting_for_its_first_beat_holds_no_call() -> None:
         assert not keeper.lost
     finally:
         loop.close()
+
+
+def test_a_keeper_that_fails_does_not_leave_the_others_of_its_tick_unbeaten() -> None:
+    told: list[str] = []
+
+    class Keeper:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def due(self) -> None:
+            if self.name == "broken":
+                raise RuntimeError("no heartbeat")
+            told.append(self.name)
+
+    loop = asyncio.new_event_loop()
+    try:
+        beats = _FirstBeats(loop)
+        for name in ("first", "broken", "last"):
+            beats.add(Keeper(name), 0.0)  # type: ignore[arg-type]
+        loop.run_until_complete(asyncio.sleep(0.01))
+    finally:
+        loop.close()
+    assert told == ["first", "last"]

@@ -1,7 +1,7 @@
 """A call's outcome for a partition this node runs goes straight to the partition's runner and
 is answered on the runner's thread (``Executors.submit_local``): the call's room comes back with
 the answer. A partition that cannot take it (it stopped or moved meanwhile) has it asked again
-through the node, and one that never answers has it asked again after ``ANSWER_TIMEOUT_S``:
+through the node, and one that never answers has it asked again after ``LOCAL_TIMEOUT_S``:
 never a room held for good, never an outcome given up silently."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def test_an_outcome_its_partition_could_not_take_is_asked_again_through_the_node
 def test_an_outcome_never_answered_is_asked_again_and_its_room_comes_back_once(
     target: Target, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(executors_module, "ANSWER_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(executors_module, "LOCAL_TIMEOUT_S", 0.3)
     monkeypatch.setattr(executors_module, "SWEEP_S", 0.05)
     owner = Owner(None)
     ex = run_one(owner, target)
@@ -134,4 +134,31 @@ def test_an_outcome_never_answered_is_asked_again_and_its_room_comes_back_once(
         asyncio.run_coroutine_threadsafe(asyncio.sleep(0), ex._loop).result(5)
         assert ex.in_flight == 0
     finally:
+        ex.stop()
+
+
+def test_an_answer_that_cannot_give_the_room_back_is_said(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner logs a reply's failure at debug only (a caller that went away); an outcome's
+    is a room that may not come back, so the executors say it."""
+    owner = Owner(Decided([], []))
+    said: list[str] = []
+    told = threading.Event()
+
+    def exception(message: str, *args: object, **kwargs: object) -> None:
+        said.append(message % args)
+        told.set()
+
+    def release(self: Executors, tenant: str) -> None:
+        raise RuntimeError("admission broke")
+
+    monkeypatch.setattr(executors_module.log, "exception", exception)
+    monkeypatch.setattr(Executors, "release", release)
+    ex = run_one(owner, target)
+    try:
+        assert told.wait(10)
+        assert said == [f"run {LEASE.run_id}: the answer to its outcome succeeded was lost"]
+    finally:
+        monkeypatch.undo()
         ex.stop()
